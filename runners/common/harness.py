@@ -1,0 +1,150 @@
+"""The worker side of the runner contract: protocol, threads, measurement. Standard library only.
+
+Every runner folder has a `worker.py` that the controller starts by path with the framework
+environment's interpreter:
+
+    <env python> runners/<fw>/worker.py REQUEST.json RESULT.json
+
+The worker reads the request, builds the network through its runner object, measures, and writes
+RESULT.json atomically (a temporary file renamed into place), so the controller sees a whole result
+or none. Anything that goes wrong inside the worker becomes a result with status "failed" and the
+traceback; a worker that dies without a result is classified by the controller from its exit
+status and stderr.
+
+A runner object provides (see runners/torch/torch_runner.py for the first one):
+    name: str
+    configure_threads(n) -> dict       called before the framework is imported where that matters
+    framework_info(device) -> dict      version, build (CUDA, cuDNN, MKL...), devices, threads
+    device_available(device) -> str|None   None, or why the device cannot be used (-> "skipped")
+    prepare(request) -> Prepared        network, optimiser and synthetic data on the device
+and Prepared provides:
+    params: int                         trainable parameters as the framework built them
+    output_shape: list[int]             per-sample output shape
+    step() -> None                      one iteration (may return before the device finishes)
+    synchronize() -> None               block until the device has finished all queued work
+    settings: dict                      what the runner chose (layout, fused kernels, ...)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from typing import Callable
+
+PROTOCOL_VERSION = 1
+
+
+class Skip(Exception):
+    """Raised by a runner when the benchmark cannot run here (not an error)."""
+
+
+def measure(prepared, warmup: dict, measure: dict,
+            clock: Callable[[], int] = time.perf_counter_ns,
+            mark: Callable[[], int] = time.monotonic_ns) -> dict:
+    """Time the first iteration, warm up until iteration times settle, then measure.
+
+    Every interval is read between two device synchronisations, so it covers exactly one step's
+    device work. `mark` gives the measured window's bounds on the system-wide monotonic clock, which
+    the telemetry sampler uses too.
+    """
+    step, sync = prepared.step, prepared.synchronize
+
+    def timed() -> float:
+        t0 = clock()
+        step()
+        sync()
+        return (clock() - t0) / 1e9
+
+    sync()
+    first = timed()
+
+    warm: list[float] = []
+    settled = False
+    w = warmup["window"]
+    started = clock()
+    while len(warm) < warmup["max_iters"]:
+        warm.append(timed())
+        if len(warm) >= max(warmup["min_iters"], 2 * w):
+            before = statistics.median(warm[-2 * w:-w])
+            latest = statistics.median(warm[-w:])
+            if abs(latest - before) <= warmup["tolerance"] * before:
+                settled = True
+                break
+        if (clock() - started) / 1e9 >= warmup["max_time_s"]:
+            break
+
+    times: list[float] = []
+    window_start = mark()
+    started = clock()
+    while True:
+        times.append(timed())
+        n = len(times)
+        if n >= measure["max_iters"]:
+            break
+        if n >= measure["min_iters"] and (clock() - started) / 1e9 >= measure["min_time_s"]:
+            break
+    window_end = mark()
+    return {
+        "first_iter_s": first,
+        "warmup_iter_s": warm,
+        "warmup_settled": settled,
+        "iter_s": times,
+        "window_monotonic_ns": [window_start, window_end],
+    }
+
+
+def _write_atomically(path: str, payload: dict) -> None:
+    tmp = f"{path}.partial"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _classify(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "OutOfMemory" in text:
+        return f"out of memory: {text}"
+    return text
+
+
+def run_request(runner, request: dict) -> dict:
+    result: dict = {"protocol": PROTOCOL_VERSION, "framework": {"name": runner.name}}
+    device = request["device"]
+    try:
+        result["threads"] = runner.configure_threads(request.get("threads"))
+        result["framework"] = runner.framework_info(device)
+        why_not = runner.device_available(device)
+        if why_not:
+            raise Skip(why_not)
+        prepared = runner.prepare(request)
+        result.update(params=prepared.params, output_shape=list(prepared.output_shape),
+                      settings=prepared.settings)
+        if request["action"] == "benchmark":
+            result.update(measure(prepared, request["policy"]["warmup"], request["policy"]["measure"]))
+        result["status"] = "ok"
+    except Skip as e:
+        result.update(status="skipped", reason=str(e))
+    except BaseException as e:  # noqa: BLE001 - the worker reports everything it can
+        result.update(status="failed", reason=_classify(e), traceback=traceback.format_exc())
+    return result
+
+
+def main(runner) -> int:
+    if len(sys.argv) != 3:
+        print("usage: worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(sys.argv[1]) as f:
+        request = json.load(f)
+    if request.get("protocol") != PROTOCOL_VERSION:
+        print(f"protocol {request.get('protocol')} not understood (worker speaks {PROTOCOL_VERSION})",
+              file=sys.stderr)
+        return 2
+    result = run_request(runner, request)
+    _write_atomically(sys.argv[2], result)
+    return 0 if result["status"] in ("ok", "skipped") else 1

@@ -1,0 +1,83 @@
+"""Load YAML definitions, turning every problem into one DefinitionError naming file, field, reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from . import schema
+from .analysis import NetworkSummary, ShapeError, analyse
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class DefinitionError(Exception):
+    """A malformed definition file. str() is the one message the user sees."""
+
+    def __init__(self, path: Path | str, field: str, reason: str):
+        self.path = str(path)
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{self.path}: {field}: {reason}" if field else f"{self.path}: {reason}")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    """Render a pydantic location as `layers[3].kernel`, dropping union-member tags."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and ("[" in part or part in _UNION_TAGS):
+            continue  # pydantic inserts the chosen union member's name; it is not a field
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+_UNION_TAGS = {
+    "dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu", "sigmoid",
+    "tanh", "flatten", "dropout", "embedding", "lstm", "residual", "tensor", "tokens",
+}
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise DefinitionError(path, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise DefinitionError(path, "", f"invalid YAML: {where}{problem}") from None
+
+
+def validate(model: type[M], data: Any, path: Path) -> M:
+    if not isinstance(data, dict):
+        raise DefinitionError(path, "", f"expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        extra = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif err["type"] == "union_tag_invalid":
+            msg = f"unknown type {err.get('input', {}).get('type') if isinstance(err.get('input'), dict) else err.get('input')!r}; " \
+                  f"expected one of {err['ctx']['expected_tags']}"
+        raise DefinitionError(path, _field_path(err["loc"]), msg + extra) from None
+
+
+def load_network(path: Path) -> NetworkSummary:
+    """Load, validate and analyse one network description."""
+    network = validate(schema.Network, read_yaml(path), path)
+    try:
+        return analyse(network)
+    except ShapeError as e:
+        raise DefinitionError(path, f"layers[{e.index}]", e.reason) from None
