@@ -1,0 +1,306 @@
+"""The dlbench command line (typer). Input is validated here, once; errors exit 2 with one message."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import paths
+from .definitions.loader import DefinitionError
+from .definitions.suite import PROFILES, Benchmark, SuiteCatalog
+from .execution.environments import EnvironmentBuildError, VenvBackend, backend
+from .execution.orchestrator import Orchestrator, PlannedRun, RunOptions, plan
+from .execution.registry import RunnerRegistry
+from .machine import available_cpus, detect_device
+from .store.rows import COLUMNS, run_row
+from .store.store import Store
+
+app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+env_app = typer.Typer(help="Framework environments (one isolated venv per framework and device flavour).",
+                      no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+# Off a terminal rich assumes 80 columns and truncates; tables here are wide, so allow more.
+out = Console(width=None if sys.stdout.isatty() else 180)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
+
+StoreOpt = Annotated[Optional[Path], typer.Option("--store", help="Results store (default: $DLBENCH_STORE, else ./results).")]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _store(store: Path | None) -> Store:
+    return Store(store or paths.default_store())
+
+
+def _catalog() -> SuiteCatalog:
+    return SuiteCatalog(paths.suites_dir())
+
+
+def _registry() -> RunnerRegistry:
+    return RunnerRegistry(paths.runners_dir())
+
+
+def _resolve_device(device: str) -> str:
+    return detect_device() if device == "auto" else device
+
+
+def _load_suite(suite: str, profile: str, device: str):
+    catalog = _catalog()
+    path = catalog.suite_path(suite)
+    if path is None:
+        raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(catalog.suite_names())} (or a path to a .yaml file)")
+    try:
+        return catalog.load_suite(path, profile, device)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+
+
+def _check_choice(kind: str, value: str, choices: list[str]) -> None:
+    if value not in choices:
+        raise fail(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(choices)}")
+
+
+@app.command("list")
+def list_(
+    suite: Annotated[Optional[str], typer.Option(help="Only this suite (name or path).")] = None,
+    profile: Annotated[str, typer.Option(help="smoke | default | paper")] = "default",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda (chooses the default profile's batches)")] = "auto",
+) -> None:
+    """Suites and their benchmarks: network, mode, batch sizes, parameters, GFLOPs per sample."""
+    _check_choice("profile", profile, list(PROFILES))
+    _check_choice("device", device, ["auto", "cpu", "cuda"])
+    names = [suite] if suite else _catalog().suite_names()
+    table = Table(title=f"dlbench suites (profile {profile})")
+    for col in ("suite", "benchmark", "network", "mode", "batch sizes", "params", "GFLOPs/sample"):
+        table.add_column(col, justify="right" if col in ("params", "GFLOPs/sample") else "left")
+    for name in names:
+        s = _load_suite(name, profile, _resolve_device(device))
+        for b in s.benchmarks:
+            table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
+                          f"{b.network.params:,}", f"{b.network.flops_per_sample / 1e9:.4f}")
+    table.caption = f"frameworks: {', '.join(_registry().names())}"
+    out.print(table)
+
+
+class _ProgressEvents:
+    def __init__(self, progress: Progress, task):
+        self.progress, self.task = progress, task
+
+    def environment(self, framework, line):
+        self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+
+    def run_started(self, run: PlannedRun, repeats: int):
+        self._label = escape(f"{run.runner.name} {run.benchmark.name} b={run.batch_size}")
+        self.progress.update(self.task, description=f"{self._label} (repeat 1/{repeats})")
+        self._repeats = repeats
+
+    def repeat_done(self, run, repeat):
+        nxt = repeat.index + 2
+        if nxt <= self._repeats and repeat.status == "ok":
+            self.progress.update(self.task, description=f"{self._label} (repeat {nxt}/{self._repeats})")
+
+    def run_done(self, run, record):
+        self.progress.advance(self.task)
+        if record.status != "ok":
+            self.progress.console.print(f"[yellow]{record.status}[/]: {self._label}: {escape(str(record.reason))}",
+                                        highlight=False, soft_wrap=True)
+
+
+def _fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def _summary_table(records) -> Table:
+    t = Table(title="dlbench run")
+    for col in ("benchmark", "framework", "batch", "status", "ms/iter", "samples/s", "IQR ms", "first iter ms"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status") else "right")
+    for r in records:
+        row = run_row(r)
+        style = {"ok": "green", "skipped": "yellow"}.get(r.status, "red")
+        t.add_row(escape(row["benchmark"]), escape(f"{row['framework']} {row['framework_version'] or ''}".strip()),
+                  str(row["batch_size"]), f"[{style}]{r.status}[/]", _fmt(row["ms_per_iter"], ".2f"),
+                  _fmt(row["samples_per_s"], ".1f"), _fmt(row["iqr_ms"], ".2f"), _fmt(row["first_iter_ms"], ".1f"))
+    return t
+
+
+@app.command()
+def run(
+    suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn) or path to a suite file.")],
+    framework: Annotated[list[str], typer.Option(help="Framework name, 'all', or a comma list; repeatable.")] = ["all"],
+    benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
+    profile: Annotated[str, typer.Option(help="smoke | default | paper")] = "default",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter)")] = "venv",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Threads per worker (default: all available cores).")] = None,
+    repeats: Annotated[Optional[int], typer.Option(min=1, help="Worker processes per run (default: the profile's).")] = None,
+    store: StoreOpt = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 1800.0,
+) -> None:
+    """Run a suite on one or more frameworks and record every run in the store."""
+    _check_choice("profile", profile, list(PROFILES))
+    _check_choice("device", device, ["auto", "cpu", "cuda"])
+    _check_choice("environment backend", env, ["venv", "current"])
+    registry = _registry()
+    names = [n.strip() for item in framework for n in item.split(",") if n.strip()]
+    if "all" in names:
+        names = registry.names()
+    for n in names:
+        _check_choice("framework", n, registry.names() + ["all"])
+    resolved_device = _resolve_device(device)
+    s = _load_suite(suite, profile, resolved_device)
+    selected: list[Benchmark] = list(s.benchmarks)
+    if benchmark:
+        valid = sorted({b.name for b in s.benchmarks} | {b.network.name for b in s.benchmarks})
+        for name in benchmark:
+            _check_choice("benchmark", name, valid)
+        selected = [b for b in s.benchmarks if b.name in benchmark or b.network.name in benchmark]
+    try:
+        runners = [registry.get(n) for n in dict.fromkeys(names)]
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
+                         repeats=repeats, timeout_s=timeout, cache=paths.cache_dir())
+    runs = plan(runners, selected)
+    st = _store(store)
+    err.print(f"dlbench: suite {s.name}, {len(runs)} runs on {resolved_device} "
+              f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}", highlight=False)
+    records = []
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=False) as progress:
+            task = progress.add_task("starting", total=len(runs))
+            orch = Orchestrator(st, options, _ProgressEvents(progress, task))
+            for r in runs:
+                records.append(orch.execute_one(r))
+            progress.update(task, description="done")
+    except KeyboardInterrupt:
+        err.print(f"interrupted: workers stopped; {len(records)} complete runs are in the store, none partial")
+        raise typer.Exit(130) from None
+    out.print(_summary_table(records))
+    bad = [r for r in records if r.status in ("failed", "timeout")]
+    if bad:
+        raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
+
+
+@app.command()
+def results(
+    store: StoreOpt = None,
+    format: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+) -> None:
+    """One row per run in the store."""
+    _check_choice("format", format, ["table", "csv", "json"])
+    st = _store(store)
+    problems: list = []
+    rows = [run_row(r) for r in st.records(problems)]
+    for p in problems:
+        err.print(f"[yellow]skipped[/] {escape(p.reason)}", highlight=False, soft_wrap=True)
+    if format == "json":
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+    elif format == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+    else:
+        shown = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "status",
+                 "ms_per_iter", "samples_per_s", "params", "params_described", "flops_per_sample")
+        t = Table(title=f"{len(rows)} runs in {st.root}")
+        for c in shown:
+            t.add_column(c, overflow="fold")
+        for row in rows:
+            t.add_row(*("" if row[c] is None else (f"{row[c]:.3f}" if isinstance(row[c], float) else escape(str(row[c])))
+                        for c in shown))
+        out.print(t)
+
+
+@app.command()
+def report(
+    store: StoreOpt = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the HTML report into.")] = Path("site"),
+) -> None:
+    """Write a static HTML page comparing frameworks per benchmark."""
+    from .reporting.site import write_report
+
+    st = _store(store)
+    problems: list = []
+    records = list(st.records(problems))
+    for p in problems:
+        err.print(f"[yellow]skipped[/] {escape(p.reason)}", highlight=False, soft_wrap=True)
+    if not records:
+        raise fail(f"no records in {st.root}; run `dlbench run` first", 1)
+    index = write_report(records, out_dir)
+    out.print(f"report: {index} ({len(records)} runs)")
+
+
+@env_app.command("list")
+def env_list() -> None:
+    """Cached environments, and whether each runner's is built for its current requirements."""
+    venv = VenvBackend(paths.cache_dir())
+    t = Table(title=f"environments in {venv.root}")
+    for c in ("framework", "flavour", "state", "path", "built"):
+        t.add_column(c)
+    current = set()
+    for runner in _registry().all():
+        for flavour in ("cpu", "cuda"):
+            path = venv.path_for(runner, flavour)
+            current.add(str(path))
+            found = venv.existing(runner, flavour)
+            t.add_row(runner.name, flavour, "ready" if found else "not built", str(path),
+                      json.loads((path / ".dlbench-env.json").read_text())["built_at"] if found else "")
+    for meta in venv.list():
+        if meta["path"] not in current:
+            t.add_row(meta["framework"], meta["flavour"], "stale (requirements changed)", meta["path"], meta["built_at"])
+    out.print(t)
+
+
+@env_app.command("create")
+def env_create(
+    framework: Annotated[str, typer.Argument(help="Framework name, or 'all'.")],
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda: which flavour to build")] = "auto",
+) -> None:
+    """Build (or find) the cached environment of a framework."""
+    registry = _registry()
+    _check_choice("framework", framework, registry.names() + ["all"])
+    _check_choice("device", device, ["auto", "cpu", "cuda"])
+    flavour = _resolve_device(device)
+    names = registry.names() if framework == "all" else [framework]
+    venv = backend("venv", paths.cache_dir())
+    for name in names:
+        runner = registry.get(name)
+        with err.status(f"building {name} ({flavour})") as status:
+            try:
+                env = venv.ensure(runner, flavour, lambda line: status.update(f"{name}: {escape(line[:90])}"))
+            except EnvironmentBuildError as e:
+                raise fail(str(e), 1) from None
+        out.print(f"{name} ({flavour}): {env.path}")
+
+
+@env_app.command("remove")
+def env_remove(framework: Annotated[str, typer.Argument(help="Framework name, or 'all'.")]) -> None:
+    """Delete the cached environments of a framework (every flavour and version)."""
+    registry = _registry()
+    _check_choice("framework", framework, registry.names() + ["all"])
+    venv = VenvBackend(paths.cache_dir())
+    for name in registry.names() if framework == "all" else [framework]:
+        for path in venv.remove(name):
+            out.print(f"removed {path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

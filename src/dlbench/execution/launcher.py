@@ -1,0 +1,129 @@
+"""Start one worker process, hand it a request, and get its result back whatever happens to it.
+
+The worker is started by path with its environment's interpreter, in a new session (its own process
+group), so that a timeout, an error in the controller or Ctrl-C ends the worker *and* anything it
+started. The request and the result travel as JSON files in a private temporary directory; the
+worker writes its result atomically, so a result is either whole or absent. Output (stdout and
+stderr together) goes to a file, whose tail is kept for the record: no pipe can fill and block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STDERR_TAIL_CHARS = 4000
+TERMINATE_GRACE_S = 3.0
+
+# Variables that would let the controller's own environment leak into a framework environment.
+_ISOLATE = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+
+
+@dataclass
+class WorkerOutcome:
+    status: str  # ok | failed | timeout | skipped
+    reason: str | None
+    result: dict | None
+    output_tail: str
+    returncode: int | None
+    wall_s: float
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the worker's process group, then SIGKILL whatever is left after a grace period."""
+    if proc.poll() is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the leader exited; children may remain
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(TERMINATE_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@contextlib.contextmanager
+def killer(proc: subprocess.Popen):
+    """End the worker's whole process group on any exception, KeyboardInterrupt included."""
+    try:
+        yield proc
+    except BaseException:
+        _stop_group(proc)
+        raise
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - STDERR_TAIL_CHARS))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _describe_exit(returncode: int, tail: str) -> str:
+    if returncode < 0:
+        sig = -returncode
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        if sig == signal.SIGKILL:
+            return f"worker killed by {name} (most often the kernel's out-of-memory killer)"
+        return f"worker killed by signal {name}"
+    last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
+    if "MemoryError" in last or "out of memory" in last.lower():
+        return f"out of memory: {last.strip()}"
+    return f"worker exited with status {returncode} without a result" + (f": {last.strip()}" if last else "")
+
+
+def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
+               extra_env: dict[str, str] | None = None) -> WorkerOutcome:
+    env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra_env or {})
+    with tempfile.TemporaryDirectory(prefix="dlbench-worker-") as tmp:
+        req_path, res_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "output.log")
+        req_path.write_text(json.dumps(request))
+        started = time.perf_counter()
+        with open(out_path, "wb") as out:
+            proc = subprocess.Popen(
+                [str(python), str(worker), str(req_path), str(res_path)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                cwd=worker.parent, start_new_session=True,
+            )
+            with killer(proc):
+                try:
+                    returncode: int | None = proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    _stop_group(proc)
+                    returncode = None
+                else:
+                    _stop_group(proc)  # nothing the worker started outlives it
+        wall = time.perf_counter() - started
+        tail = _tail(out_path)
+        if returncode is None:
+            return WorkerOutcome("timeout", f"worker exceeded its timeout of {timeout_s:g} s and was killed",
+                                 None, tail, None, wall)
+        result = None
+        if res_path.is_file():
+            try:
+                result = json.loads(res_path.read_text())
+            except json.JSONDecodeError as e:
+                return WorkerOutcome("failed", f"worker wrote an unreadable result: {e}", None, tail, returncode, wall)
+        if result is None:
+            return WorkerOutcome("failed", _describe_exit(returncode, tail), None, tail, returncode, wall)
+        status = result.get("status", "failed")
+        if status not in ("ok", "failed", "skipped"):
+            status, result["reason"] = "failed", f"worker reported unknown status {status!r}"
+        return WorkerOutcome(status, result.get("reason"), result, tail, returncode, wall)

@@ -1,0 +1,162 @@
+"""Run benchmarks on frameworks: environments, one worker process per repeat, one record per run.
+
+A run is one (framework, benchmark, batch size). Each repeat is a fresh worker process, so every
+repeat pays and records its own first iteration and warm-up. Whatever a worker does (crash, hang,
+out of memory, skip), the run is recorded with its status and reason and the plan goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from ..definitions.suite import Benchmark
+from ..machine import dlbench_provenance, fingerprint
+from ..statistics import summarise
+from ..store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
+from ..store.store import Store
+from .environments import Environment, EnvironmentBuildError, backend
+from .launcher import run_worker
+from .registry import RunnerInfo
+
+PROTOCOL_VERSION = 1  # must match runners/common/harness.py
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    device: str  # cpu | cuda (already resolved from auto)
+    env_backend: str
+    threads: int | None
+    repeats: int | None  # None: the profile's
+    timeout_s: float
+    cache: Path
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    runner: RunnerInfo
+    benchmark: Benchmark
+    batch_size: int
+
+
+class Events(Protocol):
+    def environment(self, framework: str, line: str) -> None: ...
+    def run_started(self, run: PlannedRun, repeats: int) -> None: ...
+    def repeat_done(self, run: PlannedRun, repeat: Repeat) -> None: ...
+    def run_done(self, run: PlannedRun, record: Record) -> None: ...
+
+
+class SilentEvents:
+    def environment(self, framework, line): pass
+    def run_started(self, run, repeats): pass
+    def repeat_done(self, run, repeat): pass
+    def run_done(self, run, record): pass
+
+
+def plan(runners: list[RunnerInfo], benchmarks: list[Benchmark]) -> list[PlannedRun]:
+    return [PlannedRun(r, b, bs) for r in runners for b in benchmarks for bs in b.batch_sizes]
+
+
+def build_request(run: PlannedRun, options: RunOptions) -> dict:
+    b = run.benchmark
+    return {
+        "protocol": PROTOCOL_VERSION,
+        "action": "benchmark",
+        "network": b.network.resolved,
+        "mode": b.mode,
+        "batch_size": run.batch_size,
+        "precision": b.precision,
+        "device": options.device,
+        "threads": options.threads,
+        "learning_rate": b.learning_rate,
+        "momentum": b.momentum,
+        "seed": options.seed,
+        "policy": {"warmup": b.policy.warmup.model_dump(), "measure": b.policy.measure.model_dump()},
+    }
+
+
+def _thread_env(threads: int | None) -> dict[str, str]:
+    # Set before the interpreter starts: OpenMP pools size themselves at load time.
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
+
+
+class Orchestrator:
+    def __init__(self, store: Store, options: RunOptions, events: Events | None = None):
+        self.store = store
+        self.options = options
+        self.events = events or SilentEvents()
+        self.backend = backend(options.env_backend, options.cache)
+        self._envs: dict[str, Environment | EnvironmentBuildError] = {}
+
+    def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
+        if runner.name not in self._envs:
+            flavour = "cuda" if self.options.device == "cuda" else "cpu"
+            try:
+                self._envs[runner.name] = self.backend.ensure(
+                    runner, flavour, lambda line: self.events.environment(runner.name, line))
+            except EnvironmentBuildError as e:
+                self._envs[runner.name] = e
+        return self._envs[runner.name]
+
+    def execute(self, runs: list[PlannedRun]) -> list[Record]:
+        return [self.execute_one(run) for run in runs]
+
+    def execute_one(self, run: PlannedRun) -> Record:
+        opts = self.options
+        b = run.benchmark
+        n_repeats = opts.repeats or b.policy.repeats
+        started = datetime.now(timezone.utc)
+        self.events.run_started(run, n_repeats)
+        env = self.environment(run.runner)
+        repeats: list[Repeat] = []
+        last_result: dict = {}
+        tail = ""
+        status, reason = "ok", None
+        if isinstance(env, EnvironmentBuildError):
+            status, reason, env_info = "failed", str(env), {"backend": opts.env_backend, "error": str(env)}
+        else:
+            env_info = env.describe()
+            request = build_request(run, opts)
+            for index in range(n_repeats):
+                outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
+                                     _thread_env(opts.threads))
+                res = outcome.result or {}
+                last_result = res or last_result
+                tail = outcome.output_tail
+                rep = Repeat(
+                    index=index, status=outcome.status, reason=outcome.reason,
+                    first_iter_s=res.get("first_iter_s"), warmup_iter_s=res.get("warmup_iter_s", []),
+                    warmup_settled=res.get("warmup_settled"), iter_s=res.get("iter_s", []),
+                    window_monotonic_ns=res.get("window_monotonic_ns", []), wall_s=outcome.wall_s,
+                )
+                repeats.append(rep)
+                self.events.repeat_done(run, rep)
+                if outcome.status != "ok":
+                    # A crash, hang or skip repeats itself; do not spend the timeout again.
+                    status, reason = outcome.status, outcome.reason
+                    break
+        summary = summarise(repeats, run.batch_size) if status == "ok" else None
+        threads = last_result.get("threads", {})
+        record = Record(
+            run_id=new_run_id(started), started_at=started, ended_at=datetime.now(timezone.utc),
+            dlbench=dlbench_provenance(), suite=b.suite, benchmark=b.name,
+            network=NetworkInfo(name=b.network.name, file=b.network_file, hash=b.network.definition_hash,
+                                params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
+                                definition=b.network.resolved),
+            workload=Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision,
+                              learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device),
+            framework=last_result.get("framework", {"name": run.runner.name}),
+            environment=env_info, machine=fingerprint(),
+            settings=Settings(profile=b.profile, repeats=n_repeats, threads_requested=opts.threads,
+                              threads_effective=threads, timeout_s=opts.timeout_s,
+                              policy={"warmup": b.policy.warmup.model_dump(), "measure": b.policy.measure.model_dump()},
+                              runner=last_result.get("settings", {})),
+            repeats=repeats, summary=summary, params=last_result.get("params"),
+            status=status, reason=reason, output_tail=tail if status != "ok" else "",
+        )
+        self.store.write(record)
+        self.events.run_done(run, record)
+        return record

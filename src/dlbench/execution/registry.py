@@ -1,0 +1,64 @@
+"""The runner folders under runners/: read from their runner.toml, never imported."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..definitions.loader import DefinitionError
+
+FLAVOURS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    name: str
+    display_name: str
+    import_name: str
+    folder: Path
+    worker: Path
+    requirements: dict[str, Path]  # flavour -> pinned requirements file
+
+    def requirements_for(self, flavour: str) -> Path:
+        return self.requirements[flavour]
+
+
+def _load(folder: Path) -> RunnerInfo:
+    path = folder / "runner.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise DefinitionError(path, "", f"invalid TOML: {e}") from None
+    for key in ("name", "import_name", "worker", "requirements"):
+        if key not in data:
+            raise DefinitionError(path, key, "missing")
+    if data["name"] != folder.name:
+        raise DefinitionError(path, "name", f"must equal the folder name {folder.name!r}")
+    reqs = {}
+    for flavour in FLAVOURS:
+        rel = data["requirements"].get(flavour)
+        if rel is None:
+            raise DefinitionError(path, f"requirements.{flavour}", "missing")
+        if not (folder / rel).is_file():
+            raise DefinitionError(path, f"requirements.{flavour}", f"file {rel} does not exist")
+        reqs[flavour] = folder / rel
+    worker = folder / data["worker"]
+    if not worker.is_file():
+        raise DefinitionError(path, "worker", f"file {data['worker']} does not exist")
+    return RunnerInfo(data["name"], data.get("display_name", data["name"]), data["import_name"],
+                      folder, worker, reqs)
+
+
+class RunnerRegistry:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def names(self) -> list[str]:
+        return sorted(p.parent.name for p in self.root.glob("*/runner.toml"))
+
+    def get(self, name: str) -> RunnerInfo:
+        return _load(self.root / name)
+
+    def all(self) -> list[RunnerInfo]:
+        return [self.get(n) for n in self.names()]

@@ -1,0 +1,114 @@
+"""The run record: one measured (benchmark, framework, batch size) with everything needed to cite it.
+
+SCHEMA_VERSION history (a record carries the version it was written with; readers upgrade older
+records step by step and refuse newer ones):
+  1 (2026-11-29) first version: provenance (dlbench version and commit, machine fingerprint,
+    environment packages), network description and hash, workload and settings, per-repeat
+    iteration times, summary statistics, status with reason and output tail.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Status = Literal["ok", "failed", "timeout", "skipped"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """Sortable by start time, unique without coordination between machines or processes."""
+    now = now or datetime.now(timezone.utc)
+    return f"{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(6)}"
+
+
+class Repeat(_Model):
+    """One worker process: first iteration, warm-up and the measured iterations."""
+
+    index: int
+    status: Status
+    reason: str | None = None
+    first_iter_s: float | None = None
+    warmup_iter_s: list[float] = []
+    warmup_settled: bool | None = None
+    iter_s: list[float] = []
+    window_monotonic_ns: list[int] = []
+    wall_s: float | None = None
+
+
+class Summary(_Model):
+    """Over every measured iteration of every successful repeat."""
+
+    repeats: int
+    iterations: int
+    median_s: float
+    mean_s: float
+    stdev_s: float
+    min_s: float
+    max_s: float
+    q1_s: float
+    q3_s: float
+    iqr_s: float
+    cv: float
+    repeat_medians_s: list[float]
+    first_iter_s: float | None
+    ms_per_iter: float
+    samples_per_s: float
+
+
+class NetworkInfo(_Model):
+    name: str
+    file: str
+    hash: str
+    params_described: int
+    flops_per_sample: int
+    definition: dict[str, Any]
+
+
+class Workload(_Model):
+    mode: Literal["train", "infer"]
+    batch_size: int
+    precision: str
+    learning_rate: float
+    momentum: float
+    device: Literal["cpu", "cuda"]
+
+
+class Settings(_Model):
+    profile: str
+    repeats: int
+    threads_requested: int | None
+    threads_effective: dict[str, Any] = {}
+    timeout_s: float
+    policy: dict[str, Any]
+    runner: dict[str, Any] = {}
+
+
+class Record(_Model):
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    started_at: datetime
+    ended_at: datetime
+    dlbench: dict[str, Any]  # version, commit, dirty
+    suite: str
+    benchmark: str
+    network: NetworkInfo
+    workload: Workload
+    framework: dict[str, Any]  # name, version, build, devices (as the runner reported them)
+    environment: dict[str, Any]  # backend, flavour, python, key, packages
+    machine: dict[str, Any]
+    settings: Settings
+    repeats: list[Repeat] = []
+    summary: Summary | None = None
+    params: int | None = Field(None, description="trainable parameters as the framework built them")
+    status: Status
+    reason: str | None = None
+    output_tail: str = ""
