@@ -89,6 +89,7 @@ def _describe_exit(returncode: int, tail: str) -> str:
 
 def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
                extra_env: dict[str, str] | None = None) -> WorkerOutcome:
+    worker = Path(worker).resolve()  # the worker runs in its own folder
     env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra_env or {})
