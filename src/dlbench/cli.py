@@ -55,6 +55,13 @@ def _registry() -> RunnerRegistry:
     return RunnerRegistry(paths.runners_dir())
 
 
+def _runner(registry: RunnerRegistry, name: str):
+    try:
+        return registry.get(name)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+
+
 def _resolve_device(device: str) -> str:
     return detect_device() if device == "auto" else device
 
@@ -157,6 +164,8 @@ def run(
     _check_choice("environment backend", env, ["venv", "current"])
     registry = _registry()
     names = [n.strip() for item in framework for n in item.split(",") if n.strip()]
+    if not names:
+        raise fail(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
     if "all" in names:
         names = registry.names()
     for n in names:
@@ -169,10 +178,7 @@ def run(
         for name in benchmark:
             _check_choice("benchmark", name, valid)
         selected = [b for b in s.benchmarks if b.name in benchmark or b.network.name in benchmark]
-    try:
-        runners = [registry.get(n) for n in dict.fromkeys(names)]
-    except DefinitionError as e:
-        raise fail(str(e)) from None
+    runners = [_runner(registry, n) for n in dict.fromkeys(names)]
     options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir())
     runs = plan(runners, selected)
@@ -256,7 +262,8 @@ def env_list() -> None:
     for c in ("framework", "flavour", "state", "path", "built"):
         t.add_column(c)
     current = set()
-    for runner in _registry().all():
+    registry = _registry()
+    for runner in (_runner(registry, n) for n in registry.names()):
         for flavour in ("cpu", "cuda"):
             path = venv.path_for(runner, flavour)
             current.add(str(path))
@@ -282,7 +289,7 @@ def env_create(
     names = registry.names() if framework == "all" else [framework]
     venv = backend("venv", paths.cache_dir())
     for name in names:
-        runner = registry.get(name)
+        runner = _runner(registry, name)
         with err.status(f"building {name} ({flavour})") as status:
             try:
                 env = venv.ensure(runner, flavour, lambda line: status.update(f"{name}: {escape(line[:90])}"))

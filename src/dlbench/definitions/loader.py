@@ -69,8 +69,8 @@ def validate(model: type[M], data: Any, path: Path) -> M:
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         elif err["type"] == "union_tag_invalid":
-            msg = f"unknown type {err.get('input', {}).get('type') if isinstance(err.get('input'), dict) else err.get('input')!r}; " \
-                  f"expected one of {err['ctx']['expected_tags']}"
+            discriminator = err["ctx"]["discriminator"].strip("'")  # "type" for layers, "kind" for input
+            msg = f"unknown {discriminator} {err['ctx']['tag']!r}; expected one of {err['ctx']['expected_tags']}"
         raise DefinitionError(path, _field_path(err["loc"]), msg + extra) from None
 
 

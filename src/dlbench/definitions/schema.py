@@ -35,12 +35,16 @@ class _Strict(BaseModel):
 
 
 def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int) -> tuple[int, int]:
-    if isinstance(value, int):
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if is_int(value):
         pair = (value, value)
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(is_int(v) for v in value):
+        pair = (value[0], value[1])
     else:
-        if len(value) != 2:
-            raise ValueError(f"{name} must be an integer or a pair [height, width]")
-        pair = (int(value[0]), int(value[1]))
+        # also catches null, floats, strings and booleans: a TypeError here would escape pydantic
+        raise ValueError(f"{name} must be an integer or a pair [height, width] of integers")
     if min(pair) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {list(pair)}")
     return pair

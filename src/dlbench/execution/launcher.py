@@ -98,11 +98,15 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
         req_path.write_text(json.dumps(request))
         started = time.perf_counter()
         with open(out_path, "wb") as out:
-            proc = subprocess.Popen(
-                [str(python), str(worker), str(req_path), str(res_path)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                cwd=worker.parent, start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    [str(python), str(worker), str(req_path), str(res_path)],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    cwd=worker.parent, start_new_session=True,
+                )
+            except OSError as e:  # no interpreter (a broken environment), not executable, ...
+                return WorkerOutcome("failed", f"could not start the worker with {python}: {e}", None, "", None,
+                                     time.perf_counter() - started)
             with killer(proc):
                 try:
                     returncode: int | None = proc.wait(timeout=timeout_s)

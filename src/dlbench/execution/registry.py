@@ -60,5 +60,3 @@ class RunnerRegistry:
     def get(self, name: str) -> RunnerInfo:
         return _load(self.root / name)
 
-    def all(self) -> list[RunnerInfo]:
-        return [self.get(n) for n in self.names()]

@@ -1,0 +1,269 @@
+"""The command line: input validation (exit 2 with the valid choices), listing, results, report, and an
+end-to-end run with the fake runner under a temporary project root."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlbench.cli import app
+from dlbench.definitions.suite import SuiteCatalog
+from dlbench.store.rows import COLUMNS
+from dlbench.store.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.delenv("DLBENCH_ROOT", raising=False)
+    monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+    monkeypatch.setenv("DLBENCH_STORE", str(tmp_path / "default-store"))
+    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
+    monkeypatch.chdir(tmp_path)
+
+
+# ---------------------------------------------------------------- validation: exit 2, valid choices listed
+
+
+def test_unknown_suite(tmp_path):
+    code, _, err = invoke("run", "--suite", "nosuch", "--device", "cpu", "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert "unknown suite 'nosuch'" in err
+    for name in ("cnn", "fcn", "rnn"):
+        assert name in err
+    assert not (tmp_path / "s").exists()
+
+
+def test_unknown_framework(tmp_path):
+    code, _, err = invoke("run", "--suite", "fcn", "--framework", "nosuch", "--device", "cpu",
+                          "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert "unknown framework 'nosuch'" in err and "torch" in err
+
+
+def test_unknown_framework_in_comma_list(tmp_path):
+    code, _, err = invoke("run", "--suite", "fcn", "--framework", "torch,nosuch", "--device", "cpu",
+                          "--store", str(tmp_path / "s"))
+    assert code == 2 and "unknown framework 'nosuch'" in err
+
+
+def test_unknown_benchmark(tmp_path):
+    code, _, err = invoke("run", "--suite", "fcn", "--benchmark", "nosuch", "--device", "cpu",
+                          "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert "unknown benchmark 'nosuch'" in err
+    for name in ("fcn5-train", "fcn5-infer", "fcn8-train", "fcn8-infer", "fcn5", "fcn8"):
+        assert name in err
+
+
+def test_unknown_profile(tmp_path):
+    code, _, err = invoke("run", "--suite", "fcn", "--profile", "nosuch", "--device", "cpu",
+                          "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert "unknown profile 'nosuch'" in err
+    for name in ("smoke", "default", "paper"):
+        assert name in err
+
+
+def test_unknown_device(tmp_path):
+    code, _, err = invoke("run", "--suite", "fcn", "--device", "tpu", "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert "unknown device 'tpu'" in err
+    for name in ("auto", "cpu", "cuda"):
+        assert name in err
+
+
+def test_unknown_env_backend_and_format(tmp_path):
+    code, _, err = invoke("run", "--suite", "fcn", "--env", "conda", "--device", "cpu", "--store", str(tmp_path / "s"))
+    assert code == 2 and "conda" in err and "venv" in err and "current" in err
+    code, _, err = invoke("results", "--format", "xml", "--store", str(tmp_path / "s"))
+    assert code == 2 and "xml" in err and "json" in err and "csv" in err
+
+
+def test_list_validation():
+    code, _, err = invoke("list", "--profile", "nosuch")
+    assert code == 2 and "smoke" in err
+    code, _, err = invoke("list", "--suite", "nosuch", "--device", "cpu")
+    assert code == 2 and "unknown suite 'nosuch'" in err and "fcn" in err
+
+
+@pytest.mark.parametrize("body, field", [
+    ("name: mine\nbenchmarks:\n  - network: fcn5\n    batch_sizes: {smoke: [0], default: [4], paper: [4]}\n",
+     "benchmarks[0].batch_sizes.smoke[0]"),
+    ("name: mine\nbenchmarks:\n  - network: fcn5\n    colour: red\n    batch_sizes: {smoke: [1], default: [4], paper: [4]}\n",
+     "benchmarks[0].colour"),
+    ("name: mine\nbenchmarks:\n  - network: nosuchnet\n    batch_sizes: {smoke: [1], default: [4], paper: [4]}\n",
+     "benchmarks[0].network"),
+])
+def test_malformed_user_suite_names_file_and_field(tmp_path, body, field):
+    path = tmp_path / "mine.yaml"
+    path.write_text(body)
+    code, _, err = invoke("run", "--suite", str(path), "--device", "cpu", "--env", "current",
+                          "--store", str(tmp_path / "s"))
+    assert code == 2
+    assert str(path) in err and field in err
+    code, _, err = invoke("list", "--suite", str(path), "--profile", "smoke", "--device", "cpu")
+    assert code == 2 and str(path) in err and field in err
+
+
+def test_invalid_yaml_user_suite(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: [unclosed\n")
+    code, _, err = invoke("run", "--suite", str(path), "--device", "cpu", "--store", str(tmp_path / "s"))
+    assert code == 2 and str(path) in err and "invalid YAML" in err
+
+
+# ---------------------------------------------------------------- list, results, report on an empty store
+
+
+def test_list_shows_every_suite_and_parameter_counts():
+    code, out, _ = invoke("list", "--device", "cpu")
+    assert code == 0
+    catalog = SuiteCatalog(ROOT / "suites")
+    assert catalog.suite_names() == ["cnn", "fcn", "rnn"]
+    for name in catalog.suite_names():
+        suite = catalog.load_suite(catalog.suite_path(name), "default", "cpu")
+        for b in suite.benchmarks:
+            line = next((ln for ln in out.splitlines() if f" {b.name} " in ln), None)
+            assert line is not None, f"{b.name} missing from `dlbench list`"
+            assert f" {name} " in line
+            assert f"{b.network.params:,}" in line
+    assert "frameworks: torch" in out
+
+
+def test_list_one_suite_with_profile():
+    code, out, _ = invoke("list", "--suite", "fcn", "--profile", "paper", "--device", "cpu")
+    assert code == 0
+    assert "fcn5-train" in out and "alexnet" not in out and "342,512,1024,2048,4096" in out
+
+
+def test_results_on_empty_store(tmp_path):
+    store = tmp_path / "empty"
+    code, out, _ = invoke("results", "--store", str(store), "--format", "json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = invoke("results", "--store", str(store), "--format", "csv")
+    assert code == 0
+    assert next(csv.reader(io.StringIO(out))) == list(COLUMNS)
+    assert len(out.strip().splitlines()) == 1
+    code, out, _ = invoke("results", "--store", str(store))
+    assert code == 0 and "0 runs" in out
+
+
+def test_report_on_empty_store_exits_1(tmp_path):
+    code, _, err = invoke("report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "site"))
+    assert code == 1
+    assert "no records" in err
+    assert not (tmp_path / "site" / "index.html").exists()
+
+
+# ---------------------------------------------------------------- end to end with the fake runner
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    (root / "runners").mkdir(parents=True)
+    (root / "suites").symlink_to(ROOT / "suites")
+    (root / "reports").symlink_to(ROOT / "reports")
+    (root / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
+    (root / "runners" / "common").symlink_to(ROOT / "runners" / "common")
+    monkeypatch.setenv("DLBENCH_ROOT", str(root))
+    return root
+
+
+FCN_SMOKE = ["fcn5-infer", "fcn5-train", "fcn8-infer", "fcn8-train"]
+
+
+def run_fcn(store: Path, *extra: str):
+    return invoke("run", "--suite", "fcn", "--framework", "all", "--profile", "smoke", "--device", "cpu",
+                  "--env", "current", "--store", str(store), "--threads", "1", *extra)
+
+
+def test_end_to_end_run_results_report(project, tmp_path):
+    store = tmp_path / "store"
+    code, out, err = run_fcn(store)
+    assert code == 0, err
+    assert "4 runs" in err and "fake" in err
+    for name in FCN_SMOKE:
+        assert name in out
+    records = list(Store(store).records())
+    assert sorted(r.benchmark for r in records) == FCN_SMOKE
+    assert all(r.status == "ok" and len(r.repeats) == 3 and r.summary is not None for r in records)
+
+    code, out, _ = invoke("results", "--store", str(store), "--format", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert sorted(r["benchmark"] for r in rows) == FCN_SMOKE
+    assert all(r["framework"] == "fake" and r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows)
+    assert all(r["params"] == r["params_described"] for r in rows)
+
+    code, out, _ = invoke("results", "--store", str(store), "--format", "csv")
+    assert code == 0
+    assert sorted(r["benchmark"] for r in csv.DictReader(io.StringIO(out))) == FCN_SMOKE
+
+    site = tmp_path / "site"
+    code, out, _ = invoke("report", "--store", str(store), "--out", str(site))
+    assert code == 0
+    html = (site / "index.html").read_text()
+    for name in FCN_SMOKE:
+        assert name in html
+    assert "fake" in html and "4 runs" in out
+
+
+def test_end_to_end_benchmark_filter(project, tmp_path):
+    store = tmp_path / "store"
+    code, _, err = run_fcn(store, "--benchmark", "fcn8", "--repeats", "1")
+    assert code == 0, err
+    records = list(Store(store).records())
+    assert sorted(r.benchmark for r in records) == ["fcn8-infer", "fcn8-train"]
+    assert all(len(r.repeats) == 1 for r in records)
+
+
+def test_end_to_end_failures_exit_1_and_are_recorded(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBENCH_FAKE_BEHAVIOUR", "raise")
+    store = tmp_path / "store"
+    code, _, err = run_fcn(store)
+    assert code == 1
+    assert "4 of 4 runs did not complete" in err
+    assert "fake failure while building the network" in err
+    records = list(Store(store).records())
+    assert sorted(r.benchmark for r in records) == FCN_SMOKE
+    assert all(r.status == "failed" and "fake failure" in r.reason for r in records)
+    code, out, _ = invoke("results", "--store", str(store), "--format", "json")
+    assert code == 0 and {r["status"] for r in json.loads(out)} == {"failed"}
+    # a report of failed runs is still a report
+    code, _, _ = invoke("report", "--store", str(store), "--out", str(tmp_path / "site"))
+    assert code == 0 and "fake failure while building the network" in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_end_to_end_skipped_runs_exit_0(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBENCH_FAKE_BEHAVIOUR", "skip")
+    store = tmp_path / "store"
+    code, _, err = run_fcn(store, "--benchmark", "fcn5-train")
+    assert code == 0, err
+    assert [r.status for r in Store(store).records()] == ["skipped"]
+
+
+def test_results_reports_unreadable_records_and_goes_on(project, tmp_path):
+    store = tmp_path / "store"
+    assert run_fcn(store, "--benchmark", "fcn5-train", "--repeats", "1")[0] == 0
+    bad = store / "runs" / "00000000T000000Z-broken000000.json"
+    bad.write_text("{truncated")
+    code, out, err = invoke("results", "--store", str(store), "--format", "json")
+    assert code == 0
+    assert [r["benchmark"] for r in json.loads(out)] == ["fcn5-train"]
+    assert "skipped" in err and bad.name in err.replace(" ", "")
