@@ -97,6 +97,31 @@ def measure(prepared, warmup: dict, measure: dict,
     }
 
 
+def check(prepared, request: dict) -> dict:
+    """One equivalence probe: export, load the shared weights, forward, one training step, export.
+
+    Everything numeric goes to request["outputs"] (.npz): `init/<name>` (the framework's own
+    initialisation, exported), `loaded/<name>` (exported right after loading the shared weights:
+    the round trip), `logits`, `loss`, and `after/<name>` (after one optimiser step).
+    """
+    import numpy as np  # every framework environment has numpy; only the check needs it here
+
+    arrays = {f"init/{k}": v for k, v in prepared.export_weights().items()}
+    with np.load(request["weights_in"]) as shared:
+        prepared.load_weights({k: shared[k] for k in shared.files})
+    arrays.update({f"loaded/{k}": v for k, v in prepared.export_weights().items()})
+    logits, loss = prepared.forward_loss()
+    arrays["logits"] = np.asarray(logits, dtype=np.float32)
+    arrays["loss"] = np.asarray(loss, dtype=np.float64)
+    prepared.step()
+    prepared.synchronize()
+    arrays.update({f"after/{k}": v for k, v in prepared.export_weights().items()})
+    tmp = request["outputs"] + ".partial.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, request["outputs"])
+    return {"outputs": request["outputs"]}
+
+
 def _write_atomically(path: str, payload: dict) -> None:
     tmp = f"{path}.partial"
     with open(tmp, "w") as f:
@@ -127,6 +152,8 @@ def run_request(runner, request: dict) -> dict:
                       settings=prepared.settings)
         if request["action"] == "benchmark":
             result.update(measure(prepared, request["policy"]["warmup"], request["policy"]["measure"]))
+        elif request["action"] == "check":
+            result.update(check(prepared, request))
         result["status"] = "ok"
     except Skip as e:
         result.update(status="skipped", reason=str(e))

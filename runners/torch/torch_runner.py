@@ -119,17 +119,101 @@ def _residual(spec: dict):
     return Block()
 
 
-def build_network(network: dict):
-    return _torch().nn.Sequential(*(build_module(layer) for layer in network["layers"]))
+def build_network(network: dict, deterministic: bool = False):
+    nn = _torch().nn
+    return nn.Sequential(*(nn.Identity() if deterministic and layer["type"] == "dropout" else build_module(layer)
+                           for layer in network["layers"]))
+
+
+# Canonical weights (see src/dlbench/definitions/weights.py) <-> torch tensors. Each entry maps a
+# canonical name to (the tensor, how to turn canonical into torch layout). torch's own layouts are
+# the canonical ones (OIHW, out x in, gates i f g o), so only the LSTM's two biases need care.
+
+def _bn_tensors(prefix: str, bn) -> dict:
+    return {f"{prefix}.gamma": bn.weight, f"{prefix}.beta": bn.bias,
+            f"{prefix}.running_mean": bn.running_mean, f"{prefix}.running_var": bn.running_var}
+
+
+def canonical_tensors(model, network: dict) -> dict:
+    """name -> torch tensor (parameter or buffer) for every canonical weight except LSTM biases."""
+    out = {}
+    for i, (layer, module) in enumerate(zip(network["layers"], model)):
+        p, t = f"{i:03d}", layer["type"]
+        if t in ("dense", "conv2d"):
+            out[f"{p}.weight"] = module.weight
+            if module.bias is not None:
+                out[f"{p}.bias"] = module.bias
+        elif t == "batch_norm":
+            out.update(_bn_tensors(p, module))
+        elif t == "embedding":
+            out[f"{p}.weight"] = module.weight
+        elif t == "lstm":
+            for k in range(layer["layers"]):
+                out[f"{p}.l{k}.w_ih"] = getattr(module.lstm, f"weight_ih_l{k}")
+                out[f"{p}.l{k}.w_hh"] = getattr(module.lstm, f"weight_hh_l{k}")
+        elif t == "residual":
+            convs = [m for m in module.body if isinstance(m, _torch().nn.Conv2d)]
+            bns = [m for m in module.body if isinstance(m, _torch().nn.BatchNorm2d)]
+            for j, (c, b) in enumerate(zip(convs, bns), start=1):
+                out[f"{p}.conv{j}.weight"] = c.weight
+                out.update(_bn_tensors(f"{p}.bn{j}", b))
+            if layer["shortcut"] == "projection":
+                out[f"{p}.proj.weight"] = module.shortcut[0].weight
+                out.update(_bn_tensors(f"{p}.proj_bn", module.shortcut[1]))
+    return out
+
+
+def _lstm_biases(model, network: dict):
+    for i, (layer, module) in enumerate(zip(network["layers"], model)):
+        if layer["type"] == "lstm":
+            for k in range(layer["layers"]):
+                yield f"{i:03d}.l{k}.bias", getattr(module.lstm, f"bias_ih_l{k}"), getattr(module.lstm, f"bias_hh_l{k}")
+
+
+def export_weights(model, network: dict) -> dict:
+    out = {n: t.detach().float().cpu().numpy().copy() for n, t in canonical_tensors(model, network).items()}
+    for name, b_ih, b_hh in _lstm_biases(model, network):
+        out[name] = (b_ih + b_hh).detach().float().cpu().numpy().copy()
+    return out
+
+
+def load_weights(model, network: dict, arrays: dict) -> None:
+    torch = _torch()
+    tensors = canonical_tensors(model, network)
+    biases = {name: (b_ih, b_hh) for name, b_ih, b_hh in _lstm_biases(model, network)}
+    expected = set(tensors) | set(biases)
+    if set(arrays) != expected:
+        raise ValueError(f"weight set mismatch: missing {sorted(expected - set(arrays))[:5]}, "
+                         f"unexpected {sorted(set(arrays) - expected)[:5]}")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            src = torch.from_numpy(arrays[name])
+            if tuple(src.shape) != tuple(t.shape):
+                raise ValueError(f"{name}: shape {tuple(src.shape)}, torch expects {tuple(t.shape)}")
+            t.copy_(src)
+        for name, (b_ih, b_hh) in biases.items():
+            b_ih.copy_(torch.from_numpy(arrays[name]))
+            b_hh.zero_()
 
 
 class Prepared:
-    def __init__(self, step, synchronize, params, output_shape, settings):
+    def __init__(self, step, synchronize, params, output_shape, settings, model=None, network=None,
+                 forward_loss=None, reset_optimizer=None):
         self.step = step
         self.synchronize = synchronize
         self.params = params
         self.output_shape = output_shape
         self.settings = settings
+        self._model, self._network = model, network
+        self.forward_loss = forward_loss
+        self._reset_optimizer = reset_optimizer
+
+    def export_weights(self) -> dict:
+        return export_weights(self._model, self._network)
+
+    def load_weights(self, arrays: dict) -> None:
+        load_weights(self._model, self._network, arrays)
+        self._reset_optimizer()
 
 
 class TorchRunner:
@@ -185,7 +269,7 @@ class TorchRunner:
         if cuda:
             torch.backends.cudnn.benchmark = True  # pick the fastest algorithm per shape, once
             settings["cudnn_benchmark"] = True
-        model = build_network(network).to(device)
+        model = build_network(network, deterministic=request.get("deterministic", False)).to(device)
         images = network["input"]["kind"] == "tensor" and len(network["input"]["shape"]) == 3
         memory_format = torch.channels_last if (cuda and images) else torch.contiguous_format
         model = model.to(memory_format=memory_format)
@@ -193,7 +277,15 @@ class TorchRunner:
 
         batch = request["batch_size"]
         inp = network["input"]
-        if inp["kind"] == "tokens":
+        if request.get("inputs"):
+            import numpy as np
+
+            with np.load(request["inputs"]) as data:
+                x = torch.from_numpy(data["x"]).to(device)
+                y = torch.from_numpy(data["y"]).to(device)
+            if images:
+                x = x.contiguous(memory_format=memory_format)
+        elif inp["kind"] == "tokens":
             x = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), device=device)
             y = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), device=device)
         else:
@@ -212,10 +304,26 @@ class TorchRunner:
 
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         loss_fn = torch.nn.functional.cross_entropy
+
+        def make_optimizer():
+            return torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
+                                   lr=request["learning_rate"], momentum=request["momentum"])
+
+        def forward_loss():
+            grad = torch.enable_grad() if request["mode"] == "train" else torch.inference_mode()
+            with grad, autocast():
+                out = model(x)
+                loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            return out.detach().float().cpu().numpy(), float(loss)
+
+        opt = make_optimizer()
+
+        def reset_optimizer():
+            nonlocal opt
+            opt = make_optimizer()
+
         if request["mode"] == "train":
             model.train()
-            opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad],
-                                  lr=request["learning_rate"], momentum=request["momentum"])
             scaler = torch.amp.GradScaler(device.type) if (amp_dtype is torch.float16 and cuda) else None
 
             def step():
@@ -243,4 +351,5 @@ class TorchRunner:
             if request["mode"] == "train":
                 model.train()
         synchronize = torch.cuda.synchronize if cuda else (lambda: None)
-        return Prepared(step, synchronize, params, out_shape, settings)
+        return Prepared(step, synchronize, params, out_shape, settings, model, network, forward_loss,
+                        reset_optimizer)

@@ -1,0 +1,112 @@
+"""The canonical weight format: names, shapes and layouts every runner exports and loads.
+
+A weight set is a flat mapping name -> float32 array, stored as .npz. Names are
+`<layer>.<part>` where <layer> is the three-digit index of the layer in the *resolved* network
+(residual stages expanded, one entry per block) and <part> is:
+
+    dense        weight (out, in), bias (out)
+    conv2d       weight (out_channels, in_channels, kh, kw)  [OIHW], bias (out_channels)
+    batch_norm   gamma, beta (C) trainable; running_mean, running_var (C) state
+    embedding    weight (vocabulary, dim)
+    lstm         l<k>.w_ih (4h, in), l<k>.w_hh (4h, h), l<k>.bias (4h) for layer k, gate blocks
+                 in the order input, forget, cell (g), output; one bias (torch's b_ih + b_hh)
+    residual     conv1/bn1, conv2/bn2 (basic) or conv1..3/bn1..3 (bottleneck) as above, no conv
+                 bias; proj and proj_bn for a projection shortcut
+
+Dense layers that follow a flatten take their input in C, H, W order (the canonical flatten), so a
+runner that computes in channels-last must permute those rows itself.
+
+`random_weights` makes a weight set from the description alone (numpy, no framework): the same
+set is loaded into every framework by `dlbench check`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+STATE_PARTS = ("running_mean", "running_var")  # carried in the format, not trained, not counted
+
+
+def _bn(prefix: str, c: int) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.gamma": (c,), f"{prefix}.beta": (c,), f"{prefix}.running_mean": (c,),
+            f"{prefix}.running_var": (c,)}
+
+
+def layer_shapes(index: int, layer: dict) -> dict[str, tuple[int, ...]]:
+    p = f"{index:03d}"
+    t = layer["type"]
+    ins = layer["in_shape"]
+    if t == "dense":
+        out = {f"{p}.weight": (layer["units"], ins[-1])}
+        if layer["bias"]:
+            out[f"{p}.bias"] = (layer["units"],)
+        return out
+    if t == "conv2d":
+        out = {f"{p}.weight": (layer["filters"], ins[0], *layer["kernel"])}
+        if layer["bias"]:
+            out[f"{p}.bias"] = (layer["filters"],)
+        return out
+    if t == "batch_norm":
+        return _bn(p, ins[0])
+    if t == "embedding":
+        return {f"{p}.weight": (layer["vocabulary"], layer["dim"])}
+    if t == "lstm":
+        out, fin, h = {}, ins[-1], layer["hidden"]
+        for k in range(layer["layers"]):
+            out.update({f"{p}.l{k}.w_ih": (4 * h, fin), f"{p}.l{k}.w_hh": (4 * h, h), f"{p}.l{k}.bias": (4 * h,)})
+            fin = h
+        return out
+    if t == "residual":
+        cin, cout, f = ins[0], layer["out_shape"][0], layer["filters"]
+        if layer["block"] == "basic":
+            convs = [(cin, f, 3), (f, f, 3)]
+        else:
+            convs = [(cin, f, 1), (f, f, 3), (f, cout, 1)]
+        out = {}
+        for i, (ci, co, k) in enumerate(convs, start=1):
+            out[f"{p}.conv{i}.weight"] = (co, ci, k, k)
+            out.update(_bn(f"{p}.bn{i}", co))
+        if layer["shortcut"] == "projection":
+            out[f"{p}.proj.weight"] = (cout, cin, 1, 1)
+            out.update(_bn(f"{p}.proj_bn", cout))
+        return out
+    return {}
+
+
+def weight_shapes(network: dict) -> dict[str, tuple[int, ...]]:
+    """Every canonical tensor of a resolved network, in layer order."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, layer in enumerate(network["layers"]):
+        shapes.update(layer_shapes(i, layer))
+    return shapes
+
+
+def is_state(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in STATE_PARTS
+
+
+def trainable_count(shapes: dict[str, tuple[int, ...]]) -> int:
+    return sum(int(np.prod(s)) for n, s in shapes.items() if not is_state(n))
+
+
+def random_weights(network: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    """A well-scaled weight set for the check: N(0, 1/fan_in) weights, small biases, BN near identity."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in weight_shapes(network).items():
+        part = name.rsplit(".", 1)[-1]
+        if part == "gamma":
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif part in ("beta", "bias"):
+            a = 0.05 * rng.standard_normal(shape)
+        elif part == "running_mean":
+            a = 0.1 * rng.standard_normal(shape)
+        elif part == "running_var":
+            a = 1.0 + 0.1 * rng.random(shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+            if name.endswith(("w_ih", "w_hh")):
+                fan_in = shape[1]
+            a = rng.standard_normal(shape) / np.sqrt(fan_in)
+        out[name] = a.astype(np.float32)
+    return out
