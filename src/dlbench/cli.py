@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from . import paths
-from .definitions.loader import DefinitionError
+from .definitions.loader import DefinitionError, load_network
 from .definitions.suite import PROFILES, Benchmark, SuiteCatalog
 from .execution.environments import EnvironmentBuildError, VenvBackend, backend
 from .execution.orchestrator import Orchestrator, PlannedRun, RunOptions, plan
@@ -75,6 +75,16 @@ def _load_suite(suite: str, profile: str, device: str):
         return catalog.load_suite(path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
+
+
+def _framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
+    """`--framework` values: names, comma lists, or 'all' (the runners that exist), deduplicated."""
+    names = [n.strip() for item in given for n in item.split(",") if n.strip()]
+    if not names:
+        raise fail(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
+    for n in names:
+        _check_choice("framework", n, registry.names() + ["all"])
+    return list(dict.fromkeys(registry.names() if "all" in names else names))
 
 
 def _check_choice(kind: str, value: str, choices: list[str]) -> None:
@@ -163,13 +173,7 @@ def run(
     _check_choice("device", device, ["auto", "cpu", "cuda"])
     _check_choice("environment backend", env, ["venv", "current"])
     registry = _registry()
-    names = [n.strip() for item in framework for n in item.split(",") if n.strip()]
-    if not names:
-        raise fail(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
-    if "all" in names:
-        names = registry.names()
-    for n in names:
-        _check_choice("framework", n, registry.names() + ["all"])
+    names = _framework_names(registry, framework)
     resolved_device = _resolve_device(device)
     s = _load_suite(suite, profile, resolved_device)
     selected: list[Benchmark] = list(s.benchmarks)
@@ -178,7 +182,7 @@ def run(
         for name in benchmark:
             _check_choice("benchmark", name, valid)
         selected = [b for b in s.benchmarks if b.name in benchmark or b.network.name in benchmark]
-    runners = [_runner(registry, n) for n in dict.fromkeys(names)]
+    runners = [_runner(registry, n) for n in names]
     options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir())
     runs = plan(runners, selected)
@@ -225,7 +229,7 @@ def results(
         sys.stdout.write(buf.getvalue())
     else:
         shown = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "status",
-                 "ms_per_iter", "samples_per_s", "params", "params_described", "flops_per_sample")
+                 "ms_per_iter", "samples_per_s", "params", "params_described", "flops_per_sample", "equivalence")
         t = Table(title=f"{len(rows)} runs in {st.root}")
         for c in shown:
             t.add_column(c, overflow="fold")
@@ -252,6 +256,67 @@ def report(
         raise fail(f"no records in {st.root}; run `dlbench run` first", 1)
     index = write_report(records, out_dir)
     out.print(f"report: {index} ({len(records)} runs)")
+
+
+@app.command()
+def check(
+    framework: Annotated[list[str], typer.Option(help="Framework name, 'all', or a comma list; repeatable.")] = ["all"],
+    network: Annotated[Optional[list[str]], typer.Option(help="Only these networks; repeatable (default: all).")] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "cpu",
+    env: Annotated[str, typer.Option(help="venv | current")] = "venv",
+    store: StoreOpt = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 900.0,
+) -> None:
+    """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
+    from .equivalence import CheckStore, check_network
+
+    _check_choice("device", device, ["auto", "cpu", "cuda"])
+    _check_choice("environment backend", env, ["venv", "current"])
+    registry = _registry()
+    runners = [_runner(registry, n) for n in _framework_names(registry, framework)]
+    # torch is the reference when it is asked for: the others are compared against it.
+    runners.sort(key=lambda r: r.name != "torch")
+    catalog = _catalog()
+    names = network or catalog.network_names()
+    for n in names:
+        _check_choice("network", n, catalog.network_names())
+    try:
+        summaries = [load_network(catalog.networks_dir / f"{n}.yaml") for n in names]
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    resolved_device = _resolve_device(device)
+    flavour = "cuda" if resolved_device == "cuda" else "cpu"
+    envs = []
+    chosen = backend(env, paths.cache_dir())
+    for r in runners:
+        with err.status(f"environment for {r.name}") as status:
+            try:
+                envs.append((r, chosen.ensure(r, flavour, lambda line, n=r.name: status.update(f"{n}: {escape(line[:90])}"))))
+            except EnvironmentBuildError as e:
+                envs.append((r, e))
+    checks = CheckStore(_store(store).root)
+    table = Table(title=f"dlbench check ({resolved_device}; reference: {runners[0].name})")
+    for col in ("network", "framework", "version", "params", "status", "logits", "loss", "update", "worst tensor", "round trip"):
+        table.add_column(col, justify="right" if col in ("params", "logits", "loss", "update", "round trip") else "left")
+    bad = 0
+    for summary in summaries:
+        with err.status(f"checking {summary.name}"):
+            results = check_network(summary, envs, resolved_device, timeout)
+        for res in results:
+            checks.save(res)
+            bad += not res.ok
+            style = {"equivalent": "green", "reference": "cyan", "skipped": "yellow"}.get(res.status, "red")
+            e = res.errors
+            table.add_row(summary.name, res.framework, escape(res.framework_version or ""),
+                          f"{res.params:,}" if res.params is not None else "", f"[{style}]{res.status}[/]",
+                          *(f"{e[k]:.1e}" if k in e else "" for k in ("logits", "loss", "update")),
+                          escape(res.worst_tensor or ""), f"{e['roundtrip']:.0e}" if "roundtrip" in e else "")
+            if res.reason and res.status != "equivalent":
+                err.print(f"[{style}]{res.status}[/] {summary.name} on {res.framework}: {escape(res.reason)}",
+                          highlight=False, soft_wrap=True)
+    out.print(table)
+    if bad:
+        raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)
 
 
 @env_app.command("list")

@@ -30,8 +30,7 @@ import numpy as np
 from .definitions.analysis import NetworkSummary
 from .definitions.weights import random_weights, trainable_count, weight_shapes
 from .execution.environments import Environment, EnvironmentBuildError
-from .execution.launcher import run_worker
-from .execution.orchestrator import PROTOCOL_VERSION
+from .execution.launcher import PROTOCOL_VERSION, run_worker
 from .execution.registry import RunnerInfo
 
 TOLERANCE_PLAIN = 1e-4
@@ -50,7 +49,9 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> float:
     if a.shape != b.shape:
         return float("inf")
     scale = max(float(np.max(np.abs(b))) if b.size else 0.0, _FLOOR)
-    return float(np.max(np.abs(a - b))) / scale if a.size else 0.0
+    with np.errstate(invalid="ignore"):
+        err = float(np.max(np.abs(a - b))) / scale if a.size else 0.0
+    return err if np.isfinite(err) else float("inf")  # a NaN or inf is never within any tolerance
 
 
 def check_batch_size(network: NetworkSummary) -> int:
@@ -155,6 +156,9 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
             after = _section(arrays, "after/")
             update = {n: after[n] - loaded[n] for n in after if n in loaded}
             if reference is None:
+                outputs = [arrays["logits"], arrays["loss"], *update.values()]
+                if not all(np.isfinite(a).all() for a in outputs):
+                    problems.append("non-finite logits, loss or update: cannot serve as the reference")
                 if problems:
                     res.reason = "; ".join(problems)
                     continue  # a broken reference cannot judge the others; the next one becomes it
@@ -209,7 +213,9 @@ class CheckStore:
             return {"status": "unchecked"}
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = None
+        if not isinstance(data, dict) or "status" not in data:
             return {"status": "unchecked", "reason": f"unreadable check file {path.name}"}
         if data.get("network_hash") != network_hash:
             return {"status": "unchecked", "reason": "the last check was of another version of the network"}

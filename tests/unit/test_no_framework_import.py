@@ -84,9 +84,9 @@ def _protocol(path: Path) -> int:
 
 
 def test_protocol_versions_match():
-    controller = _protocol(SRC / "execution" / "orchestrator.py")
+    controller = _protocol(SRC / "execution" / "launcher.py")
     worker = _protocol(ROOT / "runners" / "common" / "harness.py")
     assert isinstance(controller, int) and controller == worker
 
-    from dlbench.execution import orchestrator
-    assert orchestrator.PROTOCOL_VERSION == controller
+    from dlbench.execution import launcher, orchestrator
+    assert launcher.PROTOCOL_VERSION == orchestrator.PROTOCOL_VERSION == controller

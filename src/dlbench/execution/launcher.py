@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/harness.py
 STDERR_TAIL_CHARS = 4000
 TERMINATE_GRACE_S = 3.0
 

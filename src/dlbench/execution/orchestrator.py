@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Protocol
 
 from ..definitions.suite import Benchmark
+from ..equivalence import CheckStore
 from ..machine import dlbench_provenance, fingerprint
 from ..statistics import summarise
 from ..store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
 from ..store.store import Store
 from .environments import Environment, EnvironmentBuildError, backend
-from .launcher import run_worker
+from .launcher import PROTOCOL_VERSION, run_worker
 from .registry import RunnerInfo
 
-PROTOCOL_VERSION = 1  # must match runners/common/harness.py
 
 
 @dataclass(frozen=True)
@@ -157,6 +157,8 @@ class Orchestrator:
             repeats=repeats, summary=summary, params=last_result.get("params"),
             status=status, reason=reason, output_tail=tail if status != "ok" else "",
         )
+        record.equivalence = CheckStore(self.store.root).status(
+            b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"))
         self.store.write(record)
         self.events.run_done(run, record)
         return record

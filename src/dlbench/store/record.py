@@ -5,6 +5,9 @@ records step by step and refuse newer ones):
   1 (2026-11-29) first version: provenance (dlbench version and commit, machine fingerprint,
     environment packages), network description and hash, workload and settings, per-repeat
     iteration times, summary statistics, status with reason and output tail.
+  2 (2026-11-29) `equivalence`: the status of the latest `dlbench check` of this network on this
+    framework version (equivalent | mismatch | reference | failed | unchecked), with its date and
+    errors. Records of version 1 read as "unchecked" (store/migrations.py: update_to_2).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 
@@ -112,3 +115,4 @@ class Record(_Model):
     status: Status
     reason: str | None = None
     output_tail: str = ""
+    equivalence: dict[str, Any] = {"status": "unchecked"}

@@ -8,7 +8,7 @@ COLUMNS = (
     "run_id", "started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version",
     "device", "batch_size", "precision", "threads", "status", "ms_per_iter", "samples_per_s", "iqr_ms",
     "cv", "first_iter_ms", "repeats", "iterations", "params", "params_described", "flops_per_sample",
-    "machine", "reason",
+    "machine", "equivalence", "reason",
 )
 
 
@@ -39,5 +39,6 @@ def run_row(r: Record) -> dict:
         "params_described": r.network.params_described,
         "flops_per_sample": r.network.flops_per_sample,
         "machine": r.machine.get("hostname"),
+        "equivalence": r.equivalence.get("status"),
         "reason": r.reason,
     }

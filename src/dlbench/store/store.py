@@ -18,6 +18,7 @@ from typing import Iterator
 
 from pydantic import ValidationError
 
+from .migrations import upgrade
 from .record import SCHEMA_VERSION, Record
 
 
@@ -73,13 +74,13 @@ class Store:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise StoreError(f"{path}: unreadable record: {e}") from None
         version = data.get("schema_version") if isinstance(data, dict) else None
-        if not isinstance(version, int):
-            raise StoreError(f"{path}: no schema_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise StoreError(f"{path}: schema_version: missing or invalid ({version!r})")
         if version > SCHEMA_VERSION:
             raise StoreError(f"{path}: schema version {version} is newer than this dlbench understands "
                              f"({SCHEMA_VERSION}); upgrade dlbench to read it")
         try:
-            return Record.model_validate(data)
+            return Record.model_validate(upgrade(data, SCHEMA_VERSION))
         except ValidationError as e:
             err = e.errors()[0]
             field = ".".join(str(p) for p in err["loc"])

@@ -1,0 +1,45 @@
+"""`dlbench check` across every runner, and the equivalence status it leaves on run records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dlbench import paths
+from dlbench.definitions.suite import SuiteCatalog
+from dlbench.execution.registry import RunnerRegistry
+
+pytestmark = pytest.mark.integration
+
+DLBENCH = [sys.executable, "-m", "dlbench.cli"]
+
+
+def test_every_framework_builds_every_network_equivalently(tmp_path):
+    frameworks = RunnerRegistry(paths.runners_dir()).names()
+    networks = SuiteCatalog(paths.suites_dir()).network_names()
+    check = subprocess.run(DLBENCH + ["check", "--framework", "all", "--device", "cpu", "--store", str(tmp_path)],
+                           capture_output=True, text=True, timeout=3000)
+    assert check.returncode == 0, check.stdout + check.stderr
+    results = [json.loads(p.read_text()) for p in (tmp_path / "checks").glob("*.json")]
+    got = {(r["network"], r["framework"]): r for r in results}
+    assert set(got) == {(n, f) for n in networks for f in frameworks}
+    for (network, framework), r in got.items():
+        expected = "reference" if framework == "torch" else "equivalent"
+        assert r["status"] == expected, (network, framework, r["reason"], r["errors"])
+        assert r["params"] == r["params_described"]
+        if framework != "torch":
+            assert max(r["errors"][k] for k in ("logits", "loss", "update")) <= r["tolerance"]
+
+    # A run afterwards carries the status of its network on its framework version.
+    run = subprocess.run(DLBENCH + ["run", "--suite", "fcn", "--framework", "all", "--benchmark", "fcn5-infer",
+                                    "--profile", "smoke", "--device", "cpu", "--repeats", "1",
+                                    "--store", str(tmp_path)], capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = json.loads(subprocess.run(DLBENCH + ["results", "--store", str(tmp_path), "--format", "json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert {r["framework"] for r in rows} == set(frameworks)
+    for r in rows:
+        assert r["equivalence"] == ("reference" if r["framework"] == "torch" else "equivalent"), r
