@@ -70,11 +70,18 @@ def _load_suite(suite: str, profile: str, device: str):
     catalog = _catalog()
     path = catalog.suite_path(suite)
     if path is None:
-        raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(catalog.suite_names())} (or a path to a .yaml file)")
+        raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(catalog.suite_names() + ['all'])} "
+                   "(or a path to a .yaml file)")
     try:
         return catalog.load_suite(path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
+
+
+def _load_suites(suite: str, profile: str, device: str) -> list:
+    """`--suite`: a name, a path, or 'all' (every suite shipped in suites/)."""
+    names = _catalog().suite_names() if suite == "all" else [suite]
+    return [_load_suite(n, profile, device) for n in names]
 
 
 def _framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
@@ -101,12 +108,11 @@ def list_(
     """Suites and their benchmarks: network, mode, batch sizes, parameters, GFLOPs per sample."""
     _check_choice("profile", profile, list(PROFILES))
     _check_choice("device", device, ["auto", "cpu", "cuda"])
-    names = [suite] if suite else _catalog().suite_names()
+    suites = _load_suites(suite or "all", profile, _resolve_device(device))
     table = Table(title=f"dlbench suites (profile {profile})")
     for col in ("suite", "benchmark", "network", "mode", "batch sizes", "params", "GFLOPs/sample"):
         table.add_column(col, justify="right" if col in ("params", "GFLOPs/sample") else "left")
-    for name in names:
-        s = _load_suite(name, profile, _resolve_device(device))
+    for s in suites:
         for b in s.benchmarks:
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
                           f"{b.network.params:,}", f"{b.network.flops_per_sample / 1e9:.4f}")
@@ -157,7 +163,7 @@ def _summary_table(records) -> Table:
 
 @app.command()
 def run(
-    suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn) or path to a suite file.")],
+    suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: Annotated[list[str], typer.Option(help="Framework name, 'all', or a comma list; repeatable.")] = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
     profile: Annotated[str, typer.Option(help="smoke | default | paper")] = "default",
@@ -175,19 +181,20 @@ def run(
     registry = _registry()
     names = _framework_names(registry, framework)
     resolved_device = _resolve_device(device)
-    s = _load_suite(suite, profile, resolved_device)
-    selected: list[Benchmark] = list(s.benchmarks)
+    suites = _load_suites(suite, profile, resolved_device)
+    available: list[Benchmark] = [b for s in suites for b in s.benchmarks]
+    selected = available
     if benchmark:
-        valid = sorted({b.name for b in s.benchmarks} | {b.network.name for b in s.benchmarks})
+        valid = sorted({b.name for b in available} | {b.network.name for b in available})
         for name in benchmark:
             _check_choice("benchmark", name, valid)
-        selected = [b for b in s.benchmarks if b.name in benchmark or b.network.name in benchmark]
+        selected = [b for b in available if b.name in benchmark or b.network.name in benchmark]
     runners = [_runner(registry, n) for n in names]
     options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir())
     runs = plan(runners, selected)
     st = _store(store)
-    err.print(f"dlbench: suite {s.name}, {len(runs)} runs on {resolved_device} "
+    err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
               f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}", highlight=False)
     records = []
     try:

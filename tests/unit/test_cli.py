@@ -271,3 +271,15 @@ def test_results_reports_unreadable_records_and_goes_on(project, tmp_path):
     assert code == 0
     assert [r["benchmark"] for r in json.loads(out)] == ["fcn5-train"]
     assert "skipped" in err and bad.name in err.replace(" ", "")
+
+
+def test_suite_all_runs_every_shipped_suite(project, tmp_path):
+    store = tmp_path / "store"
+    code, _, err = invoke("run", "--suite", "all", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+                          "--env", "current", "--store", str(store), "--threads", "1", "--repeats", "1")
+    assert code == 0, err
+    catalog = SuiteCatalog(ROOT / "suites")
+    expected = sorted(b.name for s in catalog.suite_names()
+                      for b in catalog.load_suite(catalog.suite_path(s), "smoke", "cpu").benchmarks)
+    assert len(expected) == 16
+    assert sorted(r.benchmark for r in Store(store).records()) == expected
