@@ -1,0 +1,91 @@
+"""Every layer kind, in every framework, against an independent numpy implementation.
+
+Each tiny network isolates one kind of layer (and its weight mapping: layouts, LSTM gate order and
+single bias, flatten order, option-A padding side). Every runner loads the same canonical weights
+and input through the `check` action; its logits and loss must match numpy's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from dlbench import paths
+from dlbench.definitions.loader import load_network
+from dlbench.definitions.weights import random_weights
+from dlbench.equivalence import _probe, make_inputs, relative_error, tolerance_for
+from dlbench.execution.environments import VenvBackend
+from dlbench.execution.registry import RunnerRegistry
+
+from . import numpy_reference
+
+pytestmark = pytest.mark.integration
+
+IMAGE = {"kind": "tensor", "shape": [3, 9, 9], "classes": 5}
+TINY = {
+    "dense_sigmoid_tanh_relu": ({"kind": "tensor", "shape": [12], "classes": 5}, [
+        {"type": "dense", "units": 16}, {"type": "sigmoid"}, {"type": "dense", "units": 16}, {"type": "tanh"},
+        {"type": "dense", "units": 8, "bias": False}, {"type": "relu"}, {"type": "dropout", "rate": 0.5},
+        {"type": "dense", "units": 5}]),
+    "conv_pools_flatten": (IMAGE, [
+        {"type": "conv2d", "filters": 4, "kernel": [3, 2], "stride": [2, 1], "padding": [1, 0]},
+        {"type": "max_pool", "size": 3, "stride": 1, "padding": 1},
+        {"type": "conv2d", "filters": 6, "kernel": 2, "bias": False},
+        {"type": "avg_pool", "size": 2, "stride": 1},
+        {"type": "flatten"}, {"type": "dense", "units": 5}]),
+    "batch_norm_image_and_flat": (IMAGE, [
+        {"type": "conv2d", "filters": 4, "kernel": 3}, {"type": "batch_norm", "eps": 1e-3},
+        {"type": "relu"}, {"type": "flatten"}, {"type": "dense", "units": 7}, {"type": "batch_norm"},
+        {"type": "dense", "units": 5}]),
+    "residual_basic_option_a": (IMAGE, [
+        {"type": "conv2d", "filters": 4, "kernel": 3, "padding": 1, "bias": False},
+        {"type": "residual", "block": "basic", "filters": 8, "stride": 2, "repeat": 2, "shortcut": "option_a"},
+        {"type": "global_avg_pool"}, {"type": "dense", "units": 5}]),
+    "residual_bottleneck_projection": (IMAGE, [
+        {"type": "conv2d", "filters": 4, "kernel": 3, "padding": 1, "bias": False},
+        {"type": "residual", "block": "bottleneck", "filters": 2, "stride": 2, "repeat": 2, "shortcut": "projection"},
+        {"type": "global_avg_pool"}, {"type": "dense", "units": 5}]),
+    "embedding_lstm_sequence_dense": ({"kind": "tokens", "vocabulary": 11, "sequence_length": 5}, [
+        {"type": "embedding", "vocabulary": 11, "dim": 6}, {"type": "lstm", "hidden": 7, "layers": 2},
+        {"type": "dense", "units": 11}]),
+}
+
+
+@pytest.fixture(scope="module")
+def runners():
+    registry = RunnerRegistry(paths.runners_dir())
+    backend = VenvBackend(paths.cache_dir())
+    return [(registry.get(n), backend.ensure(registry.get(n), "cpu")) for n in registry.names()]
+
+
+@pytest.mark.parametrize("kind", sorted(TINY))
+def test_every_framework_matches_numpy(runners, kind, tmp_path):
+    inp, layers = TINY[kind]
+    path = tmp_path / f"{kind}.yaml"
+    path.write_text(yaml.safe_dump({"name": kind, "input": inp, "layers": layers}))
+    net = load_network(path)
+    weights = random_weights(net.resolved, seed=3)
+    inputs = make_inputs(net, 4, seed=3)
+    np.savez(tmp_path / "weights.npz", **weights)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
+    expected_loss = numpy_reference.cross_entropy(expected, inputs["y"])
+    tol = tolerance_for(net)
+    failures = []
+    for runner, env in runners:
+        with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+            arrays, reason, status = _probe(runner, env, net, Path(work), "cpu", 600,
+                                            tmp_path / "weights.npz", tmp_path / "inputs.npz", 4)
+        if arrays is None:
+            failures.append(f"{runner.name}: {status}: {reason}")
+            continue
+        logits_err = relative_error(arrays["logits"], expected)
+        loss_err = relative_error(arrays["loss"], np.asarray(expected_loss))
+        if arrays["__params__"] != net.params or logits_err > tol or loss_err > tol:
+            failures.append(f"{runner.name}: params {arrays['__params__']} (want {net.params}), "
+                            f"logits error {logits_err:.2e}, loss error {loss_err:.2e} (tolerance {tol:g})")
+    assert not failures, "\n".join(failures)
