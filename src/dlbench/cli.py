@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -21,7 +22,8 @@ from .definitions.suite import PROFILES, Benchmark, SuiteCatalog
 from .execution.environments import EnvironmentBuildError, VenvBackend, backend
 from .execution.orchestrator import Orchestrator, PlannedRun, RunOptions, plan
 from .execution.registry import RunnerRegistry
-from .machine import available_cpus, detect_device
+from .machine import available_cpus, detect_device, fingerprint, gpus
+from .telemetry import TelemetryConfig
 from .store.rows import COLUMNS, run_row
 from .store.store import Store
 
@@ -82,6 +84,14 @@ def _load_suites(suite: str, profile: str, device: str) -> list:
     """`--suite`: a name, a path, or 'all' (every suite shipped in suites/)."""
     names = _catalog().suite_names() if suite == "all" else [suite]
     return [_load_suite(n, profile, device) for n in names]
+
+
+def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
+    """A cpu run samples no GPU where the host has some (they are not what is measured); on a host
+    without any it still asks NVML, so the record says why GPU telemetry is unavailable."""
+    host_has_gpus = bool(gpus()["gpus"])
+    indices = () if device == "cpu" and host_has_gpus else None
+    return TelemetryConfig(interval_s=interval_ms / 1000, gpu_indices=indices)
 
 
 def _framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
@@ -173,6 +183,9 @@ def run(
     repeats: Annotated[Optional[int], typer.Option(min=1, help="Worker processes per run (default: the profile's).")] = None,
     store: StoreOpt = None,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 1800.0,
+    sample_interval: Annotated[float, typer.Option("--sample-interval", min=10, max=1000,
+                                                   help="Telemetry sampling interval in ms (10-1000).")] = 100.0,
+    no_telemetry: Annotated[bool, typer.Option("--no-telemetry", help="Do not sample power, clocks, CPU.")] = False,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     _check_choice("profile", profile, list(PROFILES))
@@ -191,7 +204,9 @@ def run(
         selected = [b for b in available if b.name in benchmark or b.network.name in benchmark]
     runners = [_runner(registry, n) for n in names]
     options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
-                         repeats=repeats, timeout_s=timeout, cache=paths.cache_dir())
+                         repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),
+                         telemetry=None if no_telemetry else _telemetry_config(resolved_device, sample_interval),
+                         nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"))
     runs = plan(runners, selected)
     st = _store(store)
     err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
@@ -324,6 +339,46 @@ def check(
     out.print(table)
     if bad:
         raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)
+
+
+@app.command()
+def info(
+    format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+) -> None:
+    """What this machine offers to measure with: CPU, GPUs and their NVML capabilities, RAPL domains."""
+    from .telemetry import machine_capabilities
+
+    _check_choice("format", format, ["table", "json"])
+    caps = machine_capabilities(os.environ.get("DLBENCH_NVML_MODULE", "pynvml"))
+    caps["machine"] = fingerprint()
+    if format == "json":
+        sys.stdout.write(json.dumps(caps, indent=1, default=str) + "\n")
+        return
+    m = caps["machine"]
+    out.print(f"[bold]CPU[/] {escape(str(m['cpu_model']))}: {m['cpu_physical']} cores, {m['cpu_logical']} threads, "
+              f"{m['cpu_available']} available to dlbench; memory {m['memory_bytes'] / 2**30:.1f} GiB; {escape(m['os'])}")
+    gpu = caps["gpu"]
+    if not gpu.get("available"):
+        out.print(f"[bold]GPU[/] none usable: {escape(str(gpu.get('reason')))}")
+    for g in gpu.get("devices", []):
+        if "unavailable" in g:
+            out.print(f"[bold]GPU {g['index']}[/] unavailable: {escape(str(g['unavailable']))}")
+            continue
+        t = Table(title=escape(f"GPU {g.get('index')}: {g.get('name')} ({g.get('uuid')})"))
+        t.add_column("NVML query")
+        t.add_column("status")
+        for query in sorted(g.get("supported", [])):
+            t.add_row(escape(query), "[green]supported[/]")
+        for query, why in sorted(g.get("unsupported", {}).items()):
+            t.add_row(escape(query), escape(f"unsupported: {why}"))
+        out.print(t)
+    rapl = caps["rapl"]
+    zones = ", ".join(escape(f"{z.get('zone')} ({z.get('name')}): {'readable' if z.get('readable') else z.get('reason')}")
+                      for z in rapl.get("zones", []))
+    if rapl.get("available"):
+        out.print(f"[bold]RAPL[/] {zones}")
+    else:
+        out.print(f"[bold]RAPL[/] unavailable: {escape(str(rapl.get('reason')))}" + (f" ({zones})" if zones else ""))
 
 
 @env_app.command("list")

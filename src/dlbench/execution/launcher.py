@@ -18,6 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/harness.py
 STDERR_TAIL_CHARS = 4000
@@ -88,8 +89,17 @@ def _describe_exit(returncode: int, tail: str) -> str:
     return f"worker exited with status {returncode} without a result" + (f": {last.strip()}" if last else "")
 
 
+class Monitor(Protocol):
+    """Runs beside a worker (the telemetry sampler): entered before the worker starts, so it is
+    ready before the worker's measured window can open, told the worker's pid, left after it ends."""
+
+    def __enter__(self): ...
+    def __exit__(self, *exc_info): ...
+    def watch(self, pid: int) -> None: ...
+
+
 def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
-               extra_env: dict[str, str] | None = None) -> WorkerOutcome:
+               extra_env: dict[str, str] | None = None, monitor: Monitor | None = None) -> WorkerOutcome:
     worker = Path(worker).resolve()  # the worker runs in its own folder
     env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
     env["PYTHONUNBUFFERED"] = "1"
@@ -97,8 +107,8 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
     with tempfile.TemporaryDirectory(prefix="dlbench-worker-") as tmp:
         req_path, res_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "output.log")
         req_path.write_text(json.dumps(request))
-        started = time.perf_counter()
-        with open(out_path, "wb") as out:
+        with monitor or contextlib.nullcontext(), open(out_path, "wb") as out:
+            started = time.perf_counter()
             try:
                 proc = subprocess.Popen(
                     [str(python), str(worker), str(req_path), str(res_path)],
@@ -108,6 +118,8 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
             except OSError as e:  # no interpreter (a broken environment), not executable, ...
                 return WorkerOutcome("failed", f"could not start the worker with {python}: {e}", None, "", None,
                                      time.perf_counter() - started)
+            if monitor is not None:
+                monitor.watch(proc.pid)
             with killer(proc):
                 try:
                     returncode: int | None = proc.wait(timeout=timeout_s)

@@ -16,6 +16,8 @@ from ..definitions.suite import Benchmark
 from ..equivalence import CheckStore
 from ..machine import dlbench_provenance, fingerprint
 from ..statistics import summarise
+from ..telemetry import Sampler, TelemetryConfig, derive
+from ..telemetry.summary import summarise_repeats
 from ..store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
 from ..store.store import Store
 from .environments import Environment, EnvironmentBuildError, backend
@@ -33,6 +35,8 @@ class RunOptions:
     timeout_s: float
     cache: Path
     seed: int = 0
+    telemetry: TelemetryConfig | None = None  # None: no sampling (--no-telemetry)
+    nvml_module: str = "pynvml"  # the NVML binding the sampler imports (tests substitute a fake)
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,19 @@ class Orchestrator:
                 self._envs[runner.name] = e
         return self._envs[runner.name]
 
+    def _telemetry_summary(self, repeats: list[Repeat], batch_size: int) -> dict:
+        if self.options.telemetry is None:
+            return {"enabled": False, "reason": "--no-telemetry"}
+        measured = [r for r in repeats if r.derived is not None]
+        gpu = next((r.telemetry["gpu"] for r in repeats if r.telemetry and "gpu" in r.telemetry), None)
+        return {
+            "enabled": True,
+            "interval_s": self.options.telemetry.interval_s,
+            "gpu": {"available": gpu["available"], "reason": gpu["reason"]} if gpu else None,
+            "summary": summarise_repeats([r.derived for r in measured], batch_size,
+                                         [len(r.iter_s) for r in measured]) if measured else None,
+        }
+
     def execute(self, runs: list[PlannedRun]) -> list[Record]:
         return [self.execute_one(run) for run in runs]
 
@@ -121,9 +138,14 @@ class Orchestrator:
             env_info = env.describe()
             request = build_request(run, opts)
             for index in range(n_repeats):
+                sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
                 outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
-                                     _thread_env(opts.threads))
+                                     _thread_env(opts.threads), sampler)
                 res = outcome.result or {}
+                series = sampler.result if sampler else None
+                window = res.get("window_monotonic_ns") or []
+                derived = (derive(series, tuple(window), len(res["iter_s"]), run.batch_size)
+                           if series is not None and len(window) == 2 and res.get("iter_s") else None)
                 last_result = res or last_result
                 tail = outcome.output_tail
                 rep = Repeat(
@@ -131,6 +153,7 @@ class Orchestrator:
                     first_iter_s=res.get("first_iter_s"), warmup_iter_s=res.get("warmup_iter_s", []),
                     warmup_settled=res.get("warmup_settled"), iter_s=res.get("iter_s", []),
                     window_monotonic_ns=res.get("window_monotonic_ns", []), wall_s=outcome.wall_s,
+                    telemetry=series, derived=derived,
                 )
                 repeats.append(rep)
                 self.events.repeat_done(run, rep)
@@ -157,6 +180,7 @@ class Orchestrator:
             repeats=repeats, summary=summary, params=last_result.get("params"),
             status=status, reason=reason, output_tail=tail if status != "ok" else "",
         )
+        record.telemetry = self._telemetry_summary(repeats, run.batch_size)
         record.equivalence = CheckStore(self.store.root).status(
             b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"))
         self.store.write(record)

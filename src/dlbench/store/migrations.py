@@ -13,7 +13,13 @@ def update_to_2(data: dict) -> dict:
     return data
 
 
-STEPS = {2: update_to_2}
+def update_to_3(data: dict) -> dict:
+    """3 added telemetry (sampled series per repeat, derived figures, a run summary)."""
+    data["telemetry"] = {"enabled": False, "reason": "recorded before dlbench sampled telemetry"}
+    return data
+
+
+STEPS = {2: update_to_2, 3: update_to_3}
 
 
 def upgrade(data: dict, target: int) -> dict:

@@ -8,6 +8,10 @@ records step by step and refuse newer ones):
   2 (2026-11-29) `equivalence`: the status of the latest `dlbench check` of this network on this
     framework version (equivalent | mismatch | reference | failed | unchecked), with its date and
     errors. Records of version 1 read as "unchecked" (store/migrations.py: update_to_2).
+  3 (2026-11-29) telemetry: each repeat keeps its sampled series (columnar, on the monotonic clock
+    of its window marks) and the figures derived for its measured window; the record keeps the
+    run's summary (`telemetry`: energy, power, clocks, throttling, peaks, with reasons for what is
+    missing). Older records read with telemetry {"enabled": False} (update_to_3).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 
@@ -45,6 +49,8 @@ class Repeat(_Model):
     iter_s: list[float] = []
     window_monotonic_ns: list[int] = []
     wall_s: float | None = None
+    telemetry: dict[str, Any] | None = None  # the sampler's columnar series for this worker
+    derived: dict[str, Any] | None = None  # figures for this repeat's measured window
 
 
 class Summary(_Model):
@@ -116,3 +122,4 @@ class Record(_Model):
     reason: str | None = None
     output_tail: str = ""
     equivalence: dict[str, Any] = {"status": "unchecked"}
+    telemetry: dict[str, Any] = {"enabled": False}

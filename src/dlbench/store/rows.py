@@ -8,8 +8,17 @@ COLUMNS = (
     "run_id", "started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version",
     "device", "batch_size", "precision", "threads", "status", "ms_per_iter", "samples_per_s", "iqr_ms",
     "cv", "first_iter_ms", "repeats", "iterations", "params", "params_described", "flops_per_sample",
+    "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
     "machine", "equivalence", "reason",
 )
+
+
+TELEMETRY_COLUMNS = ("avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb")
+
+
+def _telemetry_columns(r: Record) -> dict:
+    summary = r.telemetry.get("summary") or {}
+    return {c: summary.get(c) for c in TELEMETRY_COLUMNS}
 
 
 def run_row(r: Record) -> dict:
@@ -38,6 +47,7 @@ def run_row(r: Record) -> dict:
         "params": r.params,
         "params_described": r.network.params_described,
         "flops_per_sample": r.network.flops_per_sample,
+        **_telemetry_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,
