@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CUDA checks for a GPU host: the torch runner on the GPU through the whole spine (smoke profile),
-# NVML's view of the machine in the record, then results and the report.
+# CUDA checks for a GPU host: the torch and jax runners on the GPU through the whole spine (smoke
+# profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
+# counter and integrated power within 5%), `dlbench check` on CUDA, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -22,34 +23,34 @@ case "${1:-}" in
     # The image's python3 holds torch (CUDA), typer, rich, jinja2, pyyaml, psutil, nvidia-ml-py.
     python3 -m pip install --no-index --no-deps --quiet .whl/*.whl
     export PYTHONPATH="$PWD/src"
+    PY=python3
     DLBENCH=(python3 -m dlbench.cli)
     ENV=(--env current) ;;
   *)
     source bin/_bootstrap.sh
+    PY="$DLBENCH_VENV/bin/python"
     DLBENCH=("$DLBENCH_VENV/bin/dlbench")
     ENV=(--env venv)
-    "${DLBENCH[@]}" env create torch --device cuda ;;
+    "${DLBENCH[@]}" env create torch --device cuda
+    "${DLBENCH[@]}" env create jax --device cuda ;;
 esac
 
 nvidia-smi | tee "$OUT/nvidia-smi.txt" || true
+"${DLBENCH[@]}" info | tee "$OUT/info.txt" || true
 status=0
-for suite in cnn fcn rnn; do
-  "${DLBENCH[@]}" run --suite "$suite" --framework torch --profile smoke --device cuda "${ENV[@]}" \
-     --store "$OUT/store" --timeout 600 2>&1 | tee -a "$OUT/run.log" || status=1
+# The smoke profile on CUDA with telemetry: torch and jax (the frameworks our GPU image carries).
+for fw in torch jax; do
+  for suite in cnn fcn rnn; do
+    "${DLBENCH[@]}" run --suite "$suite" --framework "$fw" --profile smoke --device cuda "${ENV[@]}" \
+       --store "$OUT/store" --timeout 600 2>&1 | tee -a "$OUT/run.log" || status=1
+  done
 done
-# The default profile's GPU batch sizes on two networks, for real numbers.
-"${DLBENCH[@]}" run --suite cnn --framework torch --benchmark resnet50-train --benchmark alexnet_r-train \
+# The default profile's GPU batch sizes on two networks, for real numbers (and telemetry long enough
+# for NVML's power readings to mean something).
+"${DLBENCH[@]}" run --suite cnn --framework torch,jax --benchmark resnet50-train --benchmark alexnet_r-train \
    --device cuda "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee -a "$OUT/run.log" || status=1
+"${DLBENCH[@]}" check --framework torch,jax --device cuda "${ENV[@]}" --store "$OUT/store" 2>&1 | tee "$OUT/check.log" || status=1
 "${DLBENCH[@]}" results --store "$OUT/store" --format csv > "$OUT/results.csv"
 "${DLBENCH[@]}" report --store "$OUT/store" --out "$OUT/site"
-python3 - "$OUT/store" <<'PY'
-import json, pathlib, sys
-recs = [json.loads(p.read_text()) for p in pathlib.Path(sys.argv[1], "runs").glob("*.json")]
-bad = [r for r in recs if r["status"] != "ok" or r["workload"]["device"] != "cuda"]
-gpus = {g["name"] for r in recs for g in r["machine"].get("gpus", [])}
-print(f"{len(recs)} records, {len(bad)} not ok on cuda; GPUs in fingerprints: {sorted(gpus)}")
-for r in bad:
-    print(" ", r["benchmark"], r["status"], r["reason"])
-sys.exit(1 if bad or not gpus else 0)
-PY
+"$PY" scripts/gpu_check_records.py "$OUT/store" | tee "$OUT/telemetry-check.txt" || status=1
 exit $status
