@@ -318,8 +318,10 @@ def check(
                 envs.append((r, e))
     checks = CheckStore(_store(store).root)
     table = Table(title=f"dlbench check ({resolved_device}; reference: {runners[0].name})")
-    for col in ("network", "framework", "version", "params", "status", "logits", "loss", "update", "worst tensor", "round trip"):
-        table.add_column(col, justify="right" if col in ("params", "logits", "loss", "update", "round trip") else "left")
+    for col in ("network", "framework", "version", "params", "status", "logits", "loss", "weights", "update",
+                "worst tensor", "round trip"):
+        table.add_column(col, justify="right" if col in ("params", "logits", "loss", "weights", "update", "round trip")
+                         else "left")
     bad = 0
     for summary in summaries:
         with err.status(f"checking {summary.name}"):
@@ -331,7 +333,7 @@ def check(
             e = res.errors
             table.add_row(summary.name, res.framework, escape(res.framework_version or ""),
                           f"{res.params:,}" if res.params is not None else "", f"[{style}]{res.status}[/]",
-                          *(f"{e[k]:.1e}" if k in e else "" for k in ("logits", "loss", "update")),
+                          *(f"{e[k]:.1e}" if k in e else "" for k in ("logits", "loss", "weights", "update")),
                           escape(res.worst_tensor or ""), f"{e['roundtrip']:.0e}" if "roundtrip" in e else "")
             if res.reason and res.status != "equivalent":
                 err.print(f"[{style}]{res.status}[/] {summary.name} on {res.framework}: {escape(res.reason)}",

@@ -7,10 +7,21 @@ for):
   - parameter count built by the framework = count from the description (exactly);
   - the exported initial weights have the canonical names and shapes, and loading then exporting
     gives back exactly what was loaded (the layouts are right both ways);
-  - logits and loss, and the update of every weight after one step (after - loaded, which is what
-    the gradients decide; comparing the weights themselves would hide a wrong gradient behind
-    lr * g << w), to a relative error <= 1e-4 on networks without batch norm and <= 1e-3 with.
-Relative error of a tensor: max |a - b| / max |b| (b the reference), floored to avoid 0/0.
+  - logits and loss (relative error in the max norm) and the weights after one step, to <= 1e-4 on
+    networks without batch norm and <= 1e-3 with;
+  - the update itself (after - loaded, which is what the gradients decide: the weights can hide a
+    wrong gradient behind lr * g << w), to the same tolerance, on networks without batch norm.
+The weights and the update are compared normwise over all trained tensors together,
+||a - b||_2 / ||b||_2, the usual relative error of a vector; the update is observed through
+float32 weights, so one unit in the last place of the updated weight is allowed per element.
+One float32 step of a deep ReLU/batch-norm network is decided in part by rounding: a
+pre-activation within rounding of zero flips a ReLU and moves a few gradient elements a lot.
+Measured here: PyTorch against itself at 1 and 2 threads differs by 2.0e-3 in ResNet-50's weights
+after one step and 1.0e-2 in its update. So on batch-norm networks the update is reported, not
+gated, and the weights' tolerance widens to SPREAD_FACTOR times the reference's own spread (the
+reference is run a second time on one thread) where that exceeds 1e-3. The element-wise worst
+tensor is reported as a diagnostic.
+Relative error of logits/loss: max |a - b| / max |b| (b the reference), floored to avoid 0/0.
 
 Results are kept in STORE/checks/ (one JSON per network, framework and framework version, written
 atomically) so that every run record can carry the equivalence status of what it measured.
@@ -35,6 +46,10 @@ from .execution.registry import RunnerInfo
 
 TOLERANCE_PLAIN = 1e-4
 TOLERANCE_BATCH_NORM = 1e-3
+# A framework need not agree with the reference better than the reference agrees with itself when
+# only its thread count changes (summation order): the weights' tolerance widens to this many times
+# that measured spread where it exceeds the tolerance.
+SPREAD_FACTOR = 3.0
 _FLOOR = 1e-12
 
 
@@ -52,6 +67,53 @@ def relative_error(a: np.ndarray, b: np.ndarray) -> float:
     with np.errstate(invalid="ignore"):
         err = float(np.max(np.abs(a - b))) / scale if a.size else 0.0
     return err if np.isfinite(err) else float("inf")  # a NaN or inf is never within any tolerance
+
+
+def _update_excess(after, loaded, ref_after, ref_loaded) -> tuple[np.ndarray, np.ndarray] | None:
+    """(|our update - the reference's| net of one float32 ulp of the updated weight, reference update)."""
+    if after.shape != ref_after.shape or loaded.shape != ref_loaded.shape:
+        return None
+    ours = after.astype(np.float64) - loaded.astype(np.float64)
+    theirs = ref_after.astype(np.float64) - ref_loaded.astype(np.float64)
+    allowance = np.spacing(np.abs(ref_after.astype(np.float32))).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.maximum(np.abs(ours - theirs) - allowance, 0.0), theirs
+
+
+def update_error(after: np.ndarray, loaded: np.ndarray, ref_after: np.ndarray, ref_loaded: np.ndarray) -> float:
+    """Relative error (max norm) of one tensor's update against the reference's, net of float32 resolution."""
+    pair = _update_excess(after, loaded, ref_after, ref_loaded)
+    if pair is None:
+        return float("inf")
+    excess, theirs = pair
+    scale = max(float(np.max(np.abs(theirs))) if theirs.size else 0.0, _FLOOR)
+    err = float(np.max(excess)) / scale if excess.size else 0.0
+    return err if np.isfinite(err) else float("inf")
+
+
+def normwise_error(ours: list[np.ndarray], theirs: list[np.ndarray]) -> float:
+    """||a - b||_2 / ||b||_2 over all the tensors together: the usual normwise relative error."""
+    if any(a.shape != b.shape for a, b in zip(ours, theirs)) or len(ours) != len(theirs):
+        return float("inf")
+    num = sum(float(np.sum((a.astype(np.float64) - b.astype(np.float64)) ** 2)) for a, b in zip(ours, theirs))
+    den = sum(float(np.sum(b.astype(np.float64) ** 2)) for b in theirs)
+    err = np.sqrt(num) / max(np.sqrt(den), _FLOOR)
+    return float(err) if np.isfinite(err) else float("inf")
+
+
+def update_normwise_error(after: dict, loaded: dict, ref_after: dict, ref_loaded: dict, names: list[str]) -> float:
+    """Normwise relative error of the whole update (all trained tensors), net of float32 resolution."""
+    excess_sq = ref_sq = 0.0
+    missing = np.empty(0)
+    for n in names:
+        pair = _update_excess(after.get(n, missing), loaded.get(n, missing), ref_after[n], ref_loaded[n])
+        if pair is None:
+            return float("inf")
+        excess, theirs = pair
+        excess_sq += float(np.sum(excess ** 2))
+        ref_sq += float(np.sum(theirs ** 2))
+    err = np.sqrt(excess_sq) / max(np.sqrt(ref_sq), _FLOOR)
+    return float(err) if np.isfinite(err) else float("inf")
 
 
 def check_batch_size(network: NetworkSummary) -> int:
@@ -90,11 +152,12 @@ class FrameworkCheck:
 
 
 def _probe(runner: RunnerInfo, env: Environment, network: NetworkSummary, workdir: Path, device: str,
-           timeout_s: float, weights_path: Path, inputs_path: Path, batch: int) -> tuple[dict | None, str | None, str]:
-    outputs = workdir / f"{runner.name}-outputs.npz"
+           timeout_s: float, weights_path: Path, inputs_path: Path, batch: int,
+           threads: int | None = None) -> tuple[dict | None, str | None, str]:
+    outputs = workdir / f"{runner.name}-{threads}-outputs.npz"
     request = {
         "protocol": PROTOCOL_VERSION, "action": "check", "network": network.resolved, "mode": "train",
-        "batch_size": batch, "precision": "float32", "device": device, "threads": None,
+        "batch_size": batch, "precision": "float32", "device": device, "threads": threads,
         "learning_rate": 0.1, "momentum": 0.9, "seed": 0, "deterministic": True,
         "inputs": str(inputs_path), "weights_in": str(weights_path), "outputs": str(outputs),
     }
@@ -154,33 +217,50 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
             if roundtrip > 1e-6:
                 problems.append(f"load then export changes the weights (relative error {roundtrip:.2e})")
             after = _section(arrays, "after/")
-            update = {n: after[n] - loaded[n] for n in after if n in loaded}
+            trained = [n for n in shapes if n.rsplit(".", 1)[-1] not in ("running_mean", "running_var")]
             if reference is None:
-                outputs = [arrays["logits"], arrays["loss"], *update.values()]
+                outputs = [arrays["logits"], arrays["loss"], *(after[n] for n in trained if n in after)]
                 if not all(np.isfinite(a).all() for a in outputs):
-                    problems.append("non-finite logits, loss or update: cannot serve as the reference")
+                    problems.append("non-finite logits, loss or weights after the step: cannot serve as the reference")
+                if any(n not in after or n not in loaded for n in trained):
+                    problems.append("not every trained tensor was exported after the step")
                 if problems:
                     res.reason = "; ".join(problems)
                     continue  # a broken reference cannot judge the others; the next one becomes it
-                reference = {"logits": arrays["logits"], "loss": arrays["loss"], "update": update,
-                             "framework": runner.name}
+                reference = {"logits": arrays["logits"], "loss": arrays["loss"], "after": after, "loaded": loaded,
+                             "framework": runner.name, "spread": 0.0}
                 res.status = "reference"
+                # The reference again on one thread: how far rounding alone moves one step.
+                again, _, _ = _probe(runner, env, network, work, device, timeout_s, work / "weights.npz",
+                                     work / "inputs.npz", batch, threads=1)
+                if again is not None and all(n in _section(again, "after/") for n in trained):
+                    again_after = _section(again, "after/")
+                    reference["spread"] = normwise_error([again_after[n] for n in trained], [after[n] for n in trained])
+                res.errors["self_spread_weights"] = reference["spread"]
                 continue
             res.errors["logits"] = relative_error(arrays["logits"], reference["logits"])
             res.errors["loss"] = relative_error(arrays["loss"], reference["loss"])
+            missing = np.empty(0)
+            res.errors["weights"] = normwise_error([after.get(n, missing) for n in trained],
+                                                   [reference["after"][n] for n in trained])
+            res.errors["update"] = update_normwise_error(after, loaded, reference["after"], reference["loaded"], trained)
+            # Where the update differs most, element-wise: a diagnostic, not a gate (see the docstring).
             worst, worst_name = 0.0, None
-            for name, ref_update in reference["update"].items():
-                if name.rsplit(".", 1)[-1] in ("running_mean", "running_var"):
-                    continue  # statistics, not trained weights
-                err = relative_error(update.get(name, np.empty(0)), ref_update)
+            for n in trained:
+                err = update_error(after.get(n, missing), loaded.get(n, missing), reference["after"][n],
+                                   reference["loaded"][n])
                 if err > worst:
-                    worst, worst_name = err, name
-            res.errors["update"] = worst
+                    worst, worst_name = err, n
+            res.errors["worst_tensor_update"] = worst
             res.worst_tensor = worst_name
-            for key in ("logits", "loss", "update"):
-                if res.errors[key] > tol:
+            allowed = {"logits": tol, "loss": tol, "weights": max(tol, SPREAD_FACTOR * reference["spread"])}
+            if tol == TOLERANCE_PLAIN:
+                allowed["update"] = tol
+            res.errors["allowed_weights"] = allowed["weights"]
+            for key, limit in allowed.items():
+                if res.errors[key] > limit:
                     problems.append(f"{key} differ from {reference['framework']} by {res.errors[key]:.2e} "
-                                    f"(tolerance {tol:g})" + (f", worst {worst_name}" if key == "update" else ""))
+                                    f"(tolerance {limit:.1e})" + (f", most in {worst_name}" if key == "update" else ""))
             res.status = "mismatch" if problems else "equivalent"
             res.reason = "; ".join(problems) or None
     if trainable_count(shapes) != network.params:  # the format and the counter must agree

@@ -160,7 +160,7 @@ def plain_net(tmp_path):
         {"type": "dense", "units": 8}, {"type": "tanh"}, {"type": "dense", "units": 4}], "plainnet")
 
 
-def outputs(net: NetworkSummary, seed: int = 0, version: str = "1.0") -> dict:
+def outputs(net: NetworkSummary, seed: int = 0, version: str = "1.0", lr: float = 0.1) -> dict:
     """What a correct framework reports: the canonical weights exported as loaded, one SGD step of
     a fixed fake gradient, and fixed logits and loss. The same for every call."""
     w = random_weights(net.resolved, seed)
@@ -170,7 +170,7 @@ def outputs(net: NetworkSummary, seed: int = 0, version: str = "1.0") -> dict:
         grad = rng.standard_normal(a.shape).astype(np.float32)
         out[f"init/{name}"] = a.copy()
         out[f"loaded/{name}"] = a.copy()
-        out[f"after/{name}"] = (a - np.float32(0.1) * grad).astype(np.float32)
+        out[f"after/{name}"] = (a - np.float32(lr) * grad).astype(np.float32)
     out["logits"] = rng.standard_normal((check_batch_size(net), net.output_shape[-1])).astype(np.float32)
     out["loss"] = np.array(2.3, dtype=np.float32)
     out["__params__"] = net.params
@@ -185,7 +185,8 @@ class FakeProbe:
         self.answers = answers
         self.calls = []
 
-    def __call__(self, runner, env, network, workdir, device, timeout_s, weights_path, inputs_path, batch):
+    def __call__(self, runner, env, network, workdir, device, timeout_s, weights_path, inputs_path, batch,
+                 threads=None):
         with np.load(weights_path) as wf, np.load(inputs_path) as xf:
             self.calls.append({"runner": runner.name, "env": env, "device": device, "timeout_s": timeout_s,
                                "batch": batch, "weights": {k: wf[k] for k in wf.files},
@@ -220,14 +221,15 @@ def test_identical_frameworks_are_reference_and_equivalent(monkeypatch, fake, bn
     a, b = results
     assert (a.status, b.status) == ("reference", "equivalent")
     assert a.ok and b.ok and a.reason is None and b.reason is None
-    assert b.errors == {"roundtrip": 0.0, "logits": 0.0, "loss": 0.0, "update": 0.0}
-    assert a.errors == {"roundtrip": 0.0}
+    assert b.errors == {"roundtrip": 0.0, "logits": 0.0, "loss": 0.0, "weights": 0.0, "update": 0.0,
+                        "worst_tensor_update": 0.0, "allowed_weights": 1e-3}
+    assert a.errors == {"roundtrip": 0.0, "self_spread_weights": 0.0}
     assert (a.framework_version, b.framework_version) == ("2.1", "1.0")
     for r in results:
         assert r.network == "bnnet" and r.params == r.params_described == bn_net.params
         assert r.tolerance == 1e-3 and r.network_hash == bn_net.definition_hash and r.checked_at
     # every framework got the same canonical weights and inputs, at the check batch size
-    assert [c["runner"] for c in probe.calls] == ["a", "b"]
+    assert [c["runner"] for c in probe.calls] == ["a", "a", "b"]  # the reference again on one thread
     expected_w = random_weights(bn_net.resolved, 0)
     expected_x = make_inputs(bn_net, check_batch_size(bn_net), 0)
     for call in probe.calls:
@@ -281,20 +283,65 @@ def test_nan_logits_are_a_mismatch(monkeypatch, fake, plain_net):
     assert b.status == "mismatch" and "logits" in b.reason
 
 
+def _bump(out: dict, tensor: str, fraction_of_update: float, index: int = 0) -> dict:
+    update = out[f"after/{tensor}"].astype(np.float64) - out[f"loaded/{tensor}"]
+    bumped = out[f"after/{tensor}"].copy()
+    bumped.flat[index] += np.float32(fraction_of_update * np.abs(update).max())
+    out[f"after/{tensor}"] = bumped
+    return out
+
+
 @pytest.mark.parametrize("tensor", ["000.weight", "001.gamma", "001.beta", "004.bias"])
 def test_one_tensor_update_perturbed_is_named_as_worst(monkeypatch, fake, bn_net, tensor):
-    ref = outputs(bn_net)
-    other = outputs(bn_net)
-    update = ref[f"after/{tensor}"].astype(np.float64) - ref[f"loaded/{tensor}"]
-    bumped = other[f"after/{tensor}"].copy()
-    bumped.flat[0] += np.float32(10 * 1e-3 * np.abs(update).max())
-    other[f"after/{tensor}"] = bumped
-    _, b = run_check(monkeypatch, fake, bn_net, {"ref": ref, "other": other})[0]
-    assert b.status == "mismatch"
+    # every element of one tensor's update 1% off: normwise well beyond 1e-3
+    other = outputs(bn_net, lr=1e-3)
+    loaded, after = other[f"loaded/{tensor}"], other[f"after/{tensor}"]
+    other[f"after/{tensor}"] = (loaded + (after.astype(np.float64) - loaded) * 1.05).astype(np.float32)
+    _, b = run_check(monkeypatch, fake, bn_net, {"ref": outputs(bn_net, lr=1e-3), "other": other})[0]
+    # on a batch-norm network the update is reported, not gated; the weights decide
+    assert b.status == "equivalent"
     assert b.worst_tensor == tensor
-    assert b.errors["update"] == pytest.approx(1e-2, rel=1e-2)
-    assert "update" in b.reason and tensor in b.reason
+    assert b.errors["worst_tensor_update"] == pytest.approx(5e-2, rel=5e-2)
+    assert b.errors["update"] > 1e-3 and b.errors["weights"] < 1e-3
     assert b.errors["logits"] == 0.0 and b.errors["loss"] == 0.0
+
+
+@pytest.mark.parametrize("tensor", ["000.weight", "000.bias", "002.weight", "002.bias"])
+def test_update_difference_shows_even_when_the_weights_hide_it(monkeypatch, fake, plain_net, tensor):
+    # the update of one tensor 10% off, with a step small enough that the weights barely move
+    other = outputs(plain_net, lr=1e-5)
+    loaded, after = other[f"loaded/{tensor}"], other[f"after/{tensor}"]
+    other[f"after/{tensor}"] = (loaded + (after.astype(np.float64) - loaded) * 1.1).astype(np.float32)
+    _, b = run_check(monkeypatch, fake, plain_net, {"ref": outputs(plain_net, lr=1e-5), "other": other})[0]
+    assert b.errors["weights"] < 1e-4 < b.errors["update"]
+    assert b.status == "mismatch" and b.worst_tensor == tensor and "update" in b.reason
+
+
+def test_one_flipped_element_counts_by_its_share_of_the_whole_update(monkeypatch, fake, tmp_path):
+    # one element 50% off (a ReLU flipped by rounding): large element-wise, its share normwise
+    net = tiny(tmp_path, {"kind": "tensor", "shape": [256], "classes": 5},
+               [{"type": "dense", "units": 256}, {"type": "relu"}, {"type": "dense", "units": 5}], "wide")
+    ref, other = outputs(net, lr=1e-3), outputs(net, lr=1e-3)
+    after = other["after/000.weight"].copy()
+    update = after.astype(np.float64) - other["loaded/000.weight"]
+    after.flat[7] = np.float32(other["loaded/000.weight"].flat[7] + 1.5 * update.flat[7])
+    other["after/000.weight"] = after
+    _, b = run_check(monkeypatch, fake, net, {"ref": ref, "other": other})[0]
+    all_updates = np.concatenate([(ref[f"after/{n}"].astype(np.float64) - ref[f"loaded/{n}"]).ravel()
+                                  for n in ("000.weight", "000.bias", "002.weight", "002.bias")])
+    expected = 0.5 * abs(update.flat[7]) / np.linalg.norm(all_updates)
+    assert b.errors["update"] == pytest.approx(expected, rel=1e-3)
+    assert b.errors["worst_tensor_update"] > 50 * b.errors["update"]
+    assert b.worst_tensor == "000.weight"
+
+
+def test_one_ulp_of_the_updated_weight_is_not_a_difference(monkeypatch, fake, plain_net):
+    other = outputs(plain_net)
+    after = other["after/002.weight"].copy()
+    after.flat[:] = np.nextafter(after.ravel(), np.float32(np.inf))  # every element one ulp up
+    other["after/002.weight"] = after
+    _, b = run_check(monkeypatch, fake, plain_net, {"ref": outputs(plain_net), "other": other})[0]
+    assert b.status == "equivalent" and b.errors["update"] == 0.0
 
 
 def test_small_update_difference_is_equivalent_and_still_reports_the_worst(monkeypatch, fake, bn_net):
@@ -405,7 +452,7 @@ def test_environment_build_error_is_failed_without_probing(monkeypatch, fake, bn
     r = by_name(results)
     assert r["ref"].status == "reference"
     assert r["broken"].status == "failed" and r["broken"].reason == str(error) and not r["broken"].ok
-    assert [c["runner"] for c in probe.calls] == ["ref"]
+    assert [c["runner"] for c in probe.calls] == ["ref", "ref"]  # the reference twice: its own spread
 
 
 def test_broken_reference_hands_over_to_the_next_framework(monkeypatch, fake, bn_net):

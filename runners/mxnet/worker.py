@@ -1,0 +1,19 @@
+"""Apache MXNet worker: started by path by the dlbench controller with the mxnet environment's python."""
+
+import sys
+import warnings
+from pathlib import Path
+
+# mxnet 1.9.1 imports with DeprecationWarnings (numpy aliases, distutils, ...) that would only
+# pollute the worker's output; silence them before anything imports mxnet.
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", category=UserWarning, module=r"mxnet(\.|$)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+
+import harness  # noqa: E402
+from mxnet_runner import MXNetRunner  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(harness.main(MXNetRunner()))
