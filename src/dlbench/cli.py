@@ -316,6 +316,12 @@ def check(
                 envs.append((r, chosen.ensure(r, flavour, lambda line, n=r.name: status.update(f"{n}: {escape(line[:90])}"))))
             except EnvironmentBuildError as e:
                 envs.append((r, e))
+    # One step with the hyper-parameters each network trains with in its suite.
+    step = {}
+    for s in _load_suites("all", "smoke", "cpu"):
+        for b in s.benchmarks:
+            if b.mode == "train":
+                step.setdefault(b.network.name, (b.learning_rate, b.momentum))
     checks = CheckStore(_store(store).root)
     table = Table(title=f"dlbench check ({resolved_device}; reference: {runners[0].name})")
     for col in ("network", "framework", "version", "params", "status", "logits", "loss", "weights", "update",
@@ -324,8 +330,9 @@ def check(
                          else "left")
     bad = 0
     for summary in summaries:
+        lr, momentum = step.get(summary.name, (0.01, 0.9))
         with err.status(f"checking {summary.name}"):
-            results = check_network(summary, envs, resolved_device, timeout)
+            results = check_network(summary, envs, resolved_device, timeout, learning_rate=lr, momentum=momentum)
         for res in results:
             checks.save(res)
             bad += not res.ok

@@ -153,12 +153,13 @@ class FrameworkCheck:
 
 def _probe(runner: RunnerInfo, env: Environment, network: NetworkSummary, workdir: Path, device: str,
            timeout_s: float, weights_path: Path, inputs_path: Path, batch: int,
-           threads: int | None = None) -> tuple[dict | None, str | None, str]:
+           threads: int | None = None, learning_rate: float = 0.1,
+           momentum: float = 0.9) -> tuple[dict | None, str | None, str]:
     outputs = workdir / f"{runner.name}-{threads}-outputs.npz"
     request = {
         "protocol": PROTOCOL_VERSION, "action": "check", "network": network.resolved, "mode": "train",
         "batch_size": batch, "precision": "float32", "device": device, "threads": threads,
-        "learning_rate": 0.1, "momentum": 0.9, "seed": 0, "deterministic": True,
+        "learning_rate": learning_rate, "momentum": momentum, "seed": 0, "deterministic": True,
         "inputs": str(inputs_path), "weights_in": str(weights_path), "outputs": str(outputs),
     }
     outcome = run_worker(env.python, runner.worker, request, timeout_s)
@@ -176,7 +177,10 @@ def _section(arrays: dict, prefix: str) -> dict[str, np.ndarray]:
 
 
 def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Environment | EnvironmentBuildError]],
-                  device: str = "cpu", timeout_s: float = 900, seed: int = 0) -> list[FrameworkCheck]:
+                  device: str = "cpu", timeout_s: float = 900, seed: int = 0, learning_rate: float = 0.1,
+                  momentum: float = 0.9) -> list[FrameworkCheck]:
+    """The step uses the learning rate and momentum the network is trained with in its suite."""
+    hyper = {"learning_rate": learning_rate, "momentum": momentum}
     shapes = weight_shapes(network.resolved)
     tol = tolerance_for(network)
     batch = check_batch_size(network)
@@ -196,7 +200,7 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
                 res.reason = str(env)
                 continue
             arrays, reason, status = _probe(runner, env, network, work, device, timeout_s,
-                                            work / "weights.npz", work / "inputs.npz", batch)
+                                            work / "weights.npz", work / "inputs.npz", batch, **hyper)
             if arrays is None:
                 res.status, res.reason = ("skipped" if status == "skipped" else "failed"), reason
                 continue
@@ -232,7 +236,7 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
                 res.status = "reference"
                 # The reference again on one thread: how far rounding alone moves one step.
                 again, _, _ = _probe(runner, env, network, work, device, timeout_s, work / "weights.npz",
-                                     work / "inputs.npz", batch, threads=1)
+                                     work / "inputs.npz", batch, threads=1, **hyper)
                 if again is not None and all(n in _section(again, "after/") for n in trained):
                     again_after = _section(again, "after/")
                     reference["spread"] = normwise_error([again_after[n] for n in trained], [after[n] for n in trained])

@@ -283,3 +283,19 @@ def test_suite_all_runs_every_shipped_suite(project, tmp_path):
                       for b in catalog.load_suite(catalog.suite_path(s), "smoke", "cpu").benchmarks)
     assert len(expected) == 16
     assert sorted(r.benchmark for r in Store(store).records()) == expected
+
+
+def test_check_steps_with_each_networks_suite_hyperparameters(project, tmp_path, monkeypatch):
+    import dlbench.equivalence as equivalence
+
+    seen = {}
+
+    def fake_check(summary, envs, device, timeout, learning_rate, momentum):
+        seen[summary.name] = (learning_rate, momentum)
+        return []
+
+    monkeypatch.setattr(equivalence, "check_network", fake_check)
+    code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "resnet50",
+                          "--network", "fcn5", "--network", "lstm32", "--store", str(tmp_path / "s"))
+    assert code == 0, err
+    assert seen == {"resnet50": (0.01, 0.9), "fcn5": (0.05, 0.9), "lstm32": (0.1, 0.9)}

@@ -186,7 +186,7 @@ class FakeProbe:
         self.calls = []
 
     def __call__(self, runner, env, network, workdir, device, timeout_s, weights_path, inputs_path, batch,
-                 threads=None):
+                 threads=None, learning_rate=0.1, momentum=0.9):
         with np.load(weights_path) as wf, np.load(inputs_path) as xf:
             self.calls.append({"runner": runner.name, "env": env, "device": device, "timeout_s": timeout_s,
                                "batch": batch, "weights": {k: wf[k] for k in wf.files},
