@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.definitions.suite import SuiteCatalog
 from dlbench.equivalence import CheckStore, FrameworkCheck
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, plan
-from dlbench.execution.registry import RunnerRegistry
 from dlbench.store import migrations
 from dlbench.store.record import SCHEMA_VERSION
 from dlbench.store.rows import run_row
@@ -184,20 +182,9 @@ def test_one_bad_record_does_not_hide_the_good_ones(tmp_path):
 # --------------------------------------------------------------------------- orchestrator
 
 
-@pytest.fixture(scope="module")
-def suite():
-    return SuiteCatalog(ROOT / "suites").load_suite(ROOT / "suites" / "fcn.yaml", "smoke", "cpu")
-
-
-@pytest.fixture(scope="module")
-def fake():
-    return RunnerRegistry(ROOT / "tests" / "fixtures" / "runners").get("fake")
-
-
 @pytest.fixture(autouse=True)
-def fast(monkeypatch):
-    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
-    monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+def fast(fast_fake_runner):
+    pass
 
 
 def orchestrator(tmp_path: Path) -> tuple[Store, Orchestrator]:

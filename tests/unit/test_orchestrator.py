@@ -8,28 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.definitions.suite import SuiteCatalog
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, build_request, plan
-from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def suite():
-    return SuiteCatalog(ROOT / "suites").load_suite(ROOT / "suites" / "fcn.yaml", "smoke", "cpu")
-
-
-@pytest.fixture(scope="module")
-def fake():
-    return RunnerRegistry(ROOT / "tests" / "fixtures" / "runners").get("fake")
-
-
 @pytest.fixture(autouse=True)
-def fast(monkeypatch):
-    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
-    monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+def fast(fast_fake_runner):
+    pass
 
 
 class Recorder:

@@ -1,0 +1,30 @@
+"""Fixtures shared by the unit tests that run the framework-free fake runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dlbench.definitions.suite import SuiteCatalog
+from dlbench.execution.registry import RunnerRegistry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def suite():
+    """The fcn suite on the smoke profile: 2 networks x 2 modes, batch 16, 3 repeats."""
+    return SuiteCatalog(ROOT / "suites").load_suite(ROOT / "suites" / "fcn.yaml", "smoke", "cpu")
+
+
+@pytest.fixture(scope="module")
+def fake():
+    return RunnerRegistry(ROOT / "tests" / "fixtures" / "runners").get("fake")
+
+
+@pytest.fixture
+def fast_fake_runner(monkeypatch):
+    """The fake runner behaves and takes half a millisecond per step."""
+    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
+    monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
