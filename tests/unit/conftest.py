@@ -28,3 +28,16 @@ def fast_fake_runner(monkeypatch):
     """The fake runner behaves and takes half a millisecond per step."""
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
     monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+
+
+@pytest.fixture(scope="session")
+def nvml_reason():
+    """Why real NVML is unavailable on this host ("NVML: ..."), or None where it works."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        return f"NVML: {e}"
+    pynvml.nvmlShutdown()
+    return None

@@ -73,13 +73,10 @@ def test_monitor_is_ready_before_the_worker_and_follows_its_pid(fake, fcn5_train
     assert len(events) == 3 and isinstance(events[1][1], int) and events[1][1] > 0
 
 
-def test_cpu_host_records_cpu_samples_over_every_window_and_why_gpu_is_missing(tmp_path, fake, fcn5_train):
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        reason = f"NVML: {e}"
-    else:
-        pynvml.nvmlShutdown()
+def test_cpu_host_records_cpu_samples_over_every_window_and_why_gpu_is_missing(tmp_path, fake, fcn5_train,
+                                                                            nvml_reason):
+    reason = nvml_reason
+    if reason is None:
         pytest.skip("this host has NVML; the fake-NVML test below covers GPU sampling")
     record = _run(tmp_path, fake, fcn5_train, TelemetryConfig(interval_s=0.02, gpu_indices=None))
     assert record.status == "ok"

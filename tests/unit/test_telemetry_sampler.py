@@ -100,13 +100,9 @@ def test_sampling_in_its_own_process_from_handshake_to_stop(scripted, worker):
     assert figures["peak_rss_mb"] > 40
 
 
-def test_real_nvml_here_cpu_samples_cover_a_marked_window():
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        reason = f"NVML: {e}"
-    else:
-        pynvml.nvmlShutdown()
+def test_real_nvml_here_cpu_samples_cover_a_marked_window(nvml_reason):
+    reason = nvml_reason
+    if reason is None:
         pytest.skip("this machine has NVML; the scripted tests cover sampling it")
     with Sampler(TelemetryConfig(interval_s=0.05)) as sampler:
         start = time.monotonic_ns()
