@@ -68,22 +68,22 @@ def _resolve_device(device: str) -> str:
     return detect_device() if device == "auto" else device
 
 
-def _load_suite(suite: str, profile: str, device: str):
+def _load_suite(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None):
     catalog = _catalog()
     path = catalog.suite_path(suite)
     if path is None:
         raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(catalog.suite_names() + ['all'])} "
                    "(or a path to a .yaml file)")
     try:
-        return catalog.load_suite(path, profile, device)
+        return catalog.load_suite(path, profile, device, modes)
     except DefinitionError as e:
         raise fail(str(e)) from None
 
 
-def _load_suites(suite: str, profile: str, device: str) -> list:
+def _load_suites(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None) -> list:
     """`--suite`: a name, a path, or 'all' (every suite shipped in suites/)."""
     names = _catalog().suite_names() if suite == "all" else [suite]
-    return [_load_suite(n, profile, device) for n in names]
+    return [_load_suite(n, profile, device, modes) for n in names]
 
 
 def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
@@ -176,6 +176,8 @@ def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: Annotated[list[str], typer.Option(help="Framework name, 'all', or a comma list; repeatable.")] = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
+    mode: Annotated[Optional[list[str]], typer.Option(
+        help="train | infer; repeatable (default: the profile's choice, which is train only for smoke).")] = None,
     profile: Annotated[str, typer.Option(help="smoke | default | paper")] = "default",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter)")] = "venv",
@@ -193,15 +195,22 @@ def run(
     _check_choice("environment backend", env, ["venv", "current"])
     registry = _registry()
     names = _framework_names(registry, framework)
+    for m in mode or []:
+        _check_choice("mode", m, ["train", "infer"])
     resolved_device = _resolve_device(device)
-    suites = _load_suites(suite, profile, resolved_device)
+    suites = _load_suites(suite, profile, resolved_device, tuple(mode) if mode else None)
     available: list[Benchmark] = [b for s in suites for b in s.benchmarks]
     selected = available
     if benchmark:
-        valid = sorted({b.name for b in available} | {b.network.name for b in available})
+        # a benchmark named with its mode runs even where the profile would skip that mode
+        every_mode = [b for s in _load_suites(suite, profile, resolved_device, tuple(mode or ("train", "infer")))
+                      for b in s.benchmarks]
+        valid = sorted({b.name for b in every_mode} | {b.network.name for b in every_mode})
         for name in benchmark:
             _check_choice("benchmark", name, valid)
-        selected = [b for b in available if b.name in benchmark or b.network.name in benchmark]
+        chosen = {b.name for b in available}
+        selected = [b for b in every_mode
+                    if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
     runners = [_runner(registry, n) for n in names]
     options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),

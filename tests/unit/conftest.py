@@ -14,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def suite():
-    """The fcn suite on the smoke profile: 2 networks x 2 modes, batch 16, 3 repeats."""
-    return SuiteCatalog(ROOT / "suites").load_suite(ROOT / "suites" / "fcn.yaml", "smoke", "cpu")
+    """The fcn suite on the smoke profile with both modes: 2 networks x 2 modes, batch 16, 3 repeats."""
+    return SuiteCatalog(ROOT / "suites").load_suite(ROOT / "suites" / "fcn.yaml", "smoke", "cpu", ("train", "infer"))
 
 
 @pytest.fixture(scope="module")

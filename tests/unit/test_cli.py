@@ -192,9 +192,21 @@ def project(tmp_path, monkeypatch):
 FCN_SMOKE = ["fcn5-infer", "fcn5-train", "fcn8-infer", "fcn8-train"]
 
 
-def run_fcn(store: Path, *extra: str):
+def run_fcn(store: Path, *extra: str, modes=("--mode", "train", "--mode", "infer")):
     return invoke("run", "--suite", "fcn", "--framework", "all", "--profile", "smoke", "--device", "cpu",
-                  "--env", "current", "--store", str(store), "--threads", "1", *extra)
+                  "--env", "current", "--store", str(store), "--threads", "1", *modes, *extra)
+
+
+def test_smoke_runs_train_only_unless_a_mode_or_benchmark_says_otherwise(project, tmp_path):
+    code, _, err = run_fcn(tmp_path / "a", "--repeats", "1", modes=())
+    assert code == 0, err
+    assert sorted(r.benchmark for r in Store(tmp_path / "a").records()) == ["fcn5-train", "fcn8-train"]
+    code, _, err = run_fcn(tmp_path / "b", "--repeats", "1", "--benchmark", "fcn5-infer", "--benchmark", "fcn8",
+                           modes=())
+    assert code == 0, err
+    assert sorted(r.benchmark for r in Store(tmp_path / "b").records()) == ["fcn5-infer", "fcn8-train"]
+    code, _, err = run_fcn(tmp_path / "c", "--repeats", "1", modes=("--mode", "inference"))
+    assert code != 0 and "inference" in err
 
 
 def test_end_to_end_run_results_report(project, tmp_path):
@@ -281,7 +293,7 @@ def test_suite_all_runs_every_shipped_suite(project, tmp_path):
     catalog = SuiteCatalog(ROOT / "suites")
     expected = sorted(b.name for s in catalog.suite_names()
                       for b in catalog.load_suite(catalog.suite_path(s), "smoke", "cpu").benchmarks)
-    assert len(expected) == 16
+    assert len(expected) == 8  # one run per network: smoke trains each of the eight seed networks
     assert sorted(r.benchmark for r in Store(store).records()) == expected
 
 

@@ -103,7 +103,8 @@ def test_shipped_suite_resolves(catalog, suite_name, profile, device):
     expected = EXPECTED[suite_name]
     assert suite.name == suite_name
     names = [b.name for b in suite.benchmarks]
-    assert names == [f"{n}-{mode}" for n in expected["networks"] for mode in ("train", "infer")]
+    modes = ("train",) if profile == "smoke" else ("train", "infer")  # smoke: one run per network
+    assert names == [f"{n}-{mode}" for n in expected["networks"] for mode in modes]
     policy = getattr(catalog.profiles(), profile)
     for b in suite.benchmarks:
         network, mode = b.name.rsplit("-", 1)
@@ -145,12 +146,12 @@ def test_profiles_validate_and_are_sane(catalog):
 def test_user_suite_with_relative_network_path(catalog, tmp_path):
     write_yaml(tmp_path / "nets" / "tiny.yaml", TINY_NETWORK)
     path = write_yaml(tmp_path / "mine.yaml", suite_doc(entry("nets/tiny.yaml", modes=["infer"]), entry("fcn5")))
-    suite = catalog.load_suite(path, "smoke", "cpu")
+    suite = catalog.load_suite(path, "default", "cpu")
     assert [b.name for b in suite.benchmarks] == ["tiny-infer", "fcn5-train", "fcn5-infer"]
     tiny = suite.benchmarks[0]
     assert Path(tiny.network_file) == tmp_path / "nets" / "tiny.yaml"
     assert tiny.network.params == 4 * 2 + 2
-    assert tiny.batch_sizes == (2,)
+    assert tiny.batch_sizes == (4,)
     assert suite.path == path
 
 
@@ -291,8 +292,20 @@ def shipped_profiles() -> dict:
 def test_copied_root_works(tmp_path):
     cat = make_root(tmp_path, shipped_profiles())
     assert cat.suite_names() == ["fcn"]
-    suite = cat.load_suite(cat.suite_path("fcn"), "smoke", "cpu")
+    suite = cat.load_suite(cat.suite_path("fcn"), "default", "cpu")
     assert [b.name for b in suite.benchmarks] == ["fcn5-train", "fcn5-infer", "fcn8-train", "fcn8-infer"]
+
+
+def test_smoke_runs_each_networks_first_mode_and_modes_override_it(catalog, tmp_path):
+    path = write_yaml(tmp_path / "mine.yaml", suite_doc(entry("fcn5"), entry("fcn8", modes=["infer", "train"])))
+    assert catalog.profiles().smoke.modes_per_network == 1
+    assert [b.name for b in catalog.load_suite(path, "smoke", "cpu").benchmarks] == ["fcn5-train", "fcn8-infer"]
+    assert [b.name for b in catalog.load_suite(path, "default", "cpu").benchmarks] == [
+        "fcn5-train", "fcn5-infer", "fcn8-infer", "fcn8-train"]
+    assert [b.name for b in catalog.load_suite(path, "smoke", "cpu", ("infer",)).benchmarks] == [
+        "fcn5-infer", "fcn8-infer"]
+    both = catalog.load_suite(path, "smoke", "cpu", ("train", "infer")).benchmarks
+    assert len(both) == 4 and all(b.batch_sizes == (2,) for b in both)
 
 
 @pytest.mark.parametrize("mutate,field", [

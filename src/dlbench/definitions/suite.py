@@ -42,6 +42,10 @@ class Profile(_Strict):
     warmup: WarmupPolicy
     measure: MeasurePolicy
     repeats: Annotated[int, Field(ge=1)] = 3
+    # How many of each network's modes this profile runs, in the order the suite lists them; None
+    # runs them all. `smoke` takes one (train in the shipped suites): one run per network and
+    # framework keeps a look over every suite and framework within minutes.
+    modes_per_network: PositiveInt | None = None
 
 
 class ProfilesFile(_Strict):
@@ -134,7 +138,9 @@ class SuiteCatalog:
         path = self.root / "profiles.yaml"
         return validate(ProfilesFile, read_yaml(path), path)
 
-    def load_suite(self, path: Path, profile: str, device: Device) -> Suite:
+    def load_suite(self, path: Path, profile: str, device: Device, modes: tuple[Mode, ...] | None = None) -> Suite:
+        """Resolve a suite file; `modes`, when given, runs exactly those of each network's modes
+        (whatever the profile's modes_per_network says)."""
         spec = validate(SuiteFile, read_yaml(path), path)
         policy = getattr(self.profiles(), profile)
         benchmarks = []
@@ -145,11 +151,19 @@ class SuiteCatalog:
             sizes = getattr(entry.batch_sizes, profile)
             if isinstance(sizes, PerDevice):
                 sizes = getattr(sizes, device)
-            for mode in entry.modes:
+            for mode in entry.modes:  # every mode is checked, whichever this profile runs
                 name = f"{network.name}-{mode}"
                 if name in seen:
                     raise DefinitionError(path, f"benchmarks[{i}]", f"benchmark {name} is defined twice")
                 seen.add(name)
+            if modes is not None:
+                chosen = [m for m in entry.modes if m in modes]
+            elif policy.modes_per_network:
+                chosen = entry.modes[: policy.modes_per_network]
+            else:
+                chosen = entry.modes
+            for mode in chosen:
+                name = f"{network.name}-{mode}"
                 benchmarks.append(Benchmark(
                     suite=spec.name, name=name, network=network, network_file=str(net_path), mode=mode,
                     batch_sizes=tuple(sizes), precision=entry.precision,
