@@ -1,0 +1,59 @@
+"""MXNet reference: gluon's model zoo ResNet-50 v1 and, for LSTM-32, gluon's Embedding + rnn.LSTM +
+Dense, hybridised with static allocation as gluon's performance guide recommends, trained with
+autograd.record and a gluon Trainer.
+
+The model zoo's resnet50_v1 is the original v1 (stride on the first 1x1 convolution of a block; the
+same parameter count, a little fewer FLOPs than the suite's v1.5): a reference that favours MXNet
+slightly, which the table states. Threads: OMP_NUM_THREADS, set by the caller before the interpreter
+starts (MXNet sizes its pool when the library loads).
+"""
+
+from __future__ import annotations
+
+import os
+
+from reference_loop import CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, parse_args, time_steps
+
+
+def main() -> None:
+    args = parse_args()
+    os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    ctx = mx.gpu(0) if args.device == "cuda" else mx.cpu()
+    mx.random.seed(0)
+    if args.network == "resnet50":
+        net = gluon.model_zoo.vision.resnet50_v1(classes=CLASSES)
+        source = "gluon model_zoo.vision.resnet50_v1"
+        x = mx.nd.random.normal(shape=(args.batch, IMAGE[2], IMAGE[0], IMAGE[1]), ctx=ctx)
+        y = mx.nd.random.randint(0, CLASSES, shape=(args.batch,), ctx=ctx).astype("float32")
+    else:
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Embedding(VOCABULARY, EMBEDDING),
+                gluon.rnn.LSTM(HIDDEN, num_layers=2, layout="NTC", input_size=EMBEDDING),
+                gluon.nn.Dense(VOCABULARY, flatten=False, in_units=HIDDEN))
+        source = "gluon Embedding + rnn.LSTM(num_layers=2) + Dense"
+        x = mx.nd.random.randint(0, VOCABULARY, shape=(args.batch, SEQUENCE), ctx=ctx).astype("float32")
+        y = mx.nd.random.randint(0, VOCABULARY, shape=(args.batch, SEQUENCE), ctx=ctx).astype("float32")
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net.hybridize(static_alloc=True, static_shape=True)
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": args.learning_rate, "momentum": args.momentum})
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+
+    def step():
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(args.batch)
+
+    step()  # materialise the deferred shapes before counting parameters
+    mx.nd.waitall()
+    params = sum(int(p.data().size) for p in net.collect_params().values() if p.grad_req != "null")
+    time_steps(step, mx.nd.waitall, args, model=source, params=params, framework=f"mxnet {mx.__version__}",
+               threads=int(os.environ.get("OMP_NUM_THREADS", "0")) or None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""What the reference scripts share: their arguments and one plain timing loop. Standard library only,
+so that it runs in every framework environment.
+
+A reference script builds the network the way its framework's own model zoo or examples do, then
+hands `time_steps` a step and a synchronisation. The loop synchronises after every step, as dlbench's
+harness does, so the two sides differ in the model and training code only, not in how they are timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Callable
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--network", required=True, choices=["resnet50", "lstm32"])
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--min-time", type=float, default=2.0, help="seconds of measured steps, at least")
+    ap.add_argument("--min-iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps after the first")
+    ap.add_argument("--learning-rate", type=float, default=0.01)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    return ap.parse_args()
+
+
+# The shapes the suite's descriptions use (suites/networks/resnet50.yaml, lstm32.yaml).
+IMAGE, CLASSES = (224, 224, 3), 1000
+VOCABULARY, SEQUENCE, EMBEDDING, HIDDEN = 10000, 32, 256, 256
+
+
+def time_steps(step: Callable[[], object], sync: Callable[[], object], args: argparse.Namespace,
+               **facts) -> None:
+    """Run one step (compilation), `warmup` more, then time steps until min_iters and min_time;
+    print one JSON line: samples/s from the mean step time, and what the script says of itself."""
+    step()
+    sync()
+    for _ in range(args.warmup):
+        step()
+    sync()
+    n, started = 0, time.perf_counter()
+    while True:
+        step()
+        sync()
+        n += 1
+        elapsed = time.perf_counter() - started
+        if n >= args.min_iters and elapsed >= args.min_time:
+            break
+    print(json.dumps({"samples_per_s": n * args.batch / elapsed, "mean_s": elapsed / n, "iterations": n,
+                      **facts}))

@@ -1,0 +1,116 @@
+"""PyTorch reference: torchvision's resnet50 where torchvision imports, else a hand-written model of
+the same architecture in torchvision's style; for LSTM-32, torch.nn's own Embedding + LSTM + Linear.
+
+torchvision cannot be used with the local CPU torch wheel of the development machine (its compiled
+operators do not register against that build), so there the hand-written model stands in; the JSON
+line says which model ran.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from reference_loop import CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, parse_args, time_steps
+
+
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (carrying the stride), 1x1 expand ×4, each with batch norm; projection
+    shortcut where the shape changes (torchvision's ResNet-50 block)."""
+
+    expansion = 4
+
+    def __init__(self, in_channels: int, width: int, stride: int):
+        super().__init__()
+        out = width * self.expansion
+        self.conv1 = nn.Conv2d(in_channels, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or in_channels != out:
+            self.downsample = nn.Sequential(nn.Conv2d(in_channels, out, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return self.relu(y + identity)
+
+
+class ResNet50(nn.Module):
+    def __init__(self, classes: int = CLASSES):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
+                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1))
+        blocks, channels = [], 64
+        for stage, (width, repeat) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)]):
+            for i in range(repeat):
+                blocks.append(Bottleneck(channels, width, 2 if (stage > 0 and i == 0) else 1))
+                channels = width * Bottleneck.expansion
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+
+
+class LanguageModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCABULARY, EMBEDDING)
+        self.lstm = nn.LSTM(EMBEDDING, HIDDEN, num_layers=2, batch_first=True)
+        self.out = nn.Linear(HIDDEN, VOCABULARY)
+
+    def forward(self, tokens):
+        return self.out(self.lstm(self.embed(tokens))[0])
+
+
+def resnet50() -> tuple[nn.Module, str]:
+    try:
+        import torchvision
+
+        return torchvision.models.resnet50(), f"torchvision {torchvision.__version__} models.resnet50"
+    except Exception as e:  # noqa: BLE001 - any import or registration failure means "not usable here"
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        return ResNet50(), f"hand-written torchvision-style ResNet-50 (torchvision unusable: {reason})"
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    if args.network == "resnet50":
+        model, source = resnet50()
+        x = torch.randn(args.batch, IMAGE[2], IMAGE[0], IMAGE[1], device=device)
+        y = torch.randint(0, CLASSES, (args.batch,), device=device)
+    else:
+        model, source = LanguageModel(), "torch.nn Embedding + LSTM(num_layers=2) + Linear"
+        x = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
+        y = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
+    model = model.to(device).train()
+    if args.device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    opt = torch.optim.SGD(model.parameters(), lr=args.learning_rate, momentum=args.momentum)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        out = model(x)
+        loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+        opt.step()
+
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    time_steps(step, sync, args, model=source, params=sum(p.numel() for p in model.parameters()),
+               framework=f"torch {torch.__version__}", threads=torch.get_num_threads())
+
+
+if __name__ == "__main__":
+    main()
