@@ -7,6 +7,8 @@ without a device simply has no GPUs, and the reason is kept.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
 import platform
 import socket
@@ -26,38 +28,38 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def gpus(nvml_module: str = "pynvml") -> dict:
+    """{"driver", "cuda_driver", "gpus": [...]} with what NVML could not answer under "unsupported",
+    or {"gpus": [], "unavailable": reason}. Each GPU: index, name, uuid, serial, memory_bytes,
+    pci_bus_id (None where NVML cannot say, e.g. a consumer board has no serial)."""
+    from .telemetry.nvml import load, shutdown, system_versions, text  # telemetry imports this module
 
-
-def gpus() -> dict:
-    """{"gpus": [...], "driver": ..., "cuda_driver": ...} or {"gpus": [], "unavailable": reason}."""
+    nvml, reason = load(nvml_module)
+    if nvml is None:
+        return {"gpus": [], "unavailable": reason}
     try:
-        import pynvml
-    except ImportError as e:  # nvidia-ml-py is a dependency, but be honest if it is missing
-        return {"gpus": [], "unavailable": f"pynvml not importable: {e}"}
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
-        return {"gpus": [], "unavailable": f"NVML: {e}"}
-    try:
-        out = {"driver": _text(pynvml.nvmlSystemGetDriverVersion()), "gpus": []}
-        try:
-            v = pynvml.nvmlSystemGetCudaDriverVersion()
-            out["cuda_driver"] = f"{v // 1000}.{v % 1000 // 10}"
-        except pynvml.NVMLError as e:
-            out["cuda_driver"] = None
-            out["cuda_driver_unavailable"] = str(e)
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            out["gpus"].append({"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)),
-                                "uuid": _text(pynvml.nvmlDeviceGetUUID(h)), "memory_bytes": int(mem.total)})
+        versions, unsupported = system_versions(nvml)
+        out = {**versions, "gpus": [], "unsupported": unsupported}
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            gpu = {"index": i, "name": text(nvml.nvmlDeviceGetName(handle)),
+                   "uuid": text(nvml.nvmlDeviceGetUUID(handle)),
+                   "memory_bytes": int(nvml.nvmlDeviceGetMemoryInfo(handle).total)}
+            for key, query, read in (("serial", "nvmlDeviceGetSerial", lambda f, h: text(f(h))),
+                                     ("pci_bus_id", "nvmlDeviceGetPciInfo", lambda f, h: text(f(h).busId))):
+                gpu[key] = None
+                try:
+                    gpu[key] = read(getattr(nvml, query), handle)
+                except AttributeError:
+                    unsupported[f"{query}[{i}]"] = f"the NVML binding has no {query}"
+                except nvml.NVMLError as e:
+                    unsupported[f"{query}[{i}]"] = str(e)
+            out["gpus"].append(gpu)
         return out
-    except pynvml.NVMLError as e:
+    except nvml.NVMLError as e:
         return {"gpus": [], "unavailable": f"NVML: {e}"}
     finally:
-        pynvml.nvmlShutdown()
+        shutdown(nvml)
 
 
 def detect_device() -> str:
@@ -72,10 +74,37 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-@functools.lru_cache(maxsize=1)
-def fingerprint() -> dict:
+def machine_id(fp: dict) -> str:
+    """A stable name for the machine a fingerprint describes, to filter and merge on.
+
+    A hash of what identifies the hardware: hostname, CPU model and counts, architecture, memory
+    (whole GiB: the total the kernel reports moves by a few MiB between kernel versions) and the
+    GPUs' UUIDs. Software (OS, kernel, drivers, Python) and anything that varies from run to run
+    (free memory, the CPUs this process may use) are left out: a driver update is the same machine,
+    filtered on separately. Records written before schema 4 get theirs from their stored
+    fingerprint (migrations.update_to_4), so this definition must not change without a new
+    schema version.
+    """
+    memory = fp.get("memory_bytes")
+    identity = {
+        "hostname": fp.get("hostname"),
+        "cpu_model": fp.get("cpu_model"),
+        "cpu_logical": fp.get("cpu_logical"),
+        "cpu_physical": fp.get("cpu_physical"),
+        "arch": fp.get("arch"),
+        "memory_gib": round(memory / 2**30) if isinstance(memory, (int, float)) else None,
+        "gpus": sorted(str(g.get("uuid")) for g in fp.get("gpus") or [] if isinstance(g, dict)),
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return digest[:16]
+
+
+@functools.lru_cache(maxsize=4)
+def fingerprint(nvml_module: str = "pynvml") -> dict:
+    """The machine as a record keeps it: CPU, memory, OS, GPUs with driver and CUDA driver versions,
+    and `machine_id` (see machine_id())."""
     vm = psutil.virtual_memory()
-    return {
+    fp = {
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
         "cpu_logical": psutil.cpu_count(logical=True),
@@ -86,8 +115,10 @@ def fingerprint() -> dict:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "arch": platform.machine(),
-        **gpus(),
+        **gpus(nvml_module),
     }
+    fp["machine_id"] = machine_id(fp)
+    return fp
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,7 +14,7 @@ from dlbench.execution.orchestrator import Orchestrator, RunOptions, plan
 from dlbench.store import migrations
 from dlbench.store.record import SCHEMA_VERSION
 from dlbench.store.rows import run_row
-from dlbench.store.store import Store, StoreError
+from dlbench.store.store import Store, StoreError, checksum_of
 
 ROOT = Path(__file__).resolve().parents[2]
 V1 = ROOT / "tests" / "fixtures" / "records" / "v1.json"
@@ -81,6 +81,7 @@ def test_v1_and_current_records_read_side_by_side(tmp_path):
     data = migrations.upgrade(data, SCHEMA_VERSION)
     data["run_id"] = "20261130T000000Z-000000000001"
     data["equivalence"] = {"status": "equivalent", "checked_at": "2026-11-30T00:00:00+00:00"}
+    data["checksum"] = checksum_of(data)  # a current record carries one
     (tmp_path / "runs" / f"{data['run_id']}.json").write_text(json.dumps(data))
     got = {r.run_id: r.equivalence["status"] for r in store.records()}
     assert got == {V1_RUN_ID: "unchecked", "20261130T000000Z-000000000001": "equivalent"}

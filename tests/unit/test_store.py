@@ -14,7 +14,7 @@ from dlbench.statistics import summarise
 from dlbench.store.record import (SCHEMA_VERSION, NetworkInfo, Record, Repeat, Settings, Workload,
                                   new_run_id)
 from dlbench.store.rows import COLUMNS, run_row
-from dlbench.store.store import Store, StoreError
+from dlbench.store.store import Store, StoreError, checksum_of
 
 
 def make_record(run_id: str | None = None, *, benchmark: str = "fcn5-train", status: str = "ok",
@@ -104,6 +104,7 @@ def test_corrupt_and_newer_records_are_reported_and_skipped(tmp_path):
     invalid = store.runs / "20260101T000004Z-invalid00000.json"
     data = json.loads(good[2].model_dump_json())
     data["status"] = "exploded"
+    data["checksum"] = checksum_of(data)  # intact, but not a valid record
     invalid.write_text(json.dumps(data))
     problems = []
     got = list(store.records(problems))

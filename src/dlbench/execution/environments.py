@@ -50,10 +50,12 @@ class Environment:
     python: Path
     key: str
     path: Path | None = None
-    packages: list[str] = field(default_factory=list)
+    packages: list[str] = field(default_factory=list)  # the lock: every name==version installed
+    python_version: str | None = None
 
     def describe(self) -> dict:
         return {"backend": self.backend, "flavour": self.flavour, "python": str(self.python),
+                "python_version": self.python_version,
                 "key": self.key, "path": str(self.path) if self.path else None, "packages": self.packages}
 
 
@@ -94,7 +96,7 @@ class VenvBackend:
             return None
         meta = json.loads(marker.read_text())
         return Environment(runner.name, self.name, flavour, path / "bin" / "python", meta["key"], path,
-                           meta.get("packages", []))
+                           meta.get("packages", []), meta.get("python_version"))
 
     def ensure(self, runner: RunnerInfo, flavour: str, on_output: Callable[[str], None] | None = None) -> Environment:
         """Return the environment, building it first if it does not exist yet."""
@@ -180,7 +182,8 @@ class CurrentBackend:
         if probe.returncode != 0:
             raise EnvironmentBuildError(
                 f"{runner.import_name} is not importable by {python}; install it there or use --env venv")
-        return Environment(runner.name, self.name, flavour, python, "current", None, _packages(python))
+        return Environment(runner.name, self.name, flavour, python, "current", None, _packages(python),
+                           platform.python_version())
 
 
 def backend(name: str, cache: Path):

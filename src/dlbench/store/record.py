@@ -12,6 +12,16 @@ records step by step and refuse newer ones):
     of its window marks) and the figures derived for its measured window; the record keeps the
     run's summary (`telemetry`: energy, power, clocks, throttling, peaks, with reasons for what is
     missing). Older records read with telemetry {"enabled": False} (update_to_3).
+  4 (2026-11-29) integrity and provenance: the file carries `checksum` ("sha256:<hex>" of the
+    canonical JSON of everything else in it; store/store.py), verified on every read, and
+    `upgraded_from` when `dlbench store upgrade` rewrote it from an older version; both belong
+    to the file, not to Record. `machine.machine_id` (a hash of the hardware's identifying parts,
+    machine.py) to filter and merge on; the GPUs' serials and PCI bus ids beside names, UUIDs,
+    memory, driver and CUDA driver versions; `environment.python_version` beside the interpreter
+    path and the lock (`environment.packages`: every name==version installed in the runner's
+    environment). Older records read with the machine_id of their stored fingerprint and no
+    checksum ("unverified", not an error) (update_to_4). Also statistics: median CI, stability,
+    repeat policy (see Summary).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 

@@ -1,18 +1,47 @@
-"""An append-only directory of run records.
+"""An append-only directory of run records that can prove it was not damaged.
 
-Layout: STORE/runs/<run_id>.json, one file per run. A record is written to STORE/.incoming/ first,
-flushed to disk, then hard-linked into runs/ under its final name and the temporary name removed.
-A link never replaces an existing file, so a record is never overwritten, and a reader can only
-ever see a complete record: a process killed mid-write leaves at most a file in .incoming/, which
-readers never look at. Several dlbench processes can write to one store at once (run ids are
-unique and each write is a single link).
+Layout:
+  STORE/runs/<run_id>.json     one file per run, the only place readers look
+  STORE/checks/<...>.json      equivalence checks (equivalence.CheckStore)
+  STORE/.incoming/             temporary files of writes in progress
+  STORE/.upgraded/             originals of records `dlbench store upgrade` rewrote
+
+Writing: the record is written to a temporary file in .incoming/, fsynced, hard-linked into runs/
+under its final name, the temporary name removed and runs/ fsynced. A link never replaces an
+existing file, so a record is never overwritten and a reader only ever sees complete records; a
+writer killed at any moment leaves at most a temporary file, which readers never look at. Any
+number of processes (on any number of hosts sharing the directory) can write at once: run ids are
+unique and each write ends in a single link. A temporary file is named
+`<name>.<token>.<pid>.<host>.tmp`, so leftovers can be removed safely: one whose writer is a dead
+process of this host, or one older than an hour (no write takes that long), whoever wrote it
+(Store.clean_incoming, run before a Store's first write and by `store upgrade` and `store merge`).
+
+Integrity (schema 4): the file carries `checksum`, "sha256:" + the SHA-256 of the canonical JSON
+(keys sorted, no whitespace, UTF-8) of everything else in the file. Canonical, so it does not
+depend on how the file was indented or ordered, and a record read and dumped again keeps it.
+Every read of a record that has a checksum verifies it; a record of schema 4 or later without one
+is a problem, and an older record (which never had one) reads as "unverified". A damaged record
+(truncated, a flipped digit, edited by hand) is reported by name and skipped, never read as if
+it were right and never a crash of the reader.
+
+Upgrading (`dlbench store upgrade`): records of older schemas are read at the current one on
+every read (migrations.py) and never changed; Store.upgrade rewrites them at the current version,
+with a fresh checksum and `upgraded_from` (the old version, the original file's SHA-256, when, by
+which dlbench), replacing each file atomically (os.replace) after hard-linking the original into
+.upgraded/<run_id>.v<old version>.json. The only time a record file is replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +49,11 @@ from pydantic import ValidationError
 
 from .migrations import upgrade
 from .record import SCHEMA_VERSION, Record
+
+CHECKSUM_PREFIX = "sha256:"
+FIRST_CHECKSUMMED_VERSION = 4
+FILE_FIELDS = ("checksum", "upgraded_from")  # belong to the file, not to Record
+STALE_TEMP_AGE_S = 3600.0
 
 
 class StoreError(Exception):
@@ -32,6 +66,45 @@ class Unreadable:
     reason: str
 
 
+@dataclass
+class StoredRecord:
+    """A record as read from its file: the record at the current schema, and what the file said."""
+
+    path: Path
+    record: Record
+    written_version: int  # the schema version in the file
+    verified: bool  # the file's checksum matched (False: a record from before checksums)
+    upgraded_from: dict | None
+    raw: bytes
+
+
+@dataclass
+class VerifyReport:
+    verified: list[Path] = field(default_factory=list)
+    unverified: list[tuple[Path, int]] = field(default_factory=list)  # (path, schema version)
+    problems: list[Unreadable] = field(default_factory=list)
+    checks: int = 0  # readable check files
+    leftovers: list[Path] = field(default_factory=list)  # temporary files in .incoming/
+    stale: list[Path] = field(default_factory=list)  # of those, the ones clean_incoming would remove
+
+
+@dataclass
+class UpgradeReport:
+    upgraded: list[tuple[Path, int]] = field(default_factory=list)  # (path, old version)
+    current: int = 0
+    problems: list[Unreadable] = field(default_factory=list)
+
+
+def canonical_json(data) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def checksum_of(data: dict) -> str:
+    """The checksum a record file's data should carry (its own `checksum` field left out)."""
+    body = {k: v for k, v in data.items() if k != "checksum"}
+    return CHECKSUM_PREFIX + hashlib.sha256(canonical_json(body)).hexdigest()
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -40,37 +113,113 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _host_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "unknown"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def _field_path(err: dict) -> str:
+    return ".".join(str(p) for p in err["loc"])
+
+
 class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
         self.runs = self.root / "runs"
+        self.checks = self.root / "checks"
         self.incoming = self.root / ".incoming"
+        self.upgraded = self.root / ".upgraded"
+        self._cleaned = False
+
+    # ------------------------------------------------------------------ writing
 
     def write(self, record: Record) -> Path:
-        self.runs.mkdir(parents=True, exist_ok=True)
-        self.incoming.mkdir(parents=True, exist_ok=True)
+        """Add a record (stamped with its checksum); refuses, untouched, a run id already stored."""
+        data = json.loads(record.model_dump_json())
+        data["checksum"] = checksum_of(data)
         final = self.runs / f"{record.run_id}.json"
-        tmp = self.incoming / f"{record.run_id}.{os.getpid()}.tmp"
-        data = record.model_dump_json(indent=1)
-        with open(tmp, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
-            os.link(tmp, final)
+            self.publish(json.dumps(data, indent=1).encode(), final)
         except FileExistsError:
             raise StoreError(f"{final}: a record with run id {record.run_id} already exists; not overwritten") from None
+        return final
+
+    def publish(self, content: bytes, final: Path) -> None:
+        """Make `final` (in runs/ or checks/) appear with `content`, whole or not at all; raises
+        FileExistsError, leaving the existing file alone, if it already exists."""
+        if not self._cleaned:
+            self._cleaned = True
+            self.clean_incoming()
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._stage(content, final.stem)
+        try:
+            os.link(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(self.runs)
-        return final
+        _fsync_dir(final.parent)
+
+    def _stage(self, content: bytes, stem: str) -> Path:
+        self.incoming.mkdir(parents=True, exist_ok=True)
+        tmp = self.incoming / f"{stem}.{secrets.token_hex(4)}.{os.getpid()}.{_host_tag()}.tmp"
+        try:
+            with open(tmp, "xb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def _replace(self, content: bytes, final: Path) -> None:
+        tmp = self._stage(content, final.stem)
+        try:
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(final.parent)
+
+    def clean_incoming(self, max_age_s: float = STALE_TEMP_AGE_S, dry_run: bool = False) -> list[Path]:
+        """Remove temporary files no writer will finish: those of a dead process on this host, and
+        any older than `max_age_s` (a writer on another host, or of an older naming). A live
+        writer's file is never touched, so this is safe while others write."""
+        if not self.incoming.is_dir():
+            return []
+        host, now, removed = _host_tag(), time.time(), []
+        for tmp in self.incoming.glob("*.tmp"):
+            parts = tmp.name[: -len(".tmp")].rsplit(".", 3)
+            writer_dead = (len(parts) == 4 and parts[3] == host and parts[2].isdigit()
+                           and not _pid_alive(int(parts[2])))
+            try:
+                old = now - tmp.stat().st_mtime > max_age_s
+            except FileNotFoundError:
+                continue  # its writer just finished
+            if writer_dead or old:
+                if not dry_run:
+                    tmp.unlink(missing_ok=True)
+                removed.append(tmp)
+        return sorted(removed)
+
+    # ------------------------------------------------------------------ reading
 
     def paths(self) -> list[Path]:
         return sorted(self.runs.glob("*.json")) if self.runs.is_dir() else []
 
-    def read(self, path: Path) -> Record:
+    def inspect(self, path: Path) -> StoredRecord:
+        """Read, verify and upgrade one record file; StoreError (naming the file) if it is damaged,
+        invalid or of a newer schema."""
         try:
-            data = json.loads(path.read_text())
+            raw = Path(path).read_bytes()
+            data = json.loads(raw)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise StoreError(f"{path}: unreadable record: {e}") from None
         version = data.get("schema_version") if isinstance(data, dict) else None
@@ -79,12 +228,30 @@ class Store:
         if version > SCHEMA_VERSION:
             raise StoreError(f"{path}: schema version {version} is newer than this dlbench understands "
                              f"({SCHEMA_VERSION}); upgrade dlbench to read it")
+        stored = data.get("checksum")
+        if stored is None and version >= FIRST_CHECKSUMMED_VERSION:
+            raise StoreError(f"{path}: checksum: missing (every record of schema {FIRST_CHECKSUMMED_VERSION} "
+                             "or later has one); the file was edited or damaged")
+        if stored is not None:  # verified whatever the version: a damaged version number must not hide it
+            if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX):
+                raise StoreError(f"{path}: checksum: not a {CHECKSUM_PREFIX}<hex> value ({str(stored)[:40]!r})")
+            actual = checksum_of(data)
+            if actual != stored:
+                raise StoreError(f"{path}: checksum mismatch: the file changed after it was written "
+                                 f"(it says {stored[:19]}..., its content hashes to {actual[:19]}...)")
+        upgraded_from = data.get("upgraded_from")
+        body = {k: v for k, v in data.items() if k not in FILE_FIELDS}
         try:
-            return Record.model_validate(upgrade(data, SCHEMA_VERSION))
+            record = Record.model_validate(upgrade(body, SCHEMA_VERSION))
         except ValidationError as e:
             err = e.errors()[0]
-            field = ".".join(str(p) for p in err["loc"])
-            raise StoreError(f"{path}: {field}: {err['msg']}") from None
+            raise StoreError(f"{path}: {_field_path(err)}: {err['msg']}") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as e:  # a migration step met odd data
+            raise StoreError(f"{path}: cannot upgrade from schema {version}: {type(e).__name__}: {e}") from None
+        return StoredRecord(Path(path), record, version, stored is not None, upgraded_from, raw)
+
+    def read(self, path: Path) -> Record:
+        return self.inspect(path).record
 
     def records(self, problems: list[Unreadable] | None = None) -> Iterator[Record]:
         """Every readable record, oldest first; unreadable ones are reported into `problems`."""
@@ -94,3 +261,81 @@ class Store:
             except StoreError as e:
                 if problems is not None:
                     problems.append(Unreadable(path, str(e)))
+
+    # ------------------------------------------------------------------ maintenance
+
+    def verify(self) -> VerifyReport:
+        """Check every record (readable, valid, checksum, named after its run id) and check file;
+        changes nothing."""
+        report = VerifyReport()
+        for path in self.paths():
+            try:
+                stored = self.inspect(path)
+            except StoreError as e:
+                report.problems.append(Unreadable(path, str(e)))
+                continue
+            if stored.record.run_id != path.stem:
+                report.problems.append(Unreadable(
+                    path, f"{path}: run_id {stored.record.run_id!r} does not match the file name"))
+            elif stored.verified:
+                report.verified.append(path)
+            else:
+                report.unverified.append((path, stored.written_version))
+        for path in sorted(self.checks.glob("*.json")) if self.checks.is_dir() else []:
+            reason = check_file_problem(path)
+            if reason:
+                report.problems.append(Unreadable(path, reason))
+            else:
+                report.checks += 1
+        if self.incoming.is_dir():
+            report.leftovers = sorted(self.incoming.glob("*.tmp"))
+            report.stale = self.clean_incoming(dry_run=True)
+        return report
+
+    def upgrade(self) -> UpgradeReport:
+        """Rewrite every record of an older schema at the current one (see the module docstring)."""
+        from .. import __version__
+
+        self.clean_incoming()
+        report = UpgradeReport()
+        for path in self.paths():
+            try:
+                stored = self.inspect(path)
+            except StoreError as e:
+                report.problems.append(Unreadable(path, str(e)))
+                continue
+            if stored.written_version >= SCHEMA_VERSION:
+                report.current += 1
+                continue
+            data = json.loads(stored.record.model_dump_json())
+            data["upgraded_from"] = {
+                "schema_version": stored.written_version,
+                "file_sha256": hashlib.sha256(stored.raw).hexdigest(),
+                "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "dlbench": __version__,
+            }
+            data["checksum"] = checksum_of(data)
+            self.upgraded.mkdir(parents=True, exist_ok=True)
+            original = self.upgraded / f"{path.stem}.v{stored.written_version}.json"
+            try:
+                os.link(path, original)
+            except FileExistsError:
+                if original.read_bytes() != stored.raw:  # an earlier upgrade was interrupted, or worse
+                    report.problems.append(Unreadable(
+                        path, f"{path}: not upgraded: {original} exists with other content"))
+                    continue
+            _fsync_dir(self.upgraded)
+            self._replace(json.dumps(data, indent=1).encode(), path)
+            report.upgraded.append((path, stored.written_version))
+        return report
+
+
+def check_file_problem(path: Path) -> str | None:
+    """Why an equivalence check file cannot be used, or None (see equivalence.CheckStore)."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"{path}: unreadable check: {e}"
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+        return f"{path}: not an equivalence check (no status)"
+    return None
