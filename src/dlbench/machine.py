@@ -77,22 +77,20 @@ def available_cpus() -> int:
 def machine_id(fp: dict) -> str:
     """A stable name for the machine a fingerprint describes, to filter and merge on.
 
-    A hash of what identifies the hardware: hostname, CPU model and counts, architecture, memory
-    (whole GiB: the total the kernel reports moves by a few MiB between kernel versions) and the
+    A hash of what identifies the hardware: hostname, CPU model and counts, architecture and the
     GPUs' UUIDs. Software (OS, kernel, drivers, Python) and anything that varies from run to run
     (free memory, the CPUs this process may use) are left out: a driver update is the same machine,
-    filtered on separately. Records written before schema 4 get theirs from their stored
-    fingerprint (migrations.update_to_4), so this definition must not change without a new
-    schema version.
+    filtered on separately. So is the memory total: the kernel reports less than is installed, by an
+    amount that changes with the kernel version, and any rounding of it has a boundary some machine
+    sits on. Records written before schema 4 get theirs from their stored fingerprint
+    (migrations.update_to_4), so this definition must not change without a new schema version.
     """
-    memory = fp.get("memory_bytes")
     identity = {
         "hostname": fp.get("hostname"),
         "cpu_model": fp.get("cpu_model"),
         "cpu_logical": fp.get("cpu_logical"),
         "cpu_physical": fp.get("cpu_physical"),
         "arch": fp.get("arch"),
-        "memory_gib": round(memory / 2**30) if isinstance(memory, (int, float)) else None,
         "gpus": sorted(str(g.get("uuid")) for g in fp.get("gpus") or [] if isinstance(g, dict)),
     }
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()

@@ -105,6 +105,18 @@ def checksum_of(data: dict) -> str:
     return CHECKSUM_PREFIX + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
+def _record_file(record: Record, **file_fields) -> bytes:
+    """The file's bytes: the record as pydantic writes it (indented, fast), then the file's own
+    fields and last the checksum of it all, appended inside the closing brace."""
+    text = record.model_dump_json(indent=1)
+    data = json.loads(text)
+    data.update(file_fields)
+    file_fields["checksum"] = checksum_of(data)
+    tail = "".join(f',\n "{k}": {json.dumps(v, ensure_ascii=False)}' for k, v in file_fields.items())
+    assert text.endswith("\n}")
+    return (text[:-2] + tail + "\n}\n").encode()
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -144,11 +156,9 @@ class Store:
 
     def write(self, record: Record) -> Path:
         """Add a record (stamped with its checksum); refuses, untouched, a run id already stored."""
-        data = json.loads(record.model_dump_json())
-        data["checksum"] = checksum_of(data)
         final = self.runs / f"{record.run_id}.json"
         try:
-            self.publish(json.dumps(data, indent=1).encode(), final)
+            self.publish(_record_file(record), final)
         except FileExistsError:
             raise StoreError(f"{final}: a record with run id {record.run_id} already exists; not overwritten") from None
         return final
@@ -292,12 +302,13 @@ class Store:
             report.stale = self.clean_incoming(dry_run=True)
         return report
 
-    def upgrade(self) -> UpgradeReport:
-        """Rewrite every record of an older schema at the current one (see the module docstring)."""
+    def upgrade(self, report: UpgradeReport | None = None) -> UpgradeReport:
+        """Rewrite every record of an older schema at the current one (see the module docstring);
+        `report`, filled as it goes, says what was done even if this is interrupted."""
         from .. import __version__
 
         self.clean_incoming()
-        report = UpgradeReport()
+        report = report if report is not None else UpgradeReport()
         for path in self.paths():
             try:
                 stored = self.inspect(path)
@@ -307,14 +318,12 @@ class Store:
             if stored.written_version >= SCHEMA_VERSION:
                 report.current += 1
                 continue
-            data = json.loads(stored.record.model_dump_json())
-            data["upgraded_from"] = {
+            content = _record_file(stored.record, upgraded_from={
                 "schema_version": stored.written_version,
                 "file_sha256": hashlib.sha256(stored.raw).hexdigest(),
                 "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "dlbench": __version__,
-            }
-            data["checksum"] = checksum_of(data)
+            })
             self.upgraded.mkdir(parents=True, exist_ok=True)
             original = self.upgraded / f"{path.stem}.v{stored.written_version}.json"
             try:
@@ -325,7 +334,7 @@ class Store:
                         path, f"{path}: not upgraded: {original} exists with other content"))
                     continue
             _fsync_dir(self.upgraded)
-            self._replace(json.dumps(data, indent=1).encode(), path)
+            self._replace(content, path)
             report.upgraded.append((path, stored.written_version))
         return report
 

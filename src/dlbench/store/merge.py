@@ -1,0 +1,122 @@
+"""Merge stores from several machines into one, with no duplicates and no loss.
+
+For every run record of every source store (runs/<run_id>.json) and every equivalence check
+(checks/<network>--<framework>--<version>.json):
+
+- not in the destination yet: copied as it is (the same bytes: a record of an older schema stays
+  at its schema and is upgraded on read like any other), atomically (Store.publish: a temporary
+  file, then a link that never replaces anything), so an interrupted merge leaves only whole files
+  and can simply be run again;
+- present with the same content: a duplicate, skipped. Records are compared by what they say at
+  the current schema, so a record and the same record rewritten by `store upgrade` are duplicates;
+- present with other content: a conflict, reported and left alone (the destination keeps its
+  file); someone has to decide. Check files are compared as JSON, so two machines that checked
+  the same network on the same framework version at different times conflict: the store keeps
+  one check per (network, framework, version), and which one wins is not the merge's to decide;
+- damaged (truncated, checksum mismatch, invalid, named other than its run id, of a newer schema
+  than this dlbench reads): reported as unreadable and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .store import Store, StoreError, check_file_problem
+
+
+@dataclass
+class MergeReport:
+    added: list[Path] = field(default_factory=list)  # destination paths
+    duplicates: list[Path] = field(default_factory=list)  # source paths
+    conflicts: list[tuple[Path, str]] = field(default_factory=list)  # (source path, why)
+    unreadable: list[tuple[Path, str]] = field(default_factory=list)  # (source path, why)
+
+    @property
+    def clean(self) -> bool:
+        return not self.conflicts and not self.unreadable
+
+
+class MergeError(Exception):
+    """A source cannot be merged at all (not a store, or the destination itself)."""
+
+
+def check_sources(destination: Store, sources: list[Path]) -> None:
+    dest = destination.root.resolve()
+    for src in sources:
+        if not src.is_dir():
+            raise MergeError(f"{src}: no such store (not a directory)")
+        if not (src / "runs").is_dir() and not (src / "checks").is_dir():
+            raise MergeError(f"{src}: not a dlbench store (it has neither runs/ nor checks/)")
+        if src.resolve() == dest:
+            raise MergeError(f"{src}: is the destination store itself")
+
+
+def merge(destination: Store, sources: list[Path], report: MergeReport | None = None) -> MergeReport:
+    """Merge `sources` into `destination`; `report` (filled as it goes) says what happened even
+    when the merge is interrupted."""
+    check_sources(destination, sources)
+    report = report if report is not None else MergeReport()
+    destination.clean_incoming()
+    for src in sources:
+        source = Store(src)
+        for path in source.paths():
+            _merge_record(destination, source, path, report)
+        for path in sorted(source.checks.glob("*.json")) if source.checks.is_dir() else []:
+            _merge_check(destination, path, report)
+    return report
+
+
+def _merge_record(destination: Store, source: Store, path: Path, report: MergeReport) -> None:
+    try:
+        incoming = source.inspect(path)
+    except StoreError as e:
+        report.unreadable.append((path, str(e)))
+        return
+    if incoming.record.run_id != path.stem:
+        report.unreadable.append((path, f"{path}: run_id {incoming.record.run_id!r} does not match the file name"))
+        return
+    target = destination.runs / path.name
+    try:
+        destination.publish(incoming.raw, target)
+        report.added.append(target)
+        return
+    except FileExistsError:
+        pass
+    if target.read_bytes() == incoming.raw:
+        report.duplicates.append(path)
+        return
+    try:
+        existing = destination.inspect(target)
+    except StoreError as e:
+        report.conflicts.append((path, f"{path}: {target} has the same run id but is itself unreadable ({e})"))
+        return
+    if existing.record == incoming.record:
+        report.duplicates.append(path)
+        return
+    mine, theirs = existing.record.model_dump(), incoming.record.model_dump()
+    differ = [k for k in mine if mine[k] != theirs.get(k)]
+    report.conflicts.append((path, f"{path}: run {incoming.record.run_id} is already in the store with other "
+                                   f"content (differs in: {', '.join(differ)}); kept {target}"))
+
+
+def _merge_check(destination: Store, path: Path, report: MergeReport) -> None:
+    problem = check_file_problem(path)
+    if problem:
+        report.unreadable.append((path, problem))
+        return
+    raw = path.read_bytes()
+    target = destination.checks / path.name
+    try:
+        destination.publish(raw, target)
+        report.added.append(target)
+        return
+    except FileExistsError:
+        pass
+    existing = target.read_bytes()
+    if existing == raw or (check_file_problem(target) is None and json.loads(existing) == json.loads(raw)):
+        report.duplicates.append(path)
+        return
+    report.conflicts.append((path, f"{path}: {target} holds another result for this network, framework and "
+                                   "version; kept it"))

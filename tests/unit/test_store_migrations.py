@@ -1,0 +1,215 @@
+"""A record of every schema version there ever was (tests/fixtures/records/vN.json) reads at the
+current version with nothing lost; `dlbench store upgrade` rewrites old records at the current
+version atomically, keeping the originals, and is safe to repeat."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_store_integrity import invoke
+
+from dlbench.machine import machine_id
+from dlbench.store import migrations
+from dlbench.store.record import SCHEMA_VERSION
+from dlbench.store.rows import run_row
+from dlbench.store.store import Store, StoreError, checksum_of
+
+FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "records"
+VERSIONS = list(range(1, SCHEMA_VERSION + 1))
+
+
+def fixture(version: int) -> dict:
+    return json.loads((FIXTURES / f"v{version}.json").read_text())
+
+
+def store_with(tmp_path: Path, *versions: int) -> tuple[Store, dict[int, Path]]:
+    store = Store(tmp_path / "store")
+    store.runs.mkdir(parents=True)
+    paths = {}
+    for v in versions:
+        paths[v] = store.runs / f"{fixture(v)['run_id']}.json"
+        shutil.copy(FIXTURES / f"v{v}.json", paths[v])
+    return store, paths
+
+
+def test_there_is_a_fixture_of_every_schema_version():
+    for v in VERSIONS:
+        data = fixture(v)
+        assert data["schema_version"] == v
+        assert ("checksum" in data) == (v >= 4)
+    assert not (FIXTURES / f"v{SCHEMA_VERSION + 1}.json").exists()
+
+
+def test_fixtures_are_distinct_runs():
+    assert len({fixture(v)["run_id"] for v in VERSIONS}) == len(VERSIONS)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_version_reads_as_the_current_one_with_nothing_lost(tmp_path, version):
+    store, paths = store_with(tmp_path, version)
+    path = paths[version]
+    before = path.read_bytes()
+    data = fixture(version)
+    stored = store.inspect(path)
+    rec = stored.record
+    assert stored.written_version == version and rec.schema_version == SCHEMA_VERSION
+    assert stored.verified == (version >= 4)  # older records have no checksum: unverified, not an error
+    # what the old record said is still said
+    assert rec.run_id == data["run_id"] and rec.benchmark == data["benchmark"]
+    assert rec.network.hash == data["network"]["hash"] and rec.network.definition == data["network"]["definition"]
+    assert rec.params == data["params"] and rec.status == data["status"]
+    assert rec.framework == data["framework"] and rec.environment == data["environment"]
+    assert [r.iter_s for r in rec.repeats] == [r["iter_s"] for r in data["repeats"]]
+    assert rec.summary.median_s == data["summary"]["median_s"]
+    assert rec.dlbench == data["dlbench"]
+    # what each step added
+    assert rec.equivalence == data.get("equivalence", rec.equivalence)
+    if version < 2:
+        assert rec.equivalence["status"] == "unchecked" and "before" in rec.equivalence["reason"]
+    if version < 3:
+        assert rec.telemetry == {"enabled": False, "reason": "recorded before dlbench sampled telemetry"}
+        assert all(r.telemetry is None and r.derived is None for r in rec.repeats)
+    else:
+        assert rec.telemetry == data["telemetry"]
+        assert [r.telemetry for r in rec.repeats] == [r["telemetry"] for r in data["repeats"]]
+    old_machine = {k: v for k, v in data["machine"].items() if k != "machine_id"}
+    assert {k: v for k, v in rec.machine.items() if k != "machine_id"} == old_machine
+    assert rec.machine["machine_id"] == machine_id(old_machine)
+    assert run_row(rec)["run_id"] == data["run_id"]
+    assert path.read_bytes() == before  # reading never rewrites
+
+
+def test_update_to_4_adds_only_the_machine_id():
+    data = fixture(3)
+    out = migrations.update_to_4(json.loads(json.dumps(data)))
+    assert out["machine"]["machine_id"] == machine_id(data["machine"])
+    out["machine"].pop("machine_id")
+    assert out == data
+
+
+def test_update_to_4_keeps_a_machine_id_that_is_there():
+    data = fixture(3)
+    data["machine"]["machine_id"] = "given"
+    assert migrations.update_to_4(data)["machine"]["machine_id"] == "given"
+
+
+def test_the_v4_fixture_is_what_schema_4_writes():
+    data = fixture(4)
+    assert data["checksum"] == checksum_of(data)
+    assert data["machine"]["machine_id"] == machine_id(data["machine"])
+    env = data["environment"]
+    assert env["python"] and env["python_version"] and env["packages"]
+    assert all("==" in p for p in env["packages"])
+
+
+def test_a_newer_version_is_refused_by_name(tmp_path):
+    data = fixture(SCHEMA_VERSION)
+    data["schema_version"] = SCHEMA_VERSION + 1
+    data["checksum"] = checksum_of(data)
+    store, _ = store_with(tmp_path)
+    path = store.runs / "20270101T000000Z-000000000000.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(StoreError) as info:
+        store.read(path)
+    assert str(path) in str(info.value) and "newer" in str(info.value) and str(SCHEMA_VERSION + 1) in str(info.value)
+
+
+# --------------------------------------------------------------------------- store upgrade
+
+
+def test_upgrade_rewrites_old_records_and_keeps_the_originals(tmp_path):
+    store, paths = store_with(tmp_path, *VERSIONS)
+    originals = {v: p.read_bytes() for v, p in paths.items()}
+    before = {v: store.read(p) for v, p in paths.items()}
+    report = store.upgrade()
+    assert report.problems == []
+    assert sorted(report.upgraded) == sorted((paths[v], v) for v in VERSIONS if v < SCHEMA_VERSION)
+    assert report.current == 1
+    for v, path in paths.items():
+        stored = store.inspect(path)
+        assert stored.written_version == SCHEMA_VERSION and stored.verified
+        assert stored.record == before[v]  # the same record, now stored at the current version
+        if v < SCHEMA_VERSION:
+            kept = store.upgraded / f"{path.stem}.v{v}.json"
+            assert kept.read_bytes() == originals[v]
+            assert stored.upgraded_from["schema_version"] == v
+            assert stored.upgraded_from["file_sha256"] == hashlib.sha256(originals[v]).hexdigest()
+        else:
+            assert path.read_bytes() == originals[v] and stored.upgraded_from is None
+    assert list(store.incoming.iterdir()) == []
+    assert store.verify().problems == [] and len(store.verify().verified) == len(VERSIONS)
+
+    again = store.upgrade()  # nothing left to do
+    assert again.upgraded == [] and again.current == len(VERSIONS) and again.problems == []
+
+
+def test_the_upgrade_note_is_covered_by_the_checksum(tmp_path):
+    store, paths = store_with(tmp_path, 1)
+    store.upgrade()
+    path = paths[1]
+    text = path.read_text()
+    assert text.count('"schema_version": 1') == 1  # in upgraded_from
+    path.write_text(text.replace('"schema_version": 1', '"schema_version": 2'))
+    with pytest.raises(StoreError, match="checksum mismatch"):
+        store.read(path)
+
+
+def test_upgrade_leaves_damaged_and_newer_records_alone(tmp_path):
+    store, paths = store_with(tmp_path, 1, 3)
+    raw = paths[3].read_bytes()
+    paths[3].write_bytes(raw[:500])
+    newer = fixture(SCHEMA_VERSION)
+    newer["schema_version"] = SCHEMA_VERSION + 1
+    newer_path = store.runs / "20270101T000000Z-000000000000.json"
+    newer_path.write_text(json.dumps(newer))
+    newer_bytes = newer_path.read_bytes()
+    report = store.upgrade()
+    assert report.upgraded == [(paths[1], 1)]
+    assert {p.path for p in report.problems} == {paths[3], newer_path}
+    assert paths[3].read_bytes() == raw[:500] and newer_path.read_bytes() == newer_bytes
+
+
+def test_an_interrupted_upgrade_can_be_run_again(tmp_path):
+    store, paths = store_with(tmp_path, 2)
+    # killed after keeping the original and before replacing the record
+    store.upgraded.mkdir()
+    kept = store.upgraded / f"{paths[2].stem}.v2.json"
+    shutil.copy(paths[2], kept)
+    report = store.upgrade()
+    assert report.upgraded == [(paths[2], 2)] and report.problems == []
+    assert store.inspect(paths[2]).verified
+
+
+def test_upgrade_never_loses_an_original_kept_before(tmp_path):
+    store, paths = store_with(tmp_path, 2)
+    store.upgraded.mkdir()
+    kept = store.upgraded / f"{paths[2].stem}.v2.json"
+    kept.write_text("another file under the name the original would take")
+    before = paths[2].read_bytes()
+    report = store.upgrade()
+    assert report.upgraded == [] and [p.path for p in report.problems] == [paths[2]]
+    assert paths[2].read_bytes() == before and kept.read_text().startswith("another file")
+
+
+def test_store_upgrade_command(tmp_path):
+    store, paths = store_with(tmp_path, *VERSIONS)
+    code, out, err = invoke("store", "upgrade", "--store", str(store.root))
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert f"{SCHEMA_VERSION - 1} records upgraded to schema {SCHEMA_VERSION}" in flat
+    assert ".upgraded" in flat and "1 already current" in flat
+    code, out, _ = invoke("store", "verify", "--store", str(store.root))
+    assert code == 0 and f"{SCHEMA_VERSION} verified by checksum, 0 unverified" in " ".join(out.split())
+
+
+def test_store_upgrade_command_reports_what_it_could_not_read(tmp_path):
+    store, paths = store_with(tmp_path, 1, 2)
+    paths[2].write_text("{")
+    code, out, err = invoke("store", "upgrade", "--store", str(store.root))
+    assert code == 1
+    assert paths[2].name in " ".join(out.split()) and "left as they are" in err
+    assert store.inspect(paths[1]).written_version == SCHEMA_VERSION
