@@ -211,3 +211,14 @@ def test_results_reports_damaged_records_by_name_and_shows_the_rest(tmp_path):
     assert sorted(row["benchmark"] for row in json.loads(out)) == ["b0", "b3"]
     assert paths[1].name in err and "checksum mismatch" in err
     assert paths[2].name in err
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00", b"[" * 100_000 + b"]" * 100_000, b"[1, 2]",
+                                     b'{"schema_version": 4, "x": "\\ud800", "checksum": "sha256:00"}'])
+def test_no_file_content_crashes_a_reader(tmp_path, content):
+    store, paths = store_of(tmp_path, 2)
+    bad = store.runs / "20260101T000005Z-000000000005.json"
+    bad.write_bytes(content)
+    problems = []
+    assert len(list(store.records(problems))) == 2
+    assert [p.path for p in problems] == [bad] and str(bad) in problems[0].reason

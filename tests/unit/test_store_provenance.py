@@ -153,3 +153,17 @@ def test_a_run_record_carries_its_provenance(tmp_path, suite, fake, fast):
     from dlbench import __version__
     assert rec.dlbench["version"] == __version__ and "commit" in rec.dlbench
     assert rec.network.hash == fcn5[0].network.definition_hash
+
+
+def test_a_venv_environment_describes_its_interpreter_version_and_lock(tmp_path, fake):
+    from dlbench.execution.environments import MARKER, VenvBackend
+
+    venv = VenvBackend(tmp_path / "cache")
+    path = venv.path_for(fake, "cpu")
+    path.mkdir(parents=True)
+    lock = ["numpy==2.4.6", "torch==2.13.0+cpu"]
+    (path / MARKER).write_text(json.dumps({"framework": "fake", "flavour": "cpu", "key": path.name.rsplit("-", 1)[1],
+                                           "python_version": "3.11.7", "packages": lock}))
+    described = venv.existing(fake, "cpu").describe()
+    assert described["python"] == str(path / "bin" / "python") and described["python_version"] == "3.11.7"
+    assert described["packages"] == lock and described["backend"] == "venv"

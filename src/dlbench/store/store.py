@@ -96,7 +96,8 @@ class UpgradeReport:
 
 
 def canonical_json(data) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a lone surrogate escaped in a file ("\ud800") must hash, not crash the reader
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def checksum_of(data: dict) -> str:
@@ -230,8 +231,8 @@ class Store:
         try:
             raw = Path(path).read_bytes()
             data = json.loads(raw)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise StoreError(f"{path}: unreadable record: {e}") from None
+        except (OSError, ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
+            raise StoreError(f"{path}: unreadable record: {type(e).__name__}: {e}") from None
         version = data.get("schema_version") if isinstance(data, dict) else None
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise StoreError(f"{path}: schema_version: missing or invalid ({version!r})")
@@ -343,7 +344,7 @@ def check_file_problem(path: Path) -> str | None:
     """Why an equivalence check file cannot be used, or None (see equivalence.CheckStore)."""
     try:
         data = json.loads(Path(path).read_bytes())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         return f"{path}: unreadable check: {e}"
     if not isinstance(data, dict) or not isinstance(data.get("status"), str):
         return f"{path}: not an equivalence check (no status)"
