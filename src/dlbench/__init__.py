@@ -4,3 +4,12 @@ The controller (this package) never imports a deep-learning framework.
 """
 
 __version__ = "0.1.0"
+
+
+def load(store, iterations: bool = False):
+    """The runs of a results store as a pandas DataFrame: one row per run, or with iterations=True
+    one row per measured iteration. See dlbench.store.frame.load (imported here on first use, so
+    that the command line does not pay for pandas)."""
+    from .store.frame import load as load_frame
+
+    return load_frame(store, iterations=iterations)

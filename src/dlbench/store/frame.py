@@ -1,0 +1,136 @@
+"""The store as a pandas table: `dlbench.load` and the parquet output of `dlbench results`.
+
+One row per run: the columns of `dlbench results` (store/rows.py) then the run's key fields
+(store/index.py KEY_COLUMNS), typed: times as UTC timestamps, counts as nullable integers,
+measurements as floats (NaN where absent), text as pandas strings. With iterations=True, one row
+per measured iteration of every repeat instead, with the run's identifying columns beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .index import KEY_COLUMNS, Iterations, read_rows
+from .rows import COLUMNS
+from .store import Store
+
+_TIMES = {"started_at", "ended_at"}
+_INTEGERS = {"batch_size", "threads", "repeats", "iterations", "params", "params_described", "flops_per_sample",
+             "repeats_requested"}
+_FLOATS = {"ms_per_iter", "samples_per_s", "iqr_ms", "cv", "first_iter_ms", "avg_power_w", "joules_per_sample",
+           "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb", "learning_rate", "momentum"}
+_TEXT = {"run_id", "suite", "benchmark", "network", "mode", "framework", "framework_version", "device", "precision",
+         "status", "machine", "equivalence", "reason", "profile", "machine_id", "cpu_model", "gpu_model", "os",
+         "dlbench_version", "dlbench_commit", "network_hash", "env_backend"}
+
+# Beside every iteration: what a plot or a model of iteration times groups by.
+ITERATION_KEYS = ("started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version", "device",
+                  "batch_size", "precision", "threads", "profile", "machine", "machine_id", "status")
+
+
+class UnreadableRecordWarning(UserWarning):
+    """Some records in the store could not be read; they are listed in DataFrame.attrs["unreadable"]."""
+
+
+def _declared(name: str) -> str | None:
+    if name in _INTEGERS:
+        return "Int64"
+    if name in _FLOATS:
+        return "float64"
+    if name in _TEXT:
+        return "string"
+    return None
+
+
+def _inferred(values: list) -> str | None:
+    """The dtype of a column this module does not know yet (e.g. one just added to rows.COLUMNS)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if all(isinstance(v, bool) for v in present):
+        return "boolean"
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "Int64"
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return "float64"
+    if all(isinstance(v, str) for v in present):
+        return "string"
+    return None
+
+
+def _column(name: str, values: list) -> pd.Series:
+    if name in _TIMES:
+        return pd.Series(pd.to_datetime(values, utc=True, format="ISO8601"), dtype="datetime64[ns, UTC]")
+    dtype = _declared(name) or _inferred(values)
+    if dtype is not None:
+        try:
+            return pd.Series(values, dtype=dtype)
+        except (TypeError, ValueError):  # a value of another type: keep the column, untyped
+            pass
+    return pd.Series(values, dtype=object)
+
+
+def runs_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows (as the index gives them) as a typed DataFrame, one row per run."""
+    names = list(dict.fromkeys([*COLUMNS, *KEY_COLUMNS, *(k for row in rows for k in row)]))
+    return pd.DataFrame({n: _column(n, [row.get(n) for row in rows]) for n in names})
+
+
+def iterations_frame(runs: pd.DataFrame, iterations: dict[str, Iterations]) -> pd.DataFrame:
+    """One row per measured iteration: run_id, repeat, repeat_status, iteration, seconds, then ITERATION_KEYS."""
+    positions, repeat_index, repeat_status, iteration, seconds = [], [], [], [], []
+    for pos, run_id in enumerate(runs["run_id"]):
+        it = iterations[run_id]
+        counts = np.array([n for _, _, n in it.repeats], dtype=np.int64)
+        total = int(counts.sum())
+        positions.append(np.full(total, pos, dtype=np.int64))
+        repeat_index.append(np.repeat([i for i, _, _ in it.repeats], counts).astype(np.int64))
+        repeat_status.extend(np.repeat([s for _, s, _ in it.repeats], counts).tolist())
+        starts = np.cumsum(counts) - counts
+        iteration.append(np.arange(total, dtype=np.int64) - np.repeat(starts, counts))
+        seconds.append(it.seconds)
+
+    def joined(parts, dtype):
+        return np.concatenate(parts).astype(dtype) if parts else np.array([], dtype=dtype)
+
+    at = joined(positions, np.int64)
+    frame = pd.DataFrame({
+        "run_id": runs["run_id"].to_numpy()[at] if len(runs) else pd.array([], dtype="string"),
+        "repeat": joined(repeat_index, np.int64),
+        "repeat_status": pd.array(repeat_status, dtype="string"),
+        "iteration": joined(iteration, np.int64),
+        "seconds": joined(seconds, np.float64),
+    })
+    frame["run_id"] = frame["run_id"].astype("string")
+    keys = runs[list(ITERATION_KEYS)].iloc[at].reset_index(drop=True)
+    return pd.concat([frame, keys], axis=1)
+
+
+def load(store: str | os.PathLike | Store, iterations: bool = False) -> pd.DataFrame:
+    """The runs of a results store as a DataFrame (see this module's docstring).
+
+    Unreadable records are skipped with one UnreadableRecordWarning and listed, path and reason, in
+    the frame's attrs["unreadable"]. A large store is read through its row index (STORE/.index/).
+    """
+    st = store if isinstance(store, Store) else Store(Path(store))
+    if not st.root.is_dir():
+        raise FileNotFoundError(f"{st.root}: no such results store")
+    snap = read_rows(st, iterations)
+    runs = runs_frame(snap.rows)
+    frame = iterations_frame(runs, snap.iterations) if iterations else runs
+    frame.attrs["store"] = str(st.root)
+    frame.attrs["unreadable"] = [{"path": str(u.path), "reason": u.reason} for u in snap.unreadable]
+    frame.attrs["index_notes"] = list(snap.notes)
+    if snap.unreadable:
+        listed = "; ".join(u.reason for u in snap.unreadable[:3])
+        more = f"; and {len(snap.unreadable) - 3} more" if len(snap.unreadable) > 3 else ""
+        warnings.warn(f"{len(snap.unreadable)} unreadable records skipped (see .attrs['unreadable']): {listed}{more}",
+                      UnreadableRecordWarning, stacklevel=2)
+    for note in snap.notes:
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
+    return frame
