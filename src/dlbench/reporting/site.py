@@ -1,90 +1,234 @@
-"""Render the store as a static HTML comparison page (jinja2 templates in reports/, autoescaped).
+"""Write the store as a static site: one publish step, readable offline from disk.
 
-A view model is built once from the records; the template only lays it out. Every string from a
-record reaches the page through autoescaping, so hostile names or error text stay inert.
+    OUT/index.html              leaderboards per suite and hardware
+    OUT/benchmarks/<key>.html   one page per (suite, hardware, benchmark)
+    OUT/runs/<run id>.html      one page per run
+    OUT/history.html            every series over time, change points marked
+    OUT/runs.html               every run
+    OUT/compare.html            with --compare BASELINE CANDIDATE
+    OUT/static/                 the stylesheet and the table script (the only things a page loads)
+
+Each record is read once: its page is rendered right away and only its RunView (model.py) is
+kept; the aggregate pages are rendered from the RunViews. A large store is read and its run pages
+rendered in worker processes, one chunk of record files each.
+
+Every string from a record reaches a page through jinja2's autoescaping or markupsafe's escape (the
+SVG charts), and the pages carry a Content-Security-Policy that lets only the site's own stylesheet
+and script load: a hostile name or error text shows as text and runs nothing.
+
+The site is built in a sibling folder and swapped in when complete: a failed or interrupted build
+leaves the previous site as it was. OUT is only ever replaced if it is empty or a site written by
+dlbench (it holds SITE_MARKER): `--out ~` never deletes a home folder.
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+import shutil
+import webbrowser
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+
+import multiprocessing
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from .. import __version__, paths
-from ..store.record import Record
-from ..store.rows import run_row
+from ..store.store import Store, StoreError
+from . import charts, pages
+from .model import RunView, SiteModel, build_model, run_page_name, slug
+from .run_page import network_definition, run_context
+
+SITE_MARKER = ".dlbench-site"
+STATIC_FILES = ("style.css", "tables.js")
+PARALLEL_FROM = 300  # records; below this, starting worker processes costs more than it saves
+CHUNK = 250  # record files per task
 
 
-def machine_label(r: Record) -> str:
-    m = r.machine
-    gpus = [g["name"] for g in m.get("gpus", [])]
-    if r.workload.device == "cuda" and gpus:
-        return f"{gpus[0]}" + (f" x{len(gpus)}" if len(gpus) > 1 else "")
-    return f"{m.get('cpu_model', '?')} ({r.settings.threads_requested or m.get('cpu_available')} threads)"
+class SiteError(Exception):
+    """Why no site was written; `code` is the exit status (2: bad input, 1: nothing to report)."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
 
 
-def build_view(records: list[Record]) -> dict:
-    """Group runs into comparisons: same benchmark, device, batch and precision on one machine."""
-    groups: dict[tuple, dict[str, list[Record]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        key = (r.suite, r.benchmark, r.workload.device, machine_label(r), r.workload.batch_size, r.workload.precision)
-        groups[key][r.framework.get("name", "?")].append(r)
-    comparisons = []
-    for key in sorted(groups):
-        suite, bench, device, machine, batch, precision = key
-        rows = []
-        for fw, runs in groups[key].items():
-            runs.sort(key=lambda r: r.started_at)
-            latest_ok = next((r for r in reversed(runs) if r.status == "ok"), None)
-            shown = latest_ok or runs[-1]
-            row = run_row(shown)
-            row["runs"] = len(runs)
-            row["network_hash"] = shown.network.hash[:12]
-            rows.append(row)
-        best = max((r["samples_per_s"] or 0 for r in rows), default=0)
-        for row in rows:
-            sps = row["samples_per_s"]
-            row["relative"] = sps / best if sps and best else None
-            row["bar_pct"] = round(100 * row["relative"], 1) if row["relative"] else 0
-        rows.sort(key=lambda r: (r["samples_per_s"] is None, -(r["samples_per_s"] or 0)))
-        comparisons.append({"suite": suite, "benchmark": bench, "device": device, "machine": machine,
-                            "batch_size": batch, "precision": precision, "rows": rows,
-                            "network": rows[0]["network"], "mode": rows[0]["mode"],
-                            "flops_per_sample": rows[0]["flops_per_sample"],
-                            "params_described": rows[0]["params_described"]})
-    suites = defaultdict(list)
-    for c in comparisons:
-        suites[c["suite"]].append(c)
-    status_counts = defaultdict(int)
-    for r in records:
-        status_counts[r.status] += 1
-    return {
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "dlbench_version": __version__,
-        "suites": dict(suites),
-        "runs": [run_row(r) for r in sorted(records, key=lambda r: r.started_at, reverse=True)],
-        "status_counts": dict(status_counts),
-        "total": len(records),
-    }
+@dataclass
+class SiteResult:
+    index: Path
+    runs: int
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    pages: int = 0
 
 
-def _environment() -> Environment:
-    return Environment(loader=FileSystemLoader(str(paths.reports_dir() / "templates")),
-                       autoescape=select_autoescape(default=True, default_for_string=True),
-                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_environment: Environment | None = None
 
 
-def write_report(records: list[Record], out_dir: Path) -> Path:
-    """Write out_dir/index.html atomically and return its path."""
-    env = _environment()
-    css = (paths.reports_dir() / "static" / "style.css").read_text()
-    html = env.get_template("index.html.j2").render(view=build_view(records), css=css)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    index = out_dir / "index.html"
-    tmp = out_dir / f".index.html.{os.getpid()}.tmp"
-    tmp.write_text(html)
-    os.replace(tmp, index)
-    return index
+def environment() -> Environment:
+    """One per process: templates are compiled once and reused for every page."""
+    global _environment
+    if _environment is None:
+        env = Environment(loader=FileSystemLoader(str(paths.reports_dir() / "templates")),
+                          autoescape=select_autoescape(default=True, default_for_string=True),
+                          undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        env.filters["fmt"] = charts.fmt
+        env.filters["cssclass"] = slug
+        _environment = env
+    return _environment
+
+
+def _common(root: str, generated_at: str, has_compare: bool) -> dict:
+    return {"root": root, "generated_at": generated_at, "dlbench_version": __version__, "has_compare": has_compare}
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _write_once(path: Path, text: str) -> None:
+    """Write a file several worker processes may write with the same content: each writes its own
+    temporary file and renames it into place, so a reader never sees a half-written one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def render_runs(store_root: str, record_paths: list[str], build_dir: str, generated_at: str,
+                has_compare: bool) -> tuple[list[RunView], list[tuple[str, str]]]:
+    """Read each record, write its page, return the views of those that rendered and the problems
+    of those that did not (a module-level function: it runs in worker processes)."""
+    store, env = Store(Path(store_root)), environment()
+    template = env.get_template("run.html.j2")
+    common = _common("../", generated_at, has_compare)
+    views, problems = [], []
+    definitions_written: set[str] = set()
+    for path in map(Path, record_paths):
+        try:
+            record = store.read(path)
+        except StoreError as e:
+            problems.append((str(path), str(e)))
+            continue
+        page = run_page_name(path.stem)  # file names are unique in runs/; run ids in crafted records may not be
+        try:
+            context = run_context(record, page)
+            html = template.render(**common, **context)
+        except Exception as e:  # noqa: BLE001 - one odd record must not cost the whole site
+            problems.append((str(path), f"{path}: page not rendered: {type(e).__name__}: {e}"))
+            continue
+        _write(Path(build_dir) / page, html)
+        definition = Path(build_dir) / context["definition_page"]
+        if context["definition_page"] not in definitions_written:
+            definitions_written.add(context["definition_page"])
+            _write_once(definition, network_definition(record))
+        views.append(context["view"])
+    return views, problems
+
+
+def _workers(n_records: int) -> int:
+    if n_records < PARALLEL_FROM:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 8, n_records // CHUNK + 1))
+
+
+def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_compare: bool,
+                         workers: int | None = None) -> tuple[list[RunView], list[tuple[str, str]]]:
+    record_paths = [str(p) for p in store.paths()]
+    workers = workers or _workers(len(record_paths))
+    if workers <= 1:
+        return render_runs(str(store.root), record_paths, str(build_dir), generated_at, has_compare)
+    chunks = [record_paths[i:i + CHUNK] for i in range(0, len(record_paths), CHUNK)]
+    views, problems = [], []
+    # spawn: a fresh interpreter per worker, whatever threads the caller has running
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for v, p in pool.map(render_runs, [str(store.root)] * len(chunks), chunks, [str(build_dir)] * len(chunks),
+                             [generated_at] * len(chunks), [has_compare] * len(chunks)):
+            views.extend(v)
+            problems.extend(p)
+    return views, problems
+
+
+def render_aggregates(model: SiteModel, build_dir: Path, generated_at: str) -> int:
+    env = environment()
+    has_compare = model.comparison is not None
+    top = _common("", generated_at, has_compare)
+    nested = _common("../", generated_at, has_compare)
+    written = 0
+    _write(build_dir / "index.html", env.get_template("index.html.j2").render(**top, **pages.index_context(model)))
+    _write(build_dir / "runs.html", env.get_template("runs.html.j2").render(**top, model=model))
+    _write(build_dir / "history.html", env.get_template("history.html.j2").render(**top, **pages.history_context(model)))
+    written += 3
+    template = env.get_template("benchmark.html.j2")
+    for page in model.benchmarks:
+        _write(build_dir / page.page, template.render(**nested, **pages.benchmark_context(page, model)))
+        written += 1
+    if has_compare:
+        _write(build_dir / "compare.html", env.get_template("compare.html.j2").render(
+            **top, model=model, **pages.compare_context(model.comparison, model)))
+        written += 1
+    for name in STATIC_FILES:
+        static = build_dir / "static" / name
+        static.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(paths.reports_dir() / "static" / name, static)
+    (build_dir / SITE_MARKER).write_text(f"written by dlbench {__version__} at {generated_at}\n")
+    return written
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SiteError(f"--out {out_dir}: exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / SITE_MARKER).exists():
+        raise SiteError(f"--out {out_dir}: exists, is not empty and is not a site dlbench wrote "
+                        f"(no {SITE_MARKER}); choose another directory or empty it")
+
+
+def _swap_in(build_dir: Path, out_dir: Path) -> None:
+    """Replace out_dir by build_dir; the old site is renamed away first and removed last."""
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    if out_dir.exists():
+        os.rename(out_dir, old)
+    os.rename(build_dir, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str] | None = None,
+               workers: int | None = None, now: datetime | None = None) -> SiteResult:
+    """Build the whole site from the store into out_dir (see the module docstring)."""
+    out_dir = Path(out_dir).absolute()
+    _check_replaceable(out_dir)
+    store = Store(Path(store_root))
+    generated = now or datetime.now(timezone.utc)
+    generated_at = generated.strftime("%Y-%m-%d %H:%M UTC")
+    comparison = None
+    if comparison_args is not None:
+        from .comparison_view import comparison_for_site
+        comparison = comparison_for_site(store, *comparison_args)  # bad selectors fail before any work
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
+    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir.mkdir()
+    try:
+        views, problems = read_and_render_runs(store, build_dir, generated_at, comparison is not None, workers)
+        if not views:
+            raise SiteError(f"no records in {store.root}; run `dlbench run` first", 1)
+        model = build_model(views, problems, generated, __version__)
+        from .history_view import attach_change_points
+        attach_change_points(model)
+        model.comparison = comparison
+        written = render_aggregates(model, build_dir, generated_at)
+        _swap_in(build_dir, out_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    return SiteResult(out_dir / "index.html", len(views), problems, written + len(views))
+
+
+def open_in_browser(index: Path) -> bool:
+    return webbrowser.open(index.absolute().as_uri())

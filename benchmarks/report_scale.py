@@ -1,0 +1,92 @@
+"""How long does `dlbench report` take over a large store? Target: <= 30 s at 10,000 runs.
+
+The synthetic store is the one benchmarks/store_scale.py builds (its template is one real run of
+the fake runner with 3 repeats of ~130 iterations and 400 samples of scripted-NVML GPU and psutil
+telemetry per repeat; each synthetic run varies benchmark, batch size, framework, machine, date and
+status, with 3 repeats of 50-200 iteration times), so the records have a real run's shape and size.
+
+The report is timed end to end as a subprocess, the way a user or the nightly CI meets it: every
+record read and verified, one page per run (with its telemetry and iteration charts), one per
+benchmark, the leaderboards, history and the list of runs. Printed: the time of a build into an
+empty folder, then of a rebuild over the existing site, with the number of pages and the site's
+size. This VM's timings drift by tens of percent: compare figures within one output.
+
+    .venv/bin/python benchmarks/report_scale.py [--runs 10000] [--store DIR] [--keep-site DIR]
+
+--store keeps the built store for the next time (reused when it holds --runs records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from store_scale import synthesise, template_record  # noqa: E402 - the same synthetic store, one definition
+
+from dlbench.store.store import Store  # noqa: E402
+
+TARGET_S = 30.0
+
+
+def timed_report(store: Path, out: Path) -> tuple[float, str]:
+    cmd = [sys.executable, "-m", "dlbench.cli", "report", "--store", str(store), "--out", str(out)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return elapsed, done.stdout.strip()
+
+
+def site_size(out: Path) -> tuple[int, int]:
+    files = [p for p in out.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=10_000)
+    ap.add_argument("--store", type=Path, help="keep (or reuse) the synthetic store here")
+    ap.add_argument("--keep-site", type=Path, help="write the site here (kept) instead of a temporary folder")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        store = Store(args.store or work / "store")
+        if len(store.paths()) != args.runs:
+            if store.root.exists() and store.paths():
+                raise SystemExit(f"{store.root} holds {len(store.paths())} records, not {args.runs}; "
+                                 "give an empty or new --store")
+            t0 = time.perf_counter()
+            synthesise(template_record(work), store, args.runs)
+            print(f"wrote {args.runs} records in {time.perf_counter() - t0:.0f} s")
+        sizes = [p.stat().st_size for p in store.paths()]
+        print(f"store {store.root}: {len(sizes):,} records, {sum(sizes) / 2**20:.0f} MiB")
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:
+            cpus = os.cpu_count()
+        print(f"{cpus} CPUs available to this process; load average {os.getloadavg()[0]:.1f} before the builds")
+
+        out = args.keep_site or work / "site"
+        rows = []
+        cold, said = timed_report(store.root, out)
+        rows.append(("build into an empty folder", cold))
+        warm, _ = timed_report(store.root, out)
+        rows.append(("rebuild over the existing site", warm))
+        files, total = site_size(out)
+        print(said)
+        print(f"site: {files:,} files, {total / 2**20:.0f} MiB")
+        print(f"\n{len(sizes):,} runs; target <= {TARGET_S:.0f} s")
+        for label, secs in rows:
+            print(f"  {label:<32} {secs:6.1f} s  {'met' if secs <= TARGET_S else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,512 @@
+"""Static SVG charts, drawn from Python so that a page needs no script, no CDN and no network.
+
+Every chart is a self-contained <svg> element with a viewBox (it scales with the page) and a
+<title> for screen readers. Every piece of text that reaches the SVG goes through markupsafe's
+escape: labels come from records (benchmark and framework names, versions) and must stay inert.
+Numbers are formatted here, so no value from a record is ever written unescaped.
+
+The chart kinds are the few the site needs:
+  hbar_chart   horizontal bars with optional whiskers (throughput with its CI, first-iteration
+               time, energy per sample, ratio of a comparison)
+  box_chart    iteration-time distributions: box = quartiles, whiskers = min/max, dots = medians
+               of the repeats (the independent units)
+  line_chart   y against x per series, with optional error bars (scaling with batch size)
+  time_chart   a telemetry series over a run's repeats laid side by side, measured windows and
+               throttle episodes shaded
+  date_chart   a history series over dates, change points marked
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Sequence
+
+import numpy as np
+from markupsafe import Markup, escape
+
+# Colour-blind-safe categorical palette (Okabe & Ito), assigned to names in sorted order.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+
+FONT = 12  # px in viewBox units; charts are drawn at their natural width, so this stays legible
+CHAR_W = 6.6  # approximate width of one character at FONT, for laying out labels
+
+
+def colour_for(name: str, names: Sequence[str]) -> str:
+    """The same name gets the same colour on every chart of a page (names: all names on the page)."""
+    ordered = sorted(set(names))
+    return PALETTE[ordered.index(name) % len(PALETTE)] if name in ordered else PALETTE[-1]
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number for a label: `digits` significant digits, thousands grouped, no exponent below 1e9."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    decimals = max(0, digits - 1 - magnitude)
+    if abs(value) >= 1e9:
+        return f"{value:.{digits - 1}e}"
+    return f"{value:,.{decimals}f}"
+
+
+def fmt_tick(value: float) -> str:
+    """A tick label: as many digits as the tick has and no more (0.2, 1, 1,500)."""
+    text = fmt(value, 6)
+    if "." in text and "e" not in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
+
+
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """Round tick values covering [lo, hi]: steps of 1, 2 or 5 times a power of ten."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [0.0]
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / max(count, 1)
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    first = math.floor(lo / step) * step
+    ticks = []
+    t = first
+    while t <= hi + step * 1e-9:
+        ticks.append(round(t, 12))
+        t += step
+    if ticks[-1] < hi:
+        ticks.append(round(t, 12))
+    return ticks
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Powers of ten (and 2x, 5x between them when the range is short) covering [lo, hi] > 0."""
+    start, stop = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    multipliers = (1, 2, 5) if stop - start <= 2 else (1,)
+    ticks = [m * 10**e for e in range(start, stop + 1) for m in multipliers]
+    inside = [t for t in ticks if lo <= t <= hi]
+    below = [t for t in ticks if t < lo]
+    above = [t for t in ticks if t > hi]
+    return ([below[-1]] if below else []) + inside + ([above[0]] if above else [])
+
+
+@dataclass
+class Scale:
+    """Maps data values to pixels on one axis, linearly or logarithmically."""
+
+    lo: float
+    hi: float
+    px_lo: float
+    px_hi: float
+    log: bool = False
+
+    def __call__(self, v: float) -> float:
+        if self.log:
+            v, lo, hi = math.log10(max(v, 1e-300)), math.log10(self.lo), math.log10(self.hi)
+        else:
+            lo, hi = self.lo, self.hi
+        span = (hi - lo) or 1.0
+        return self.px_lo + (v - lo) / span * (self.px_hi - self.px_lo)
+
+
+def value_scale(values: Sequence[float], px_lo: float, px_hi: float, zero: bool = True,
+                log: bool | None = None) -> tuple[Scale, list[float]]:
+    """A scale and its ticks for positive-or-any values; log when asked, or (log=None) when the
+    values span more than 30x (iteration times of different frameworks often do)."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        finite = [0.0, 1.0]
+    lo, hi = min(finite), max(finite)
+    if log is None:
+        log = lo > 0 and hi / lo > 30
+    if log and lo > 0:
+        ticks = log_ticks(lo, hi)
+        return Scale(ticks[0], ticks[-1], px_lo, px_hi, log=True), ticks
+    if zero:
+        lo = min(lo, 0.0)
+    ticks = nice_ticks(lo, hi)
+    return Scale(ticks[0], ticks[-1], px_lo, px_hi), ticks
+
+
+def _svg(width: float, height: float, title: str, body: list[str], css_class: str = "chart") -> Markup:
+    label = escape(title)
+    return Markup(
+        f'<svg class="{css_class}" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+        f'role="img" aria-label="{label}" xmlns="http://www.w3.org/2000/svg">'
+        f"<title>{label}</title>{''.join(body)}</svg>"
+    )
+
+
+def _text(x: float, y: float, content: str, anchor: str = "start", css: str = "", size: int = FONT) -> str:
+    cls = f' class="{css}"' if css else ""
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{cls}>'
+            f"{escape(content)}</text>")
+
+
+def _truncate(label: str, chars: int) -> str:
+    return label if len(label) <= chars else label[: max(chars - 1, 1)] + "…"
+
+
+def empty_chart(message: str, width: float = 640, height: float = 48) -> Markup:
+    """A visible placeholder that says why there is nothing to draw."""
+    return _svg(width, height, message, [
+        f'<rect x="0.5" y="0.5" width="{width - 1:.0f}" height="{height - 1:.0f}" class="frame"/>',
+        _text(width / 2, height / 2 + 4, message, "middle", "muted"),
+    ], "chart empty")
+
+
+# ------------------------------------------------------------------ horizontal bars
+
+
+@dataclass
+class Bar:
+    label: str
+    value: float | None
+    low: float | None = None  # whisker, e.g. the lower end of a confidence interval
+    high: float | None = None
+    colour: str = PALETTE[0]
+    note: str = ""  # printed after the value (e.g. "±3%", "failed")
+
+
+def hbar_chart(bars: list[Bar], title: str, unit: str, reference: float | None = None,
+               width: float = 640) -> Markup:
+    """One bar per item, value printed at the right; whiskers from low to high where given;
+    `reference` draws a vertical line (e.g. ratio 1.0)."""
+    if not bars:
+        return empty_chart(f"{title}: nothing measured")
+    row, top, bottom = 22, 8, 30
+    label_w = min(max(CHAR_W * max(len(b.label) for b in bars) + 12, 80), 240)
+    value_w = 150
+    plot_l, plot_r = label_w, width - value_w
+    height = top + row * len(bars) + bottom
+    values = [v for b in bars for v in (b.value, b.high, reference) if v is not None]
+    scale, ticks = value_scale(values or [0.0, 1.0], plot_l, plot_r, zero=True, log=False)
+    body = [f'<rect x="{plot_l:.1f}" y="{top}" width="{plot_r - plot_l:.1f}" height="{row * len(bars)}" class="plot"/>']
+    for t in ticks:
+        x = scale(t)
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + row * len(bars)}" class="grid"/>')
+        body.append(_text(x, height - bottom + 15, fmt_tick(t), "middle", "tick"))
+    body.append(_text((plot_l + plot_r) / 2, height - 4, unit, "middle", "axis"))
+    for i, b in enumerate(bars):
+        y = top + i * row
+        body.append(_text(label_w - 6, y + row / 2 + 4, _truncate(b.label, int((label_w - 12) / CHAR_W)), "end"))
+        if b.value is None:
+            body.append(_text(plot_l + 4, y + row / 2 + 4, b.note or "not measured", "start", "muted"))
+            continue
+        x0, x1 = scale(max(scale.lo, 0.0)), scale(b.value)
+        body.append(f'<rect x="{min(x0, x1):.1f}" y="{y + 4}" width="{max(abs(x1 - x0), 1):.1f}" '
+                    f'height="{row - 8}" fill="{b.colour}" class="bar"/>')
+        if b.low is not None and b.high is not None:
+            lo, hi, mid = scale(b.low), scale(b.high), y + row / 2
+            body.append(f'<path d="M{lo:.1f},{mid:.1f}H{hi:.1f}M{lo:.1f},{mid - 5:.1f}V{mid + 5:.1f}'
+                        f'M{hi:.1f},{mid - 5:.1f}V{mid + 5:.1f}" class="whisker"/>')
+        text = fmt(b.value) + (f" {b.note}" if b.note else "")
+        body.append(_text(plot_r + 6, y + row / 2 + 4, text, "start", "value"))
+    if reference is not None:
+        x = scale(reference)
+        body.append(f'<line x1="{x:.1f}" y1="{top - 4}" x2="{x:.1f}" y2="{top + row * len(bars) + 4}" class="reference"/>')
+    return _svg(width, height, title, body)
+
+
+# ------------------------------------------------------------------ distributions
+
+
+@dataclass
+class Box:
+    label: str
+    minimum: float
+    q1: float
+    median: float
+    q3: float
+    maximum: float
+    points: list[float] = field(default_factory=list)  # drawn as dots (repeat medians)
+    colour: str = PALETTE[0]
+
+
+def box_chart(boxes: list[Box], title: str, unit: str, width: float = 640) -> Markup:
+    if not boxes:
+        return empty_chart(f"{title}: nothing measured")
+    row, top, bottom = 26, 8, 30
+    label_w = min(max(CHAR_W * max(len(b.label) for b in boxes) + 12, 80), 240)
+    plot_l, plot_r = label_w, width - 90
+    height = top + row * len(boxes) + bottom
+    values = [v for b in boxes for v in (b.minimum, b.maximum)]
+    scale, ticks = value_scale(values, plot_l, plot_r, zero=False)
+    body = [f'<rect x="{plot_l:.1f}" y="{top}" width="{plot_r - plot_l:.1f}" height="{row * len(boxes)}" class="plot"/>']
+    for t in ticks:
+        x = scale(t)
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + row * len(boxes)}" class="grid"/>')
+        body.append(_text(x, height - bottom + 15, fmt_tick(t), "middle", "tick"))
+    body.append(_text((plot_l + plot_r) / 2, height - 4, unit + (" (log scale)" if scale.log else ""), "middle", "axis"))
+    for i, b in enumerate(boxes):
+        y, mid = top + i * row, top + i * row + row / 2
+        lo, q1, med, q3, hi = (scale(v) for v in (b.minimum, b.q1, b.median, b.q3, b.maximum))
+        body.append(_text(label_w - 6, mid + 4, _truncate(b.label, int((label_w - 12) / CHAR_W)), "end"))
+        body.append(f'<path d="M{lo:.1f},{mid:.1f}H{q1:.1f}M{q3:.1f},{mid:.1f}H{hi:.1f}'
+                    f'M{lo:.1f},{mid - 4:.1f}V{mid + 4:.1f}M{hi:.1f},{mid - 4:.1f}V{mid + 4:.1f}" class="whisker"/>')
+        body.append(f'<rect x="{q1:.1f}" y="{y + 5}" width="{max(q3 - q1, 1):.1f}" height="{row - 10}" '
+                    f'fill="{b.colour}" class="box"/>')
+        body.append(f'<line x1="{med:.1f}" y1="{y + 3}" x2="{med:.1f}" y2="{y + row - 3}" class="median"/>')
+        for p in b.points:
+            body.append(f'<circle cx="{scale(p):.1f}" cy="{mid:.1f}" r="2.6" class="point"/>')
+        body.append(_text(plot_r + 6, mid + 4, fmt(b.median), "start", "value"))
+    return _svg(width, height, title, body)
+
+
+# ------------------------------------------------------------------ lines
+
+
+@dataclass
+class Point:
+    x: float
+    y: float
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass
+class Series:
+    name: str
+    points: list[Point]
+    colour: str = PALETTE[0]
+
+
+def _legend(series: list[Series], x: float, y: float) -> list[str]:
+    body = []
+    for s in series:
+        body.append(f'<rect x="{x:.1f}" y="{y - 9:.1f}" width="10" height="10" fill="{s.colour}"/>')
+        label = _truncate(s.name, 28)
+        body.append(_text(x + 14, y, label))
+        x += 14 + CHAR_W * len(label) + 16
+    return body
+
+
+def line_chart(series: list[Series], title: str, x_label: str, y_label: str, log_x: bool = False,
+               width: float = 640, height: float = 280) -> Markup:
+    points = [p for s in series for p in s.points]
+    if not points:
+        return empty_chart(f"{title}: nothing measured")
+    left, right, top, bottom = 64, 16, 28, 40
+    xs = [p.x for p in points]
+    if log_x and min(xs) > 0:
+        lo, hi = min(xs), max(xs)
+        if lo == hi:
+            lo, hi = lo / 2, hi * 2
+        x_ticks = [2.0 ** e for e in range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)]
+        if len(x_ticks) > 10:
+            x_ticks = x_ticks[::math.ceil(len(x_ticks) / 10)]
+        xs_scale = Scale(min(x_ticks[0], lo), max(x_ticks[-1], hi), left, width - right, log=True)
+    else:
+        xs_scale, x_ticks = value_scale(xs, left, width - right, zero=False, log=False)
+    ys = [v for p in points for v in (p.y, p.high, p.low) if v is not None]
+    y_scale, y_ticks = value_scale(ys, height - bottom, top, zero=True, log=False)
+    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="plot"/>']
+    for t in y_ticks:
+        y = y_scale(t)
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
+        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    for t in x_ticks:
+        x = xs_scale(t)
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" class="grid"/>')
+        body.append(_text(x, height - bottom + 15, fmt_tick(t), "middle", "tick"))
+    body.append(_text((left + width - right) / 2, height - 6, x_label, "middle", "axis"))
+    body.append(f'<text x="12" y="{(top + height - bottom) / 2:.1f}" font-size="{FONT}" text-anchor="middle" '
+                f'class="axis" transform="rotate(-90 12 {(top + height - bottom) / 2:.1f})">{escape(y_label)}</text>')
+    for s in series:
+        pts = sorted(s.points, key=lambda p: p.x)
+        coords = " ".join(f"{xs_scale(p.x):.1f},{y_scale(p.y):.1f}" for p in pts)
+        if len(pts) > 1:
+            body.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" class="line"/>')
+        for p in pts:
+            x, y = xs_scale(p.x), y_scale(p.y)
+            if p.low is not None and p.high is not None:
+                lo, hi = y_scale(p.low), y_scale(p.high)
+                body.append(f'<path d="M{x:.1f},{lo:.1f}V{hi:.1f}M{x - 4:.1f},{lo:.1f}H{x + 4:.1f}'
+                            f'M{x - 4:.1f},{hi:.1f}H{x + 4:.1f}" stroke="{s.colour}" class="errorbar"/>')
+            body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{s.colour}" class="marker"/>')
+    body.extend(_legend(series, left, 16))
+    return _svg(width, height, title, body)
+
+
+# ------------------------------------------------------------------ telemetry over time
+
+
+@dataclass
+class Segment:
+    """One repeat's stretch of telemetry: seconds since its first sample and, per line, one value
+    per sample (None = a gap, where the line breaks)."""
+
+    label: str
+    t_s: list[float]
+    lines: dict[str, Sequence[float | None] | np.ndarray]
+    windows: list[tuple[float, float]] = field(default_factory=list)  # measured windows, shaded
+    episodes: list[tuple[float, float]] = field(default_factory=list)  # throttle episodes, shaded
+
+
+POINTS_PER_PX = 1.0  # min and max of each bucket of ~2 px: as much as a screen shows, spikes kept
+
+
+def thin(t: np.ndarray, v: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most 2 * buckets points: each bucket's minimum and maximum, in time order, so that a
+    one-sample spike survives; an all-gap bucket stays a gap (NaN)."""
+    n = t.size
+    if n <= 2 * buckets:
+        return t, v
+    size = math.ceil(n / buckets)
+    pad = size * buckets - n
+    tt = np.concatenate([t, np.full(pad, t[-1])]).reshape(buckets, size)
+    vv = np.concatenate([v, np.full(pad, np.nan)]).reshape(buckets, size)
+    empty = np.all(np.isnan(vv), axis=1)
+    filled = np.where(np.isnan(vv), 0.0, vv)
+    lo_i = np.argmin(np.where(np.isnan(vv), np.inf, filled), axis=1)
+    hi_i = np.argmax(np.where(np.isnan(vv), -np.inf, filled), axis=1)
+    first, second = np.minimum(lo_i, hi_i), np.maximum(lo_i, hi_i)
+    rows = np.arange(buckets)
+    out_t = np.column_stack([tt[rows, first], tt[rows, second]]).ravel()
+    out_v = np.column_stack([vv[rows, first], vv[rows, second]]).ravel()
+    out_v[np.repeat(empty, 2)] = np.nan
+    return out_t, out_v
+
+
+def _polylines(x: np.ndarray, y: np.ndarray, colour: str) -> list[str]:
+    """One polyline per stretch without gaps (NaN); a lone sample is a dot."""
+    finite = ~np.isnan(y)
+    if finite.all():
+        edges = [0, y.size]
+    elif not finite.any():
+        return []
+    else:
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], finite.astype(np.int8), [0]]))).tolist()
+    xy = np.round(np.column_stack([x, y]), 1)
+    body = []
+    for a, b in zip(edges[::2], edges[1::2]):
+        if b - a == 1:
+            body.append(f'<circle cx="{xy[a, 0]:.1f}" cy="{xy[a, 1]:.1f}" r="2" fill="{colour}"/>')
+        else:
+            # "x, y, x, y, ...": SVG's number list takes commas and spaces alike, and a rounded
+            # float's repr is its shortest form, so the list's own str() is the attribute
+            points = str(xy[a:b].ravel().tolist())[1:-1]
+            body.append(f'<polyline points="{points}" fill="none" stroke="{colour}" class="line"/>')
+    return body
+
+
+def _column(values) -> np.ndarray:
+    return np.asarray(values, dtype=float)  # None reads as NaN: a gap
+
+
+def time_chart(segments: list[Segment], title: str, unit: str, colours: dict[str, str] | str = PALETTE[0],
+               width: float = 640, height: float = 150, gap_s: float | None = None,
+               x_label: str = "seconds from each repeat's first sample") -> Markup:
+    """Segments side by side on one time axis (each starts after the previous one ends); several
+    lines share the axes when a segment has several (named in a legend)."""
+    columns = [{name: _column(vals) for name, vals in seg.lines.items()} for seg in segments]
+    if not any((~np.isnan(c)).any() for cols in columns for c in cols.values()):
+        return empty_chart(f"{title}: no samples")
+    names = list(dict.fromkeys(name for seg in segments for name in seg.lines))
+    colour = colours if isinstance(colours, dict) else {n: colours for n in names}
+    left, right, top, bottom = 64, 16, 10 + (14 if len(names) > 1 else 0), 30
+    spans = [(s.t_s[-1] - s.t_s[0]) if len(s.t_s) > 1 else 0.0 for s in segments]
+    gap = gap_s if gap_s is not None else max(sum(spans) * 0.02, 0.05)
+    offsets, total = [], 0.0
+    for span in spans:
+        offsets.append(total)
+        total += span + gap
+    total -= gap
+    x_scale = Scale(0.0, total or 1.0, left, width - right)
+    values = np.concatenate([c[~np.isnan(c)] for cols in columns for c in cols.values()])
+    y_scale, y_ticks = value_scale([float(values.min()), float(values.max())], height - bottom, top, zero=True, log=False)
+    plot_h = height - top - bottom
+    px_per_s = (width - left - right) / (total or 1.0)
+    y_lo, y_hi = (math.log10(y_scale.lo), math.log10(y_scale.hi)) if y_scale.log else (y_scale.lo, y_scale.hi)
+    y_factor = (y_scale.px_hi - y_scale.px_lo) / ((y_hi - y_lo) or 1.0)
+    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{plot_h}" class="plot"/>']
+    for seg, offset in zip(segments, offsets):
+        t0 = seg.t_s[0] if seg.t_s else 0.0
+        for css, spans_ in (("window", seg.windows), ("throttle", seg.episodes)):
+            for a, b in spans_:
+                xa = min(max(x_scale(offset + a - t0), left), width - right)
+                xb = min(max(x_scale(offset + b - t0), left), width - right)
+                body.append(f'<rect x="{xa:.1f}" y="{top}" width="{max(xb - xa, 1.5):.1f}" height="{plot_h}" class="{css}"/>')
+    for t in y_ticks:
+        y = y_scale(t)
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
+        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    for seg, cols, offset, span in zip(segments, columns, offsets, spans):
+        if not seg.t_s:
+            continue
+        t = np.asarray(seg.t_s, dtype=float) - seg.t_s[0]
+        if offset > 0:
+            x_sep = x_scale(offset - gap / 2)
+            body.append(f'<line x1="{x_sep:.1f}" y1="{top}" x2="{x_sep:.1f}" y2="{top + plot_h}" class="separator"/>')
+        body.append(_text(x_scale(offset) + 3, top + 12, seg.label, "start", "tick"))
+        buckets = max(8, int(span * px_per_s * POINTS_PER_PX / 2))
+        for name, v in cols.items():
+            tt, vv = thin(t, v, buckets)
+            x = left + (offset + tt) * px_per_s
+            y = y_scale.px_lo + (vv - y_lo) * y_factor
+            body.extend(_polylines(x, y, colour[name]))
+    body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
+                f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(unit)}</text>')
+    body.append(_text(width - right, height - 4, x_label, "end", "axis"))
+    if len(names) > 1:
+        body.extend(_legend([Series(n, [], colour[n]) for n in names], left, 14))
+    return _svg(width, height, title, body)
+
+
+# ------------------------------------------------------------------ history over dates
+
+
+@dataclass
+class DatedPoint:
+    when: datetime
+    value: float
+    label: str = ""  # e.g. the framework version, shown where it changes
+
+
+@dataclass
+class ChangeMark:
+    when: datetime
+    text: str  # e.g. "-9.8%"
+
+
+def date_chart(points: list[DatedPoint], marks: list[ChangeMark], title: str, unit: str,
+               colour: str = PALETTE[0], width: float = 640, height: float = 180) -> Markup:
+    if not points:
+        return empty_chart(f"{title}: no successful run")
+    left, right, top, bottom = 64, 16, 22, 34
+    points = sorted(points, key=lambda p: p.when)
+    times = [p.when.timestamp() for p in points]
+    lo, hi = min(times), max(times)
+    if hi == lo:
+        lo, hi = lo - 43200, hi + 43200
+    pad = (hi - lo) * 0.03
+    x_scale = Scale(lo - pad, hi + pad, left, width - right)
+    y_scale, y_ticks = value_scale([p.value for p in points], height - bottom, top, zero=True, log=False)
+    plot_h = height - top - bottom
+    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{plot_h}" class="plot"/>']
+    for t in y_ticks:
+        y = y_scale(t)
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
+        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
+        when = lo + (hi - lo) * frac
+        label = datetime.fromtimestamp(when, tz=points[0].when.tzinfo).strftime("%Y-%m-%d")
+        body.append(_text(x_scale(when), height - bottom + 15, label, anchor, "tick"))
+    for m in marks:
+        x = x_scale(m.when.timestamp())
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" class="change"/>')
+        body.append(_text(x + 3, top - 6, m.text, "start", "change-label"))
+    coords = " ".join(f"{x_scale(t):.1f},{y_scale(p.value):.1f}" for t, p in zip(times, points))
+    if len(points) > 1:
+        body.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" class="line"/>')
+    previous = None
+    for t, p in zip(times, points):
+        x, y = x_scale(t), y_scale(p.value)
+        body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="{colour}" class="marker"/>')
+        if p.label and p.label != previous:
+            body.append(_text(x, height - bottom - 4, p.label, "start", "version"))
+        previous = p.label
+    body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
+                f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(unit)}</text>')
+    return _svg(width, height, title, body)

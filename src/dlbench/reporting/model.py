@@ -1,0 +1,376 @@
+"""The site's view model: built once from the store, laid out by the templates.
+
+Two levels, so that a 10,000-run store fits in memory and in time:
+  RunView    a run's few dozen figures and keys, made from its full record (in a worker process
+             when the store is large) and small enough to send back to the parent;
+  SiteModel  everything the aggregate pages show (leaderboards, benchmark pages, history series),
+             built from the RunViews alone.
+A run's own page is rendered from its full record (run_page.py) where the record is read.
+
+Grouping:
+  board      (suite, hardware): one leaderboard. Hardware is what the figure depends on, not the
+             host: the GPU model (and count) on a CUDA run, the CPU model and thread count on a
+             CPU run, so that identical machines share a board.
+  entry      (benchmark, batch size, precision) on a board: frameworks ranked by throughput.
+  benchmark  (suite, hardware, benchmark): one benchmark page, every batch size.
+  series     (suite, hardware, benchmark, batch, precision, framework): one history line.
+The figure shown for an entry and framework is that of its latest successful run; the run's
+own page (date, versions, machine) is one click from the number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ..store.record import Record
+
+SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,80}$")
+
+
+def slug(text: str, limit: int = 40) -> str:
+    """Lower-case letters, digits and dashes only: safe in a file name and a URL, whatever `text` is."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit] or "x"
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).hexdigest()[:10]
+
+
+def run_page_name(run_id: str) -> str:
+    """runs/<run id>.html; a run id that is not a plain token (a crafted record) gets a slug + digest."""
+    if SAFE_RUN_ID.match(run_id):
+        return f"runs/{run_id}.html"
+    return f"runs/{slug(run_id)}-{_digest(run_id)}.html"
+
+
+def hardware_label(r: Record) -> str:
+    m = r.machine
+    gpus = [str(g.get("name") or "GPU") for g in m.get("gpus", []) if isinstance(g, dict)]
+    if r.workload.device == "cuda" and gpus:
+        names = sorted(set(gpus))
+        return " + ".join(f"{n} x{gpus.count(n)}" if gpus.count(n) > 1 else n for n in names)
+    threads = r.settings.threads_requested or m.get("cpu_available") or "?"
+    return f"{m.get('cpu_model') or 'unknown CPU'} · {threads} threads"
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the aggregate pages need of one run."""
+
+    run_id: str
+    page: str  # path of the run's page, relative to the site's root
+    started_at: datetime
+    suite: str
+    benchmark: str
+    network: str
+    mode: str
+    framework: str
+    framework_version: str
+    device: str
+    batch_size: int
+    precision: str
+    hardware: str
+    hostname: str
+    machine_id: str
+    dlbench_version: str
+    profile: str
+    status: str
+    reason: str | None
+    equivalence: str
+    samples_per_s: float | None = None
+    sps_low: float | None = None  # confidence interval of the throughput (None: not in the record)
+    sps_high: float | None = None
+    ci_level: float | None = None
+    ci_note: str | None = None  # how the interval was made, for a tooltip
+    ms_per_iter: float | None = None
+    iqr_ms: float | None = None
+    cv: float | None = None
+    stable: bool | None = None
+    stability_note: str | None = None
+    box_ms: tuple[float, float, float, float, float] | None = None  # min, q1, median, q3, max
+    repeat_medians_ms: tuple[float, ...] = ()
+    first_iter_ms: float | None = None
+    joules_per_sample: float | None = None
+    avg_power_w: float | None = None
+    energy_missing: str | None = None
+    repeats: int = 0
+    iterations: int = 0
+
+    @property
+    def board_key(self) -> tuple[str, str]:
+        return (self.suite, self.hardware)
+
+    @property
+    def entry_key(self) -> tuple[str, int, str]:
+        return (self.benchmark, self.batch_size, self.precision)
+
+    @property
+    def benchmark_key(self) -> tuple[str, str, str]:
+        return (self.suite, self.hardware, self.benchmark)
+
+    @property
+    def series_key(self) -> tuple:
+        return (self.suite, self.hardware, self.benchmark, self.batch_size, self.precision, self.framework)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.samples_per_s is not None
+
+    @property
+    def ci_half_width_pct(self) -> float | None:
+        if self.sps_low is None or self.sps_high is None or not self.samples_per_s:
+            return None
+        return 100 * (self.sps_high - self.sps_low) / 2 / self.samples_per_s
+
+
+def throughput_interval(r: Record) -> tuple[float | None, float | None, float | None, str | None]:
+    """(low, high, confidence, how) of the run's throughput interval (Summary.ci, statistics.py),
+    or Nones for records written before dlbench computed one."""
+    ci = getattr(r.summary, "ci", None) if r.summary is not None else None
+    if ci is None:
+        return None, None, None, None
+    low, high = ci.samples_per_s
+    how = f"{100 * ci.confidence:.0f}% interval of the median, {ci.method} over {ci.units} {ci.level}"
+    return float(low), float(high), float(ci.confidence), how
+
+
+def stability(r: Record) -> tuple[bool | None, str | None]:
+    """(stable, reason) from Summary.stability; (None, None) where the record has no verdict."""
+    verdict = getattr(r.summary, "stability", None) if r.summary is not None else None
+    if verdict is None:
+        return None, None
+    return (not verdict.unstable), verdict.reason
+
+
+def run_view(r: Record, page: str | None = None) -> RunView:
+    """`page`: where the run's page is written (default: from its run id)."""
+    s = r.summary
+    tel = (r.telemetry or {}).get("summary") or {}
+    missing = tel.get("missing") or {}
+    low, high, level, how = throughput_interval(r)
+    stable, note = stability(r)
+    energy_missing = None
+    if tel.get("joules_per_sample") is None:
+        energy_missing = (missing.get("joules_per_sample") or (r.telemetry or {}).get("reason")
+                          or ("telemetry off" if not (r.telemetry or {}).get("enabled") else "not measured"))
+    return RunView(
+        run_id=r.run_id, page=page or run_page_name(r.run_id), started_at=r.started_at, suite=r.suite,
+        benchmark=r.benchmark, network=r.network.name, mode=r.workload.mode,
+        framework=str(r.framework.get("name") or "?"), framework_version=str(r.framework.get("version") or "?"),
+        device=r.workload.device, batch_size=r.workload.batch_size, precision=r.workload.precision,
+        hardware=hardware_label(r), hostname=str(r.machine.get("hostname") or "?"),
+        machine_id=str(r.machine.get("machine_id") or ""), dlbench_version=str(r.dlbench.get("version") or "?"),
+        profile=r.settings.profile, status=r.status, reason=r.reason,
+        equivalence=str(r.equivalence.get("status") or "unchecked"),
+        samples_per_s=s.samples_per_s if s else None, sps_low=low, sps_high=high, ci_level=level, ci_note=how,
+        ms_per_iter=s.ms_per_iter if s else None, iqr_ms=s.iqr_s * 1e3 if s else None, cv=s.cv if s else None,
+        stable=stable, stability_note=note,
+        box_ms=tuple(v * 1e3 for v in (s.min_s, s.q1_s, s.median_s, s.q3_s, s.max_s)) if s else None,
+        repeat_medians_ms=tuple(v * 1e3 for v in s.repeat_medians_s) if s else (),
+        first_iter_ms=s.first_iter_s * 1e3 if s and s.first_iter_s is not None else None,
+        joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
+        energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
+        iterations=s.iterations if s else 0,
+    )
+
+
+# ------------------------------------------------------------------ aggregates
+
+
+@dataclass
+class Ranked:
+    """One framework's place in one leaderboard entry."""
+
+    framework: str
+    shown: RunView  # the latest successful run, else the latest run
+    rank: int | None  # None: no successful run
+    relative: float | None  # throughput / the entry's best
+    runs: int  # every run of this entry and framework
+    latest_failed: RunView | None = None  # a run after the shown one that did not succeed
+
+
+@dataclass
+class Entry:
+    benchmark: str
+    batch_size: int
+    precision: str
+    benchmark_page: str
+    rows: list[Ranked]
+
+
+@dataclass
+class Score:
+    framework: str
+    versions: list[str]
+    score: float | None  # geometric mean of relative throughput over the entries it completed
+    completed: int
+    total: int
+    rank: int | None
+    equivalence: dict[str, int]  # status -> entries
+
+
+@dataclass
+class Board:
+    suite: str
+    hardware: str
+    device: str
+    anchor: str
+    entries: list[Entry]
+    scores: list[Score]
+    latest: datetime
+
+
+@dataclass
+class BenchmarkPage:
+    suite: str
+    hardware: str
+    benchmark: str
+    page: str
+    board_anchor: str
+    runs: list[RunView]  # every run, newest first
+    latest: dict[tuple[str, int, str], RunView]  # (framework, batch, precision) -> latest successful
+    frameworks: list[str]
+    batch_sizes: list[int]
+    history_anchors: list[tuple[str, str]]  # (label, anchor on history.html)
+
+
+@dataclass
+class HistorySeries:
+    key: tuple
+    anchor: str
+    label: str
+    benchmark_page: str
+    points: list[RunView]  # successful runs, oldest first
+    failures: int
+    change_points: list[dict] = field(default_factory=list)  # {"run_id", "when", "step_pct", "page"}
+
+
+@dataclass
+class SiteModel:
+    generated_at: datetime
+    dlbench_version: str
+    runs: list[RunView]  # newest first
+    boards: list[Board]
+    benchmarks: list[BenchmarkPage]
+    history: list[HistorySeries]
+    status_counts: dict[str, int]
+    problems: list[tuple[str, str]]  # (path, reason) of records that could not be read
+    frameworks: list[str]
+    history_note: str | None = None  # why change points are not marked, where they are not
+    history_method: str = ""  # how change points were found (shown on the history page)
+    comparison: object | None = None  # set by the site writer for --compare
+
+
+def benchmark_page_name(key: tuple[str, str, str]) -> str:
+    suite, hardware, benchmark = key
+    return f"benchmarks/{slug(suite, 20)}--{slug(benchmark)}--{slug(hardware, 30)}-{_digest(*key)}.html"
+
+
+def board_anchor(key: tuple[str, str]) -> str:
+    return f"board-{slug(key[0], 20)}-{_digest(*key)}"
+
+
+def series_anchor(key: tuple) -> str:
+    return f"series-{slug(key[2])}-{slug(key[5], 20)}-{_digest(*key)}"
+
+
+def _latest(runs: list[RunView]) -> RunView:
+    return max(runs, key=lambda v: (v.started_at, v.run_id))
+
+
+def _rank_entry(runs_by_framework: dict[str, list[RunView]]) -> list[Ranked]:
+    rows = []
+    for framework, runs in runs_by_framework.items():
+        ok = [v for v in runs if v.ok]
+        latest = _latest(runs)
+        shown = _latest(ok) if ok else latest
+        failed_after = latest if ok and latest is not shown and not latest.ok else None
+        rows.append(Ranked(framework, shown, None, None, len(runs), failed_after))
+    best = max((r.shown.samples_per_s for r in rows if r.shown.ok), default=None)
+    rows.sort(key=lambda r: (not r.shown.ok, -(r.shown.samples_per_s or 0), r.framework))
+    for i, r in enumerate(rows):
+        if r.shown.ok:
+            r.rank = i + 1
+            r.relative = r.shown.samples_per_s / best if best else None
+    return rows
+
+
+def _scores(entries: list[Entry]) -> list[Score]:
+    from scipy.stats import gmean  # here: the processes that render run pages never need scipy
+
+    frameworks = sorted({r.framework for e in entries for r in e.rows})
+    total = sum(1 for e in entries if any(r.shown.ok for r in e.rows))
+    scores = []
+    for fw in frameworks:
+        mine = [r for e in entries for r in e.rows if r.framework == fw]
+        relative = [r.relative for r in mine if r.relative]
+        equivalence: dict[str, int] = defaultdict(int)
+        for r in mine:
+            equivalence[r.shown.equivalence] += 1
+        scores.append(Score(fw, sorted({r.shown.framework_version for r in mine}),
+                            float(gmean(relative)) if relative else None, len(relative), total, None,
+                            dict(equivalence)))
+    # Completing every entry comes first: a score over fewer entries is not comparable.
+    scores.sort(key=lambda s: (s.score is None, -s.completed, -(s.score or 0), s.framework))
+    for i, s in enumerate(scores):
+        if s.score is not None:
+            s.rank = i + 1
+    return scores
+
+
+def build_model(views: list[RunView], problems: list[tuple[str, str]], generated_at: datetime,
+                dlbench_version: str) -> SiteModel:
+    by_board: dict[tuple, dict[tuple, dict[str, list[RunView]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    by_benchmark: dict[tuple, list[RunView]] = defaultdict(list)
+    by_series: dict[tuple, list[RunView]] = defaultdict(list)
+    for v in views:
+        by_board[v.board_key][v.entry_key][v.framework].append(v)
+        by_benchmark[v.benchmark_key].append(v)
+        by_series[v.series_key].append(v)
+
+    boards = []
+    for key in sorted(by_board):
+        entries = [Entry(bench, batch, precision, benchmark_page_name((key[0], key[1], bench)),
+                         _rank_entry(by_board[key][(bench, batch, precision)]))
+                   for bench, batch, precision in sorted(by_board[key])]
+        runs = [r.shown for e in entries for r in e.rows]
+        boards.append(Board(key[0], key[1], runs[0].device, board_anchor(key), entries, _scores(entries),
+                            max(v.started_at for v in runs)))
+
+    history = []
+    for key in sorted(by_series, key=lambda k: tuple(map(str, k))):
+        runs = sorted(by_series[key], key=lambda v: (v.started_at, v.run_id))
+        ok = [v for v in runs if v.ok]
+        suite, hardware, bench, batch, precision, fw = key
+        history.append(HistorySeries(key, series_anchor(key), f"{bench} · batch {batch} · {precision} · {fw}",
+                                     benchmark_page_name((suite, hardware, bench)), ok, len(runs) - len(ok)))
+    series_by_benchmark: dict[tuple, list[HistorySeries]] = defaultdict(list)
+    for s in history:
+        series_by_benchmark[s.key[:3]].append(s)
+
+    pages = []
+    for key in sorted(by_benchmark):
+        runs = sorted(by_benchmark[key], key=lambda v: (v.started_at, v.run_id), reverse=True)
+        latest: dict = {}
+        for v in runs:  # newest first: the first successful one per (framework, batch, precision) wins
+            if v.ok:
+                latest.setdefault((v.framework, v.batch_size, v.precision), v)
+        pages.append(BenchmarkPage(
+            key[0], key[1], key[2], benchmark_page_name(key), board_anchor(key[:2]), runs, latest,
+            sorted({v.framework for v in runs}), sorted({v.batch_size for v in runs}),
+            [(s.label, s.anchor) for s in series_by_benchmark[key]]))
+
+    counts: dict[str, int] = defaultdict(int)
+    for v in views:
+        counts[v.status] += 1
+    return SiteModel(generated_at, dlbench_version,
+                     sorted(views, key=lambda v: (v.started_at, v.run_id), reverse=True),
+                     boards, pages, history, dict(counts), problems, sorted({v.framework for v in views}))

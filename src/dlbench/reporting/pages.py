@@ -1,0 +1,86 @@
+"""Template contexts of the aggregate pages: the view model's data plus the charts drawn from it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from . import charts
+from .model import BenchmarkPage, Board, HistorySeries, RunView, SiteModel
+
+
+def _label(v: RunView, precisions: set[str], with_batch: bool = True) -> str:
+    label = v.framework
+    if with_batch:
+        label += f" · batch {v.batch_size}"
+    if len(precisions) > 1:
+        label += f" · {v.precision}"
+    return label
+
+
+def score_chart(board: Board, frameworks: list[str]) -> charts.Markup:
+    bars = [charts.Bar(s.framework, s.score, colour=charts.colour_for(s.framework, frameworks),
+                       note=f"({s.completed}/{s.total})" if s.completed < s.total else "")
+            for s in board.scores]
+    return charts.hbar_chart(bars, f"overall score, {board.suite} on {board.hardware}",
+                             "geometric mean of throughput relative to the fastest (1 = fastest everywhere)",
+                             reference=1.0)
+
+
+def index_context(model: SiteModel) -> dict:
+    return {"model": model, "score_charts": {b.anchor: score_chart(b, model.frameworks) for b in model.boards}}
+
+
+def benchmark_context(page: BenchmarkPage, model: SiteModel) -> dict:
+    latest = sorted(page.latest.values(), key=lambda v: (v.batch_size, v.framework, v.precision))
+    precisions = {v.precision for v in latest}
+    colour = {fw: charts.colour_for(fw, model.frameworks) for fw in page.frameworks}
+
+    throughput = []
+    for batch in page.batch_sizes:
+        at_batch = sorted((v for v in latest if v.batch_size == batch), key=lambda v: -(v.samples_per_s or 0))
+        if not at_batch:
+            continue
+        bars = [charts.Bar(_label(v, precisions, False), v.samples_per_s, v.sps_low, v.sps_high, colour[v.framework],
+                           note="" if v.sps_low is not None else "(no CI)")
+                for v in at_batch]
+        throughput.append((batch, charts.hbar_chart(bars, f"{page.benchmark} throughput at batch {batch}",
+                                                    "samples/s (whiskers: confidence interval of the median)")))
+
+    series: dict[tuple, list] = defaultdict(list)
+    for v in latest:
+        series[(v.framework, v.precision)].append(charts.Point(v.batch_size, v.samples_per_s, v.sps_low, v.sps_high))
+    scaling = charts.line_chart(
+        [charts.Series(fw if len(precisions) == 1 else f"{fw} {p}", pts, colour[fw]) for (fw, p), pts in sorted(series.items())],
+        f"{page.benchmark}: throughput against batch size", "batch size (log scale)", "samples/s", log_x=True)
+
+    boxes = [charts.Box(_label(v, precisions), *v.box_ms, points=list(v.repeat_medians_ms), colour=colour[v.framework])
+             for v in latest if v.box_ms]
+    distribution = charts.box_chart(boxes, f"{page.benchmark}: iteration times",
+                                    "ms per iteration (box: quartiles, whiskers: min–max, dots: repeat medians)")
+
+    first = charts.hbar_chart([charts.Bar(_label(v, precisions), v.first_iter_ms, colour=colour[v.framework])
+                               for v in latest if v.first_iter_ms is not None],
+                              f"{page.benchmark}: first iteration", "ms (compilation, autotuning, allocator warm-up)")
+
+    measured = [v for v in latest if v.joules_per_sample is not None]
+    energy = (charts.hbar_chart([charts.Bar(_label(v, precisions), v.joules_per_sample, colour=colour[v.framework])
+                                 for v in measured], f"{page.benchmark}: energy per sample", "J/sample")
+              if measured else None)
+    energy_missing = sorted({v.energy_missing for v in latest if v.joules_per_sample is None and v.energy_missing})
+    return {"page": page, "model": model, "latest": latest, "throughput": throughput, "scaling": scaling,
+            "distribution": distribution, "first": first, "energy": energy, "energy_missing": energy_missing,
+            "single_batch": len(page.batch_sizes) == 1}
+
+
+def history_chart(s: HistorySeries, frameworks: list[str]) -> charts.Markup:
+    points = [charts.DatedPoint(v.started_at, v.samples_per_s, v.framework_version) for v in s.points]
+    marks = [charts.ChangeMark(c["when"], f"{c['step_pct']:+.1f}%") for c in s.change_points if c.get("when")]
+    return charts.date_chart(points, marks, s.label, "samples/s", charts.colour_for(s.key[5], frameworks))
+
+
+def history_context(model: SiteModel) -> dict:
+    groups: dict[tuple, list[HistorySeries]] = defaultdict(list)
+    for s in model.history:
+        groups[s.key[:2]].append(s)
+    return {"model": model, "groups": sorted(groups.items()),
+            "charts": {s.anchor: history_chart(s, model.frameworks) for s in model.history}}

@@ -1,0 +1,325 @@
+"""What a run's page shows, from its full record: provenance, settings, raw statistics, and the
+telemetry over each repeat's measured window.
+
+Telemetry layout (see telemetry/sampler.py and telemetry/derive.py): each repeat keeps the
+sampler's columns — `t_ns` (time.monotonic_ns, the clock the harness marks its window with),
+`gpu.series[i]` (one dict of columns per GPU), `cpu.series` (psutil) and `cpu.rapl.series` (raw
+energy counters) — and `window_monotonic_ns` marks the measured window. Every source that was not
+available says why (`gpu.reason`, `gpu.unsupported`, `cpu.unavailable`, `cpu.rapl.reason`); the
+page shows what exists and the reason for what does not.
+
+Records are data written by other processes and perhaps by hand; a layout this code does not
+expect costs the telemetry section (with a note saying so), never the page or the site.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from markupsafe import Markup
+
+from ..store.record import Record
+from . import charts
+from .model import benchmark_page_name, board_anchor, hardware_label, run_view, series_anchor, slug
+
+MIB = 2**20
+GIB = 2**30
+
+
+@dataclass
+class Panel:
+    title: str
+    chart: Markup
+
+
+def flatten(value: Any, prefix: str = "", limit: int = 400) -> list[tuple[str, str]]:
+    """Nested dicts as (dotted key, text) rows; lists of scalars joined; long text cut."""
+    rows: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        if not value and prefix:
+            rows.append((prefix, "{}"))
+        for k, v in value.items():
+            rows.extend(flatten(v, f"{prefix}.{k}" if prefix else str(k), limit))
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        for i, v in enumerate(value):
+            rows.extend(flatten(v, f"{prefix}[{i}]", limit))
+    else:
+        if isinstance(value, (list, tuple)):
+            text = ", ".join("null" if v is None else str(v) for v in value)
+        else:
+            text = "null" if value is None else str(value)
+        rows.append((prefix, text if len(text) <= limit else text[: limit - 1] + "…"))
+    return rows
+
+
+def _episodes(t_s: np.ndarray, active: np.ndarray, interval_s: float) -> list[tuple[float, float]]:
+    """Contiguous stretches of active samples, each to the next sample (the last one: one interval
+    on; a sample stands for the interval it starts)."""
+    if not active.any():
+        return []
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], active.astype(np.int8), [0]]))).tolist()
+    ends = np.append(t_s, t_s[-1] + interval_s)
+    return [(float(t_s[a]), float(ends[b])) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _floats(values) -> np.ndarray | None:
+    """A column as floats, None as NaN (numpy converts None to NaN for a float array)."""
+    try:
+        return np.array(values, dtype=float)
+    except (TypeError, ValueError):
+        return None
+
+
+def _segments(record: Record, columns: dict, scale: float = 1.0, episodes_for=None) -> list[charts.Segment]:
+    """One segment per repeat with telemetry; columns: line name -> (telemetry dict -> values)."""
+    segments = []
+    for rep in record.repeats:
+        tel = rep.telemetry
+        if not tel or tel.get("error") or not tel.get("t_ns"):
+            continue
+        t_ns = np.array(tel["t_ns"], dtype=np.int64)
+        t0 = int(t_ns[0])
+        t_s = (t_ns - t0) / 1e9
+        lines = {}
+        for name, column in columns.items():
+            values = column(tel)
+            if values is not None and values.ndim == 1 and len(values) == len(t_s) and not np.isnan(values).all():
+                lines[name] = values * scale
+        if not lines:
+            continue
+        windows = []
+        if len(rep.window_monotonic_ns) == 2:
+            windows = [((rep.window_monotonic_ns[0] - t0) / 1e9, (rep.window_monotonic_ns[1] - t0) / 1e9)]
+        episodes = episodes_for(tel, t_s) if episodes_for else []
+        segments.append(charts.Segment(f"repeat {rep.index + 1}", t_s.tolist(), lines, windows, episodes))
+    return segments
+
+
+def _gpu_column(device: int, name: str):
+    def read(tel: dict):
+        series = (tel.get("gpu") or {}).get("series") or []
+        return _floats(series[device].get(name)) if device < len(series) and name in series[device] else None
+    return read
+
+
+def _throttle_episodes(device: int):
+    """Samples with a clock-event reason other than idle set: the GPU ran below the clock it could."""
+    def find(tel: dict, t_s: np.ndarray) -> list[tuple[float, float]]:
+        gpu = tel.get("gpu") or {}
+        series = gpu.get("series") or []
+        masks = _floats(series[device].get("clock_events")) if device < len(series) else None
+        if masks is None or not masks.size:
+            return []
+        idle = int((gpu.get("clock_event_bits") or {}).get("gpu_idle", 0))
+        known = ~np.isnan(masks)
+        active = known & ((np.where(known, masks, 0).astype(np.int64) & ~idle) != 0)
+        return _episodes(t_s, active, float(tel.get("interval_s") or 0.1))
+    return find
+
+
+def _cpu_column(name: str):
+    def read(tel: dict):
+        return _floats(((tel.get("cpu") or {}).get("series") or {}).get(name))
+    return read
+
+
+def _mean_over_cores(tel: dict):
+    rows = ((tel.get("cpu") or {}).get("series") or {}).get("util_pct_per_core")
+    if rows is None:
+        return None
+    table = _floats(rows)
+    if table is not None and table.ndim == 2:
+        with np.errstate(all="ignore"):
+            return np.where(np.isnan(table).all(axis=1), np.nan, np.nanmean(np.where(np.isnan(table), 0, table), axis=1)
+                            * table.shape[1] / np.maximum((~np.isnan(table)).sum(axis=1), 1))
+    # a sample without a per-core list (None) makes the table ragged: one row at a time
+    return np.array([np.nan if not r else float(np.mean(r)) for r in rows], dtype=float)
+
+
+def _rapl_power(zone: str):
+    """Watts between consecutive readings of one RAPL counter (a wrap or a gap: no value)."""
+    def read(tel: dict):
+        rapl = (tel.get("cpu") or {}).get("rapl") or {}
+        counter = _floats((rapl.get("series") or {}).get(zone))
+        if counter is None or counter.size < 2:
+            return None
+        dt = np.diff(np.array(tel["t_ns"], dtype=np.int64)) / 1e9
+        with np.errstate(all="ignore"):
+            watts = np.diff(counter) / 1e6 / dt
+        watts[(watts < 0) | (dt <= 0)] = np.nan
+        return np.concatenate([[np.nan], watts])
+    return read
+
+
+# (title, unit, scale, {line name: column}); lines of one panel share its axes
+GPU_PANELS = (
+    ("power", "W", 1.0, {"power": "power_w"}),
+    ("clocks", "MHz", 1.0, {"SM": "sm_clock_mhz", "memory": "mem_clock_mhz"}),
+    ("temperature", "°C", 1.0, {"temperature": "temp_c"}),
+    ("utilisation", "%", 1.0, {"GPU": "gpu_util_pct", "memory controller": "mem_util_pct"}),
+    ("memory used", "GiB", 1 / GIB, {"memory used": "mem_used_bytes"}),
+)
+CPU_PANELS = (
+    ("CPU", "%", 1.0, {"utilisation (mean of cores)": _mean_over_cores, "steal": _cpu_column("steal_pct")}),
+    ("memory", "GiB", 1 / GIB, {"worker resident": _cpu_column("rss_bytes"), "host used": _cpu_column("mem_used_bytes")}),
+)
+LINE_COLOURS = {"SM": charts.PALETTE[0], "memory": charts.PALETTE[1], "GPU": charts.PALETTE[0],
+                "memory controller": charts.PALETTE[1], "utilisation (mean of cores)": charts.PALETTE[2],
+                "steal": charts.PALETTE[5], "worker resident": charts.PALETTE[2], "host used": charts.PALETTE[4]}
+
+
+def telemetry_section(record: Record) -> dict:
+    """Charts of what was sampled and the reasons for what was not."""
+    tel = record.telemetry or {}
+    out: dict = {"enabled": bool(tel.get("enabled")), "reason": tel.get("reason"), "gpu_panels": [],
+                 "cpu_panels": [], "unavailable": [], "summary": [], "problem": None}
+    if not out["enabled"]:
+        out["unavailable"].append(("telemetry", tel.get("reason") or "not sampled for this run"))
+        return out
+    summary = tel.get("summary") or {}
+    missing = summary.get("missing") or {}
+    for key, value in summary.items():
+        if key == "missing" or isinstance(value, (dict, list)):
+            continue
+        out["summary"].append((key, charts.fmt(value, 4) if isinstance(value, float) else str(value),
+                               missing.get(key) if value is None else None))
+    samples = [r.telemetry for r in record.repeats if r.telemetry]
+    errors = sorted({str(t.get("error")) for t in samples if t.get("error")})
+    for e in errors:
+        out["unavailable"].append(("sampler", e))
+    try:
+        first = next((t for t in samples if not t.get("error")), None)
+        if first is None:
+            if not errors:
+                out["unavailable"].append(("telemetry", "no repeat kept its samples"))
+            return out
+        gpu = first.get("gpu") or {}
+        if not gpu.get("available"):
+            out["unavailable"].append(("GPU (NVML)", gpu.get("reason") or (tel.get("gpu") or {}).get("reason")
+                                       or "not sampled"))
+        for i, static in enumerate(gpu.get("static") or []):
+            name = f"GPU {static.get('index', i)}" + (f" {static['name']}" if static.get("name") else "")
+            for query, why in ((gpu.get("unsupported") or [{}] * (i + 1))[i] or {}).items():
+                out["unavailable"].append((f"{name}: {query}", why))
+            lost = (gpu.get("lost") or [None] * (i + 1))[i]
+            if lost:
+                out["unavailable"].append((f"{name}: lost", lost.get("reason")))
+            for title, unit, scale, lines in GPU_PANELS:
+                columns = {line: _gpu_column(i, column) for line, column in lines.items()}
+                segs = _segments(record, columns, scale, _throttle_episodes(i))
+                if title == "power" and not segs:  # the instant field where GetPowerUsage is not
+                    segs = _segments(record, {"power": _gpu_column(i, "power_instant_w")}, 1.0, _throttle_episodes(i))
+                if segs:
+                    colours = {line: LINE_COLOURS.get(line, charts.PALETTE[0]) for line in lines}
+                    out["gpu_panels"].append(Panel(f"{name}: {title}",
+                                                   charts.time_chart(segs, f"{name} {title}", unit, colours)))
+        cpu = first.get("cpu") or {}
+        for column, why in (cpu.get("unavailable") or {}).items():
+            out["unavailable"].append((f"CPU: {column}", why))
+        if cpu.get("rss_stopped"):
+            out["unavailable"].append(("worker memory after the worker exited", cpu["rss_stopped"].get("reason")))
+        for title, unit, scale, columns in CPU_PANELS:
+            segs = _segments(record, columns, scale)
+            if segs:
+                colours = {line: LINE_COLOURS.get(line, charts.PALETTE[2]) for line in columns}
+                out["cpu_panels"].append(Panel(title, charts.time_chart(segs, title, unit, colours)))
+        rapl = cpu.get("rapl") or {}
+        if rapl.get("available"):
+            for domain in rapl.get("domains") or []:
+                title = f"RAPL {domain.get('name')} power ({domain.get('zone')})"
+                segs = _segments(record, {title: _rapl_power(str(domain.get("zone")))})
+                out["cpu_panels"].append(Panel(title, charts.time_chart(segs, title, "W", charts.PALETTE[5])))
+        else:
+            out["unavailable"].append(("CPU energy (RAPL)", rapl.get("reason") or "not sampled"))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        out["problem"] = f"telemetry in an unexpected layout, not drawn: {type(e).__name__}: {e}"
+    return out
+
+
+def iteration_chart(record: Record) -> Markup:
+    """Every iteration of every repeat in order: warm-up, then the measured ones (shaded)."""
+    segments = []
+    for rep in record.repeats:
+        values = [*rep.warmup_iter_s, *rep.iter_s]
+        if not values:
+            continue
+        t = [float(i) for i in range(len(values))]
+        window = [(float(len(rep.warmup_iter_s)), float(len(values) - 1))] if rep.iter_s else []
+        segments.append(charts.Segment(f"repeat {rep.index + 1}", t, {"iteration time": np.array(values) * 1e3},
+                                       window))
+    return charts.time_chart(segments, "iteration times", "ms", charts.PALETTE[0], height=170, gap_s=2,
+                             x_label="iteration of each repeat: warm-up, then measured (shaded)")
+
+
+def _repeat_rows(record: Record) -> list[dict]:
+    rows = []
+    for rep in record.repeats:
+        median = sorted(rep.iter_s)[len(rep.iter_s) // 2] if rep.iter_s else None
+        window = ((rep.window_monotonic_ns[1] - rep.window_monotonic_ns[0]) / 1e9
+                  if len(rep.window_monotonic_ns) == 2 else None)
+        derived = rep.derived or {}
+        rows.append({"index": rep.index + 1, "status": rep.status, "reason": rep.reason,
+                     "first_iter_ms": rep.first_iter_s * 1e3 if rep.first_iter_s is not None else None,
+                     "warmup": len(rep.warmup_iter_s), "settled": rep.warmup_settled,
+                     "measured": len(rep.iter_s), "median_ms": median * 1e3 if median is not None else None,
+                     "window_s": window, "wall_s": rep.wall_s,
+                     "samples": derived.get("samples"), "covered": derived.get("covered")})
+    return rows
+
+
+def _repeat_policy(record: Record) -> dict:
+    policy = getattr(record, "repeat_policy", None)  # how many repeats and why (records of schema 4 on)
+    return {"repeat_policy": _rounded(policy.model_dump())} if policy is not None else {}
+
+
+def _rounded(value: Any) -> Any:
+    """Floats as 5 significant digits for reading; the rest as it is."""
+    if isinstance(value, float):
+        return charts.fmt(value, 5)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def network_page_name(definition_hash: str) -> str:
+    """networks/<hash>.json: one file per network definition, shared by every run of it."""
+    return f"networks/{slug(definition_hash, 64)}.json"
+
+
+def network_definition(record: Record) -> str:
+    return json.dumps(record.network.definition, indent=1, sort_keys=True, default=str)
+
+
+def run_context(record: Record, page: str | None = None) -> dict:
+    view = run_view(record, page)
+    hardware = hardware_label(record)
+    bench_key = (record.suite, hardware, record.benchmark)
+    stats = flatten(_rounded(record.summary.model_dump())) if record.summary is not None else []
+    environment = dict(record.environment)
+    packages = environment.pop("packages", None) or []
+    return {
+        "view": view,
+        "record": record,
+        "benchmark_page": benchmark_page_name(bench_key),
+        "board_anchor": board_anchor(bench_key[:2]),
+        "series_anchor": series_anchor((record.suite, hardware, record.benchmark, record.workload.batch_size,
+                                        record.workload.precision, view.framework)),
+        "stats": stats,
+        "repeats": _repeat_rows(record),
+        "iteration_chart": iteration_chart(record) if record.repeats else None,
+        "provenance": flatten({"dlbench": record.dlbench, "machine": record.machine}),
+        "framework": flatten(record.framework),
+        "environment": flatten(environment),
+        "packages": [str(p) for p in packages],
+        "network": flatten({k: v for k, v in record.network.model_dump().items() if k != "definition"}),
+        "definition_page": network_page_name(record.network.hash),
+        "workload": flatten(record.workload.model_dump()),
+        "settings": flatten({**record.settings.model_dump(), **_repeat_policy(record)}),
+        "equivalence_rows": flatten(record.equivalence),
+        "telemetry": telemetry_section(record),
+    }
