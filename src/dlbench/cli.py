@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -20,12 +20,14 @@ from . import paths
 from .definitions.loader import DefinitionError, load_network
 from .definitions.suite import PROFILES, Benchmark, SuiteCatalog
 from .execution.environments import EnvironmentBuildError, VenvBackend, backend
-from .execution.orchestrator import Orchestrator, PlannedRun, RunOptions, plan
 from .execution.registry import RunnerRegistry
 from .machine import available_cpus, detect_device, fingerprint, gpus
 from .telemetry import TelemetryConfig
 from .store.rows import COLUMNS, run_row
 from .store.store import Store
+
+if TYPE_CHECKING:
+    from .execution.orchestrator import PlannedRun
 
 app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -193,6 +195,9 @@ def run(
     no_telemetry: Annotated[bool, typer.Option("--no-telemetry", help="Do not sample power, clocks, CPU.")] = False,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
+    # imported here: the orchestrator brings statistics and scipy, which other commands need not load
+    from .execution.orchestrator import Orchestrator, RunOptions, plan
+
     _check_choice("profile", profile, list(PROFILES))
     _check_choice("device", device, ["auto", "cpu", "cuda"])
     _check_choice("environment backend", env, ["venv", "current"])
