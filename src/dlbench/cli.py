@@ -369,20 +369,25 @@ def _readable_records(st: Store) -> list:
 @app.command()
 def report(
     store: StoreOpt = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the HTML report into.")] = Path("site"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write the site into (replaced when it is a site dlbench wrote).")] = Path("site"),
+    open_: Annotated[bool, typer.Option("--open", help="Open the leaderboard in a web browser afterwards.")] = False,
+    compare: Annotated[Optional[tuple[str, str]], typer.Option(
+        "--compare", metavar="BASELINE CANDIDATE",
+        help="Also write compare.html: the `dlbench compare` table of two selectors.")] = None,
 ) -> None:
-    """Write a static HTML page comparing frameworks per benchmark."""
-    from .reporting.site import write_report
+    """Write the static site: leaderboards, benchmark, run, history (and comparison) pages."""
+    from .reporting.site import SiteError, build_site, open_in_browser
 
     st = _store(store)
-    problems: list = []
-    records = list(st.records(problems))
-    for p in problems:
-        err.print(f"[yellow]skipped[/] {escape(p.reason)}", highlight=False, soft_wrap=True)
-    if not records:
-        raise fail(f"no records in {st.root}; run `dlbench run` first", 1)
-    index = write_report(records, out_dir)
-    out.print(f"report: {index} ({len(records)} runs)")
+    try:
+        result = build_site(st.root, out_dir, compare)
+    except SiteError as e:
+        raise fail(str(e), e.code) from None
+    for path, reason in result.problems:
+        err.print(f"[yellow]skipped[/] {escape(reason)}", highlight=False, soft_wrap=True)
+    out.print(f"report: {result.index} ({result.runs} runs, {result.pages} pages)")
+    if open_ and not open_in_browser(result.index):
+        err.print("no web browser to open; the site is at the path above", highlight=False)
 
 
 @app.command()
