@@ -71,6 +71,17 @@ def test_iterations_one_row_per_measured_iteration(store):
     runs = dlbench.load(store.root)
     ok = runs[runs["status"] == "ok"]
     assert len(df[df["run_id"].isin(ok["run_id"])]) == ok["iterations"].sum()
+    assert str(df["repeat_status"].dtype) == "category" and set(df["repeat_status"]) == {"ok"}
+
+
+def test_iterations_of_a_repeat_that_did_not_finish_are_kept_and_marked(store):
+    rec = make_record(framework="tensorflow", started=T0 + timedelta(hours=3), status="timeout", iterations=(3, 2))
+    rec.repeats[1] = rec.repeats[1].model_copy(update={"status": "timeout", "iter_s": [0.5, 0.6]})
+    store.write(rec)
+    df = dlbench.load(store.root, iterations=True)
+    mine = df[df["run_id"] == rec.run_id]
+    assert mine["repeat_status"].tolist() == ["ok"] * 3 + ["timeout"] * 2
+    assert mine["seconds"].tolist()[-2:] == [0.5, 0.6] and mine["iteration"].tolist() == [0, 1, 2, 0, 1]
 
 
 def test_empty_and_missing_store(tmp_path):

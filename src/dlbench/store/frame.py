@@ -3,7 +3,8 @@
 One row per run: the columns of `dlbench results` (store/rows.py) then the run's key fields
 (store/index.py KEY_COLUMNS), typed: times as UTC timestamps, counts as nullable integers,
 measurements as floats (NaN where absent), text as pandas strings. With iterations=True, one row
-per measured iteration of every repeat instead, with the run's identifying columns beside it.
+per measured iteration of every repeat instead, with the run's identifying columns beside it
+(repeat_status there is categorical: a few values over millions of rows).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pandas as pd
 
 from .index import KEY_COLUMNS, Iterations, read_rows
 from .rows import COLUMNS
+from .selection import STATUSES
 from .store import Store
 
 _TIMES = {"started_at", "ended_at"}
@@ -82,32 +84,34 @@ def runs_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def iterations_frame(runs: pd.DataFrame, iterations: dict[str, Iterations]) -> pd.DataFrame:
-    """One row per measured iteration: run_id, repeat, repeat_status, iteration, seconds, then ITERATION_KEYS."""
-    positions, repeat_index, repeat_status, iteration, seconds = [], [], [], [], []
+    """One row per measured iteration: run_id, repeat, repeat_status, iteration, seconds, then ITERATION_KEYS.
+
+    repeat_status is categorical (one of a handful of values over millions of rows)."""
+    statuses = list(STATUSES)
+    positions, repeat_index, status_codes, iteration, seconds = [], [], [], [], []
     for pos, run_id in enumerate(runs["run_id"]):
         it = iterations[run_id]
         counts = np.array([n for _, _, n in it.repeats], dtype=np.int64)
-        total = int(counts.sum())
-        positions.append(np.full(total, pos, dtype=np.int64))
-        repeat_index.append(np.repeat([i for i, _, _ in it.repeats], counts).astype(np.int64))
-        repeat_status.extend(np.repeat([s for _, s, _ in it.repeats], counts).tolist())
         starts = np.cumsum(counts) - counts
-        iteration.append(np.arange(total, dtype=np.int64) - np.repeat(starts, counts))
+        positions.append(np.full(int(counts.sum()), pos, dtype=np.int64))
+        repeat_index.append(np.repeat(np.array([i for i, _, _ in it.repeats], dtype=np.int64), counts))
+        status_codes.append(np.repeat(np.array([statuses.index(s) if s in statuses else -1 for _, s, _ in it.repeats],
+                                               dtype=np.int8), counts))
+        iteration.append(np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(starts, counts))
         seconds.append(it.seconds)
 
     def joined(parts, dtype):
-        return np.concatenate(parts).astype(dtype) if parts else np.array([], dtype=dtype)
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.array([], dtype=dtype)
 
     at = joined(positions, np.int64)
+    keys = runs[["run_id", *ITERATION_KEYS]].iloc[at].reset_index(drop=True)
     frame = pd.DataFrame({
-        "run_id": runs["run_id"].to_numpy()[at] if len(runs) else pd.array([], dtype="string"),
+        "run_id": keys.pop("run_id"),
         "repeat": joined(repeat_index, np.int64),
-        "repeat_status": pd.array(repeat_status, dtype="string"),
+        "repeat_status": pd.Categorical.from_codes(joined(status_codes, np.int8), categories=statuses),
         "iteration": joined(iteration, np.int64),
         "seconds": joined(seconds, np.float64),
     })
-    frame["run_id"] = frame["run_id"].astype("string")
-    keys = runs[list(ITERATION_KEYS)].iloc[at].reset_index(drop=True)
     return pd.concat([frame, keys], axis=1)
 
 
