@@ -256,3 +256,36 @@ def test_worker_processes_write_the_same_site(built, tmp_path):
 def _invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.output + (result.stderr if result.stderr_bytes is not None else "")
+
+
+def test_history_marks_the_planted_step_at_the_run_where_it_happened(built):
+    work, records, _ = built
+    dated = sorted((r for r in records if r.benchmark == "fcn5-train" and r.framework["name"] == "torch"
+                    and r.workload.batch_size == 32 and r.workload.device == "cuda"), key=lambda r: r.started_at)
+    first_new = next(r for r in dated if r.framework["version"] == "2.14.0")
+    history = (work / "out" / "history.html").read_text()
+    assert 'class="change"' in history
+    assert f"<code>{first_new.run_id}</code>" in history  # the change point is the first run at the new level
+    assert "-10.7%" in history  # 1 / 1.12 - 1
+    assert history.count('class="change"') == 1  # no step found in any step-free series
+
+
+def test_compare_page_renders_the_comparison_with_its_significance(store_copy, tmp_path):
+    code, output = _invoke("report", "--store", str(store_copy), "--out", str(tmp_path / "site"),
+                           "--compare", "framework=torch,version=2.13.0", "framework=torch,version=2.14.0")
+    assert code == 0, output
+    page = (tmp_path / "site" / "compare.html").read_text()
+    assert "fcn5-train" in page and "2.13.0 → 2.14.0" in page
+    assert "▼ slower" in page and "-10.7%" in page
+    assert 'href="compare.html"' in (tmp_path / "site" / "index.html").read_text()
+
+
+@pytest.mark.parametrize("selectors, code, message", [
+    (("framework=torch,bogus=1", "framework=jax"), 2, "unknown key 'bogus'"),
+    (("framework=nothere", "framework=torch"), 1, "matches no completed run"),
+])
+def test_a_bad_comparison_writes_nothing(store_copy, tmp_path, selectors, code, message):
+    got, output = _invoke("report", "--store", str(store_copy), "--out", str(tmp_path / "site"), "--compare", *selectors)
+    assert got == code and message in output
+    assert not (tmp_path / "site").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]

@@ -118,7 +118,8 @@ class RunView:
 
     @property
     def series_key(self) -> tuple:
-        return (self.suite, self.hardware, self.benchmark, self.batch_size, self.precision, self.framework)
+        # per host, as `dlbench history` keys its series: two machines of one kind can still differ
+        return (self.suite, self.hardware, self.benchmark, self.batch_size, self.precision, self.framework, self.hostname)
 
     @property
     def ok(self) -> bool:
@@ -265,7 +266,7 @@ class SiteModel:
     problems: list[tuple[str, str]]  # (path, reason) of records that could not be read
     frameworks: list[str]
     history_note: str | None = None  # why change points are not marked, where they are not
-    history_method: str = ""  # how change points were found (shown on the history page)
+    history_method: str = ""  # how change points were found (markup written by dlbench, shown on the history page)
     comparison: object | None = None  # set by the site writer for --compare
 
 
@@ -349,8 +350,8 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
     for key in sorted(by_series, key=lambda k: tuple(map(str, k))):
         runs = sorted(by_series[key], key=lambda v: (v.started_at, v.run_id))
         ok = [v for v in runs if v.ok]
-        suite, hardware, bench, batch, precision, fw = key
-        history.append(HistorySeries(key, series_anchor(key), f"{bench} · batch {batch} · {precision} · {fw}",
+        suite, hardware, bench, batch, precision, fw, host = key
+        history.append(HistorySeries(key, series_anchor(key), f"{bench} · batch {batch} · {precision} · {fw} · host {host}",
                                      benchmark_page_name((suite, hardware, bench)), ok, len(runs) - len(ok)))
     series_by_benchmark: dict[tuple, list[HistorySeries]] = defaultdict(list)
     for s in history:

@@ -84,3 +84,44 @@ def history_context(model: SiteModel) -> dict:
         groups[s.key[:2]].append(s)
     return {"model": model, "groups": sorted(groups.items()),
             "charts": {s.anchor: history_chart(s, model.frameworks) for s in model.history}}
+
+
+KEY_LABELS = {"batch_size": "batch"}
+
+
+def compare_context(report, model: SiteModel) -> dict:
+    """Rows of `dlbench compare`'s table (dlbench.comparison.ComparisonReport) with links to the
+    runs on each side, and a chart of the ratios with their intervals."""
+    pages_by_run = {v.run_id: v.page for v in model.runs}
+    ordered = [f for f in ("suite", "benchmark", "framework", "batch_size", "precision", "device", "machine")
+               if f in report.key_fields]
+    # a key field with one value in every row is said once above the table, not repeated per row
+    constant = {f: str(report.comparisons[0].key[f]) for f in ordered
+                if len({str(c.key[f]) for c in report.comparisons}) == 1}
+    shown_key = [f for f in ordered if f not in constant] or ordered[1:2]
+    rows = []
+    for c in report.comparisons:
+        base, cand = c.baseline.describe(), c.candidate.describe()
+        rows.append({
+            "key": [str(c.key[f]) for f in shown_key],
+            "varied": [(c.baseline.label(f), c.candidate.label(f)) for f in report.varied_fields],
+            "versions": (c.baseline.label("version"), c.candidate.label("version")),
+            "base_runs": [(r, pages_by_run.get(r)) for r in base["runs"]],
+            "cand_runs": [(r, pages_by_run.get(r)) for r in cand["runs"]],
+            "base_sps": base["samples_per_s"], "cand_sps": cand["samples_per_s"],
+            "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "change_pct": c.change_pct,
+            "unit": c.unit, "units": (base["processes"], cand["processes"]) if c.unit == "process"
+            else (base["iterations"], cand["iterations"]),
+            "p": c.p_value, "p_adjusted": c.p_adjusted, "significant": c.significant, "verdict": c.verdict,
+        })
+    bars = [charts.Bar(" · ".join(r["key"]) or "all", r["ratio"], r["ci_low"], r["ci_high"],
+                       charts.PALETTE[5] if r["verdict"] == "slower" else
+                       charts.PALETTE[2] if r["verdict"] == "faster" else "#8c959f",
+                       note={"slower": "▼ significant", "faster": "▲ significant"}.get(r["verdict"], ""))
+            for r in rows]
+    chart = charts.hbar_chart(bars, "candidate throughput / baseline throughput",
+                              "ratio (whiskers: bootstrap interval; 1 = no change)", reference=1.0, width=760)
+    return {"report": report, "rows": rows, "key_names": [KEY_LABELS.get(f, f) for f in shown_key],
+            "varied_names": [KEY_LABELS.get(f, f) for f in report.varied_fields], "chart": chart,
+            "constant": [(KEY_LABELS.get(f, f), v) for f, v in constant.items() if f not in shown_key],
+            "geomean": report.geometric_mean_ratio}

@@ -308,7 +308,7 @@ def run_context(record: Record, page: str | None = None) -> dict:
         "benchmark_page": benchmark_page_name(bench_key),
         "board_anchor": board_anchor(bench_key[:2]),
         "series_anchor": series_anchor((record.suite, hardware, record.benchmark, record.workload.batch_size,
-                                        record.workload.precision, view.framework)),
+                                        record.workload.precision, view.framework, view.hostname)),
         "stats": stats,
         "repeats": _repeat_rows(record),
         "iteration_chart": iteration_chart(record) if record.repeats else None,

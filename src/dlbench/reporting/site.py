@@ -206,22 +206,24 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
     store = Store(Path(store_root))
     generated = now or datetime.now(timezone.utc)
     generated_at = generated.strftime("%Y-%m-%d %H:%M UTC")
-    comparison = None
+    request = None
     if comparison_args is not None:
-        from .comparison_view import comparison_for_site
-        comparison = comparison_for_site(store, *comparison_args)  # bad selectors fail before any work
+        from .comparison_view import parse_request
+        request = parse_request(*comparison_args)  # a bad selector fails before any work
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     build_dir = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
     shutil.rmtree(build_dir, ignore_errors=True)
     build_dir.mkdir()
     try:
-        views, problems = read_and_render_runs(store, build_dir, generated_at, comparison is not None, workers)
+        views, problems = read_and_render_runs(store, build_dir, generated_at, request is not None, workers)
         if not views:
             raise SiteError(f"no records in {store.root}; run `dlbench run` first", 1)
         model = build_model(views, problems, generated, __version__)
-        from .history_view import attach_change_points
+        from .history_view import attach_change_points  # here: worker processes need no ruptures
         attach_change_points(model)
-        model.comparison = comparison
+        if request is not None:
+            from .comparison_view import run_comparison
+            model.comparison = run_comparison(store, request)
         written = render_aggregates(model, build_dir, generated_at)
         _swap_in(build_dir, out_dir)
     except BaseException:
