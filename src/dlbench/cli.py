@@ -288,7 +288,7 @@ def results(
     status: Annotated[Optional[list[str]], typer.Option(help="ok | failed | timeout | skipped; repeatable.")] = None,
 ) -> None:
     """One row per run in the store; filters combine with AND, repeated values of one filter with OR."""
-    from .store.index import read_rows
+    from .store.index import INDEX_DIR, read_rows
     from .store.selection import STATUSES, Selection, parse_since, split_values
 
     _check_choice("format", format, ["table", "csv", "json", "parquet"])
@@ -312,7 +312,9 @@ def results(
     selection = Selection(frameworks=split_values(framework), benchmarks=split_values(benchmark),
                           machines=split_values(machine), statuses=statuses, since=since_at)
     st = _store(store)
-    snapshot = read_rows(st)
+    snapshot = read_rows(st, on_parse=lambda n: err.print(
+        f"reading {n} records of {escape(str(st.root))} into its row index (later reads use {INDEX_DIR}/)",
+        highlight=False))
     for note in snapshot.notes:
         err.print(f"[yellow]note[/] {escape(note)}", highlight=False, soft_wrap=True)
     for p in snapshot.unreadable:

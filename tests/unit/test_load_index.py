@@ -192,3 +192,13 @@ def test_two_processes_updating_at_once(store):
     snap = read_rows(store)
     assert snap.notes == [] and len(snap.rows) == 14
     assert_rows_are_the_records(snap, store)
+
+
+def test_a_long_parse_is_announced(store, monkeypatch):
+    told: list[int] = []
+    monkeypatch.setattr(index_module, "PARALLEL_FROM", 3)
+    read_rows(store, on_parse=told.append)
+    assert told == [4]
+    store.write(make_record(started=T0 + timedelta(hours=9)))
+    read_rows(store, on_parse=told.append)  # one new file: quick, nothing to announce
+    assert told == [4]

@@ -28,7 +28,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -210,9 +210,10 @@ def _damaged(e: Exception) -> bool:
 
 
 class RowIndex:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, on_parse: Callable[[int], None] | None = None):
         self.store = store
         self.path = store.root / INDEX_DIR / INDEX_FILE
+        self.on_parse = on_parse  # told how many files are about to be parsed, when that takes a while
 
     def _connect(self) -> sqlite3.Connection:
         # autocommit mode: transactions are begun explicitly, IMMEDIATE for the one that writes
@@ -312,8 +313,10 @@ class RowIndex:
                 notes.append(self._unusable(e))
                 use_index = False
         stale = {f for f, (size, mtime, *_rest) in cached.items() if listing.get(f) != (size, mtime)}
-        fresh = _derive_many(self.store.root, [(f, *key) for f, key in listing.items()
-                                               if f not in cached or f in stale])
+        wanted = [(f, *key) for f, key in listing.items() if f not in cached or f in stale]
+        if self.on_parse is not None and len(wanted) >= PARALLEL_FROM:
+            self.on_parse(len(wanted))
+        fresh = _derive_many(self.store.root, wanted)
         if use_index and (fresh or stale):  # nothing to record: leave the store untouched
             try:
                 self.write(expected, fresh, sorted(stale - listing.keys()))
@@ -370,6 +373,7 @@ def _assemble(store: Store, listing: dict, known: dict[str, Derived], iterations
     return snap
 
 
-def read_rows(store: Store, iterations: bool = False) -> Snapshot:
-    """Every record's row (and, if asked, its iteration times), through the index where it can be used."""
-    return RowIndex(store).snapshot(iterations)
+def read_rows(store: Store, iterations: bool = False, on_parse: Callable[[int], None] | None = None) -> Snapshot:
+    """Every record's row (and, if asked, its iteration times), through the index where it can be used.
+    `on_parse(n)` is called before n >= PARALLEL_FROM files are parsed (a first read, a big merge)."""
+    return RowIndex(store, on_parse).snapshot(iterations)
