@@ -127,7 +127,8 @@ def synthesise(template: Record, store: Store, runs: int, seed: int = 7,
                 telemetry, derived = tele[r % len(tele)]
                 repeats.append(Repeat(index=r, status="ok" if ok else status,
                                       reason=None if ok else "synthetic failure",
-                                      first_iter_s=float(base * 40), warmup_iter_s=(base * nprng.lognormal(0, 0.2, 8)).tolist(),
+                                      first_iter_s=float(base * 40),
+                                      warmup_iter_s=(base * nprng.lognormal(0, 0.2, 8)).tolist(),
                                       warmup_settled=True, iter_s=times.tolist() if ok else [],
                                       window_monotonic_ns=[0, int(times.sum() * 1e9)], wall_s=float(times.sum() + 3),
                                       telemetry=telemetry, derived=derived))
@@ -220,13 +221,14 @@ def main() -> None:
         index.write_bytes(b"this is not an sqlite database" * 100)
         rows.append(("index corrupted: removed and rebuilt (csv)", timed([*results, "--format", "csv"])))
 
-        load = ("import time, dlbench, dlbench.store.frame; t = time.perf_counter(); df = dlbench.load({root!r}, iterations={it}); "
-                "print(len(df), time.perf_counter() - t)")
+        load = ("import time, dlbench, dlbench.store.frame; t = time.perf_counter(); "
+                "df = dlbench.load({root!r}, iterations={it}); print(len(df), time.perf_counter() - t)")
         for it in (False, True):
             done = subprocess.run([sys.executable, "-c", load.format(root=str(store.root), it=it)],
                                   capture_output=True, text=True, check=True)
             n, secs = done.stdout.split()
-            rows.append((f"dlbench.load(iterations={it}) in process (pandas imported), warm index: {int(n):,} rows", float(secs)))
+            rows.append((f"dlbench.load(iterations={it}) in process (pandas imported), warm index: {int(n):,} rows",
+                         float(secs)))
 
         width = max(len(label) for label, _ in rows)
         print(f"\n{len(sizes):,} runs; target <= {TARGET_S:.0f} s for `dlbench results` with a current index")

@@ -141,7 +141,8 @@ def derive(root: Path, file: str, size: int, mtime_ns: int) -> Derived:
 def _deriving_sources() -> list[Path]:
     """The code a cached row depends on: this package (reading, upgrading, rows) and what it calls."""
     package = Path(__file__).parent
-    return sorted(p for p in package.glob("*.py") if p.name != "frame.py") + [package.parent / "statistics.py", package.parent / "machine.py"]
+    return sorted(p for p in package.glob("*.py") if p.name != "frame.py") + [
+        package.parent / "statistics.py", package.parent / "machine.py"]
 
 
 def fingerprint() -> str:
@@ -236,7 +237,8 @@ class RowIndex:
             db.execute("BEGIN")
             if not self._current(db, expected):
                 return {}
-            return {file: rest for file, *rest in db.execute(f"SELECT file, size, mtime_ns, error, {_ROW_SQL} FROM runs")}
+            query = f"SELECT file, size, mtime_ns, error, {_ROW_SQL} FROM runs"
+            return {file: rest for file, *rest in db.execute(query)}
         finally:
             db.close()
 

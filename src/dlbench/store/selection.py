@@ -38,9 +38,9 @@ class Selection:
     def matches(self, row: dict) -> bool:
         if self.frameworks and row.get("framework") not in self.frameworks:
             return False
-        if self.benchmarks and row.get("benchmark") not in self.benchmarks and row.get("network") not in self.benchmarks:
+        if self.benchmarks and not {row.get("benchmark"), row.get("network")} & self.benchmarks:
             return False
-        if self.machines and row.get("machine") not in self.machines and row.get("machine_id") not in self.machines:
+        if self.machines and not {row.get("machine"), row.get("machine_id")} & self.machines:
             return False
         if self.statuses and row.get("status") not in self.statuses:
             return False
