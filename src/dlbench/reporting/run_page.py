@@ -311,7 +311,8 @@ def run_context(record: Record, page: str | None = None) -> dict:
                                         record.workload.precision, view.framework, view.hostname)),
         "stats": stats,
         "repeats": _repeat_rows(record),
-        "iteration_chart": iteration_chart(record) if record.repeats else None,
+        "iteration_chart": (iteration_chart(record)
+                            if any(r.iter_s or r.warmup_iter_s for r in record.repeats) else None),
         "provenance": flatten({"dlbench": record.dlbench, "machine": record.machine}),
         "framework": flatten(record.framework),
         "environment": flatten(environment),
