@@ -165,14 +165,20 @@ def _fmt(v, spec):
 
 def _summary_table(records) -> Table:
     t = Table(title="dlbench run")
-    for col in ("benchmark", "framework", "batch", "status", "ms/iter", "samples/s", "IQR ms", "first iter ms"):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status") else "right")
+    for col in ("benchmark", "framework", "batch", "status", "ms/iter", "95% CI ms", "samples/s", "IQR ms",
+                "repeats", "stability", "first iter ms"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "stability") else "right")
     for r in records:
         row = run_row(r)
         style = {"ok": "green", "skipped": "yellow"}.get(r.status, "red")
+        ci = (f"{row['ci_low_ms']:.2f}-{row['ci_high_ms']:.2f} (±{row['ci_pct']:.1f}%)"
+              if row["ci_low_ms"] is not None else "")
+        stop = {"target_met": " (target met)", "cap_reached": " (cap)"}.get(row["repeat_stop"] or "", "")
         t.add_row(escape(row["benchmark"]), escape(f"{row['framework']} {row['framework_version'] or ''}".strip()),
-                  str(row["batch_size"]), f"[{style}]{r.status}[/]", _fmt(row["ms_per_iter"], ".2f"),
-                  _fmt(row["samples_per_s"], ".1f"), _fmt(row["iqr_ms"], ".2f"), _fmt(row["first_iter_ms"], ".1f"))
+                  str(row["batch_size"]), f"[{style}]{r.status}[/]", _fmt(row["ms_per_iter"], ".2f"), ci,
+                  _fmt(row["samples_per_s"], ".1f"), _fmt(row["iqr_ms"], ".2f"), f"{row['repeats']}{stop}",
+                  "[yellow]unstable[/]" if row["stability"] == "unstable" else (row["stability"] or ""),
+                  _fmt(row["first_iter_ms"], ".1f"))
     return t
 
 
@@ -187,7 +193,13 @@ def run(
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
     env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter)")] = "venv",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads per worker (default: all available cores).")] = None,
-    repeats: Annotated[Optional[int], typer.Option(min=1, help="Worker processes per run (default: the profile's).")] = None,
+    repeats: Annotated[Optional[int], typer.Option(min=1, help="Worker processes per run (default: the profile's); "
+                                                               "with --target-ci, the repeats before the first check.")] = None,
+    max_repeats: Annotated[Optional[int], typer.Option(
+        "--max-repeats", help="Adaptive repeats: the most worker processes per run (needs --target-ci).")] = None,
+    target_ci: Annotated[Optional[float], typer.Option("--target-ci", metavar="PCT", help=(
+        "Adaptive repeats: add repeats until the 95% CI half-width of the median is under PCT percent of "
+        "it, or --max-repeats is reached."))] = None,
     store: StoreOpt = None,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 1800.0,
     sample_interval: Annotated[float, typer.Option("--sample-interval", min=10, max=1000,
@@ -196,7 +208,7 @@ def run(
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
-    from .execution.orchestrator import Orchestrator, RunOptions, plan
+    from .execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
 
     _check_choice("profile", profile, list(PROFILES))
     _check_choice("device", device, ["auto", "cpu", "cuda"])
@@ -219,11 +231,16 @@ def run(
         chosen = {b.name for b in available}
         selected = [b for b in every_mode
                     if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
+    try:
+        check_repeat_options(repeats, max_repeats, target_ci, selected)
+    except ValueError as e:
+        raise fail(str(e)) from None
     runners = [_runner(registry, n) for n in names]
     options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),
                          telemetry=None if no_telemetry else _telemetry_config(resolved_device, sample_interval),
-                         nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"))
+                         nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"),
+                         max_repeats=max_repeats, target_ci_pct=target_ci)
     runs = plan(runners, selected)
     st = _store(store)
     err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
@@ -241,6 +258,12 @@ def run(
         err.print(f"interrupted: workers stopped; {len(records)} complete runs are in the store, none partial")
         raise typer.Exit(130) from None
     out.print(_summary_table(records))
+    for r in records:
+        if r.summary and r.summary.stability and r.summary.stability.unstable:
+            err.print(f"[yellow]unstable[/]: {escape(r.benchmark)} on {escape(str(r.framework.get('name')))} "
+                      f"b={r.workload.batch_size}: {escape(r.summary.stability.reason)}; with few processes the "
+                      "interval may understate where a rerun lands (add repeats: --max-repeats N --target-ci PCT)",
+                      highlight=False, soft_wrap=True)
     bad = [r for r in records if r.status in ("failed", "timeout")]
     if bad:
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
@@ -249,8 +272,8 @@ def run(
 # rich lays out a table cell by cell (about a second per 500 rows here): beyond this, plain columns.
 RICH_TABLE_MAX_ROWS = 200
 RESULTS_TABLE_COLUMNS = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "status",
-                         "ms_per_iter", "samples_per_s", "params", "params_described", "flops_per_sample",
-                         "equivalence")
+                         "ms_per_iter", "ci_pct", "samples_per_s", "stability", "params", "params_described",
+                         "flops_per_sample", "equivalence")
 
 
 def _cell(value) -> str:

@@ -3,6 +3,11 @@
 A run is one (framework, benchmark, batch size). Each repeat is a fresh worker process, so every
 repeat pays and records its own first iteration and warm-up. Whatever a worker does (crash, hang,
 out of memory, skip), the run is recorded with its status and reason and the plan goes on.
+
+Repeats are fixed (the profile's, or --repeats) or adaptive (--target-ci with --max-repeats): from
+the fixed number on, after every repeat the median's confidence interval is recomputed and the run
+stops once its half-width is within the target, or at the cap. The record's `repeat_policy` says
+which, and why the run stopped.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from ..machine import dlbench_provenance, fingerprint
 from ..statistics import summarise
 from ..telemetry import Sampler, TelemetryConfig, derive
 from ..telemetry.summary import summarise_repeats
-from ..store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
+from ..store.record import NetworkInfo, Record, Repeat, RepeatPolicy, Settings, Workload, new_run_id
 from ..store.store import Store
 from .environments import Environment, EnvironmentBuildError, backend
 from .launcher import PROTOCOL_VERSION, run_worker
@@ -37,6 +42,39 @@ class RunOptions:
     seed: int = 0
     telemetry: TelemetryConfig | None = None  # None: no sampling (--no-telemetry)
     nvml_module: str = "pynvml"  # the NVML binding the sampler imports (tests substitute a fake)
+    max_repeats: int | None = None  # adaptive repeats: the cap (None: fixed repeats)
+    target_ci_pct: float | None = None  # adaptive repeats: stop when the CI half-width is this % of the median
+
+    @property
+    def adaptive(self) -> bool:
+        return self.target_ci_pct is not None
+
+    def repeat_bounds(self, benchmark: Benchmark) -> tuple[int, int]:
+        """(repeats before the first check, most repeats); equal when repeats are fixed."""
+        minimum = self.repeats or benchmark.policy.repeats
+        return minimum, self.max_repeats if self.adaptive else minimum
+
+
+def check_repeat_options(repeats: int | None, max_repeats: int | None, target_ci_pct: float | None,
+                         benchmarks: list[Benchmark]) -> None:
+    """ValueError naming the option when the repeat options do not make sense together."""
+    if max_repeats is None and target_ci_pct is None:
+        return
+    if target_ci_pct is None:
+        raise ValueError("--max-repeats needs --target-ci PCT (the confidence-interval half-width to stop at)")
+    if max_repeats is None:
+        raise ValueError("--target-ci needs --max-repeats N (the most worker processes per run)")
+    if not 0 < target_ci_pct < 100:
+        raise ValueError(f"--target-ci must be a percentage between 0 and 100 (exclusive), not {target_ci_pct:g}")
+    for b in benchmarks:
+        minimum = repeats or b.policy.repeats
+        source = "--repeats" if repeats else f"profile {b.profile!r} repeats"
+        if minimum < 2:
+            raise ValueError(f"--target-ci needs at least 2 repeats before the first check ({source} is "
+                             f"{minimum}): one worker process cannot show process-to-process variation")
+        if max_repeats < minimum:
+            raise ValueError(f"--max-repeats {max_repeats} is below the minimum number of repeats "
+                             f"({source} is {minimum})")
 
 
 @dataclass(frozen=True)
@@ -124,20 +162,23 @@ class Orchestrator:
     def execute_one(self, run: PlannedRun) -> Record:
         opts = self.options
         b = run.benchmark
-        n_repeats = opts.repeats or b.policy.repeats
+        min_repeats, max_repeats = opts.repeat_bounds(b)
         started = datetime.now(timezone.utc)
-        self.events.run_started(run, n_repeats)
+        self.events.run_started(run, max_repeats)
         env = self.environment(run.runner)
         repeats: list[Repeat] = []
         last_result: dict = {}
         tail = ""
         status, reason = "ok", None
+        summary = None  # of `repeats` as they stand (kept between the adaptive checks)
+        stopped = "fixed" if not opts.adaptive else "cap_reached"
         if isinstance(env, EnvironmentBuildError):
             status, reason, env_info = "failed", str(env), {"backend": opts.env_backend, "error": str(env)}
+            stopped = "not_started"
         else:
             env_info = env.describe()
             request = build_request(run, opts)
-            for index in range(n_repeats):
+            for index in range(max_repeats):
                 sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
                 outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
                                      _thread_env(opts.threads), sampler)
@@ -157,11 +198,20 @@ class Orchestrator:
                 )
                 repeats.append(rep)
                 self.events.repeat_done(run, rep)
+                summary = None
                 if outcome.status != "ok":
                     # A crash, hang or skip repeats itself; do not spend the timeout again.
-                    status, reason = outcome.status, outcome.reason
+                    status, reason, stopped = outcome.status, outcome.reason, "failed_repeat"
                     break
-        summary = summarise(repeats, run.batch_size) if status == "ok" else None
+                if opts.adaptive and len(repeats) >= min_repeats:
+                    summary = summarise(repeats, run.batch_size)
+                    if summary and summary.ci and summary.ci.half_width_pct <= opts.target_ci_pct:
+                        stopped = "target_met"
+                        break
+        if status != "ok":
+            summary = None
+        elif summary is None:
+            summary = summarise(repeats, run.batch_size)
         threads = last_result.get("threads", {})
         record = Record(
             run_id=new_run_id(started), started_at=started, ended_at=datetime.now(timezone.utc),
@@ -173,12 +223,16 @@ class Orchestrator:
                               learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device),
             framework=last_result.get("framework", {"name": run.runner.name}),
             environment=env_info, machine=fingerprint(),
-            settings=Settings(profile=b.profile, repeats=n_repeats, threads_requested=opts.threads,
+            settings=Settings(profile=b.profile, repeats=min_repeats, threads_requested=opts.threads,
                               threads_effective=threads, timeout_s=opts.timeout_s,
                               policy={"warmup": b.policy.warmup.model_dump(), "measure": b.policy.measure.model_dump()},
                               runner=last_result.get("settings", {})),
             repeats=repeats, summary=summary, params=last_result.get("params"),
             status=status, reason=reason, output_tail=tail if status != "ok" else "",
+            repeat_policy=RepeatPolicy(
+                kind="adaptive" if opts.adaptive else "fixed", min_repeats=min_repeats, max_repeats=max_repeats,
+                target_ci_pct=opts.target_ci_pct, stopped=stopped,
+                achieved_ci_pct=summary.ci.half_width_pct if summary and summary.ci else None),
         )
         record.telemetry = self._telemetry_summary(repeats, run.batch_size)
         record.equivalence = CheckStore(self.store.root).status(

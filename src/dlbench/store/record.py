@@ -63,6 +63,29 @@ class Repeat(_Model):
     derived: dict[str, Any] | None = None  # figures for this repeat's measured window
 
 
+class MedianInterval(_Model):
+    """Confidence interval of the median iteration time and the throughput it implies (how it is
+    made, and why: src/dlbench/statistics.py)."""
+
+    confidence: float  # 0.95
+    method: Literal["two-level bootstrap", "block bootstrap"]
+    level: Literal["repeats", "iterations"]  # the outermost independent unit that was resampled
+    units: int  # how many of those units (repeats, or iteration blocks of a single repeat)
+    resamples: int
+    median_s: tuple[float, float]  # low, high
+    samples_per_s: tuple[float, float]  # low, high: batch / the time interval's high, low
+    half_width_pct: float  # (high - low) / 2 of median_s, as a percentage of the median
+
+
+class Stability(_Model):
+    """Whether the repeats (fresh processes) agree beyond their own spread."""
+
+    unstable: bool
+    reason: str  # one line for people
+    kruskal_p: float | None = None
+    spread_to_iqr: float | None = None  # (max - min) of repeat medians / median within-repeat IQR
+
+
 class Summary(_Model):
     """Over every measured iteration of every successful repeat."""
 
@@ -81,6 +104,8 @@ class Summary(_Model):
     first_iter_s: float | None
     ms_per_iter: float
     samples_per_s: float
+    ci: MedianInterval | None = None  # None in records before schema 4
+    stability: Stability | None = None
 
 
 class NetworkInfo(_Model):
@@ -111,6 +136,19 @@ class Settings(_Model):
     runner: dict[str, Any] = {}
 
 
+class RepeatPolicy(_Model):
+    """How many repeats a run asked for and why it stopped where it did."""
+
+    kind: Literal["fixed", "adaptive"]
+    min_repeats: int  # the profile's or --repeats; adaptive runs check their interval from here on
+    max_repeats: int  # --max-repeats (= min_repeats when fixed)
+    target_ci_pct: float | None = None  # --target-ci: half-width of the median's CI, % of the median
+    achieved_ci_pct: float | None = None
+    # fixed: ran the repeats asked for; target_met / cap_reached: adaptive outcomes;
+    # failed_repeat: a repeat did not complete (failed, timeout, skipped); not_started: no environment
+    stopped: Literal["fixed", "target_met", "cap_reached", "failed_repeat", "not_started"]
+
+
 class Record(_Model):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -133,3 +171,4 @@ class Record(_Model):
     output_tail: str = ""
     equivalence: dict[str, Any] = {"status": "unchecked"}
     telemetry: dict[str, Any] = {"enabled": False}
+    repeat_policy: RepeatPolicy | None = None  # None in records before schema 4

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from .record import Record
+from .record import Record, Summary
 
 COLUMNS = (
     "run_id", "started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version",
     "device", "batch_size", "precision", "threads", "status", "ms_per_iter", "samples_per_s", "iqr_ms",
-    "cv", "first_iter_ms", "repeats", "iterations", "params", "params_described", "flops_per_sample",
+    "cv", "ci_low_ms", "ci_high_ms", "ci_pct", "samples_per_s_low", "samples_per_s_high", "ci_level", "stability",
+    "first_iter_ms", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
-    "machine", "equivalence", "reason",
+    "machine", "equivalence", "reason", "stability_reason",
 )
 
 
@@ -21,8 +22,17 @@ def _telemetry_columns(r: Record) -> dict:
     return {c: summary.get(c) for c in TELEMETRY_COLUMNS}
 
 
+def _stability(s: Summary | None) -> str | None:
+    if s is None or s.stability is None:
+        return None  # failed runs, and records from before the check
+    if s.stability.unstable:
+        return "unstable"
+    return "stable" if s.stability.kruskal_p is not None else "untested"
+
+
 def run_row(r: Record) -> dict:
     s = r.summary
+    ci = s.ci if s else None
     return {
         "run_id": r.run_id,
         "started_at": r.started_at.isoformat(timespec="seconds"),
@@ -41,9 +51,18 @@ def run_row(r: Record) -> dict:
         "samples_per_s": s.samples_per_s if s else None,
         "iqr_ms": s.iqr_s * 1e3 if s else None,
         "cv": s.cv if s else None,
+        # the 95% interval of the median (statistics.py: how, and at which level)
+        "ci_low_ms": ci.median_s[0] * 1e3 if ci else None,
+        "ci_high_ms": ci.median_s[1] * 1e3 if ci else None,
+        "ci_pct": ci.half_width_pct if ci else None,
+        "samples_per_s_low": ci.samples_per_s[0] if ci else None,
+        "samples_per_s_high": ci.samples_per_s[1] if ci else None,
+        "ci_level": ci.level if ci else None,
+        "stability": _stability(s),
         "first_iter_ms": s.first_iter_s * 1e3 if s and s.first_iter_s is not None else None,
         "repeats": s.repeats if s else len(r.repeats),
         "iterations": s.iterations if s else 0,
+        "repeat_stop": r.repeat_policy.stopped if r.repeat_policy else None,
         "params": r.params,
         "params_described": r.network.params_described,
         "flops_per_sample": r.network.flops_per_sample,
@@ -51,4 +70,5 @@ def run_row(r: Record) -> dict:
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,
+        "stability_reason": s.stability.reason if s and s.stability else None,
     }
