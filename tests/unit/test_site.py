@@ -3,6 +3,8 @@ hostile strings inert, and a build that never loses the previous site or a user'
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import sys
 from collections import defaultdict
@@ -289,3 +291,48 @@ def test_a_bad_comparison_writes_nothing(store_copy, tmp_path, selectors, code, 
     assert got == code and message in output
     assert not (tmp_path / "site").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+
+
+def test_a_rebuild_renders_only_new_or_changed_records(store_copy, tmp_path, monkeypatch):
+    rendered: list[str] = []
+    real = site.render_runs
+
+    def counting(store_root, record_paths, *rest):
+        rendered.extend(Path(p).name for p in record_paths)
+        return real(store_root, record_paths, *rest)
+
+    monkeypatch.setattr(site, "render_runs", counting)
+    out = tmp_path / "site"
+    site.build_site(store_copy, out, workers=1, now=NOW)
+    total = len(rendered)
+    first = pages(out)
+    rendered.clear()
+    site.build_site(store_copy, out, workers=1, now=NOW)
+    assert rendered == []  # every run page came from the previous site
+    assert pages(out) == first
+
+    newest = sorted((store_copy / "runs").glob("*.json"))[-1]
+    os.utime(newest, ns=(newest.stat().st_atime_ns, newest.stat().st_mtime_ns + 10**9))  # as if rewritten
+    (store_copy / "runs" / "20991231T000000Z-000000000bad.json").write_text("{")
+    site.build_site(store_copy, out, workers=1, now=NOW)
+    assert sorted(rendered) == sorted([newest.name, "20991231T000000Z-000000000bad.json"])
+
+    rendered.clear()  # another renderer (here: a site with a compare page) renders everything again
+    site.build_site(store_copy, out, ("framework=torch,version=2.13.0", "framework=torch,version=2.14.0"),
+                    workers=1, now=NOW)
+    assert len(rendered) == total + 1
+
+
+def test_a_damaged_or_crafted_manifest_is_not_trusted(store_copy, tmp_path):
+    out = tmp_path / "site"
+    site.build_site(store_copy, out, workers=1, now=NOW)
+    manifest = json.loads((out / site.SITE_MARKER).read_text())
+    name, entry = next(iter(manifest["runs"].items()))
+    entry["view"]["page"] = "../../outside.html"
+    (out / site.SITE_MARKER).write_text(json.dumps(manifest))
+    site.build_site(store_copy, out, workers=1, now=NOW)  # that record is rendered afresh
+    assert not (tmp_path.parent / "outside.html").exists()
+    assert (out / site_model.run_page_name(Path(name).stem)).is_file()
+    (out / site.SITE_MARKER).write_text("not json")
+    site.build_site(store_copy, out, workers=1, now=NOW)
+    assert json.loads((out / site.SITE_MARKER).read_text())["manifest"] == site.MANIFEST_VERSION

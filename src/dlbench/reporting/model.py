@@ -20,6 +20,7 @@ own page (date, versions, machine) is one click from the number.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections import defaultdict
@@ -45,6 +46,11 @@ def run_page_name(run_id: str) -> str:
     if SAFE_RUN_ID.match(run_id):
         return f"runs/{run_id}.html"
     return f"runs/{slug(run_id)}-{_digest(run_id)}.html"
+
+
+def network_page_name(definition_hash: str) -> str:
+    """networks/<hash>.json: one file per network definition, shared by every run of it."""
+    return f"networks/{slug(definition_hash, 64)}.json"
 
 
 def hardware_label(r: Record) -> str:
@@ -103,6 +109,20 @@ class RunView:
     energy_missing: str | None = None
     repeats: int = 0
     iterations: int = 0
+    network_page: str = ""  # the network definition's JSON file in the site
+
+    def to_json(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunView":
+        data = dict(data)
+        data["started_at"] = datetime.fromisoformat(data["started_at"])
+        data["box_ms"] = tuple(data["box_ms"]) if data.get("box_ms") else None
+        data["repeat_medians_ms"] = tuple(data.get("repeat_medians_ms") or ())
+        return cls(**data)
 
     @property
     def board_key(self) -> tuple[str, str]:
@@ -179,7 +199,7 @@ def run_view(r: Record, page: str | None = None) -> RunView:
         first_iter_ms=s.first_iter_s * 1e3 if s and s.first_iter_s is not None else None,
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
-        iterations=s.iterations if s else 0,
+        iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
     )
 
 

@@ -23,7 +23,7 @@ from markupsafe import Markup
 
 from ..store.record import Record
 from . import charts
-from .model import benchmark_page_name, board_anchor, hardware_label, run_view, series_anchor, slug
+from .model import benchmark_page_name, board_anchor, hardware_label, run_view, series_anchor
 
 MIB = 2**20
 GIB = 2**30
@@ -286,11 +286,6 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def network_page_name(definition_hash: str) -> str:
-    """networks/<hash>.json: one file per network definition, shared by every run of it."""
-    return f"networks/{slug(definition_hash, 64)}.json"
-
-
 def network_definition(record: Record) -> str:
     return json.dumps(record.network.definition, indent=1, sort_keys=True, default=str)
 
@@ -318,7 +313,7 @@ def run_context(record: Record, page: str | None = None) -> dict:
         "environment": flatten(environment),
         "packages": [str(p) for p in packages],
         "network": flatten({k: v for k, v in record.network.model_dump().items() if k != "definition"}),
-        "definition_page": network_page_name(record.network.hash),
+        "definition_page": view.network_page,
         "workload": flatten(record.workload.model_dump()),
         "settings": flatten({**record.settings.model_dump(), **_repeat_policy(record)}),
         "equivalence_rows": flatten(record.equivalence),

@@ -19,11 +19,21 @@ and script load: a hostile name or error text shows as text and runs nothing.
 The site is built in a sibling folder and swapped in when complete: a failed or interrupted build
 leaves the previous site as it was. OUT is only ever replaced if it is empty or a site written by
 dlbench (it holds SITE_MARKER): `--out ~` never deletes a home folder.
+
+SITE_MARKER is also the site's manifest: per record file its size, modification time and RunView.
+A rebuild into the same OUT hard-links the page of every record whose file is unchanged from the
+previous site (records are append-only) when the renderer is the same (templates, static files,
+this package, dlbench version: `renderer_key`), and reads and renders only the others; the
+aggregate pages are always rebuilt. An unchanged file is then not verified again: like the store's
+row index, the reuse trusts size and mtime_ns, and a new or `store upgrade`d record changes both.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import shutil
 import webbrowser
 from concurrent.futures import ProcessPoolExecutor
@@ -36,12 +46,14 @@ import multiprocessing
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
 from .. import __version__, paths
+from ..store.record import SCHEMA_VERSION
 from ..store.store import Store, StoreError
 from . import charts, pages
 from .model import RunView, SiteModel, build_model, run_page_name, slug
 from .run_page import network_definition, run_context
 
-SITE_MARKER = ".dlbench-site"
+SITE_MARKER = ".dlbench-site"  # the manifest: marks the folder as a site and lets a rebuild reuse run pages
+MANIFEST_VERSION = 1
 STATIC_FILES = ("style.css", "tables.js")
 PARALLEL_FROM = 300  # records; below this, starting worker processes costs more than it saves
 CHUNK = 250  # record files per task
@@ -138,21 +150,93 @@ def _workers(n_records: int) -> int:
     return max(1, min(cpus, 8, n_records // CHUNK + 1))
 
 
+def renderer_key(has_compare: bool) -> str:
+    """What a run page depends on besides its record: the templates, the static files, this
+    package's code, dlbench's version and whether the site has a compare page (its navigation
+    links there). A previous site's run page is reused only under the same key."""
+    digest = hashlib.sha256(f"{__version__}|{SCHEMA_VERSION}|{has_compare}".encode())
+    for folder, pattern in ((paths.reports_dir() / "templates", "*.j2"), (paths.reports_dir() / "static", "*"),
+                            (Path(__file__).parent, "*.py")):
+        for f in sorted(folder.glob(pattern)):
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
+def previous_runs(out_dir: Path, key: str) -> dict[str, dict]:
+    """The manifest of the site in out_dir, if it was rendered under `key`: record file name ->
+    {"size", "mtime_ns", "view"}; empty when there is none or it does not fit."""
+    try:
+        data = json.loads((out_dir / SITE_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("manifest") != MANIFEST_VERSION or data.get("renderer") != key:
+        return {}
+    runs = data.get("runs")
+    return runs if isinstance(runs, dict) else {}
+
+
+def _reuse(entry: dict, old_dir: Path, build_dir: Path) -> RunView | None:
+    """Hard-link an unchanged record's page (and its network's file) from the previous site."""
+    try:
+        view = RunView.from_json(entry["view"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    for rel in (view.page, view.network_page):
+        if not re.fullmatch(r"(runs|networks)/[A-Za-z0-9_.-]+", rel) or ".." in rel:
+            return None  # a manifest names only files of the site itself
+        target = build_dir / rel
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(old_dir / rel, target)
+        except FileNotFoundError:
+            return None
+        except OSError:  # a file system without hard links
+            shutil.copyfile(old_dir / rel, target)
+    return view
+
+
 def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_compare: bool,
-                         workers: int | None = None) -> tuple[list[RunView], list[tuple[str, str]]]:
-    record_paths = [str(p) for p in store.paths()]
-    workers = workers or _workers(len(record_paths))
+                         workers: int | None = None, old_dir: Path | None = None,
+                         old_runs: dict[str, dict] | None = None,
+                         ) -> tuple[list[RunView], list[tuple[str, str]], dict[str, dict]]:
+    """Views of every readable record, the problems of the others, and the manifest entries.
+    A record whose file has the size and modification time the previous site saw (records are
+    never rewritten in place, except by `dlbench store upgrade`, which changes both) keeps its
+    page; the others are read, verified and rendered."""
+    old_runs = old_runs or {}
+    views, fresh, seen = [], [], {}
+    for path in store.paths():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue  # removed since the listing
+        seen[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        entry = old_runs.get(path.name)
+        view = None
+        if old_dir is not None and entry and (entry.get("size"), entry.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
+            view = _reuse(entry, old_dir, build_dir)
+        if view is not None:
+            views.append(view)
+        else:
+            fresh.append(str(path))
+    workers = workers or _workers(len(fresh))
     if workers <= 1:
-        return render_runs(str(store.root), record_paths, str(build_dir), generated_at, has_compare)
-    chunks = [record_paths[i:i + CHUNK] for i in range(0, len(record_paths), CHUNK)]
-    views, problems = [], []
-    # spawn: a fresh interpreter per worker, whatever threads the caller has running
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for v, p in pool.map(render_runs, [str(store.root)] * len(chunks), chunks, [str(build_dir)] * len(chunks),
-                             [generated_at] * len(chunks), [has_compare] * len(chunks)):
-            views.extend(v)
-            problems.extend(p)
-    return views, problems
+        new_views, problems = render_runs(str(store.root), fresh, str(build_dir), generated_at, has_compare)
+    else:
+        chunks = [fresh[i:i + CHUNK] for i in range(0, len(fresh), CHUNK)]
+        new_views, problems = [], []
+        # spawn: a fresh interpreter per worker, whatever threads the caller has running
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for v, p in pool.map(render_runs, [str(store.root)] * len(chunks), chunks, [str(build_dir)] * len(chunks),
+                                 [generated_at] * len(chunks), [has_compare] * len(chunks)):
+                new_views.extend(v)
+                problems.extend(p)
+    views.extend(new_views)
+    by_page = {run_page_name(Path(name).stem): name for name in seen}
+    manifest = {by_page[v.page]: {**seen[by_page[v.page]], "view": v.to_json()} for v in views if v.page in by_page}
+    return views, problems, manifest
 
 
 def render_aggregates(model: SiteModel, build_dir: Path, generated_at: str) -> int:
@@ -177,7 +261,6 @@ def render_aggregates(model: SiteModel, build_dir: Path, generated_at: str) -> i
         static = build_dir / "static" / name
         static.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(paths.reports_dir() / "static" / name, static)
-    (build_dir / SITE_MARKER).write_text(f"written by dlbench {__version__} at {generated_at}\n")
     return written
 
 
@@ -214,10 +297,13 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
     build_dir = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
     shutil.rmtree(build_dir, ignore_errors=True)
     build_dir.mkdir()
+    key = renderer_key(request is not None)
     try:
-        views, problems = read_and_render_runs(store, build_dir, generated_at, request is not None, workers)
+        views, problems, manifest = read_and_render_runs(
+            store, build_dir, generated_at, request is not None, workers, out_dir, previous_runs(out_dir, key))
         if not views:
-            raise SiteError(f"no records in {store.root}; run `dlbench run` first", 1)
+            detail = f" ({len(problems)} unreadable; the first: {problems[0][1]})" if problems else ""
+            raise SiteError(f"no records in {store.root}{detail}; run `dlbench run` first", 1)
         model = build_model(views, problems, generated, __version__)
         from .history_view import attach_change_points  # here: worker processes need no ruptures
         attach_change_points(model)
@@ -225,6 +311,9 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
             from .comparison_view import run_comparison
             model.comparison = run_comparison(store, request)
         written = render_aggregates(model, build_dir, generated_at)
+        (build_dir / SITE_MARKER).write_text(json.dumps(
+            {"manifest": MANIFEST_VERSION, "written_by": f"dlbench {__version__}", "generated_at": generated_at,
+             "renderer": key, "runs": manifest}))
         _swap_in(build_dir, out_dir)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
