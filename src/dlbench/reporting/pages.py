@@ -110,8 +110,8 @@ def compare_context(report, model: SiteModel) -> dict:
             "cand_runs": [(r, pages_by_run.get(r)) for r in cand["runs"]],
             "base_sps": base["samples_per_s"], "cand_sps": cand["samples_per_s"],
             "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "change_pct": c.change_pct,
-            "unit": c.unit, "units": (base["processes"], cand["processes"]) if c.unit == "process"
-            else (base["iterations"], cand["iterations"]),
+            "unit": c.unit, "units": (base["iterations"], cand["iterations"]) if c.unit == "iteration"
+            else (base["processes"], cand["processes"]),
             "p": c.p_value, "p_adjusted": c.p_adjusted, "significant": c.significant, "verdict": c.verdict,
         })
     bars = [charts.Bar(" · ".join(r["key"]) or "all", r["ratio"], r["ci_low"], r["ci_high"],

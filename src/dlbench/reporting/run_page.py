@@ -294,7 +294,9 @@ def run_context(record: Record, page: str | None = None) -> dict:
     view = run_view(record, page)
     hardware = hardware_label(record)
     bench_key = (record.suite, hardware, record.benchmark)
-    stats = flatten(_rounded(record.summary.model_dump())) if record.summary is not None else []
+    # fields a record of an older schema lacks (the interval, the stability verdict) are left out
+    stats = (flatten(_rounded({k: v for k, v in record.summary.model_dump().items() if v is not None}))
+             if record.summary is not None else [])
     environment = dict(record.environment)
     packages = environment.pop("packages", None) or []
     return {
