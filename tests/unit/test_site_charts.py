@@ -83,8 +83,9 @@ def test_time_chart_breaks_its_line_at_gaps_and_shades_windows_and_episodes():
     seg = charts.Segment("repeat 1", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5], {"power": [1.0, 2.0, None, 3.0, 4.0, 5.0]},
                          windows=[(0.1, 0.4)], episodes=[(0.2, 0.3)])
     svg = parse(charts.time_chart([seg, seg], "power", "W"))
-    lines = [p for p in svg.iter(f"{SVG}polyline")]
-    assert len(lines) == 4  # two runs of samples per segment, none drawn across the gap
+    (line,) = [p for p in svg.iter(f"{SVG}path") if p.get("class") == "line"]
+    strokes = line.get("d").split("M")[1:]
+    assert [len(s.split(",")) // 2 for s in strokes] == [2, 3, 2, 3]  # broken at the gap and between repeats
     classes = [r.get("class") for r in svg.iter(f"{SVG}rect")]
     assert classes.count("window") == 2 and classes.count("throttle") == 2
     assert len([l for l in svg.iter(f"{SVG}line") if l.get("class") == "separator"]) == 1
@@ -93,7 +94,7 @@ def test_time_chart_breaks_its_line_at_gaps_and_shades_windows_and_episodes():
 def test_two_lines_share_a_chart_with_a_legend():
     seg = charts.Segment("repeat 1", [0.0, 0.1, 0.2], {"SM": [1980, 1410, 1980], "memory": [2619, 2619, 2619]})
     svg = parse(charts.time_chart([seg], "clocks", "MHz", {"SM": "#111111", "memory": "#222222"}))
-    assert {p.get("stroke") for p in svg.iter(f"{SVG}polyline")} == {"#111111", "#222222"}
+    assert {p.get("stroke") for p in svg.iter(f"{SVG}path") if p.get("class") == "line"} == {"#111111", "#222222"}
     assert {"SM", "memory"} <= set(texts(svg))
 
 

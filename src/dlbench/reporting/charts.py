@@ -369,26 +369,24 @@ def thin(t: np.ndarray, v: np.ndarray, buckets: int) -> tuple[np.ndarray, np.nda
     return out_t, out_v
 
 
-def _polylines(x: np.ndarray, y: np.ndarray, colour: str) -> list[str]:
-    """One polyline per stretch without gaps (NaN); a lone sample is a dot."""
+def _line_path(x: np.ndarray, y: np.ndarray, colour: str) -> list[str]:
+    """One <path> for a whole line: a moveto per stretch without gaps (NaN), whose further
+    coordinate pairs are implicit linetos; a lone sample between gaps is a dot."""
     finite = ~np.isnan(y)
-    if finite.all():
-        edges = [0, y.size]
-    elif not finite.any():
+    if not finite.any():
         return []
-    else:
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], finite.astype(np.int8), [0]]))).tolist()
-    xy = np.round(np.column_stack([x, y]), 1)
-    body = []
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], finite.astype(np.int8), [0]]))).tolist()
+    xy = np.empty(2 * x.size)
+    xy[0::2], xy[1::2] = np.round(x, 1), np.round(y, 1)
+    # the rounded floats' shortest reprs, "x, y, x, y": a list's own str(), computed in C
+    parts, dots = [], []
     for a, b in zip(edges[::2], edges[1::2]):
         if b - a == 1:
-            body.append(f'<circle cx="{xy[a, 0]:.1f}" cy="{xy[a, 1]:.1f}" r="2" fill="{colour}"/>')
+            dots.append(f'<circle cx="{xy[2 * a]:.1f}" cy="{xy[2 * a + 1]:.1f}" r="2" fill="{colour}"/>')
         else:
-            # "x, y, x, y, ...": SVG's number list takes commas and spaces alike, and a rounded
-            # float's repr is its shortest form, so the list's own str() is the attribute
-            points = str(xy[a:b].ravel().tolist())[1:-1]
-            body.append(f'<polyline points="{points}" fill="none" stroke="{colour}" class="line"/>')
-    return body
+            parts.append("M" + str(xy[2 * a:2 * b].tolist())[1:-1])
+    path = [f'<path d="{" ".join(parts)}" fill="none" stroke="{colour}" class="line"/>'] if parts else []
+    return path + dots
 
 
 def _column(values) -> np.ndarray:
@@ -432,6 +430,8 @@ def time_chart(segments: list[Segment], title: str, unit: str, colours: dict[str
         y = y_scale(t)
         body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
         body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    lines: dict[str, tuple[list, list]] = {name: ([], []) for name in names}
+    gap_mark = np.array([np.nan])
     for seg, cols, offset, span in zip(segments, columns, offsets, spans):
         if not seg.t_s:
             continue
@@ -443,9 +443,13 @@ def time_chart(segments: list[Segment], title: str, unit: str, colours: dict[str
         buckets = max(8, int(span * px_per_s * POINTS_PER_PX / 2))
         for name, v in cols.items():
             tt, vv = thin(t, v, buckets)
-            x = left + (offset + tt) * px_per_s
-            y = y_scale.px_lo + (vv - y_lo) * y_factor
-            body.extend(_polylines(x, y, colour[name]))
+            xs, ys = lines[name]
+            # a NaN after each repeat: the line breaks between repeats
+            xs.extend((left + (offset + tt) * px_per_s, gap_mark))
+            ys.extend((y_scale.px_lo + (vv - y_lo) * y_factor, gap_mark))
+    for name, (xs, ys) in lines.items():
+        if xs:
+            body.extend(_line_path(np.concatenate(xs), np.concatenate(ys), colour[name]))
     body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
                 f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(unit)}</text>')
     body.append(_text(width - right, height - 4, x_label, "end", "axis"))
