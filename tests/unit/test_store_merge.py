@@ -69,7 +69,7 @@ def test_same_run_with_other_content_is_a_conflict_and_is_not_overwritten(tmp_pa
     rec = dest.read(dest.paths()[0])
     rec.status, rec.reason, rec.summary = "failed", "a different story", None
     other.write(rec)  # intact (its checksum is right), but not the same run as the one we hold
-    save_check(other, "fcn5--torch--2.13.0", checked_at="2026-01-03")
+    save_check(other, "fcn5--torch--2.13.0", checked_at="2026-01-03", status="mismatch")
     save_check(dest, "fcn5--torch--2.13.0", checked_at="2026-01-01")
     before = contents(dest)
     report = merge(dest, [other.root])
@@ -190,3 +190,17 @@ def test_store_merge_command_refuses_a_missing_source(tmp_path):
     code, _, err = invoke("store", "merge", str(tmp_path / "nowhere"), "--store", str(tmp_path / "dest"))
     assert code == 2 and "no such store" in err
     assert not (tmp_path / "dest").exists()
+
+
+def test_checks_with_the_same_verdict_at_other_times_are_duplicates(tmp_path):
+    """Nightly runners re-check every night: the same status for the same network hash is the same
+    evidence, whatever the time and the last digits of the errors; the destination keeps its own."""
+    dest, other = Store(tmp_path / "dest"), Store(tmp_path / "other")
+    kept = save_check(dest, "fcn5--torch--2.13.0", checked_at="2026-01-01", network_hash="h1", errors={"loss": 1e-7})
+    save_check(other, "fcn5--torch--2.13.0", checked_at="2026-01-02", network_hash="h1", errors={"loss": 2e-7})
+    before = kept.read_bytes()
+    report = merge(dest, [other.root])
+    assert report.conflicts == [] and len(report.duplicates) == 1 and report.clean
+    assert kept.read_bytes() == before
+    save_check(other, "fcn5--torch--2.13.0", checked_at="2026-01-03", network_hash="h2")  # another network version
+    assert len(merge(dest, [other.root]).conflicts) == 1

@@ -10,9 +10,9 @@ For every run record of every source store (runs/<run_id>.json) and every equiva
 - present with the same content: a duplicate, skipped. Records are compared by what they say at
   the current schema, so a record and the same record rewritten by `store upgrade` are duplicates;
 - present with other content: a conflict, reported and left alone (the destination keeps its
-  file); someone has to decide. Check files are compared as JSON, so two machines that checked
-  the same network on the same framework version at different times conflict: the store keeps
-  one check per (network, framework, version), and which one wins is not the merge's to decide;
+  file); someone has to decide. Check files of one (network, framework, version) that agree on
+  the network hash and the status are duplicates (the destination's is kept: nightly runners
+  re-check at different times); a different verdict is a conflict;
 - damaged (truncated, checksum mismatch, invalid, named other than its run id, of a newer schema
   than this dlbench reads): reported as unreadable and skipped.
 """
@@ -101,6 +101,15 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
                                    f"content (differs in: {', '.join(differ)}); kept {target}"))
 
 
+def _same_verdict(existing: dict, incoming: dict) -> bool:
+    """Two checks of one (network, framework, version) that agree on the network's hash and the
+    status are the same evidence (nightly runners re-check every night, at different times, with
+    errors that differ in the last digits): the destination's is kept. A different verdict is a
+    conflict someone has to look at."""
+    keys = ("network", "framework", "framework_version", "network_hash", "status")
+    return all(existing.get(k) == incoming.get(k) for k in keys)
+
+
 def _merge_check(destination: Store, path: Path, report: MergeReport) -> None:
     problem = check_file_problem(path)
     if problem:
@@ -115,7 +124,7 @@ def _merge_check(destination: Store, path: Path, report: MergeReport) -> None:
     except FileExistsError:
         pass
     existing = target.read_bytes()
-    if existing == raw or (check_file_problem(target) is None and json.loads(existing) == json.loads(raw)):
+    if existing == raw or (check_file_problem(target) is None and _same_verdict(json.loads(existing), json.loads(raw))):
         report.duplicates.append(path)
         return
     report.conflicts.append((path, f"{path}: {target} holds another result for this network, framework and "
