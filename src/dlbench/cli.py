@@ -54,6 +54,18 @@ def _store(store: Path | None) -> Store:
     return Store(store or paths.default_store())
 
 
+def _refresh_index(st: Store) -> None:
+    """Bring the row index up to date after writing records, so that the next `results` reads it
+    instead of parsing the new records (or, in a store without an index yet, all of them). The
+    index is a cache: failing to update it here loses nothing, the next read rebuilds it."""
+    from .store.index import read_rows
+
+    try:
+        read_rows(st)
+    except Exception:  # noqa: BLE001 - a cache update must never fail the command that wrote the records
+        pass
+
+
 def _catalog() -> SuiteCatalog:
     return SuiteCatalog(paths.suites_dir())
 
@@ -257,6 +269,7 @@ def run(
     except KeyboardInterrupt:
         err.print(f"interrupted: workers stopped; {len(records)} complete runs are in the store, none partial")
         raise typer.Exit(130) from None
+    _refresh_index(st)
     out.print(_summary_table(records))
     for r in records:
         if r.summary and r.summary.stability and r.summary.stability.unstable:
@@ -739,6 +752,7 @@ def store_merge(
     except KeyboardInterrupt:
         err.print(f"interrupted: {len(report.added)} files copied, each whole; run the merge again to finish")
         raise typer.Exit(130) from None
+    _refresh_index(st)
     _print_problems("conflict", report.conflicts)
     _print_problems("unreadable", report.unreadable)
     t = Table(title=f"merge into {st.root} from {len(sources)} store{'s' if len(sources) != 1 else ''}")

@@ -312,3 +312,16 @@ def test_check_steps_with_each_networks_suite_hyperparameters(project, tmp_path,
                           "--network", "fcn5", "--network", "lstm32", "--store", str(tmp_path / "s"))
     assert code == 0, err
     assert seen == {"resnet50": (0.01, 0.9), "fcn5": (0.05, 0.9), "lstm32": (0.1, 0.9)}
+
+
+def test_run_leaves_the_row_index_current(project, tmp_path, monkeypatch):
+    """`run` updates the index as it finishes, so the next `results` parses no record."""
+    from dlbench.store.index import read_rows
+
+    code, _, err = run_fcn(tmp_path / "store", "--repeats", "1", modes=())
+    assert code == 0, err
+    parsed: list[str] = []
+    original = Store.read
+    monkeypatch.setattr(Store, "read", lambda self, path: parsed.append(path) or original(self, path))
+    rows = read_rows(Store(tmp_path / "store")).rows
+    assert len(rows) == 2 and parsed == []
