@@ -69,7 +69,7 @@ def page_kinds(site_dir: Path, records) -> dict[str, Path]:
     }
 
 
-CHART_MARKS = "rect.bar, polyline, circle, rect.box"
+CHART_MARKS = "rect.bar, polyline, path.line, circle, rect.box"  # what draws data
 
 
 def test_every_page_kind_loads_cleanly_with_its_charts_drawn(browser, built, artifacts):
