@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import sparse, stats
 
 from .store.record import MedianInterval, Repeat, Stability, Summary
 
@@ -114,15 +114,21 @@ class _BlockCells:
             self.lower, self.upper = edges[:-1], edges[1:]
             cell_of = lambda x: np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)  # noqa: E731
         cells = len(self.lower)
-        # float32 holds counts exactly up to 2**24 iterations and halves the product's cost
-        self.counts = np.stack([np.bincount(cell_of(block), minlength=cells)
-                                for times in per_repeat for block in np.array_split(times, blocks)]
-                               ).astype(np.float32)
+        # A resample holds at most (repeats x the longest repeat) iterations; float32 counts them
+        # exactly below 2**24 and halves the work of the product and the running sums.
+        most = len(per_repeat) * max(len(x) for x in per_repeat)
+        self.dtype = np.float32 if most < 2 ** 24 else np.float64
+        counts = np.stack([np.bincount(cell_of(block), minlength=cells)
+                           for times in per_repeat for block in np.array_split(times, blocks)]).astype(self.dtype)
+        # Every iteration sits in one block and one cell, so short blocks leave the matrix mostly
+        # zeros; then a sparse product is several times cheaper (and uses no BLAS threads).
+        self.counts = sparse.csr_array(counts) if 8 * np.count_nonzero(counts) < counts.size else counts
 
     def medians(self, weights: np.ndarray) -> np.ndarray:
         """Pooled median for each row of block weights (resamples x blocks)."""
-        counts = weights.astype(np.float32) @ self.counts
-        cumulative = np.cumsum(counts, axis=1, dtype=np.float64)
+        weights = weights.astype(self.dtype)
+        counts = (self.counts.T @ weights.T).T if sparse.issparse(self.counts) else weights @ self.counts
+        cumulative = np.add.accumulate(counts, axis=1)  # several times faster than np.cumsum here
         total = cumulative[:, -1]
         rows = np.arange(len(counts))
 
@@ -147,18 +153,20 @@ def median_interval(per_repeat: Sequence[Sequence[float]], confidence: float = C
     cells = _BlockCells(times, blocks)
     units = repeats if repeats > 1 else blocks
     inner = np.random.default_rng(seed)
-    uniform = np.full(blocks, 1.0 / blocks)
+    all_blocks = repeats * blocks
 
     def statistic(drawn: np.ndarray, axis: int = -1) -> np.ndarray:
-        drawn = np.asarray(drawn, dtype=np.int64)
-        times_drawn = (drawn[..., None] == np.arange(units)).sum(axis=-2)  # per resample, per unit
+        shape = np.shape(drawn)[:-1]
+        drawn = np.asarray(drawn, dtype=np.int64).reshape(-1, units)  # resamples x drawn units
+        resample = np.arange(len(drawn))[:, None]
         if repeats > 1:
-            # Each time a repeat is drawn it gets its own block resample; a sum of independent
-            # multinomials with equal probabilities is one multinomial over the summed draws.
-            weights = inner.multinomial(times_drawn * blocks, uniform).reshape(*times_drawn.shape[:-1], -1)
+            # each drawn repeat draws its own `blocks` blocks, with replacement
+            picked = drawn[:, :, None] * blocks + inner.integers(0, blocks, size=(*drawn.shape, blocks))
+            picked = picked.reshape(len(drawn), -1)
         else:
-            weights = times_drawn
-        return cells.medians(weights.reshape(-1, weights.shape[-1])).reshape(weights.shape[:-1])
+            picked = drawn  # the units are the blocks of the one repeat
+        weights = np.bincount((resample * all_blocks + picked).ravel(), minlength=len(drawn) * all_blocks)
+        return cells.medians(weights.reshape(len(drawn), all_blocks)).reshape(shape)
 
     if units < 2:  # one repeat too short to split: every resample is the data itself
         median = float(np.median(times[0]))

@@ -156,11 +156,19 @@ def test_an_environment_that_cannot_be_used_records_not_started(tmp_path, suite,
 # ---------------------------------------------------------------- the real fake runner
 
 
-def test_fake_runner_meets_a_loose_target_at_the_minimum(tmp_path, suite, fake, fast_fake_runner):
-    _, orch, _ = orchestrate(tmp_path, repeats=2, max_repeats=4, target_ci_pct=90)
+def test_fake_runner_adaptive_run_stops_where_the_rule_says(tmp_path, suite, fake, fast_fake_runner):
+    # real processes on a shared machine: a loose target is nearly always met at the minimum, but a
+    # burst of load can spread two processes far apart, so check the rule rather than the count
+    _, orch, _ = orchestrate(tmp_path, repeats=2, max_repeats=4, target_ci_pct=50)
     rec = orch.execute_one(one_run(suite, fake))
-    assert rec.status == "ok" and len(rec.repeats) == 2
-    assert rec.repeat_policy.stopped == "target_met" and rec.summary.ci.level == "repeats"
+    n, policy = len(rec.repeats), rec.repeat_policy
+    assert rec.status == "ok" and 2 <= n <= 4 and rec.summary.ci.level == "repeats"
+    assert policy.achieved_ci_pct == rec.summary.ci.half_width_pct
+    if policy.stopped == "target_met":
+        assert policy.achieved_ci_pct <= 50
+        assert n == 2 or summarise(rec.repeats[:n - 1], 16).ci.half_width_pct > 50
+    else:
+        assert policy.stopped == "cap_reached" and n == 4 and policy.achieved_ci_pct > 50
 
 
 def test_fake_runner_with_disagreeing_processes_reaches_the_cap(tmp_path, suite, fake, fast_fake_runner,
