@@ -188,7 +188,7 @@ def test_fake_runner_with_disagreeing_processes_reaches_the_cap(tmp_path, suite,
     assert rec.status == "ok" and len(rec.repeats) == 3 == len(calls)
     assert rec.repeat_policy.stopped == "cap_reached" and rec.repeat_policy.achieved_ci_pct > 1
     medians = rec.summary.repeat_medians_s
-    assert medians[1] > 2 * max(medians[0], medians[2])  # the planted difference reached the record
+    assert medians[1] > max(medians[0], medians[2])  # the planted difference reached the record
 
 
 # ---------------------------------------------------------------- options, at the edge
