@@ -45,6 +45,10 @@ class RunOptions:
     max_repeats: int | None = None  # adaptive repeats: the cap (None: fixed repeats)
     target_ci_pct: float | None = None  # adaptive repeats: stop when the CI half-width is this % of the median
 
+    def __post_init__(self):
+        if (self.max_repeats is None) != (self.target_ci_pct is None):
+            raise ValueError("adaptive repeats need both max_repeats and target_ci_pct")
+
     @property
     def adaptive(self) -> bool:
         return self.target_ci_pct is not None
