@@ -27,16 +27,16 @@ the independent units. Two consequences shape everything below:
   unbiased one: a third too small with 3 repeats. The interval is therefore stretched about the
   median by sqrt(U/(U-1)) (1.22 at 3 repeats, 1.05 at 10). Measured on simulated runs
   (benchmarks/ci_coverage.py: log-normal iteration times, a random per-process offset, AR(1)
-  correlation inside a process), 95% intervals cover the true median 96-99% of the time when the
-  iterations' own noise dominates or matches the processes' (93% from a single repeat); when the
-  process-to-process offset dominates, coverage drops to about 84% with 3 repeats, 87% with 5 and
-  90% with 10 - the price of few independent units, which no interval short of the wide t-interval
-  avoids. That is the case the stability check flags, and the case for `--target-ci` (more repeats).
+  correlation inside a process; 300 runs each), 95% intervals cover the true median 96-99% of the
+  time when the iterations' own noise dominates or matches the processes' (93% from a single
+  repeat); when the process-to-process offset dominates, coverage drops to about 85% with 3
+  repeats, 87% with 5, 90% with 10 and 92% with 20 - the price of few independent units, which no
+  interval short of the wide t-interval avoids. That is the case the stability check flags, and the case for `--target-ci` (more repeats).
 
 Throughput is batch / iteration time, a decreasing function, so its interval is batch over the
 time interval's ends, swapped.
 
-**Stability.** Repeats "disagree" when two things hold together:
+**Stability.** Repeats "disagree" when both of these hold:
 
 1. a Kruskal-Wallis rank test (scipy.stats.kruskal) across the repeats says they do not come from
    one distribution (p < KRUSKAL_ALPHA). It ranks the medians of the same iteration blocks the
@@ -49,11 +49,12 @@ time interval's ends, swapped.
 2. the spread of the repeat medians (max - min) exceeds SPREAD_TO_IQR times the typical
    within-repeat IQR (the median of the repeats' own IQRs) and MIN_RELATIVE_SPREAD of the median.
    Half an IQR: if the processes were interchangeable their medians would differ by about
-   d2(R) * 0.93 * IQR / sqrt(n) (normal iterations; d2 the expected range of R normals), under
-   0.2 IQR for 3 repeats of 50 iterations and 0.3 for 10 repeats of 100, so half an IQR is a shift
-   the iterations cannot explain, and one as large as the quartile spread a reader is shown, which
-   then understates how far a rerun moves the result. The 1% floor keeps very steady devices
-   (GPU IQRs of a few tenths of a percent) from flagging differences nobody would cite.
+   d2(R) * 0.93 * IQR / sqrt(n) (independent normal iterations; d2 the expected range of R
+   normals): 0.22 IQR for 3 repeats of 50 iterations, 0.29 for 10 repeats of 100, somewhat more
+   when iterations are correlated. Half an IQR is a shift the iterations do not explain, and one
+   comparable to the quartile spread a reader is shown, which then understates how far a rerun
+   moves the result. The 1% floor keeps very steady devices (GPU IQRs of a few tenths of a
+   percent) from flagging differences nobody would cite.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from scipy import sparse, stats
 from .store.record import MedianInterval, Repeat, Stability, Summary
 
 CONFIDENCE = 0.95
-RESAMPLES = 2000  # percentile ends of a 95% interval move by well under a tenth of its width
+RESAMPLES = 2000  # Monte Carlo error of a 95% percentile end: about 1.5% of the interval's width
 MAX_BLOCKS_PER_REPEAT = 32
 GRID_CELLS = 1024  # above this many distinct times, resample medians are read off quantile cells
 KRUSKAL_ALPHA = 0.01
