@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,6 +81,7 @@ def main() -> None:
         print(f"{cpus} CPUs available to this process; load average {os.getloadavg()[0]:.1f} before the builds")
 
         out = args.keep_site or work / "site"
+        shutil.rmtree(out, ignore_errors=True)  # the first build starts from nothing
         rows = []
         for label in ("build into an empty folder", "rebuild over the existing site"):
             load = os.getloadavg()[0]

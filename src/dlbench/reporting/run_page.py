@@ -73,9 +73,18 @@ def _floats(values) -> np.ndarray | None:
         return None
 
 
-def _segments(record: Record, columns: dict, scale: float = 1.0, episodes_for=None) -> list[charts.Segment]:
-    """One segment per repeat with telemetry; columns: line name -> (telemetry dict -> values)."""
-    segments = []
+@dataclass
+class _Frame:
+    """One repeat's samples, with what every chart of it shares (computed once per repeat)."""
+
+    label: str
+    tel: dict
+    t_s: np.ndarray  # seconds from the repeat's first sample
+    windows: list[tuple[float, float]]
+
+
+def _frames(record: Record) -> list[_Frame]:
+    frames = []
     for rep in record.repeats:
         tel = rep.telemetry
         if not tel or tel.get("error") or not tel.get("t_ns"):
@@ -83,18 +92,26 @@ def _segments(record: Record, columns: dict, scale: float = 1.0, episodes_for=No
         t_ns = np.array(tel["t_ns"], dtype=np.int64)
         t0 = int(t_ns[0])
         t_s = (t_ns - t0) / 1e9
-        lines = {}
-        for name, column in columns.items():
-            values = column(tel)
-            if values is not None and values.ndim == 1 and len(values) == len(t_s) and not np.isnan(values).all():
-                lines[name] = values * scale
-        if not lines:
-            continue
         windows = []
         if len(rep.window_monotonic_ns) == 2:
             windows = [((rep.window_monotonic_ns[0] - t0) / 1e9, (rep.window_monotonic_ns[1] - t0) / 1e9)]
-        episodes = episodes_for(tel, t_s) if episodes_for else []
-        segments.append(charts.Segment(f"repeat {rep.index + 1}", t_s.tolist(), lines, windows, episodes))
+        frames.append(_Frame(f"repeat {rep.index + 1}", tel, t_s, windows))
+    return frames
+
+
+def _segments(frames: list[_Frame], columns: dict, scale: float = 1.0,
+              episodes: list[list[tuple[float, float]]] | None = None) -> list[charts.Segment]:
+    """One segment per repeat with telemetry; columns: line name -> (telemetry dict -> values)."""
+    segments = []
+    for k, frame in enumerate(frames):
+        lines = {}
+        for name, column in columns.items():
+            values = column(frame.tel)
+            if values is not None and values.ndim == 1 and len(values) == len(frame.t_s) and not np.isnan(values).all():
+                lines[name] = values * scale if scale != 1.0 else values
+        if lines:
+            segments.append(charts.Segment(frame.label, frame.t_s, lines, frame.windows,
+                                           episodes[k] if episodes else []))
     return segments
 
 
@@ -196,6 +213,7 @@ def telemetry_section(record: Record) -> dict:
             if not errors:
                 out["unavailable"].append(("telemetry", "no repeat kept its samples"))
             return out
+        frames = _frames(record)
         gpu = first.get("gpu") or {}
         if not gpu.get("available"):
             out["unavailable"].append(("GPU (NVML)", gpu.get("reason") or (tel.get("gpu") or {}).get("reason")
@@ -207,11 +225,12 @@ def telemetry_section(record: Record) -> dict:
             lost = (gpu.get("lost") or [None] * (i + 1))[i]
             if lost:
                 out["unavailable"].append((f"{name}: lost", lost.get("reason")))
+            episodes = [_throttle_episodes(i)(f.tel, f.t_s) for f in frames]
             for title, unit, scale, lines in GPU_PANELS:
                 columns = {line: _gpu_column(i, column) for line, column in lines.items()}
-                segs = _segments(record, columns, scale, _throttle_episodes(i))
+                segs = _segments(frames, columns, scale, episodes)
                 if title == "power" and not segs:  # the instant field where GetPowerUsage is not
-                    segs = _segments(record, {"power": _gpu_column(i, "power_instant_w")}, 1.0, _throttle_episodes(i))
+                    segs = _segments(frames, {"power": _gpu_column(i, "power_instant_w")}, 1.0, episodes)
                 if segs:
                     colours = {line: LINE_COLOURS.get(line, charts.PALETTE[0]) for line in lines}
                     out["gpu_panels"].append(Panel(f"{name}: {title}",
@@ -222,7 +241,7 @@ def telemetry_section(record: Record) -> dict:
         if cpu.get("rss_stopped"):
             out["unavailable"].append(("worker memory after the worker exited", cpu["rss_stopped"].get("reason")))
         for title, unit, scale, columns in CPU_PANELS:
-            segs = _segments(record, columns, scale)
+            segs = _segments(frames, columns, scale)
             if segs:
                 colours = {line: LINE_COLOURS.get(line, charts.PALETTE[2]) for line in columns}
                 out["cpu_panels"].append(Panel(title, charts.time_chart(segs, title, unit, colours)))
@@ -230,7 +249,7 @@ def telemetry_section(record: Record) -> dict:
         if rapl.get("available"):
             for domain in rapl.get("domains") or []:
                 title = f"RAPL {domain.get('name')} power ({domain.get('zone')})"
-                segs = _segments(record, {title: _rapl_power(str(domain.get("zone")))})
+                segs = _segments(frames, {title: _rapl_power(str(domain.get("zone")))})
                 out["cpu_panels"].append(Panel(title, charts.time_chart(segs, title, "W", charts.PALETTE[5])))
         else:
             out["unavailable"].append(("CPU energy (RAPL)", rapl.get("reason") or "not sampled"))

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import webbrowser
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ SITE_MARKER = ".dlbench-site"  # the manifest: marks the folder as a site and le
 MANIFEST_VERSION = 1
 STATIC_FILES = ("style.css", "tables.js")
 PARALLEL_FROM = 300  # records; below this, starting worker processes costs more than it saves
-CHUNK = 250  # record files per task
+CHUNK = 100  # record files per task: small enough that the workers finish together
 
 
 class SiteError(Exception):
@@ -227,8 +228,10 @@ def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_c
     else:
         chunks = [fresh[i:i + CHUNK] for i in range(0, len(fresh), CHUNK)]
         new_views, problems = [], []
-        # spawn: a fresh interpreter per worker, whatever threads the caller has running
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # fork where it is safe (a single-threaded caller, as the CLI is): the workers start at once
+        # with the modules already imported; else spawn, a fresh interpreter per worker
+        method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
             for v, p in pool.map(render_runs, [str(store.root)] * len(chunks), chunks, [str(build_dir)] * len(chunks),
                                  [generated_at] * len(chunks), [has_compare] * len(chunks)):
                 new_views.extend(v)
