@@ -397,18 +397,55 @@ def _column(values) -> np.ndarray:
     return np.asarray(values, dtype=float)  # None reads as NaN: a gap
 
 
+@dataclass
+class Track:
+    """One repeat on a shared time axis: its sample times, measured windows and throttle episodes."""
+
+    label: str
+    t_s: Sequence[float] | np.ndarray
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    episodes: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class Panel:
+    """One quantity over the tracks: line name -> values per track (None where a repeat lacks it)."""
+
+    title: str
+    unit: str
+    lines: dict[str, list]
+    colours: dict[str, str]
+
+
 def time_chart(segments: list[Segment], title: str, unit: str, colours: dict[str, str] | str = PALETTE[0],
                width: float = 640, height: float = 150, gap_s: float | None = None,
                x_label: str = "seconds from each repeat's first sample") -> Markup:
     """Segments side by side on one time axis (each starts after the previous one ends); several
     lines share the axes when a segment has several (named in a legend)."""
-    columns = [{name: _column(vals) for name, vals in seg.lines.items()} for seg in segments]
-    if not any((~np.isnan(c)).any() for cols in columns for c in cols.values()):
-        return empty_chart(f"{title}: no samples")
     names = list(dict.fromkeys(name for seg in segments for name in seg.lines))
     colour = colours if isinstance(colours, dict) else {n: colours for n in names}
-    left, right, top, bottom = 64, 16, 10 + (14 if len(names) > 1 else 0), 30
-    times = [np.asarray(s.t_s, dtype=float) for s in segments]
+    tracks = [Track(seg.label, seg.t_s, seg.windows, seg.episodes) for seg in segments]
+    panel = Panel("", unit, {n: [seg.lines.get(n) for seg in segments] for n in names}, colour)
+    return time_panels(tracks, [panel], title, width, height - 40, gap_s, x_label)
+
+
+def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: float = 640,
+                panel_height: float = 110, gap_s: float | None = None,
+                x_label: str = "seconds from each repeat's first sample") -> Markup:
+    """Panels stacked on one time axis: the repeats side by side (each starts after the previous
+    one ends), the measured windows and throttle episodes shaded across every panel, so that a
+    clock drop lines up with the power and temperature around it. The layout of the axis is
+    computed once for all panels."""
+    columns = [[{name: None if vals[k] is None else _column(vals[k]) for name, vals in p.lines.items()}
+                for k in range(len(tracks))] for p in panels]
+    drawn = [i for i, cols in enumerate(columns)
+             if any(c is not None and (~np.isnan(c)).any() for per_track in cols for c in per_track.values())]
+    if not drawn:
+        return empty_chart(f"{title}: no samples")
+    panels, columns = [panels[i] for i in drawn], [columns[i] for i in drawn]
+    left, right = 64, 16
+    titled = len(panels) > 1
+    times = [np.asarray(t.t_s, dtype=float) for t in tracks]
     spans = [float(t[-1] - t[0]) if len(t) > 1 else 0.0 for t in times]
     gap = gap_s if gap_s is not None else max(sum(spans) * 0.02, 0.05)
     offsets, total = [], 0.0
@@ -417,49 +454,63 @@ def time_chart(segments: list[Segment], title: str, unit: str, colours: dict[str
         total += span + gap
     total -= gap
     x_scale = Scale(0.0, total or 1.0, left, width - right)
-    values = np.concatenate([c[~np.isnan(c)] for cols in columns for c in cols.values()])
-    y_scale, y_ticks = value_scale([float(values.min()), float(values.max())], height - bottom, top, zero=True, log=False)
-    plot_h = height - top - bottom
     px_per_s = (width - left - right) / (total or 1.0)
-    y_lo, y_hi = (math.log10(y_scale.lo), math.log10(y_scale.hi)) if y_scale.log else (y_scale.lo, y_scale.hi)
-    y_factor = (y_scale.px_hi - y_scale.px_lo) / ((y_hi - y_lo) or 1.0)
-    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{plot_h}" class="plot"/>']
-    for seg, offset in zip(segments, offsets):
-        t0 = seg.t_s[0] if len(seg.t_s) else 0.0
-        for css, spans_ in (("window", seg.windows), ("throttle", seg.episodes)):
+    # shared by every panel: x positions of the shading, the separators and the data
+    shading = []
+    for track, t, offset in zip(tracks, times, offsets):
+        t0 = float(t[0]) if len(t) else 0.0
+        for css, spans_ in (("window", track.windows), ("throttle", track.episodes)):
             for a, b in spans_:
                 xa = min(max(x_scale(offset + a - t0), left), width - right)
                 xb = min(max(x_scale(offset + b - t0), left), width - right)
-                body.append(f'<rect x="{xa:.1f}" y="{top}" width="{max(xb - xa, 1.5):.1f}" height="{plot_h}" class="{css}"/>')
-    for t in y_ticks:
-        y = y_scale(t)
-        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
-        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
-    lines: dict[str, tuple[list, list]] = {name: ([], []) for name in names}
+                shading.append((css, xa, max(xb - xa, 1.5)))
+    separators = [x_scale(offset - gap / 2) for offset in offsets[1:]]
+    x_of = [left + (offset + (t - t[0])) * px_per_s if len(t) else t for t, offset in zip(times, offsets)]
+    buckets = [max(8, int(span * px_per_s * POINTS_PER_PX / 2)) for span in spans]
     gap_mark = np.array([np.nan])
-    for seg, t, cols, offset, span in zip(segments, times, columns, offsets, spans):
-        if not len(t):
-            continue
-        t = t - t[0]
-        if offset > 0:
-            x_sep = x_scale(offset - gap / 2)
-            body.append(f'<line x1="{x_sep:.1f}" y1="{top}" x2="{x_sep:.1f}" y2="{top + plot_h}" class="separator"/>')
-        body.append(_text(x_scale(offset) + 3, top + 12, seg.label, "start", "tick"))
-        buckets = max(8, int(span * px_per_s * POINTS_PER_PX / 2))
-        for name, v in cols.items():
-            tt, vv = thin(t, v, buckets)
-            xs, ys = lines[name]
-            # a NaN after each repeat: the line breaks between repeats
-            xs.extend((left + (offset + tt) * px_per_s, gap_mark))
-            ys.extend((y_scale.px_lo + (vv - y_lo) * y_factor, gap_mark))
-    for name, (xs, ys) in lines.items():
-        if xs:
-            body.extend(_line_path(np.concatenate(xs), np.concatenate(ys), colour[name]))
-    body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
-                f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(unit)}</text>')
+
+    body: list[str] = []
+    y0 = 0.0
+    for panel, cols in zip(panels, columns):
+        names = list(panel.lines)
+        header = 16 if titled or len(names) > 1 else 0
+        top, plot_h = y0 + header + 6, panel_height
+        if titled:
+            body.append(_text(left, y0 + 14, panel.title, "start", "panel-title"))
+        if len(names) > 1:
+            legend_x = left + (CHAR_W * (len(panel.title) + 3) if titled else 0)
+            body.extend(_legend([Series(n, [], panel.colours.get(n, PALETTE[0])) for n in names], legend_x, y0 + 14))
+        values = np.concatenate([c[~np.isnan(c)] for per_track in cols for c in per_track.values() if c is not None])
+        y_scale, y_ticks = value_scale([float(values.min()), float(values.max())], top + plot_h, top, zero=True, log=False)
+        y_factor = (y_scale.px_hi - y_scale.px_lo) / ((y_scale.hi - y_scale.lo) or 1.0)
+        body.append(f'<rect x="{left}" y="{top:.1f}" width="{width - left - right}" height="{plot_h}" class="plot"/>')
+        body.extend(f'<rect x="{xa:.1f}" y="{top:.1f}" width="{w:.1f}" height="{plot_h}" class="{css}"/>'
+                    for css, xa, w in shading)
+        for t in y_ticks:
+            y = y_scale(t)
+            body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
+            body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+        for x_sep in separators:
+            body.append(f'<line x1="{x_sep:.1f}" y1="{top:.1f}" x2="{x_sep:.1f}" y2="{top + plot_h:.1f}" class="separator"/>')
+        for track, offset in zip(tracks, offsets):
+            body.append(_text(x_scale(offset) + 3, top + 12, track.label, "start", "tick"))
+        for name in names:
+            xs, ys = [], []
+            for k, t in enumerate(times):
+                v = cols[k].get(name)
+                if v is None or not len(t) or len(v) != len(t):
+                    continue
+                tt, vv = thin(x_of[k], v, buckets[k])
+                # a NaN after each repeat: the line breaks between repeats
+                xs.extend((tt, gap_mark))
+                ys.extend((y_scale.px_lo + (vv - y_scale.lo) * y_factor, gap_mark))
+            if xs:
+                body.extend(_line_path(np.concatenate(xs), np.concatenate(ys), panel.colours.get(name, PALETTE[0])))
+        body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
+                    f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(panel.unit)}</text>')
+        y0 = top + plot_h + 8
+    height = y0 + 18
     body.append(_text(width - right, height - 4, x_label, "end", "axis"))
-    if len(names) > 1:
-        body.extend(_legend([Series(n, [], colour[n]) for n in names], left, 14))
     return _svg(width, height, title, body)
 
 

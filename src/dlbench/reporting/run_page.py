@@ -30,7 +30,7 @@ GIB = 2**30
 
 
 @dataclass
-class Panel:
+class Figure:
     title: str
     chart: Markup
 
@@ -99,20 +99,23 @@ def _frames(record: Record) -> list[_Frame]:
     return frames
 
 
-def _segments(frames: list[_Frame], columns: dict, scale: float = 1.0,
-              episodes: list[list[tuple[float, float]]] | None = None) -> list[charts.Segment]:
-    """One segment per repeat with telemetry; columns: line name -> (telemetry dict -> values)."""
-    segments = []
-    for k, frame in enumerate(frames):
-        lines = {}
-        for name, column in columns.items():
+def _panel(frames: list[_Frame], title: str, unit: str, columns: dict, scale: float = 1.0,
+           colours: dict[str, str] | None = None) -> charts.Panel | None:
+    """One quantity over the repeats; columns: line name -> (telemetry dict -> values). None when
+    no repeat sampled it."""
+    lines = {}
+    for name, column in columns.items():
+        per_frame = []
+        for frame in frames:
             values = column(frame.tel)
-            if values is not None and values.ndim == 1 and len(values) == len(frame.t_s) and not np.isnan(values).all():
-                lines[name] = values * scale if scale != 1.0 else values
-        if lines:
-            segments.append(charts.Segment(frame.label, frame.t_s, lines, frame.windows,
-                                           episodes[k] if episodes else []))
-    return segments
+            ok = values is not None and values.ndim == 1 and len(values) == len(frame.t_s) and not np.isnan(values).all()
+            per_frame.append((values * scale if scale != 1.0 else values) if ok else None)
+        if any(v is not None for v in per_frame):
+            lines[name] = per_frame
+    if not lines:
+        return None
+    colours = {name: (colours or {}).get(name, LINE_COLOURS.get(name, charts.PALETTE[0])) for name in lines}
+    return charts.Panel(title, unit, lines, colours)
 
 
 def _gpu_column(device: int, name: str):
@@ -226,33 +229,34 @@ def telemetry_section(record: Record) -> dict:
             if lost:
                 out["unavailable"].append((f"{name}: lost", lost.get("reason")))
             episodes = [_throttle_episodes(i)(f.tel, f.t_s) for f in frames]
+            tracks = [charts.Track(f.label, f.t_s, f.windows, e) for f, e in zip(frames, episodes)]
+            panels = []
             for title, unit, scale, lines in GPU_PANELS:
-                columns = {line: _gpu_column(i, column) for line, column in lines.items()}
-                segs = _segments(frames, columns, scale, episodes)
-                if title == "power" and not segs:  # the instant field where GetPowerUsage is not
-                    segs = _segments(frames, {"power": _gpu_column(i, "power_instant_w")}, 1.0, episodes)
-                if segs:
-                    colours = {line: LINE_COLOURS.get(line, charts.PALETTE[0]) for line in lines}
-                    out["gpu_panels"].append(Panel(f"{name}: {title}",
-                                                   charts.time_chart(segs, f"{name} {title}", unit, colours)))
+                panel = _panel(frames, title, unit, {line: _gpu_column(i, column) for line, column in lines.items()}, scale)
+                if title == "power" and panel is None:  # the instant field where GetPowerUsage is not
+                    panel = _panel(frames, title, unit, {"power": _gpu_column(i, "power_instant_w")})
+                if panel is not None:
+                    panels.append(panel)
+            if panels:
+                out["gpu_panels"].append(Figure(name, charts.time_panels(tracks, panels, f"{name} telemetry")))
         cpu = first.get("cpu") or {}
         for column, why in (cpu.get("unavailable") or {}).items():
             out["unavailable"].append((f"CPU: {column}", why))
         if cpu.get("rss_stopped"):
             out["unavailable"].append(("worker memory after the worker exited", cpu["rss_stopped"].get("reason")))
-        for title, unit, scale, columns in CPU_PANELS:
-            segs = _segments(frames, columns, scale)
-            if segs:
-                colours = {line: LINE_COLOURS.get(line, charts.PALETTE[2]) for line in columns}
-                out["cpu_panels"].append(Panel(title, charts.time_chart(segs, title, unit, colours)))
+        panels = [_panel(frames, title, unit, columns, scale) for title, unit, scale, columns in CPU_PANELS]
         rapl = cpu.get("rapl") or {}
         if rapl.get("available"):
             for domain in rapl.get("domains") or []:
                 title = f"RAPL {domain.get('name')} power ({domain.get('zone')})"
-                segs = _segments(frames, {title: _rapl_power(str(domain.get("zone")))})
-                out["cpu_panels"].append(Panel(title, charts.time_chart(segs, title, "W", charts.PALETTE[5])))
+                panels.append(_panel(frames, title, "W", {title: _rapl_power(str(domain.get("zone")))},
+                                     colours={title: charts.PALETTE[5]}))
         else:
             out["unavailable"].append(("CPU energy (RAPL)", rapl.get("reason") or "not sampled"))
+        panels = [p for p in panels if p is not None]
+        if panels:
+            tracks = [charts.Track(f.label, f.t_s, f.windows) for f in frames]
+            out["cpu_panels"].append(Figure("host (CPU, memory)", charts.time_panels(tracks, panels, "host telemetry")))
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         out["problem"] = f"telemetry in an unexpected layout, not drawn: {type(e).__name__}: {e}"
     return out
