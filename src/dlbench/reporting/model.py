@@ -56,7 +56,9 @@ def network_page_name(definition_hash: str) -> str:
 def hardware_label(r: Record) -> str:
     m = r.machine
     gpus = [str(g.get("name") or "GPU") for g in m.get("gpus", []) if isinstance(g, dict)]
-    if r.workload.device == "cuda" and gpus:
+    if r.workload.device == "cuda":
+        if not gpus:  # never put a GPU run on a CPU board, even when its fingerprint lacks the GPU
+            return f"unidentified GPU on {m.get('cpu_model') or 'unknown CPU'}"
         names = sorted(set(gpus))
         return " + ".join(f"{n} x{gpus.count(n)}" if gpus.count(n) > 1 else n for n in names)
     threads = r.settings.threads_requested or m.get("cpu_available") or "?"
