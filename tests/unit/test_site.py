@@ -337,3 +337,13 @@ def test_a_damaged_or_crafted_manifest_is_not_trusted(store_copy, tmp_path):
     (out / site.SITE_MARKER).write_text("not json")
     site.build_site(store_copy, out, workers=1, now=NOW)
     assert json.loads((out / site.SITE_MARKER).read_text())["manifest"] == site.MANIFEST_VERSION
+
+
+def test_boards_are_per_hardware_and_a_gpu_run_never_lands_on_a_cpu_board(built):
+    _, records, _ = built
+    gpu = next(r for r in records if r.workload.device == "cuda")
+    cpu = next(r for r in records if r.workload.device == "cpu")
+    assert site_model.hardware_label(gpu) == "NVIDIA H100 80GB HBM3"
+    assert site_model.hardware_label(cpu) == "Intel(R) Xeon(R) Platinum 8480+ · 8 threads"
+    unidentified = gpu.model_copy(update={"machine": {**gpu.machine, "gpus": []}})
+    assert site_model.hardware_label(unidentified) not in (site_model.hardware_label(cpu), site_model.hardware_label(gpu))
