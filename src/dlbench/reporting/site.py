@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -41,8 +42,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-
-import multiprocessing
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
@@ -133,10 +132,9 @@ def render_runs(store_root: str, record_paths: list[str], build_dir: str, genera
             problems.append((str(path), f"{path}: page not rendered: {type(e).__name__}: {e}"))
             continue
         _write(Path(build_dir) / page, html)
-        definition = Path(build_dir) / context["definition_page"]
-        if context["definition_page"] not in definitions_written:
+        if context["definition_page"] not in definitions_written:  # one file per network, not per run
             definitions_written.add(context["definition_page"])
-            _write_once(definition, network_definition(record))
+            _write_once(Path(build_dir) / context["definition_page"], network_definition(record))
         views.append(context["view"])
     return views, problems
 
