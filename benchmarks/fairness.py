@@ -91,7 +91,7 @@ def compare(framework: str, network: str, args, console: Console) -> dict:
                           f"reference {theirs[-1]:8.2f}, ratio {ratios[-1]:.3f}", highlight=False)
     return {"framework": framework, "network": network, "batch": batch, "ratio": statistics.median(ratios),
             "low": min(ratios), "high": max(ratios), "ours": statistics.median(ours),
-            "theirs": statistics.median(theirs), "params_ours": record.network.params,
+            "theirs": statistics.median(theirs), "params_ours": record.params,
             "params_theirs": reference["params"], "reference": reference["model"]}
 
 
@@ -128,7 +128,7 @@ def main() -> None:
         table.add_row(r["framework"], r["network"], str(r["batch"]), f"{r['ours']:.2f}", f"{r['theirs']:.2f}",
                       f"[{'green' if ok else 'red'}]{r['ratio']:.3f}[/]", f"{r['low']:.3f}-{r['high']:.3f}",
                       f"{r['params_ours']:,} / {r['params_theirs']:,}", r["reference"])
-    Console().print(table)
+    Console(width=max(Console().width, 220)).print(table)
     missed = [f"{r['framework']} {r['network']}" for r in rows if r["ratio"] < TARGET]
     print(f"target >= {TARGET}: " + ("met by every runner" if not missed else "NOT met by " + ", ".join(missed)))
     if args.json:
