@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from store_scale import synthesise, template_record  # noqa: E402 - the same synthetic store, one definition
+from store_scale import synthetic_store  # noqa: E402 - the same synthetic store, one definition
 
-from dlbench.store.store import Store  # noqa: E402
 
 TARGET_S = 30.0
 
@@ -64,14 +63,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        store = Store(args.store or work / "store")
-        if len(store.paths()) != args.runs:
-            if store.root.exists() and store.paths():
-                raise SystemExit(f"{store.root} holds {len(store.paths())} records, not {args.runs}; "
-                                 "give an empty or new --store")
-            t0 = time.perf_counter()
-            synthesise(template_record(work), store, args.runs)
-            print(f"wrote {args.runs} records in {time.perf_counter() - t0:.0f} s")
+        store = synthetic_store(args.store or work / "store", work, args.runs)
         sizes = [p.stat().st_size for p in store.paths()]
         print(f"store {store.root}: {len(sizes):,} records, {sum(sizes) / 2**20:.0f} MiB")
         try:

@@ -152,6 +152,26 @@ def synthesise(template: Record, store: Store, runs: int, seed: int = 7,
             print(f"  {i + 1} records written", flush=True)
 
 
+def synthetic_store(root: Path, work: Path, runs: int) -> Store:
+    """The store at `root` holding `runs` synthetic records: reused when it has them, built when
+    empty, refused when it holds some other number (never mixed with a half-built one)."""
+    store = Store(root)
+    if len(store.paths()) != runs:
+        if store.root.exists() and store.paths():
+            raise SystemExit(f"{store.root} holds {len(store.paths())} records, not {runs}; "
+                             "give an empty or new --store")
+        t0 = time.perf_counter()
+        template = template_record(work)
+        print(f"template run: {len(template.repeats)} repeats of "
+              f"{[len(r.iter_s) for r in template.repeats]} iterations, "
+              f"{len(template.repeats[0].telemetry['t_ns'])} telemetry samples in its first repeat, "
+              f"{time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
+        synthesise(template, store, runs)
+        print(f"wrote {runs} records in {time.perf_counter() - t0:.0f} s")
+    return store
+
+
 def timed(cmd: list[str]) -> float:
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -170,20 +190,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        store = Store(args.store or work / "store")
-        if len(store.paths()) != args.runs:
-            if store.root.exists() and store.paths():
-                raise SystemExit(f"{store.root} holds {len(store.paths())} records, not {args.runs}; "
-                                 "give an empty or new --store")
-            t0 = time.perf_counter()
-            template = template_record(work)
-            print(f"template run: {len(template.repeats)} repeats of "
-                  f"{[len(r.iter_s) for r in template.repeats]} iterations, "
-                  f"{len(template.repeats[0].telemetry['t_ns'])} telemetry samples in its first repeat, "
-                  f"{time.perf_counter() - t0:.1f} s")
-            t0 = time.perf_counter()
-            synthesise(template, store, args.runs)
-            print(f"wrote {args.runs} records in {time.perf_counter() - t0:.0f} s")
+        store = synthetic_store(args.store or work / "store", work, args.runs)
         sizes = [p.stat().st_size for p in store.paths()]
         print(f"store {store.root}: {len(sizes)} records, median {statistics.median(sizes) / 1024:.0f} KiB, "
               f"total {sum(sizes) / 2**20:.0f} MiB")

@@ -47,3 +47,16 @@ def nvml_reason():
         return f"NVML: {e}"
     pynvml.nvmlShutdown()
     return None
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A dlbench root whose only runner is the fake one (suites, reports and the harness linked)."""
+    root = tmp_path / "project"
+    (root / "runners").mkdir(parents=True)
+    (root / "suites").symlink_to(ROOT / "suites")
+    (root / "reports").symlink_to(ROOT / "reports")
+    (root / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
+    (root / "runners" / "common").symlink_to(ROOT / "runners" / "common")
+    monkeypatch.setenv("DLBENCH_ROOT", str(root))
+    return root

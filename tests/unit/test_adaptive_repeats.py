@@ -22,7 +22,6 @@ from dlbench.execution.orchestrator import Orchestrator, RunOptions, check_repea
 from dlbench.statistics import summarise
 from dlbench.store.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -218,18 +217,12 @@ def test_sensible_repeat_options_pass(suite):
 
 
 @pytest.fixture
-def project(tmp_path, monkeypatch):
-    root = tmp_path / "project"
-    (root / "runners").mkdir(parents=True)
-    (root / "suites").symlink_to(ROOT / "suites")
-    (root / "reports").symlink_to(ROOT / "reports")
-    (root / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
-    (root / "runners" / "common").symlink_to(ROOT / "runners" / "common")
-    monkeypatch.setenv("DLBENCH_ROOT", str(root))
+def project(project, tmp_path, monkeypatch):
+    """The shared fake-runner project, with its own environment cache and a fast, well-behaved fake."""
     monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
     monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
-    return root
+    return project
 
 
 def invoke(*args: str):

@@ -177,16 +177,6 @@ def test_report_on_empty_store_exits_1(tmp_path):
 # ---------------------------------------------------------------- end to end with the fake runner
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch):
-    root = tmp_path / "project"
-    (root / "runners").mkdir(parents=True)
-    (root / "suites").symlink_to(ROOT / "suites")
-    (root / "reports").symlink_to(ROOT / "reports")
-    (root / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
-    (root / "runners" / "common").symlink_to(ROOT / "runners" / "common")
-    monkeypatch.setenv("DLBENCH_ROOT", str(root))
-    return root
 
 
 FCN_SMOKE = ["fcn5-infer", "fcn5-train", "fcn8-infer", "fcn8-train"]
