@@ -38,3 +38,24 @@ def make_record(*, framework: str = "torch", network: str = "fcn5", mode: str = 
         repeats=repeats, summary=summarise(repeats, batch_size) if status == "ok" else None,
         params=1000 if status == "ok" else None, status=status, reason=None if status == "ok" else "it broke",
     )
+
+
+def record_from_times(times: list[list[float]], *, started: datetime = T0, benchmark: str = "fcn5-train",
+                      framework: str = "torch", version: str = "1.0", machine: str = "hostA", batch_size: int = 16,
+                      machine_id: str | None = None, status: str = "ok") -> Record:
+    """A run whose repeats measured exactly `times` (one list per repeat); a run that is not ok keeps
+    its repeats but has no summary, as a run with a failed repeat would."""
+    repeats = [Repeat(index=i, status="ok", iter_s=t, window_monotonic_ns=[0, 1]) for i, t in enumerate(times)]
+    network = benchmark.rsplit("-", 1)[0]
+    fingerprint = {"hostname": machine, **({"machine_id": machine_id} if machine_id else {})}
+    return Record(
+        run_id=new_run_id(started), started_at=started, ended_at=started + timedelta(seconds=30),
+        dlbench={"version": "0.1.0"}, suite="fcn", benchmark=benchmark,
+        network=NetworkInfo(name=network, file=f"{network}.yaml", hash="ab" * 32, params_described=1,
+                            flops_per_sample=1, definition={}),
+        workload=Workload(mode="train", batch_size=batch_size, precision="float32", learning_rate=0.05,
+                          momentum=0.9, device="cpu"),
+        framework={"name": framework, "version": version}, environment={}, machine=fingerprint,
+        settings=Settings(profile="smoke", repeats=len(times), threads_requested=2, timeout_s=60.0, policy={}),
+        repeats=repeats, summary=summarise(repeats, batch_size) if status == "ok" else None, status=status,
+        reason=None if status == "ok" else "it broke")

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from dlbench.cli import app
 from dlbench.comparison import (MIN_PROCESSES, NothingToCompare, SelectorError, Side, compare, compare_sides,
                                 holm_adjust, parse_selector)
-from dlbench.statistics import summarise
-from dlbench.store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
+from dlbench.store.record import Record
 from dlbench.store.store import Store
+from store_records import record_from_times
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
@@ -38,19 +38,8 @@ def process_times(rng, processes: int, iterations: int = 10, scale: float = 1.0,
 def make_run(times: list[list[float]], *, started: datetime = T0, benchmark: str = "fcn5-train",
              framework: str = "torch", version: str = "1.0", machine: str = "hostA", batch_size: int = 16,
              machine_id: str | None = None) -> Record:
-    repeats = [Repeat(index=i, status="ok", iter_s=t, window_monotonic_ns=[0, 1]) for i, t in enumerate(times)]
-    network = benchmark.rsplit("-", 1)[0]
-    fingerprint = {"hostname": machine, **({"machine_id": machine_id} if machine_id else {})}
-    return Record(
-        run_id=new_run_id(started), started_at=started, ended_at=started + timedelta(seconds=30),
-        dlbench={"version": "0.1.0"}, suite="fcn", benchmark=benchmark,
-        network=NetworkInfo(name=network, file=f"{network}.yaml", hash="ab" * 32, params_described=1,
-                            flops_per_sample=1, definition={}),
-        workload=Workload(mode="train", batch_size=batch_size, precision="float32", learning_rate=0.05,
-                          momentum=0.9, device="cpu"),
-        framework={"name": framework, "version": version}, environment={}, machine=fingerprint,
-        settings=Settings(profile="smoke", repeats=len(times), threads_requested=2, timeout_s=60.0, policy={}),
-        repeats=repeats, summary=summarise(repeats, batch_size), status="ok")
+    return record_from_times(times, started=started, benchmark=benchmark, framework=framework, version=version,
+                             machine=machine, batch_size=batch_size, machine_id=machine_id)
 
 
 def side(times: list[list[float]], batch_size: int = 16) -> Side:

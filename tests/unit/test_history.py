@@ -23,9 +23,9 @@ from typer.testing import CliRunner
 
 from dlbench.cli import app
 from dlbench.history import MIN_RUNS, build_history, detect_steps
-from dlbench.statistics import summarise
-from dlbench.store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
+from dlbench.store.record import Record
 from dlbench.store.store import Store
+from store_records import record_from_times
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 T0 = datetime(2026, 10, 1, 3, 0, tzinfo=timezone.utc)
@@ -97,20 +97,9 @@ def test_an_exactly_flat_series_has_no_step():
 def make_run(samples_per_s: float, started: datetime, *, benchmark: str = "fcn5-train", framework: str = "torch",
              version: str = "1.0", machine: str = "hostA", batch_size: int = 16, status: str = "ok") -> Record:
     step_s = batch_size / samples_per_s  # the median of each repeat's three iterations
-    repeats = [Repeat(index=i, status="ok", iter_s=[step_s * 0.99, step_s, step_s * 1.02], window_monotonic_ns=[0, 1])
-               for i in range(2)]
-    network = benchmark.rsplit("-", 1)[0]
-    return Record(
-        run_id=new_run_id(started), started_at=started, ended_at=started + timedelta(seconds=30),
-        dlbench={"version": "0.1.0"}, suite="fcn", benchmark=benchmark,
-        network=NetworkInfo(name=network, file=f"{network}.yaml", hash="ab" * 32, params_described=1,
-                            flops_per_sample=1, definition={}),
-        workload=Workload(mode="train", batch_size=batch_size, precision="float32", learning_rate=0.05,
-                          momentum=0.9, device="cpu"),
-        framework={"name": framework, "version": version}, environment={}, machine={"hostname": machine},
-        settings=Settings(profile="smoke", repeats=2, threads_requested=2, timeout_s=60.0, policy={}),
-        repeats=repeats, summary=summarise(repeats, batch_size) if status == "ok" else None, status=status,
-        reason=None if status == "ok" else "it broke")
+    times = [[step_s * 0.99, step_s, step_s * 1.02] for _ in range(2)]
+    return record_from_times(times, started=started, benchmark=benchmark, framework=framework, version=version,
+                             machine=machine, batch_size=batch_size, status=status)
 
 
 @pytest.fixture
