@@ -162,7 +162,8 @@ def _probe(runner: RunnerInfo, env: Environment, network: NetworkSummary, workdi
         "learning_rate": learning_rate, "momentum": momentum, "seed": 0, "deterministic": True,
         "inputs": str(inputs_path), "weights_in": str(weights_path), "outputs": str(outputs),
     }
-    outcome = run_worker(env.python, runner.worker, request, timeout_s)
+    outcome = run_worker(env.python, runner.worker, request, timeout_s, container=env.container,
+                         shared_dirs=(workdir,))
     if outcome.status != "ok":
         return None, outcome.reason, outcome.status
     with np.load(outputs) as data:

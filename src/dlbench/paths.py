@@ -1,7 +1,7 @@
 """Where dlbench finds its definitions and runners, and where it keeps environments and results.
 
-dlbench runs from its repository (installed editable by bin/dlbench): `suites/`, `runners/` and
-`reports/` are data beside the package, not inside it. DLBENCH_ROOT points elsewhere if needed.
+dlbench runs from its repository (installed editable by bin/dlbench): `suites/`, `runners/`,
+`docker/` and `reports/` are data beside the package, not inside it. DLBENCH_ROOT points elsewhere if needed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ def suites_dir() -> Path:
 
 def runners_dir() -> Path:
     return project_root() / "runners"
+
+
+def docker_dir() -> Path:
+    """docker/<framework>/<flavour>.Dockerfile: the images of the docker environment backend."""
+    return project_root() / "docker"
 
 
 def reports_dir() -> Path:

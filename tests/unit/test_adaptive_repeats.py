@@ -47,7 +47,7 @@ def synthetic_worker(monkeypatch, source: Iterator[list[float] | None]) -> list[
     """Replace the worker process: each call takes the next iteration times (None: the worker fails)."""
     given: list[list[float] | None] = []
 
-    def run_worker(python, worker, request, timeout_s, extra_env=None, monitor=None):
+    def run_worker(python, worker, request, timeout_s, extra_env=None, monitor=None, **launch):
         times = next(source)
         given.append(times)
         if times is None:
@@ -176,10 +176,10 @@ def test_fake_runner_with_disagreeing_processes_reaches_the_cap(tmp_path, suite,
     real = orch_mod.run_worker
     calls = []
 
-    def alternating(python, worker, request, timeout_s, extra_env=None, monitor=None):
+    def alternating(python, worker, request, timeout_s, extra_env=None, monitor=None, **launch):
         monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.002" if len(calls) % 2 else "0.0005")
         calls.append(1)
-        return real(python, worker, request, timeout_s, extra_env, monitor)
+        return real(python, worker, request, timeout_s, extra_env, monitor, **launch)
 
     monkeypatch.setattr(orch_mod, "run_worker", alternating)
     _, orch, _ = orchestrate(tmp_path, repeats=2, max_repeats=3, target_ci_pct=1)

@@ -106,9 +106,9 @@ def test_threads_reach_the_worker_environment(tmp_path, suite, fake, monkeypatch
     seen = []
     real = orch_mod.run_worker
 
-    def spy(python, worker, request, timeout_s, extra_env=None, monitor=None):
+    def spy(python, worker, request, timeout_s, extra_env=None, monitor=None, **launch):
         seen.append(extra_env)
-        return real(python, worker, request, timeout_s, extra_env, monitor)
+        return real(python, worker, request, timeout_s, extra_env, monitor, **launch)
 
     monkeypatch.setattr(orch_mod, "run_worker", spy)
     _, orch, _ = orchestrate(tmp_path, repeats=1, threads=3)

@@ -7,6 +7,7 @@
   build) has none and is removed before the next attempt. Builds are serialised with a file lock,
   so two dlbench processes never build the same environment at once.
 - `current`: the interpreter dlbench runs in, for users who installed the framework themselves.
+- `docker`: an image per framework and flavour, the worker run in a container (containers.py).
 
 The package list of the environment (name==version for every distribution) goes into each record.
 """
@@ -24,9 +25,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .registry import RunnerInfo
+
+if TYPE_CHECKING:
+    from .containers import ContainerSpec
 
 ENV_FORMAT = 1  # bump to invalidate every cached environment (layout of the env dir changed)
 MARKER = ".dlbench-env.json"
@@ -52,11 +56,13 @@ class Environment:
     path: Path | None = None
     packages: list[str] = field(default_factory=list)  # the lock: every name==version installed
     python_version: str | None = None
+    container: ContainerSpec | None = None  # docker: the worker runs in this image, `python` inside it
 
     def describe(self) -> dict:
         return {"backend": self.backend, "flavour": self.flavour, "python": str(self.python),
                 "python_version": self.python_version,
-                "key": self.key, "path": str(self.path) if self.path else None, "packages": self.packages}
+                "key": self.key, "path": str(self.path) if self.path else None, "packages": self.packages,
+                **(self.container.describe() if self.container else {})}
 
 
 def _base_interpreter() -> str:
@@ -186,9 +192,17 @@ class CurrentBackend:
                            platform.python_version())
 
 
+BACKENDS = ("venv", "current", "docker")
+
+
 def backend(name: str, cache: Path):
     if name == "venv":
         return VenvBackend(cache)
     if name == "current":
         return CurrentBackend()
+    if name == "docker":
+        from .. import paths
+        from .containers import DockerBackend
+
+        return DockerBackend(cache, paths.docker_dir(), paths.project_root())
     raise ValueError(f"unknown environment backend {name!r}")

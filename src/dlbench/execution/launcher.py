@@ -5,6 +5,11 @@ group), so that a timeout, an error in the controller or Ctrl-C ends the worker 
 started. The request and the result travel as JSON files in a private temporary directory; the
 worker writes its result atomically, so a result is either whole or absent. Output (stdout and
 stderr together) goes to a file, whose tail is kept for the record: no pipe can fill and block.
+
+With a container (the docker backend, containers.py) the process started is the `docker run`
+client, the temporary directory is mounted into the container, the sampler follows the container's
+process, and every way of stopping the worker also stops the container by its name: killing the
+client alone would leave it running.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .containers import ContainerSpec
 
 PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/harness.py
 STDERR_TAIL_CHARS = 4000
@@ -55,13 +63,19 @@ def _stop_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _stop_worker(proc: subprocess.Popen, container: ContainerSpec | None, name: str | None) -> None:
+    if container is not None and name is not None and proc.poll() is None:
+        container.stop(name)  # the client exits once its container has stopped
+    _stop_group(proc)
+
+
 @contextlib.contextmanager
-def killer(proc: subprocess.Popen):
-    """End the worker's whole process group on any exception, KeyboardInterrupt included."""
+def killer(proc: subprocess.Popen, container: ContainerSpec | None = None, name: str | None = None):
+    """End the worker's whole process group (and its container) on any exception, KeyboardInterrupt included."""
     try:
         yield proc
     except BaseException:
-        _stop_group(proc)
+        _stop_worker(proc, container, name)
         raise
 
 
@@ -99,7 +113,9 @@ class Monitor(Protocol):
 
 
 def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
-               extra_env: dict[str, str] | None = None, monitor: Monitor | None = None) -> WorkerOutcome:
+               extra_env: dict[str, str] | None = None, monitor: Monitor | None = None,
+               container: ContainerSpec | None = None, shared_dirs: tuple[Path, ...] = ()) -> WorkerOutcome:
+    """shared_dirs: folders named in the request that the worker reads or writes (mounted into a container)."""
     worker = Path(worker).resolve()  # the worker runs in its own folder
     env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
     env["PYTHONUNBUFFERED"] = "1"
@@ -107,24 +123,29 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
     with tempfile.TemporaryDirectory(prefix="dlbench-worker-") as tmp:
         req_path, res_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "output.log")
         req_path.write_text(json.dumps(request))
+        argv = [str(python), str(worker), str(req_path), str(res_path)]
+        name = None
+        if container is not None:
+            name = container.new_name()
+            argv = container.run_command(name, python, worker, argv[2:], Path(tmp),
+                                         {"PYTHONUNBUFFERED": "1", **(extra_env or {})}, tuple(shared_dirs))
         with monitor or contextlib.nullcontext(), open(out_path, "wb") as out:
             started = time.perf_counter()
             try:
-                proc = subprocess.Popen(
-                    [str(python), str(worker), str(req_path), str(res_path)],
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                    cwd=worker.parent, start_new_session=True,
-                )
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        env=env, cwd=worker.parent, start_new_session=True)
             except OSError as e:  # no interpreter (a broken environment), not executable, ...
-                return WorkerOutcome("failed", f"could not start the worker with {python}: {e}", None, "", None,
+                return WorkerOutcome("failed", f"could not start the worker with {argv[0]}: {e}", None, "", None,
                                      time.perf_counter() - started)
-            if monitor is not None:
-                monitor.watch(proc.pid)
-            with killer(proc):
+            with killer(proc, container, name):
+                if monitor is not None:
+                    pid = container.worker_pid(name, proc) if container is not None else proc.pid
+                    if pid is not None:
+                        monitor.watch(pid)
                 try:
-                    returncode: int | None = proc.wait(timeout=timeout_s)
+                    returncode: int | None = proc.wait(timeout=max(0.0, timeout_s - (time.perf_counter() - started)))
                 except subprocess.TimeoutExpired:
-                    _stop_group(proc)
+                    _stop_worker(proc, container, name)
                     returncode = None
                 else:
                     _stop_group(proc)  # nothing the worker started outlives it
@@ -133,6 +154,9 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
         if returncode is None:
             return WorkerOutcome("timeout", f"worker exceeded its timeout of {timeout_s:g} s and was killed",
                                  None, tail, None, wall)
+        engine_failure = None
+        if container is not None:
+            returncode, engine_failure = container.describe_exit(returncode)
         result = None
         if res_path.is_file():
             try:
@@ -140,6 +164,10 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
             except json.JSONDecodeError as e:
                 return WorkerOutcome("failed", f"worker wrote an unreadable result: {e}", None, tail, returncode, wall)
         if result is None:
+            if engine_failure:
+                last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
+                return WorkerOutcome("failed", f"{engine_failure}: {last.strip()}" if last else engine_failure,
+                                     None, tail, returncode, wall)
             return WorkerOutcome("failed", _describe_exit(returncode, tail), None, tail, returncode, wall)
         status = result.get("status", "failed")
         if status not in ("ok", "failed", "skipped"):

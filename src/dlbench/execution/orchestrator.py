@@ -185,7 +185,7 @@ class Orchestrator:
             for index in range(max_repeats):
                 sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
                 outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
-                                     _thread_env(opts.threads), sampler)
+                                     _thread_env(opts.threads), sampler, container=env.container)
                 res = outcome.result or {}
                 series = sampler.result if sampler else None
                 window = res.get("window_monotonic_ns") or []
