@@ -19,7 +19,7 @@ from rich.table import Table
 from . import paths
 from .definitions.loader import DefinitionError, load_network
 from .definitions.suite import PROFILES, Benchmark, SuiteCatalog
-from .execution.environments import EnvironmentBuildError, VenvBackend, backend
+from .execution.environments import BACKENDS, EnvironmentBuildError, VenvBackend, backend
 from .execution.registry import RunnerRegistry
 from .machine import available_cpus, detect_device, fingerprint, gpus
 from .telemetry import TelemetryConfig
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
-env_app = typer.Typer(help="Framework environments (one isolated venv per framework and device flavour).",
+env_app = typer.Typer(help="Framework environments: a venv, or a docker image, per framework and device flavour.",
                       no_args_is_help=True)
 app.add_typer(env_app, name="env")
 store_app = typer.Typer(help="The results store: verify its records, upgrade old ones, merge other stores in.",
@@ -203,7 +203,8 @@ def run(
         help="train | infer; repeatable (default: the profile's choice, which is train only for smoke).")] = None,
     profile: Annotated[str, typer.Option(help="smoke | default | paper")] = "default",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
-    env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter)")] = "venv",
+    env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter) | "
+                                          "docker (the framework's image; the worker runs in a container)")] = "venv",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads per worker (default: all available cores).")] = None,
     repeats: Annotated[Optional[int], typer.Option(min=1, help="Worker processes per run (default: the profile's); "
                                                                "with --target-ci, the repeats before the first check.")] = None,
@@ -224,7 +225,7 @@ def run(
 
     _check_choice("profile", profile, list(PROFILES))
     _check_choice("device", device, ["auto", "cpu", "cuda"])
-    _check_choice("environment backend", env, ["venv", "current"])
+    _check_choice("environment backend", env, list(BACKENDS))
     registry = _registry()
     names = _framework_names(registry, framework)
     for m in mode or []:
@@ -518,7 +519,7 @@ def check(
     framework: Annotated[list[str], typer.Option(help="Framework name, 'all', or a comma list; repeatable.")] = ["all"],
     network: Annotated[Optional[list[str]], typer.Option(help="Only these networks; repeatable (default: all).")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "cpu",
-    env: Annotated[str, typer.Option(help="venv | current")] = "venv",
+    env: Annotated[str, typer.Option(help="venv | current | docker")] = "venv",
     store: StoreOpt = None,
     timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 900.0,
 ) -> None:
@@ -526,7 +527,7 @@ def check(
     from .equivalence import CheckStore, check_network
 
     _check_choice("device", device, ["auto", "cpu", "cuda"])
-    _check_choice("environment backend", env, ["venv", "current"])
+    _check_choice("environment backend", env, list(BACKENDS))
     registry = _registry()
     runners = [_runner(registry, n) for n in _framework_names(registry, framework)]
     # torch is the reference when it is asked for: the others are compared against it.
@@ -625,14 +626,15 @@ def info(
 
 @env_app.command("list")
 def env_list() -> None:
-    """Cached environments, and whether each runner's is built for its current requirements."""
+    """Cached environments and docker images, and whether each runner's is built for its current files."""
     venv = VenvBackend(paths.cache_dir())
     t = Table(title=f"environments in {venv.root}")
     for c in ("framework", "flavour", "state", "path", "built"):
         t.add_column(c)
     current = set()
     registry = _registry()
-    for runner in (_runner(registry, n) for n in registry.names()):
+    runners = [_runner(registry, n) for n in registry.names()]
+    for runner in runners:
         for flavour in ("cpu", "cuda"):
             path = venv.path_for(runner, flavour)
             current.add(str(path))
@@ -643,39 +645,84 @@ def env_list() -> None:
         if meta["path"] not in current:
             t.add_row(meta["framework"], meta["flavour"], "stale (requirements changed)", meta["path"], meta["built_at"])
     out.print(t)
+    _image_list(runners)
+
+
+def _image_list(runners) -> None:
+    """The docker images: one row per runner and flavour (its current tag), then dlbench's other images."""
+    docker = backend("docker", paths.cache_dir())
+    try:
+        images = docker.list()
+    except EnvironmentBuildError as e:
+        out.print(f"docker images: not listed ({escape(str(e))})", highlight=False, soft_wrap=True)
+        return
+    built = {row["tag"]: row for row in images}
+    t = Table(title=f"docker images (Dockerfiles in {docker.docker_dir})")
+    for c in ("framework", "flavour", "state", "image", "id", "created", "size"):
+        t.add_column(c)
+    expected = set()
+    for runner in runners:
+        for flavour in ("cpu", "cuda"):
+            try:
+                tag, _, _ = docker.image_for(runner, flavour)
+            except EnvironmentBuildError:
+                t.add_row(runner.name, flavour, "no Dockerfile", "", "", "", "")
+                continue
+            expected.add(tag)
+            row = built.get(tag)
+            t.add_row(runner.name, flavour, "ready" if row else "not built", tag,
+                      *((row["id"], row["created"], row["size"]) if row else ("", "", "")))
+    for row in images:
+        if row["tag"] not in expected:
+            t.add_row(row["framework"], row["flavour"], "stale (Dockerfile or requirements changed)", row["tag"],
+                      row["id"], row["created"], row["size"])
+    out.print(t)
+
+
+BUILDABLE = ("venv", "docker")  # `current` is the interpreter dlbench runs in: nothing to build
 
 
 @env_app.command("create")
 def env_create(
     framework: Annotated[str, typer.Argument(help="Framework name, or 'all'.")],
     device: Annotated[str, typer.Option(help="auto | cpu | cuda: which flavour to build")] = "auto",
+    env: Annotated[str, typer.Option(help="venv (a virtual environment) | docker (an image)")] = "venv",
 ) -> None:
-    """Build (or find) the cached environment of a framework."""
+    """Build (or find) the cached environment or the docker image of a framework."""
     registry = _registry()
     _check_choice("framework", framework, registry.names() + ["all"])
     _check_choice("device", device, ["auto", "cpu", "cuda"])
+    _check_choice("environment backend", env, list(BUILDABLE))
     flavour = _resolve_device(device)
     names = registry.names() if framework == "all" else [framework]
-    venv = backend("venv", paths.cache_dir())
+    chosen = backend(env, paths.cache_dir())
     for name in names:
         runner = _runner(registry, name)
         with err.status(f"building {name} ({flavour})") as status:
             try:
-                env = venv.ensure(runner, flavour, lambda line: status.update(f"{name}: {escape(line[:90])}"))
+                built = chosen.ensure(runner, flavour, lambda line: status.update(f"{name}: {escape(line[:90])}"))
             except EnvironmentBuildError as e:
                 raise fail(str(e), 1) from None
-        out.print(f"{name} ({flavour}): {env.path}")
+        out.print(f"{name} ({flavour}): {built.path or built.key}")
 
 
 @env_app.command("remove")
-def env_remove(framework: Annotated[str, typer.Argument(help="Framework name, or 'all'.")]) -> None:
-    """Delete the cached environments of a framework (every flavour and version)."""
+def env_remove(
+    framework: Annotated[str, typer.Argument(help="Framework name, or 'all'.")],
+    env: Annotated[str, typer.Option(help="venv (its environments) | docker (its images)")] = "venv",
+) -> None:
+    """Delete the cached environments (or docker images) of a framework, every flavour and version."""
     registry = _registry()
     _check_choice("framework", framework, registry.names() + ["all"])
-    venv = VenvBackend(paths.cache_dir())
+    _check_choice("environment backend", env, list(BUILDABLE))
+    chosen = backend(env, paths.cache_dir())
     for name in registry.names() if framework == "all" else [framework]:
-        for path in venv.remove(name):
-            out.print(f"removed {path}")
+        try:
+            removed = chosen.remove(name)
+        except EnvironmentBuildError as e:
+            raise fail(str(e), 1) from None
+        for item in removed:
+            out.print(f"removed {item}")
 
 
 def _print_problems(label: str, problems) -> None:

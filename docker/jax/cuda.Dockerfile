@@ -1,0 +1,23 @@
+# JAX, CUDA flavour. JAX publishes no image of its own; jax[cuda12] (runners/jax/requirements-cuda.txt)
+# brings CUDA 12 and cuDNN as NVIDIA's pip wheels, so the base is NVIDIA's smallest CUDA image,
+# `base` (the CUDA runtime and the driver compatibility check, no cuDNN or cuBLAS of its own that
+# could shadow the wheels'). Ubuntu 24.04 for its Python 3.12: numpy 2.4 needs Python >= 3.11.
+# CUDA 12.6 needs an NVIDIA driver >= 560 on the host. Built and run on a GPU host: not yet.
+FROM nvidia/cuda:12.6.3-base-ubuntu24.04
+
+# Ubuntu's archive keeps only the newest build of a package in -updates and -security, so exact
+# apt pins would stop the image from building at the next security update; what is measured is
+# fixed by the base image's tag and the pinned Python requirements (and each record names the
+# image id it ran in).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+
+# Ubuntu 24.04's python3 refuses pip installs outside a virtual environment (PEP 668); the
+# environment's python3 comes first on PATH, so it is the `python3` dlbench runs.
+ENV PATH=/opt/dlbench/venv/bin:$PATH
+COPY requirements.txt /opt/dlbench/requirements.txt
+RUN python3 -m venv /opt/dlbench/venv \
+    && /opt/dlbench/venv/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check \
+        -r /opt/dlbench/requirements.txt
