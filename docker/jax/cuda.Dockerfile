@@ -2,7 +2,9 @@
 # brings CUDA 12 and cuDNN as NVIDIA's pip wheels, so the base is NVIDIA's smallest CUDA image,
 # `base` (the CUDA runtime and the driver compatibility check, no cuDNN or cuBLAS of its own that
 # could shadow the wheels'). Ubuntu 24.04 for its Python 3.12: numpy 2.4 needs Python >= 3.11.
-# CUDA 12.6 needs an NVIDIA driver >= 560 on the host. Built and run on a GPU host: not yet.
+# NVIDIA's images declare their CUDA version (NVIDIA_REQUIRE_CUDA) and the NVIDIA container runtime
+# will not start them on a driver without it: 560 or newer for 12.6. Built and run on a GPU host:
+# not yet (see README).
 FROM nvidia/cuda:12.6.3-base-ubuntu24.04
 
 # Ubuntu's archive keeps only the newest build of a package in -updates and -security, so exact

@@ -3,8 +3,8 @@
 # runtime libraries, cuDNN 8 and NCCL 2 on the loader path. NVIDIA's CUDA 11.7 runtime image with
 # cuDNN 8 has exactly those (the runtime flavour includes NCCL). Its Ubuntu 22.04 brings Python
 # 3.10, which the wheel (py3-none) and numpy 1.23.5 (wheels for CPython 3.8-3.11; mxnet 1.9.1 needs
-# numpy < 1.24 for np.bool) both support. The image asks for a driver that supports CUDA 11.7
-# (>= 515). Built and run on a GPU host: not yet (see README).
+# numpy < 1.24 for np.bool) both support. The image declares CUDA 11.7, so the host's driver must
+# support it (515 or newer). Built and run on a GPU host: not yet (see README).
 FROM nvidia/cuda:11.7.1-cudnn8-runtime-ubuntu22.04
 
 # libgomp1: mxnet's wheel loads GCC's OpenMP runtime from the system. Ubuntu keeps only the newest
