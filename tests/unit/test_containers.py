@@ -5,6 +5,7 @@ it does with the answers: tags, builds, the `docker run` command, timeouts, exit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from typer.testing import CliRunner
 
 from dlbench.cli import app
 from dlbench.execution.containers import (
-    STOP_GRACE_S, ContainerSpec, DockerBackend, DockerEngine, gpu_request, image_key, image_tag, parse_tag,
+    STOP_GRACE_S, ContainerSpec, DockerBackend, gpu_request, image_key, image_tag, parse_tag,
 )
 from dlbench.execution.environments import EnvironmentBuildError, backend
 from dlbench.execution.launcher import run_worker
@@ -166,7 +167,7 @@ def test_a_changed_requirements_file_builds_a_new_image(runner, docker, engine, 
     first = docker.ensure(runner, "cpu").key
     requirements = tmp_path / "requirements-cpu.txt"
     requirements.write_text(runner.requirements_for("cpu").read_text() + "# bumped\n")
-    moved = runner.__class__(**{**runner.__dict__, "requirements": {**runner.requirements, "cpu": requirements}})
+    moved = dataclasses.replace(runner, requirements={**runner.requirements, "cpu": requirements})
     second = docker.ensure(moved, "cpu").key
     assert second != first and len(engine.calls("build")) == 2
     assert engine.images()[second]["context"]["requirements.txt"].endswith("# bumped\n")
