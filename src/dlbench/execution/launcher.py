@@ -64,8 +64,8 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def _stop_worker(proc: subprocess.Popen, container: ContainerSpec | None, name: str | None) -> None:
-    if container is not None and name is not None and proc.poll() is None:
-        container.stop(name)  # the client exits once its container has stopped
+    if container is not None and name is not None:
+        container.stop(name)  # even if the client is gone: the container outlives it; then the client exits
     _stop_group(proc)
 
 
