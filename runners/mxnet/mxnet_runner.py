@@ -151,7 +151,10 @@ def _blocks() -> dict:
                 short = self.option_a(x)
             else:
                 short = x
-            return F.relu(self.body(x) + short)
+            # Activation, not F.relu: on CPU only Activation is a oneDNN primitive; the plain relu
+            # operator forces oneDNN-layout tensors back to NCHW around it, forward and backward
+            # (measured on ResNet-50 training, b4: 10-25% of the step).
+            return F.Activation(self.body(x) + short, act_type="relu")
 
     class WithLoss(mx.gluon.HybridBlock):
         """The network and its mean softmax cross-entropy (over the batch, and the steps of an LM)."""
