@@ -1,0 +1,161 @@
+"""Gradient communication of synchronous data-parallel training: the α–β cost of ring all-reduce and
+when each layer's gradient is sent (Shi, Wang, Chu, DataCom 2018; Shi, Chu, Li, "MG-WFBP",
+INFOCOM 2019; the working forms are in /work/shared/notes/performance-model.md).
+
+Cost of one message of p bytes: t_c(p) = α + β·p. Ring all-reduce of M bytes among n workers sends
+2(n−1) messages of M/n bytes one after the other, so as a whole it costs 2(n−1)·α + 2(n−1)/n·β·M:
+again a line in M, whose intercept and slope are what a regression of measured all-reduce times
+gives for that n (`AllReduceCost.from_fit`), and from which the point-to-point α and β follow.
+
+Layers l = 0 … L−1 in network order; backward runs from L−1 down to 0. t_b[l] is layer l's backward
+time and p[l] its gradient's bytes. Backward of l starts at τ_b[l] (τ_b[L−1] = 0, τ_b[l] =
+τ_b[l+1] + t_b[l+1]). Wait-free backpropagation (WFBP) sends l's gradient as soon as it is ready
+and the link is free: τ_c[L−1] = τ_b[L−1] + t_b[L−1], τ_c[l] = max(τ_c[l+1] + t_c[l+1], τ_b[l] + t_b[l]).
+What the backward does not hide is t_c^no = τ_c[0] + t_c[0] − (τ_b[0] + t_b[0]).
+
+Merged-gradient WFBP (MG-WFBP) walks l = L−1 … 1; with e = τ_b[l−1] + t_b[l−1] (when l−1's gradient
+is ready) and e < τ_c[l] + t_c[l] (l's message would still be on the link), it merges l's gradient
+into l−1's message when l's message has not started yet (τ_c[l] > e: merging costs nothing) or
+when the wait for l−1 is shorter than the start-up it saves (e − τ_c[l] < α, α being one
+message's start-up, the all-reduce's intercept). A merge sets p[l−1] += p[l], t_c[l] = 0,
+t_c[l−1] = t_c(p[l−1]) and recomputes τ_c.
+
+Without overlap (`none`), all gradients go in one all-reduce after the backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULES = ("none", "wfbp", "mgwfbp")
+
+
+@dataclass(frozen=True)
+class AllReduceCost:
+    """Time of one all-reduce of `nbytes` among `workers`: startup_s + per_byte_s * nbytes."""
+
+    workers: int
+    startup_s: float
+    per_byte_s: float
+
+    def time(self, nbytes: float) -> float:
+        return self.startup_s + self.per_byte_s * nbytes
+
+    @classmethod
+    def ring(cls, alpha_s: float, beta_s_per_byte: float, workers: int) -> AllReduceCost:
+        """Ring all-reduce built from a link's α (start-up per message) and β (seconds per byte)."""
+        if workers < 2:
+            return cls(workers, 0.0, 0.0)
+        steps = 2 * (workers - 1)
+        return cls(workers, steps * alpha_s, steps / workers * beta_s_per_byte)
+
+    def link(self) -> tuple[float, float]:
+        """(α, β) of the link, the inverse of `ring`: what a fitted all-reduce line implies."""
+        steps = 2 * (self.workers - 1)
+        return self.startup_s / steps, self.per_byte_s * self.workers / steps
+
+
+@dataclass
+class Schedule:
+    """When each layer's backward and each message ran (seconds from the start of the backward)."""
+
+    kind: str
+    tau_b: list[float]
+    t_b: list[float]
+    t_c: list[float]  # per layer; 0 for a layer whose gradient went with a lower layer's message
+    tau_c: list[float]
+    groups: list[list[int]] = field(default_factory=list)  # layers per message, in sending order
+
+    @property
+    def backward_end(self) -> float:
+        return self.tau_b[0] + self.t_b[0] if self.t_b else 0.0
+
+    @property
+    def communication(self) -> float:
+        """Time the link is busy: every message's duration."""
+        return sum(self.t_c)
+
+    @property
+    def exposed(self) -> float:
+        """t_c^no: communication that the backward does not hide."""
+        if not self.t_b:
+            return 0.0
+        return max(0.0, self.tau_c[0] + self.t_c[0] - self.backward_end)
+
+
+def backward_starts(t_b: list[float]) -> list[float]:
+    n = len(t_b)
+    tau_b = [0.0] * n
+    for l in range(n - 2, -1, -1):
+        tau_b[l] = tau_b[l + 1] + t_b[l + 1]
+    return tau_b
+
+
+def communication_starts(t_b: list[float], t_c: list[float], tau_b: list[float]) -> list[float]:
+    n = len(t_b)
+    tau_c = [0.0] * n
+    if n == 0:
+        return tau_c
+    tau_c[n - 1] = tau_b[n - 1] + t_b[n - 1]
+    for l in range(n - 2, -1, -1):
+        tau_c[l] = max(tau_c[l + 1] + t_c[l + 1], tau_b[l] + t_b[l])
+    return tau_c
+
+
+def _groups(merged_into_lower: list[bool]) -> list[list[int]]:
+    """Messages in sending order (from the last layer down): a layer merged into l−1 travels with it."""
+    groups, current = [], []
+    for l in range(len(merged_into_lower) - 1, -1, -1):
+        current.append(l)
+        if not merged_into_lower[l]:
+            groups.append(current)
+            current = []
+    return groups
+
+
+def wfbp(t_b: list[float], p: list[float], cost: AllReduceCost) -> Schedule:
+    t_c = [cost.time(x) for x in p]
+    tau_b = backward_starts(t_b)
+    tau_c = communication_starts(t_b, t_c, tau_b)
+    return Schedule("wfbp", tau_b, list(t_b), t_c, tau_c, [[l] for l in range(len(t_b) - 1, -1, -1)])
+
+
+def mgwfbp(t_b: list[float], p: list[float], cost: AllReduceCost) -> Schedule:
+    p = list(p)
+    t_c = [cost.time(x) for x in p]
+    tau_b = backward_starts(t_b)
+    tau_c = communication_starts(t_b, t_c, tau_b)
+    merged = [False] * len(t_b)
+    for l in range(len(t_b) - 1, 0, -1):
+        ready = tau_b[l - 1] + t_b[l - 1]
+        if ready >= tau_c[l] + t_c[l]:
+            continue  # l's message is done before l−1's gradient exists: nothing to gain
+        if tau_c[l] > ready or ready - tau_c[l] < cost.startup_s:
+            p[l - 1] += p[l]
+            p[l] = 0.0
+            t_c[l] = 0.0
+            t_c[l - 1] = cost.time(p[l - 1])
+            tau_c = communication_starts(t_b, t_c, tau_b)
+            merged[l] = True
+    return Schedule("mgwfbp", tau_b, list(t_b), t_c, tau_c, _groups(merged))
+
+
+def without_overlap(t_b: list[float], p: list[float], cost: AllReduceCost) -> Schedule:
+    """One all-reduce of every gradient once the backward is over."""
+    n = len(t_b)
+    tau_b = backward_starts(t_b)
+    t_c = [0.0] * n
+    tau_c = [tau_b[0] + t_b[0] if n else 0.0] * n
+    if n:
+        t_c[0] = cost.time(sum(p))
+    return Schedule("none", tau_b, list(t_b), t_c, tau_c, [list(range(n - 1, -1, -1))] if n else [])
+
+
+def schedule(kind: str, t_b: list[float], p: list[float], cost: AllReduceCost) -> Schedule:
+    if kind == "wfbp":
+        return wfbp(t_b, p, cost)
+    if kind == "mgwfbp":
+        return mgwfbp(t_b, p, cost)
+    if kind == "none":
+        return without_overlap(t_b, p, cost)
+    raise ValueError(f"unknown schedule {kind!r}; expected one of {', '.join(SCHEDULES)}")

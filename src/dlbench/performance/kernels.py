@@ -1,0 +1,137 @@
+"""The kernels networks are made of: their shapes, work (FLOPs) and traffic (bytes), and one key each.
+
+A `KernelSpec` is plain data (kind, shape parameters, dtype). The same spec is what the `kernels`
+suite sends to a runner to time, what a machine profile stores the measured time under (`key`), and
+what the performance model looks up when it meets that shape in a network, so a layer is
+"measured" exactly when its kernel of that shape and dtype was timed on that framework.
+
+Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysis.py):
+- matmul (m, n, k): C[m, n] = A[m, k] B[k, n]: 2mnk FLOPs; A, B and C each moved once.
+- transpose (rows, cols): out-of-place, materialised: no FLOPs; the matrix read once and written once.
+- copy (elements): out-of-place copy: read once, written once (the memory-bandwidth ceiling).
+- conv2d_fwd (batch, channels, height, width, filters, kh, kw, sh, sw, ph, pw): no bias, no groups:
+  2·kh·kw·C·F·Ho·Wo FLOPs per sample; input, weights and output moved once.
+- conv2d_bwd (same, input_grad): the weight gradient, and the input gradient when `input_grad`
+  (a network's first layer has no input gradient to compute): 2x or 1x the forward FLOPs.
+- lstm_step_fwd (batch, input, hidden): one step of the canonical cell (schema.py): the gate
+  products 2·4h·(in + h), bias 4h, activations 5h and state updates 4h per sample (as analysis.py).
+- lstm_step_bwd (batch, input, hidden): the step's gradients for x, h, c and the weights: twice the
+  gate products and about twice the element-wise work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+# Each kind's shape parameters, in the order they are written in a key.
+PARAMS: dict[str, tuple[str, ...]] = {
+    "matmul": ("m", "n", "k"),
+    "transpose": ("rows", "cols"),
+    "copy": ("elements",),
+    "conv2d_fwd": ("batch", "channels", "height", "width", "filters", "kh", "kw", "sh", "sw", "ph", "pw"),
+    "conv2d_bwd": ("batch", "channels", "height", "width", "filters", "kh", "kw", "sh", "sw", "ph", "pw",
+                   "input_grad"),
+    "lstm_step_fwd": ("batch", "input", "hidden"),
+    "lstm_step_bwd": ("batch", "input", "hidden"),
+}
+# Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
+MEMORY_KINDS = ("transpose", "copy")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    kind: str
+    shape: tuple[tuple[str, int], ...]  # (name, value) in PARAMS order
+    dtype: str = "float32"
+
+    @classmethod
+    def of(cls, kind: str, dtype: str = "float32", **shape: int) -> KernelSpec:
+        if kind not in PARAMS:
+            raise ValueError(f"unknown kernel kind {kind!r}; expected one of {', '.join(PARAMS)}")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+        names = PARAMS[kind]
+        if set(shape) != set(names):
+            raise ValueError(f"{kind} takes {', '.join(names)}; got {', '.join(sorted(shape))}")
+        return cls(kind, tuple((n, int(shape[n])) for n in names), dtype)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> KernelSpec:
+        """The inverse of to_dict (a request's or a record's kernel)."""
+        return cls.of(data["kind"], data.get("dtype", "float32"), **data["shape"])
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "dtype": self.dtype, "shape": dict(self.shape)}
+
+    @property
+    def key(self) -> str:
+        """`matmul m=64 n=2048 k=784 float32`: stable, readable, the same wherever it is made."""
+        return " ".join([self.kind, *(f"{n}={v}" for n, v in self.shape), self.dtype])
+
+    def __getitem__(self, name: str) -> int:
+        return dict(self.shape)[name]
+
+    @property
+    def memory_bound(self) -> bool:
+        return self.kind in MEMORY_KINDS
+
+    # --------------------------------------------------------------- work and traffic
+
+    def _conv_out(self) -> tuple[int, int]:
+        ho = (self["height"] + 2 * self["ph"] - self["kh"]) // self["sh"] + 1
+        wo = (self["width"] + 2 * self["pw"] - self["kw"]) // self["sw"] + 1
+        return ho, wo
+
+    @property
+    def flops(self) -> int:
+        k = self.kind
+        if k == "matmul":
+            return 2 * self["m"] * self["n"] * self["k"]
+        if k in ("transpose", "copy"):
+            return 0
+        if k.startswith("conv2d"):
+            ho, wo = self._conv_out()
+            fwd = 2 * self["batch"] * self["kh"] * self["kw"] * self["channels"] * self["filters"] * ho * wo
+            if k == "conv2d_fwd":
+                return fwd
+            return fwd * (2 if self["input_grad"] else 1)
+        b, i, h = self["batch"], self["input"], self["hidden"]
+        gates = 2 * 4 * h * (i + h)
+        if k == "lstm_step_fwd":
+            return b * (gates + 4 * h + 5 * h + 4 * h)
+        return b * (2 * gates + 2 * (4 * h + 5 * h + 4 * h))
+
+    @property
+    def bytes(self) -> int:
+        """Bytes a kernel must move at the least: each operand and result once."""
+        s = DTYPE_BYTES[self.dtype]
+        k = self.kind
+        if k == "matmul":
+            m, n, kk = self["m"], self["n"], self["k"]
+            return s * (m * kk + kk * n + m * n)
+        if k == "transpose":
+            return 2 * s * self["rows"] * self["cols"]
+        if k == "copy":
+            return 2 * s * self["elements"]
+        if k.startswith("conv2d"):
+            ho, wo = self._conv_out()
+            x = self["batch"] * self["channels"] * self["height"] * self["width"]
+            w = self["filters"] * self["channels"] * self["kh"] * self["kw"]
+            y = self["batch"] * self["filters"] * ho * wo
+            if k == "conv2d_fwd":
+                return s * (x + w + y)
+            return s * (y + x + 2 * w + (x if self["input_grad"] else 0))  # dy, x, w, dw (, dx)
+        b, i, h = self["batch"], self["input"], self["hidden"]
+        weights = 4 * h * (i + h) + 4 * h
+        states = b * (i + 2 * h + 4 * h + 2 * h)  # x, h and c in; gates; h' and c' out
+        return s * (weights + states) * (1 if k == "lstm_step_fwd" else 2)
+
+    def achieved(self, seconds: float) -> float:
+        """FLOP/s, or bytes/s for the memory-bound kinds."""
+        return (self.bytes if self.memory_bound else self.flops) / seconds
+
+    @property
+    def unit(self) -> str:
+        return "B/s" if self.memory_bound else "FLOP/s"

@@ -1,0 +1,221 @@
+"""Iteration time predicted from a network's work and a machine profile (Shi, Wang, Chu, DataCom 2018).
+
+One worker: t_iter = t_io + t_h2d + t_f + t_b + t_u, where with prefetching the data path costs only
+what the computation does not hide: max(0, t_io + t_h2d − (t_f + t_b + t_u)). The synthetic data
+dlbench's runners use is already on the device: t_io = t_h2d = 0.
+
+t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operation whose kernel
+(shape and dtype) the profile holds as measured on that framework takes its measured median time
+(times its repeat count: an LSTM step once per time step); any other operation takes its roofline
+time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), plus the framework's
+smallest-operation time (what the framework spends on any operation, however small). The share of
+the predicted time that came from measured kernels is reported beside it.
+
+N workers, synchronous SGD on a per-worker batch: the same per-worker computation, plus gradient
+all-reduce from the profile's fitted α–β cost for that framework (`communication.py`), scheduled
+`none` (one all-reduce after the backward), `wfbp` or `mgwfbp`; only the communication the
+backward does not hide (t_c^no) adds to the iteration: t_f + t_b + t_c^no + t_u. Layers without
+parameters send nothing: their backward time counts towards the next layer (in backward order) that
+has parameters, whose gradient they delay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .communication import AllReduceCost, Schedule, schedule
+from .profile import MachineProfile
+from .workload import ELEMENT_BYTES, Op, Workload
+
+MODEL_VERSION = 1
+
+# How each framework's data-parallel engine sends gradients by default (the schedule `predict`
+# assumes unless told otherwise): DistributedDataParallel all-reduces buckets of gradients while
+# the backward runs (merged messages, overlapped); MXNet's kvstore pushes each parameter's gradient
+# when its engine has computed it (per layer, overlapped); TensorFlow's MultiWorkerMirroredStrategy
+# and a sharded jax.jit reduce the gradients once they are all computed.
+DEFAULT_SCHEDULE = {"torch": "mgwfbp", "mxnet": "wfbp", "tensorflow": "none", "jax": "none"}
+
+
+class PredictionError(Exception):
+    """The profile lacks what the prediction needs; the message says what to run."""
+
+
+@dataclass
+class DataPath:
+    """Where a batch comes from. `read_bytes_per_s` None: synthetic data already in device memory."""
+
+    bytes_per_sample: int
+    read_bytes_per_s: float | None = None
+    h2d_bytes_per_s: float | None = None  # None: the data is read where it is computed on (CPU)
+    prefetch: bool = True
+
+    def times(self, batch: int) -> tuple[float, float]:
+        size = self.bytes_per_sample * batch
+        t_io = size / self.read_bytes_per_s if self.read_bytes_per_s else 0.0
+        t_h2d = size / self.h2d_bytes_per_s if self.h2d_bytes_per_s else 0.0
+        return t_io, t_h2d
+
+    def exposed(self, batch: int, compute_s: float) -> float:
+        t_io, t_h2d = self.times(batch)
+        return max(0.0, t_io + t_h2d - compute_s) if self.prefetch else t_io + t_h2d
+
+
+@dataclass
+class LayerTimes:
+    index: int
+    label: str
+    params: int
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    update_s: float = 0.0
+    measured_s: float = 0.0  # of the above, from measured kernel times
+    estimated_s: float = 0.0  # of the above, from the roofline
+
+    @property
+    def gradient_bytes(self) -> int:
+        return ELEMENT_BYTES * self.params
+
+
+@dataclass
+class Prediction:
+    network: str
+    framework: str
+    batch: int  # per worker
+    mode: str
+    workers: int
+    profile: str  # the profile's ref (machine@revision)
+    layers: list[LayerTimes]
+    io_s: float
+    io_exposed_s: float
+    forward_s: float
+    backward_s: float
+    update_s: float
+    communication_s: float = 0.0
+    communication_exposed_s: float = 0.0
+    schedule: Schedule | None = None
+    unmeasured: list[str] = field(default_factory=list)  # kernel keys estimated by the roofline
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.update_s
+
+    @property
+    def iteration_s(self) -> float:
+        return self.io_exposed_s + self.compute_s + self.communication_exposed_s
+
+    @property
+    def measured_share(self) -> float:
+        total = sum(l.measured_s + l.estimated_s for l in self.layers)
+        return sum(l.measured_s for l in self.layers) / total if total else 0.0
+
+    def phases(self) -> dict[str, float]:
+        return {"io": self.io_exposed_s, "forward": self.forward_s, "backward": self.backward_s,
+                "update": self.update_s, "communication": self.communication_s,
+                "communication_exposed": self.communication_exposed_s}
+
+    def to_record(self) -> dict:
+        """What a run record keeps (store/record.py: Prediction)."""
+        return {"model_version": MODEL_VERSION, "profile": self.profile, "workers": self.workers,
+                "schedule": self.schedule.kind if self.schedule else None,
+                "iteration_s": self.iteration_s, "phases": self.phases(),
+                "measured_share": self.measured_share, "unmeasured_kernels": len(self.unmeasured),
+                "notes": list(self.notes)}
+
+
+def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> tuple[float, bool]:
+    """(seconds for all `op.repeat` executions, whether it was measured)."""
+    if op.kernel is not None and op.kernel.key in measured:
+        return op.repeat * measured[op.kernel.key].median_s, True
+    dtype = op.kernel.dtype if op.kernel is not None else "float32"
+    peak = profile.peak_flops(dtype)
+    bandwidth = profile.bandwidth(op.bytes)
+    if peak is None or bandwidth is None:
+        raise PredictionError(f"profile {profile.ref} has no {'matmul peak' if peak is None else 'copy bandwidth'}; "
+                              "run `dlbench calibrate`")
+    roofline = max(op.flops / peak, op.bytes / bandwidth)
+    return op.repeat * (roofline + profile.dispatch_s.get(framework, 0.0)), False
+
+
+def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,
+            schedule_kind: str | None = None, data_path: DataPath | None = None,
+            threads: int | None = None) -> Prediction:
+    measured = profile.kernels.get(framework, {})
+    notes: list[str] = []
+    if not measured:
+        notes.append(f"no kernel times of {framework} in the profile: every operation is a roofline estimate")
+    if threads is not None and profile.threads is not None and threads != profile.threads:
+        notes.append(f"the profile was measured with {profile.threads} threads, this run uses {threads}")
+    if framework not in profile.dispatch_s and profile.dispatch_s:
+        notes.append(f"no smallest-operation time of {framework} in the profile: none added")
+    unmeasured: dict[str, None] = {}
+    layers: list[LayerTimes] = []
+    for work in workload.layers:
+        lt = LayerTimes(work.index, work.label, work.params)
+        for phase, ops in (("forward_s", work.forward), ("backward_s", work.backward), ("update_s", work.update)):
+            for op in ops:
+                seconds, was_measured = op_time(op, framework, profile, measured)
+                setattr(lt, phase, getattr(lt, phase) + seconds)
+                if was_measured:
+                    lt.measured_s += seconds
+                else:
+                    lt.estimated_s += seconds
+                    if op.kernel is not None:
+                        unmeasured[op.kernel.key] = None
+        layers.append(lt)
+    forward = sum(l.forward_s for l in layers)
+    backward = sum(l.backward_s for l in layers)
+    update = sum(l.update_s for l in layers)
+    path = data_path or DataPath(workload.input_bytes_per_sample)
+    t_io, t_h2d = path.times(workload.batch)
+    if path.read_bytes_per_s is None:
+        notes.append("synthetic data already on the device: no I/O time")
+    prediction = Prediction(
+        workload.network, framework, workload.batch, workload.mode, workers, profile.ref, layers,
+        io_s=t_io + t_h2d, io_exposed_s=path.exposed(workload.batch, forward + backward + update),
+        forward_s=forward, backward_s=backward, update_s=update, unmeasured=list(unmeasured), notes=notes)
+    if workers > 1:
+        if workload.mode != "train":
+            raise PredictionError("only training exchanges gradients: --workers needs --mode train")
+        cost = all_reduce_cost(profile, framework, workers, notes)
+        kind = schedule_kind or DEFAULT_SCHEDULE.get(framework, "mgwfbp")
+        t_b, p = gradient_layers(layers)
+        sched = schedule(kind, t_b, p, cost)
+        prediction.schedule = sched
+        prediction.communication_s = sched.communication
+        prediction.communication_exposed_s = sched.exposed
+    return prediction
+
+
+def gradient_layers(layers: list[LayerTimes]) -> tuple[list[float], list[float]]:
+    """(t_b, p) over the layers that have parameters, in network order; a parameter-free layer's
+    backward time goes to the next layer in backward order that has parameters."""
+    t_b: list[float] = []
+    p: list[float] = []
+    pending = 0.0
+    for layer in reversed(layers):
+        pending += layer.backward_s
+        if layer.params:
+            t_b.append(pending)
+            p.append(float(layer.gradient_bytes))
+            pending = 0.0
+    if t_b:
+        t_b[-1] += pending  # below the first layer with parameters: nothing delays, but it is backward
+    return t_b[::-1], p[::-1]
+
+
+def all_reduce_cost(profile: MachineProfile, framework: str, workers: int, notes: list[str]) -> AllReduceCost:
+    fit = profile.comm_fit(framework, workers)
+    if fit is None:
+        others = sorted({c.framework for c in profile.comm})
+        if not others:
+            raise PredictionError(f"profile {profile.ref} has no all-reduce fit: run the comm suite with "
+                                  f"--workers {workers}, then `dlbench calibrate --workers {workers}`")
+        fit = min((c for c in profile.comm), key=lambda c: abs(c.workers - workers))
+        notes.append(f"no all-reduce fit of {framework}: {fit.framework}'s ({fit.workers} workers) used")
+    if fit.workers == workers:
+        return AllReduceCost(workers, fit.startup_s, fit.per_byte_s)
+    notes.append(f"all-reduce for {workers} workers extrapolated by the ring model from the "
+                 f"{fit.workers}-worker fit (α {fit.alpha_s * 1e6:.1f} µs, β {fit.beta_s_per_byte * 1e9:.3f} ns/B)")
+    return AllReduceCost.ring(fit.alpha_s, fit.beta_s_per_byte, workers)

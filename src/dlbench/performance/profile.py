@@ -1,0 +1,228 @@
+"""A machine profile: what one machine was measured to do, which the performance model predicts from.
+
+It holds the machine's ceilings (peak matrix-multiply FLOP/s per dtype with the framework that
+reached it, copy bandwidth by working-set size, and per framework the time of its smallest
+operation, i.e. what any operation costs however little it does), the kernel times each framework
+measured in the `kernels` suite (by `KernelSpec.key`), and for data-parallel training the all-reduce
+cost fitted per framework and worker count from the `comm` suite. `dlbench calibrate` makes one.
+
+Stored in the results store, versioned and never overwritten:
+`STORE/machines/<machine_id>/profile-<revision>.json`, revision 1, 2, ... per machine, each written
+whole or not at all (the store's temporary file + link) and carrying the checksum of its content
+(the same canonical SHA-256 as run records), the machine's fingerprint and the dlbench that made
+it. A profile file can be copied to another store, or named by path, to predict for a machine one
+does not have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..store.store import CHECKSUM_PREFIX, Store, checksum_of
+
+PROFILE_FORMAT = 1
+
+
+class ProfileError(Exception):
+    """A profile that cannot be found or read; the message names it."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MatmulCeiling(_Model):
+    flops_per_s: float
+    framework: str
+    kernel: str  # the KernelSpec key of the matmul that reached it
+
+
+class BandwidthPoint(_Model):
+    bytes: int  # bytes moved by one copy (read + written): its working set
+    bytes_per_s: float
+    framework: str
+
+
+class KernelTime(_Model):
+    median_s: float
+    run_id: str  # the kernels-suite record it comes from
+
+
+class CommFit(_Model):
+    """All-reduce time = startup_s + per_byte_s * bytes, fitted for `workers` (linear regression)."""
+
+    framework: str
+    workers: int
+    collective: str = "all_reduce"
+    startup_s: float
+    per_byte_s: float
+    alpha_s: float  # the link's α and β under the ring model (communication.AllReduceCost.link)
+    beta_s_per_byte: float
+    r2: float
+    points: int
+    min_bytes: int
+    max_bytes: int
+    run_ids: list[str]
+
+
+class MachineProfile(_Model):
+    format: int = PROFILE_FORMAT
+    machine_id: str
+    revision: int = 0  # set when stored
+    created_at: datetime
+    dlbench: dict[str, Any]
+    machine: dict[str, Any]  # the fingerprint (machine.py)
+    device: str  # cpu | cuda
+    threads: int | None  # threads per worker the measurements ran with
+    matmul_peak: dict[str, MatmulCeiling] = {}  # dtype ->
+    copy_bandwidth: list[BandwidthPoint] = []  # ascending bytes
+    dispatch_s: dict[str, float] = {}  # framework -> time of its smallest operation
+    kernels: dict[str, dict[str, KernelTime]] = {}  # framework -> kernel key ->
+    comm: list[CommFit] = []
+    sources: dict[str, Any] = {}  # run ids and worker results the ceilings came from
+    notes: list[str] = []
+
+    @property
+    def ref(self) -> str:
+        return f"{self.machine_id[:12]}@{self.revision}"
+
+    def peak_flops(self, dtype: str = "float32") -> float | None:
+        ceiling = self.matmul_peak.get(dtype) or self.matmul_peak.get("float32")
+        return ceiling.flops_per_s if ceiling else None
+
+    def bandwidth(self, nbytes: float) -> float | None:
+        """Copy bandwidth at a working set of `nbytes`: interpolated in log(bytes) between the
+        measured sizes, the nearest measured one outside them (caches make small copies faster)."""
+        points = sorted(self.copy_bandwidth, key=lambda p: p.bytes)
+        if not points:
+            return None
+        if nbytes <= points[0].bytes:
+            return points[0].bytes_per_s
+        for lo, hi in zip(points, points[1:]):
+            if nbytes <= hi.bytes:
+                w = (math.log(nbytes) - math.log(lo.bytes)) / (math.log(hi.bytes) - math.log(lo.bytes))
+                return lo.bytes_per_s + w * (hi.bytes_per_s - lo.bytes_per_s)
+        return points[-1].bytes_per_s
+
+    def comm_fit(self, framework: str, workers: int) -> CommFit | None:
+        """The framework's own fit for `workers`, else its fit for the nearest worker count."""
+        own = [c for c in self.comm if c.framework == framework]
+        exact = [c for c in own if c.workers == workers]
+        if exact:
+            return exact[0]
+        return min(own, key=lambda c: abs(c.workers - workers)) if own else None
+
+
+def profile_file(profile: MachineProfile) -> bytes:
+    data = json.loads(profile.model_dump_json())
+    data["checksum"] = checksum_of(data)
+    return json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+
+
+def read_profile(path: Path) -> MachineProfile:
+    """Read and verify one profile file; ProfileError naming it otherwise."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"{path}: unreadable machine profile: {e}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: not a machine profile (not a JSON object)")
+    stored = data.get("checksum")
+    if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX):
+        raise ProfileError(f"{path}: checksum: missing or malformed")
+    if checksum_of(data) != stored:
+        raise ProfileError(f"{path}: checksum mismatch: the profile changed after it was written")
+    if data.get("format") != PROFILE_FORMAT:
+        raise ProfileError(f"{path}: format {data.get('format')!r}; this dlbench reads format {PROFILE_FORMAT}")
+    body = {k: v for k, v in data.items() if k != "checksum"}
+    try:
+        return MachineProfile.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ProfileError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+class ProfileStore:
+    """STORE/machines/<machine_id>/profile-<revision>.json."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.root = store.root / "machines"
+
+    def _dir(self, machine_id: str) -> Path:
+        return self.root / machine_id
+
+    def revisions(self, machine_id: str) -> list[int]:
+        d = self._dir(machine_id)
+        out = []
+        for p in d.glob("profile-*.json") if d.is_dir() else []:
+            tail = p.stem.removeprefix("profile-")
+            if tail.isdigit():
+                out.append(int(tail))
+        return sorted(out)
+
+    def path(self, machine_id: str, revision: int) -> Path:
+        return self._dir(machine_id) / f"profile-{revision:04d}.json"
+
+    def write(self, profile: MachineProfile) -> MachineProfile:
+        """Store `profile` as the machine's next revision (never replacing one); returns it as stored."""
+        for _ in range(100):
+            revision = (self.revisions(profile.machine_id) or [0])[-1] + 1
+            stored = profile.model_copy(update={"revision": revision})
+            try:
+                self.store.publish(profile_file(stored), self.path(profile.machine_id, revision))
+                return stored
+            except FileExistsError:
+                continue  # another calibrate took this revision a moment ago: take the next
+        raise ProfileError(f"{self._dir(profile.machine_id)}: could not find a free revision")
+
+    def machines(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+
+    def latest(self, machine_id: str) -> MachineProfile | None:
+        revs = self.revisions(machine_id)
+        return read_profile(self.path(machine_id, revs[-1])) if revs else None
+
+    def resolve(self, spec: str | None, machine_id: str) -> MachineProfile:
+        """`--machine`: None (this machine's latest profile), a profile file's path, or a machine id
+        (a unique prefix will do) or hostname, with `@REVISION` for an older revision."""
+        if spec is None:
+            found = self.latest(machine_id)
+            if found is None:
+                raise ProfileError(f"no machine profile of this machine ({machine_id[:12]}) in {self.root}; "
+                                   "run `dlbench calibrate` first")
+            return found
+        if Path(spec).is_file():
+            return read_profile(Path(spec))
+        name, _, rev = spec.partition("@")
+        if rev and not rev.isdigit():
+            raise ProfileError(f"--machine {spec}: the revision after @ must be a number")
+        candidates = [m for m in self.machines() if m.startswith(name)]
+        if not candidates:  # a hostname: the machines whose latest profile names it
+            candidates = [m for m in self.machines() if (self.latest(m) or _NONE).machine.get("hostname") == name]
+        if not candidates:
+            known = ", ".join(f"{m[:12]} ({(self.latest(m) or _NONE).machine.get('hostname')})" for m in self.machines())
+            raise ProfileError(f"--machine {spec}: no such profile file or machine in {self.root}"
+                               f"{'; known: ' + known if known else ''}")
+        if len(candidates) > 1:
+            raise ProfileError(f"--machine {spec}: matches several machines ({', '.join(c[:12] for c in candidates)})")
+        mid = candidates[0]
+        if rev:
+            path = self.path(mid, int(rev))
+            if not path.is_file():
+                raise ProfileError(f"--machine {spec}: {mid[:12]} has revisions {self.revisions(mid)}, not {rev}")
+            return read_profile(path)
+        return self.latest(mid)
+
+
+class _NoProfile:
+    machine: dict = {}
+
+
+_NONE = _NoProfile()

@@ -1,0 +1,243 @@
+"""The performance model on cases computed by hand: kernel counts, a network's work, the roofline,
+the data path, ring all-reduce and the WFBP / MG-WFBP schedules."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from dlbench.definitions.analysis import analyse
+from dlbench.definitions.loader import load_network
+from dlbench.definitions.schema import Network
+from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
+from dlbench.performance.kernels import KernelSpec
+from dlbench.performance.model import DataPath, PredictionError, gradient_layers, LayerTimes, predict
+from dlbench.performance.profile import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
+from dlbench.performance.workload import decompose, kernel_specs
+
+NETWORKS = Path(__file__).resolve().parents[2] / "suites" / "networks"
+
+
+def profile(**kw) -> MachineProfile:
+    base = dict(machine_id="m" * 64, revision=1, created_at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                dlbench={"version": "test"}, machine={"hostname": "box"}, device="cpu", threads=2,
+                matmul_peak={"float32": MatmulCeiling(flops_per_s=1e9, framework="torch", kernel="k")},
+                copy_bandwidth=[BandwidthPoint(bytes=1000, bytes_per_s=1e9, framework="torch")])
+    base.update(kw)
+    return MachineProfile(**base)
+
+
+# ------------------------------------------------------------------ kernels
+
+def test_kernel_counts_by_hand():
+    mm = KernelSpec.of("matmul", m=2, n=3, k=4)
+    assert mm.key == "matmul m=2 n=3 k=4 float32"
+    assert (mm.flops, mm.bytes) == (48, 4 * (8 + 12 + 6))
+    assert KernelSpec.of("matmul", "bfloat16", m=2, n=3, k=4).bytes == 2 * 26
+    t = KernelSpec.of("transpose", rows=10, cols=20)
+    assert (t.flops, t.bytes, t.memory_bound) == (0, 2 * 4 * 200, True)
+    assert t.achieved(1.0) == 1600  # bytes/s for a memory-bound kind
+    # 3x3 convolution, 2 -> 5 channels on 1 x 2 x 6 x 6, stride 1, pad 1: output 5 x 6 x 6
+    conv = KernelSpec.of("conv2d_fwd", batch=1, channels=2, height=6, width=6, filters=5,
+                         kh=3, kw=3, sh=1, sw=1, ph=1, pw=1)
+    assert conv.flops == 2 * 9 * 2 * 5 * 36
+    assert conv.bytes == 4 * (72 + 90 + 180)
+    bwd = KernelSpec.of("conv2d_bwd", batch=1, channels=2, height=6, width=6, filters=5,
+                        kh=3, kw=3, sh=1, sw=1, ph=1, pw=1, input_grad=1)
+    assert bwd.flops == 2 * conv.flops
+    assert KernelSpec.from_dict(bwd.to_dict()) == bwd
+    step = KernelSpec.of("lstm_step_fwd", batch=2, input=3, hidden=4)
+    assert step.flops == 2 * (2 * 16 * 7 + 13 * 4)
+
+
+def test_kernel_spec_refuses_what_it_does_not_know():
+    with pytest.raises(ValueError, match="unknown kernel kind"):
+        KernelSpec.of("fft", n=4)
+    with pytest.raises(ValueError, match="matmul takes m, n, k"):
+        KernelSpec.of("matmul", m=1, n=2)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        KernelSpec.of("copy", "int8", elements=4)
+
+
+# ------------------------------------------------------------------ workload
+
+def tiny(layers, shape=(4,), classes=3):
+    return analyse(Network.model_validate({"name": "tiny", "input": {"kind": "tensor", "shape": list(shape),
+                                                                     "classes": classes}, "layers": layers}))
+
+
+@pytest.mark.parametrize("name", ["fcn5", "alexnet", "resnet56", "resnet50", "lstm32"])
+def test_work_adds_up_to_the_descriptions_counts(name):
+    summary = load_network(NETWORKS / f"{name}.yaml")
+    work = decompose(summary.resolved, 4, "train")
+    assert work.params == summary.params
+    layer_flops = sum(op.flops * op.repeat for l in work.layers if l.index < len(summary.resolved["layers"])
+                      for op in l.forward)
+    # the forward counts of analysis.py, up to the bias of a dense layer counted once per output
+    assert layer_flops == pytest.approx(4 * summary.flops_per_sample, rel=0.01)
+
+
+def test_first_layer_computes_no_input_gradient():
+    work = decompose(tiny([{"type": "dense", "units": 5}, {"type": "relu"}, {"type": "dense", "units": 3}]).resolved,
+                     2, "train")
+    first, relu, last = work.layers[:3]
+    assert [op.label for op in first.backward] == ["weight gradient", "bias gradient"]
+    assert [op.label for op in last.backward] == ["input gradient", "weight gradient", "bias gradient"]
+    assert last.backward[0].kernel.key == "matmul m=2 n=5 k=3 float32"  # dX = dY (2x3) W (3x5)
+    assert relu.backward and relu.params == 0
+    assert work.layers[-1].label.startswith("loss")
+
+
+def test_inference_is_forward_only():
+    work = decompose(load_network(NETWORKS / "resnet56.yaml").resolved, 8, "infer")
+    assert all(not l.backward and not l.update for l in work.layers)
+    assert not any(l.label.startswith("loss") for l in work.layers)
+    first_conv = work.layers[0].forward[0].kernel
+    assert first_conv.kind == "conv2d_fwd" and first_conv["batch"] == 8
+
+
+def test_lstm_steps_repeat_per_time_step():
+    work = decompose(load_network(NETWORKS / "lstm32.yaml").resolved, 4, "train")
+    lstm = next(l for l in work.layers if "lstm" in l.label)
+    assert [(op.kernel.key, op.repeat) for op in lstm.forward] == [
+        ("lstm_step_fwd batch=4 input=256 hidden=256 float32", 32)] * 2
+    assert {op.kernel.kind for op in lstm.backward} == {"lstm_step_bwd"}
+    specs = kernel_specs(work)
+    assert len({s.key for s in specs}) == len(specs)
+
+
+# ------------------------------------------------------------------ roofline and phases
+
+def test_single_worker_prediction_by_hand():
+    """One dense layer 4 -> 3 at batch 2; peak 1 GFLOP/s, bandwidth 1 GB/s, forward matmul measured 1 ms.
+
+    forward:  matmul (measured) 1e-3; bias over 2x3 outputs: 6 FLOPs, 24 B -> 24 ns;
+              loss over 6 logits: 30 FLOPs, 72 B -> 72 ns
+    backward: weight gradient matmul (4, 3, 2): 48 FLOPs, 4*(8+6+12) = 104 B -> 104 ns (memory bound);
+              bias gradient 24 B -> 24 ns; loss 12 FLOPs, 48 B -> 48 ns
+    update:   15 parameters x 5 passes x 4 B = 300 B -> 300 ns
+    """
+    net = tiny([{"type": "dense", "units": 3}])
+    prof = profile(kernels={"torch": {"matmul m=2 n=3 k=4 float32": KernelTime(median_s=1e-3, run_id="r")}})
+    p = predict(decompose(net.resolved, 2, "train"), "torch", prof)
+    assert p.forward_s == pytest.approx(1e-3 + 24e-9 + 72e-9)
+    assert p.backward_s == pytest.approx(104e-9 + 24e-9 + 48e-9)
+    assert p.update_s == pytest.approx(300e-9)
+    assert p.iteration_s == pytest.approx(p.forward_s + p.backward_s + p.update_s)
+    assert p.unmeasured == ["matmul m=4 n=3 k=2 float32"]
+    assert p.measured_share == pytest.approx(1e-3 / p.iteration_s)
+    # another framework has no measured kernels: the forward matmul is a roofline too (104 B)
+    q = predict(decompose(net.resolved, 2, "train"), "jax", prof.model_copy(update={"dispatch_s": {"jax": 1e-6}}))
+    assert q.forward_s == pytest.approx(104e-9 + 24e-9 + 72e-9 + 3e-6)
+    assert any("no kernel times of jax" in n for n in q.notes)
+
+
+def test_bandwidth_follows_the_working_set():
+    prof = profile(copy_bandwidth=[BandwidthPoint(bytes=1000, bytes_per_s=4e9, framework="t"),
+                                   BandwidthPoint(bytes=100000, bytes_per_s=2e9, framework="t")])
+    assert prof.bandwidth(10) == 4e9
+    assert prof.bandwidth(10000) == pytest.approx(3e9)  # halfway in log(bytes)
+    assert prof.bandwidth(1e9) == 2e9
+
+
+def test_data_path_is_hidden_by_prefetching_only_up_to_the_computation():
+    path = DataPath(bytes_per_sample=1000, read_bytes_per_s=1e6, h2d_bytes_per_s=4e6)
+    assert path.times(10) == (pytest.approx(0.01), pytest.approx(0.0025))
+    assert path.exposed(10, compute_s=0.02) == 0.0
+    assert path.exposed(10, compute_s=0.005) == pytest.approx(0.0075)
+    assert DataPath(1000, 1e6, prefetch=False).exposed(10, 1.0) == pytest.approx(0.01)
+    assert DataPath(1000).times(10) == (0.0, 0.0)
+
+
+# ------------------------------------------------------------------ communication
+
+def test_ring_all_reduce_and_its_inverse():
+    cost = AllReduceCost.ring(alpha_s=1e-4, beta_s_per_byte=1e-9, workers=4)
+    assert cost.startup_s == pytest.approx(6e-4)  # 2(n-1) alpha
+    assert cost.per_byte_s == pytest.approx(1.5e-9)  # 2(n-1)/n beta
+    assert cost.time(1e6) == pytest.approx(6e-4 + 1.5e-3)
+    assert cost.link() == (pytest.approx(1e-4), pytest.approx(1e-9))
+    assert AllReduceCost.ring(1, 1, 1).time(1e9) == 0.0
+
+
+def test_three_layers_wfbp_and_mgwfbp_on_paper():
+    """Layers 0, 1, 2; t_b = [1, 2, 5], p = [1, 1, 6]; t_c(p) = 1 + p (α = 1): t_c = [2, 2, 7].
+
+    Backward starts: τ_b[2] = 0, τ_b[1] = 0 + 5 = 5, τ_b[0] = 5 + 2 = 7; it ends at 7 + 1 = 8.
+
+    WFBP: τ_c[2] = 0 + 5 = 5; τ_c[1] = max(5 + 7, 5 + 2) = 12; τ_c[0] = max(12 + 2, 7 + 1) = 14;
+          the last message ends at 14 + 2 = 16: t_c^no = 16 - 8 = 8 (link busy 2 + 2 + 7 = 11).
+    MG-WFBP, l = 2: e = τ_b[1] + t_b[1] = 7 < τ_c[2] + t_c[2] = 12, but τ_c[2] = 5 is not > 7 and
+          the wait e - τ_c[2] = 2 is not < α = 1: layer 2 keeps its own message.
+    l = 1: e = τ_b[0] + t_b[0] = 8 < τ_c[1] + t_c[1] = 14, and τ_c[1] = 12 > 8 (the link is still
+          busy with layer 2 when layer 0's gradient is ready): merge. p[0] = 2, t_c[1] = 0,
+          t_c[0] = 1 + 2 = 3; τ_c[1] = max(5 + 7, 7) = 12, τ_c[0] = max(12 + 0, 8) = 12;
+          the last message ends at 12 + 3 = 15: t_c^no = 15 - 8 = 7, one start-up (α) saved.
+    No overlap: one message of 8 bytes after the backward: t_c = 1 + 8 = 9, all of it exposed.
+    """
+    cost = AllReduceCost(workers=2, startup_s=1.0, per_byte_s=1.0)
+    t_b, p = [1.0, 2.0, 5.0], [1.0, 1.0, 6.0]
+    w = wfbp(t_b, p, cost)
+    assert w.tau_b == [7.0, 5.0, 0.0] and w.backward_end == 8.0
+    assert w.tau_c == [14.0, 12.0, 5.0] and w.t_c == [2.0, 2.0, 7.0]
+    assert w.exposed == 8.0 and w.communication == 11.0
+    m = mgwfbp(t_b, p, cost)
+    assert m.t_c == [3.0, 0.0, 7.0] and m.tau_c == [12.0, 12.0, 5.0]
+    assert m.groups == [[2], [1, 0]]
+    assert m.exposed == 7.0 and m.communication == 10.0
+    n = without_overlap(t_b, p, cost)
+    assert n.exposed == 9.0 and n.groups == [[2, 1, 0]]
+
+
+def test_merge_when_waiting_costs_less_than_a_start_up():
+    """t_b = [1, 4, 1], p = [1, 1, 1], t_c(p) = α + p.
+
+    τ_b = [5, 1, 0], backward ends at 6. WFBP: τ_c[2] = 1, τ_c[1] = max(1 + t_c, 5), τ_c[0] = ...
+    α = 2 (t_c = 3): τ_c = [8, 5, 1]. l = 2: e = 5 is not < τ_c[2] + t_c = 4: no merge.
+      l = 1: e = 6 < 5 + 3 = 8; τ_c[1] = 5 is not > 6, but the wait 6 - 5 = 1 < α = 2: merge;
+      t_c[0] = 2 + 2 = 4, τ_c[0] = max(5 + 0, 6) = 6, ends at 10: t_c^no = 4 (WFBP: 8 + 3 - 6 = 5).
+    α = 0.5 (t_c = 1.5): τ_c = [6.5, 5, 1]; l = 1: e = 6 < 6.5, wait 1 is not < 0.5: no merge, so
+      MG-WFBP is WFBP: ends at 8, t_c^no = 2.
+    """
+    t_b, p = [1.0, 4.0, 1.0], [1.0, 1.0, 1.0]
+    big = AllReduceCost(2, 2.0, 1.0)
+    assert wfbp(t_b, p, big).exposed == 5.0
+    merged = mgwfbp(t_b, p, big)
+    assert merged.groups == [[2], [1, 0]] and merged.exposed == 4.0
+    small = AllReduceCost(2, 0.5, 1.0)
+    assert mgwfbp(t_b, p, small).groups == [[2], [1], [0]]
+    assert mgwfbp(t_b, p, small).exposed == wfbp(t_b, p, small).exposed == 2.0
+    with pytest.raises(ValueError, match="unknown schedule"):
+        schedule("ring", t_b, p, big)
+
+
+def test_parameter_free_layers_delay_the_next_gradient():
+    layers = [LayerTimes(0, "conv", 10, backward_s=1.0), LayerTimes(1, "relu", 0, backward_s=0.5),
+              LayerTimes(2, "dense", 5, backward_s=2.0), LayerTimes(3, "loss", 0, backward_s=0.25)]
+    t_b, p = gradient_layers(layers)
+    assert t_b == [1.5, 2.25] and p == [40.0, 20.0]
+
+
+def test_data_parallel_prediction_adds_only_the_exposed_communication():
+    net = tiny([{"type": "dense", "units": 5}, {"type": "relu"}, {"type": "dense", "units": 3}])
+    fit = CommFit(framework="torch", workers=2, startup_s=1e-3, per_byte_s=1e-6, alpha_s=5e-4, beta_s_per_byte=1e-6,
+                  r2=1.0, points=5, min_bytes=4, max_bytes=1 << 20, run_ids=["c"])
+    prof = profile(comm=[fit])
+    work = decompose(net.resolved, 2, "train")
+    one = predict(work, "torch", prof)
+    two = predict(work, "torch", prof, workers=2, schedule_kind="wfbp")
+    t_b, p = gradient_layers(one.layers)
+    expected = wfbp(t_b, p, AllReduceCost(2, 1e-3, 1e-6))
+    assert two.communication_exposed_s == pytest.approx(expected.exposed)
+    assert two.iteration_s == pytest.approx(one.iteration_s + expected.exposed)
+    assert two.communication_s == pytest.approx((1e-3 + 1e-6 * 4 * 25) + (1e-3 + 1e-6 * 4 * 18))
+    # 4 workers: the 2-worker fit extrapolated by the ring model, and said so
+    four = predict(work, "torch", prof, workers=4, schedule_kind="none")
+    assert four.communication_s == pytest.approx(AllReduceCost.ring(5e-4, 1e-6, 4).time(4 * 43))
+    assert any("extrapolated" in n for n in four.notes)
+    with pytest.raises(PredictionError, match="no all-reduce fit"):
+        predict(work, "torch", profile(), workers=2)
+    with pytest.raises(PredictionError, match="--mode train"):
+        predict(decompose(net.resolved, 2, "infer"), "torch", prof, workers=2)
