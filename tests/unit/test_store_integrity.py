@@ -222,3 +222,89 @@ def test_no_file_content_crashes_a_reader(tmp_path, content):
     problems = []
     assert len(list(store.records(problems))) == 2
     assert [p.path for p in problems] == [bad] and str(bad) in problems[0].reason
+
+
+# --------------------------------------------------------------------------- the fast way to verify
+
+TRICKY_FLOATS = [1e-05, -1.5e-05, 1e-09, 3.14159e-07, 1e16, 1.7976931348623157e308, 5e-324, 0.0001, 1e15,
+                 123456789012345678.0, -0.0, 0.0, 2.5, 0.1 + 0.2, 12.000015]
+TRICKY_STRINGS = ["0.00001", "x:0.00001,", "1e-9]", '", 1e-9, "', '\\", 1e-05, "', "\\\\", 'a"b', "é ∑ 😀",
+                  "line\nnext\t", "\x7f\x01", 'c:\\path\\0.00001", 1e-9', ""]
+
+
+def fast_and_defining(data) -> tuple[bytes | None, bytes]:
+    from dlbench.store.store import _canonical_fast
+    return _canonical_fast(data), canonical_json(data)
+
+
+def test_the_fast_canonical_form_is_the_defining_one_for_tricky_values():
+    data = {"floats": TRICKY_FLOATS, "strings": TRICKY_STRINGS,
+            "mixed": [[s, f] for s, f in zip(TRICKY_STRINGS, TRICKY_FLOATS)],
+            **{f"key {s}": f for s, f in zip(TRICKY_STRINGS, TRICKY_FLOATS)},
+            "nested": {"eps": 1e-05, "deeper": [{"p": 1.2e-10, "note": "p=1.2e-10"}]}, "int": 10**18, "none": None,
+            "bools": [True, False]}
+    fast, defining = fast_and_defining(data)
+    assert fast == defining
+
+
+def test_the_fast_canonical_form_is_exact_or_absent_on_random_data():
+    import random
+    rng = random.Random(4)
+
+    def value(depth=0):
+        kind = rng.random()
+        if depth < 3 and kind < 0.15:
+            return {rng.choice(TRICKY_STRINGS) + str(i): value(depth + 1) for i in range(rng.randint(0, 4))}
+        if depth < 3 and kind < 0.3:
+            return [value(depth + 1) for _ in range(rng.randint(0, 5))]
+        if kind < 0.6:
+            return rng.choice([rng.uniform(-1, 1) * 10.0 ** rng.randint(-30, 30), rng.choice(TRICKY_FLOATS)])
+        if kind < 0.7:
+            return rng.randint(-10**6, 10**6)
+        return rng.choice(TRICKY_STRINGS) + rng.choice(["", " 1e-07", ' "0.00003",', "\\"])
+
+    for _ in range(300):
+        data = {"v": value()}
+        fast, defining = fast_and_defining(data)
+        assert fast == defining
+    # what orjson cannot write is left to the defining way
+    assert fast_and_defining({"big": 10**30})[0] is None
+    assert fast_and_defining({"lone": "\ud800"})[0] is None
+
+
+def test_an_intact_record_is_verified_without_the_slow_way(tmp_path, monkeypatch):
+    """Numbers in exponent notation in the record and in its strings (the network definition's eps,
+    a p-value, a reason quoting one) still verify the fast way; the defining way is not needed."""
+    record = make_record("20260101T000000Z-000000000000").model_copy(update={
+        "reason": 'eps "1e-05", p 1.2e-10', "network": make_record().network.model_copy(
+            update={"definition": {"name": "fcn5", "layers": [{"type": "batchnorm", "eps": 1e-05}],
+                                   "note": "eps: 0.00001, \\ \"quoted\" 1e-9"}})})
+    store = Store(tmp_path / "store")
+    path = store.write(record)
+    import dlbench.store.store as store_module
+    monkeypatch.setattr(store_module, "checksum_of", lambda data: pytest.fail("took the slow way"))
+    stored = store.inspect(path)
+    assert stored.verified and stored.record == record
+
+
+@pytest.mark.parametrize("edit", [
+    lambda t: t.replace('"eps": 0.00001', '"eps": 0.00002'),  # a float orjson writes otherwise than json
+    lambda t: t.replace("1.2e-10", "1.3e-10"),  # inside a string, in exponent notation
+    lambda t: t.replace('"eps": 0.00001', '"eps": 1e-05'),  # the same value, other notation: not damage
+], ids=["float", "string", "same value"])
+def test_edits_near_the_rewritten_numbers(tmp_path, edit):
+    record = make_record("20260101T000000Z-000000000000").model_copy(update={
+        "reason": "p 1.2e-10", "network": make_record().network.model_copy(
+            update={"definition": {"name": "fcn5", "layers": [{"eps": 1e-05}]}})})
+    store = Store(tmp_path / "store")
+    path = store.write(record)
+    text = path.read_text()
+    edited = edit(text)
+    assert edited != text
+    path.write_text(edited)
+    same_value = json.loads(edited) == json.loads(text)
+    if same_value:  # the canonical form is of the values, not of how the file spells them
+        assert store.inspect(path).record == record
+    else:
+        with pytest.raises(StoreError, match="checksum mismatch"):
+            store.inspect(path)
