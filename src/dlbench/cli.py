@@ -218,6 +218,13 @@ def run(
     sample_interval: Annotated[float, typer.Option("--sample-interval", min=10, max=1000,
                                                    help="Telemetry sampling interval in ms (10-1000).")] = 100.0,
     no_telemetry: Annotated[bool, typer.Option("--no-telemetry", help="Do not sample power, clocks, CPU.")] = False,
+    workers: Annotated[Optional[int], typer.Option(
+        min=1, help="Suites distributed and comm: workers per job (default 2).")] = None,
+    scaling: Annotated[Optional[str], typer.Option(
+        help="Suite distributed: strong (the suite's batch is the global batch) | weak (it is each worker's).")] = None,
+    hosts: Annotated[Optional[str], typer.Option(
+        help="Suites distributed and comm: spread the workers over these hosts (comma list; default: this "
+             "machine, or the Slurm allocation inside one).")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
@@ -228,6 +235,23 @@ def run(
     _check_choice("environment backend", env, list(BACKENDS))
     registry = _registry()
     names = _framework_names(registry, framework)
+    suite_path = _catalog().suite_path(suite) if suite != "all" else None
+    try:
+        kind = _catalog().suite_kind(suite_path) if suite_path is not None else "benchmark"
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    if kind != "benchmark":
+        from .multiworker_cli import run_multi_worker
+
+        run_multi_worker(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
+                         device=_resolve_device(device), env=env, threads=threads, repeats=repeats,
+                         max_repeats=max_repeats, target_ci=target_ci, store=_store(store), timeout=timeout,
+                         workers=workers or 2, scaling=scaling, hosts=hosts)
+        return
+    for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
+        if value is not None:
+            raise fail(f"{option} is for the multi-worker suites ({', '.join(_catalog().multi_worker_suite_names())}); "
+                       f"suite {suite!r} runs one process per run")
     for m in mode or []:
         _check_choice("mode", m, ["train", "infer"])
     resolved_device = _resolve_device(device)
@@ -392,6 +416,10 @@ def results(
     for row in rows:
         t.add_row(*(escape(_cell(row[c])) for c in RESULTS_TABLE_COLUMNS))
     out.print(t)
+    if any(row.get("workers") is not None for row in rows):
+        from .multiworker_cli import print_multi_worker_details
+
+        print_multi_worker_details(st, rows)
 
 
 EXIT_REGRESSION = 3  # `compare --fail-on-regression`: 1 stays "error", 2 "bad input"

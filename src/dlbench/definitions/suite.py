@@ -122,14 +122,47 @@ class SuiteCatalog:
         self.networks_dir = root / "networks"
 
     def suite_names(self) -> list[str]:
-        return sorted(p.stem for p in self.root.glob("*.yaml") if p.stem != "profiles")
+        """The single-process suites (what `--suite all` runs); see multi_worker_suite_names."""
+        return [name for name, kind in self._kinds() if kind == "benchmark"]
+
+    def multi_worker_suite_names(self) -> list[str]:
+        """Suites of `kind: distributed` or `kind: comm`: run with --workers."""
+        return [name for name, kind in self._kinds() if kind != "benchmark"]
+
+    def _kinds(self) -> list[tuple[str, str]]:
+        from .multiworker import suite_kind
+
+        out = []
+        for p in sorted(self.root.glob("*.yaml")):
+            if p.stem == "profiles":
+                continue
+            try:
+                out.append((p.stem, suite_kind(p, read_yaml(p))))
+            except DefinitionError:
+                out.append((p.stem, "benchmark"))  # a broken file is reported when it is loaded
+        return out
+
+    def suite_kind(self, path: Path) -> str:
+        """`benchmark`, `distributed` or `comm` (DefinitionError for a file that cannot be read)."""
+        from .multiworker import suite_kind
+
+        return suite_kind(path, read_yaml(path))
+
+    def load_multi_worker(self, path: Path, profile: str, device: Device):
+        """A `kind: distributed` or `kind: comm` suite (definitions/multiworker.py)."""
+        from .multiworker import load_comm, load_distributed
+
+        data = read_yaml(path)
+        if self.suite_kind(path) == "comm":
+            return load_comm(path, data, profile)
+        return load_distributed(path, data, profile, device, self._network_path)
 
     def network_names(self) -> list[str]:
         return sorted(p.stem for p in self.networks_dir.glob("*.yaml"))
 
     def suite_path(self, name_or_path: str) -> Path | None:
         """A suite by name, or a user's suite file by path; None when neither exists."""
-        if name_or_path in self.suite_names():
+        if name_or_path in self.suite_names() + self.multi_worker_suite_names():
             return self.root / f"{name_or_path}.yaml"
         p = Path(name_or_path)
         return p if p.suffix in (".yaml", ".yml") and p.is_file() else None

@@ -11,6 +11,17 @@ from ..definitions.loader import DefinitionError
 FLAVOURS = ("cpu", "cuda")
 
 
+LAUNCH_STYLES = ("torchrun", "ranks")  # launch_styles.STYLES; listed here so the registry imports no launcher
+
+
+@dataclass(frozen=True)
+class MultiWorker:
+    """runner.toml's [distributed]: the runner takes part in the distributed and comm suites."""
+
+    worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
+    launch: str  # one of LAUNCH_STYLES
+
+
 @dataclass(frozen=True)
 class RunnerInfo:
     name: str
@@ -19,6 +30,7 @@ class RunnerInfo:
     folder: Path
     worker: Path
     requirements: dict[str, Path]  # flavour -> pinned requirements file
+    multi_worker: MultiWorker | None = None  # None: not ported to the multi-worker suites yet
 
     def requirements_for(self, flavour: str) -> Path:
         return self.requirements[flavour]
@@ -47,7 +59,27 @@ def _load(folder: Path) -> RunnerInfo:
     if not worker.is_file():
         raise DefinitionError(path, "worker", f"file {data['worker']} does not exist")
     return RunnerInfo(data["name"], data.get("display_name", data["name"]), data["import_name"],
-                      folder, worker, reqs)
+                      folder, worker, reqs, _multi_worker(path, folder, data.get("distributed")))
+
+
+def _multi_worker(path: Path, folder: Path, section) -> MultiWorker | None:
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise DefinitionError(path, "distributed", "must be a table")
+    unknown = sorted(set(section) - {"worker", "launch"})
+    if unknown:
+        raise DefinitionError(path, f"distributed.{unknown[0]}", "unknown field")
+    for key in ("worker", "launch"):
+        if key not in section:
+            raise DefinitionError(path, f"distributed.{key}", "missing")
+    if section["launch"] not in LAUNCH_STYLES:
+        raise DefinitionError(path, "distributed.launch",
+                              f"unknown launch style {section['launch']!r}; expected one of {', '.join(LAUNCH_STYLES)}")
+    worker = folder / section["worker"]
+    if not worker.is_file():
+        raise DefinitionError(path, "distributed.worker", f"file {section['worker']} does not exist")
+    return MultiWorker(worker, section["launch"])
 
 
 class RunnerRegistry:

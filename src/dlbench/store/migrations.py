@@ -34,7 +34,13 @@ def update_to_4(data: dict) -> dict:
     return data
 
 
-STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4}
+def update_to_5(data: dict) -> dict:
+    """5 added multi-worker runs (`distributed`, `comm`, per-rank timings, the `collective` mode).
+    A single-process record of version 4 is one as version 5 writes it: absent means none."""
+    return data
+
+
+STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5}
 
 
 def upgrade(data: dict, target: int) -> dict:

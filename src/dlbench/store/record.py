@@ -22,6 +22,14 @@ records step by step and refuse newer ones):
     environment). Older records read with the machine_id of their stored fingerprint and no
     checksum ("unverified", not an error) (update_to_4). Also statistics: median CI, stability,
     repeat policy (see Summary).
+  5 (2026-11-30) multi-worker runs (suites `distributed` and `comm`): `distributed` (workers, hosts,
+    launcher, backend, threads per worker, scaling mode, per-worker and global batch, rank 0's and
+    the slowest rank's median iteration, gradient bytes per iteration, exposed communication, and
+    the scaling efficiency against the one-worker baseline, named by run id), `comm` (per message
+    size: median time, algorithm and bus bandwidth, the check of the result), each repeat's
+    per-rank timings (`Repeat.ranks`), and the workload mode `collective` (a comm record's
+    "network" is the collective: name, sizes, dtype; batch 1, one message per iteration).
+    Older records read with none of these (update_to_5).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 
@@ -61,6 +69,9 @@ class Repeat(_Model):
     wall_s: float | None = None
     telemetry: dict[str, Any] | None = None  # the sampler's columnar series for this worker
     derived: dict[str, Any] | None = None  # figures for this repeat's measured window
+    # multi-worker jobs: one entry per rank (rank, host, iter_s, local_iter_s, first_iter_s); the
+    # repeat's iter_s is then the slowest rank's per iteration (multiworker_metrics.py)
+    ranks: list[dict[str, Any]] | None = None
 
 
 class MedianInterval(_Model):
@@ -118,7 +129,7 @@ class NetworkInfo(_Model):
 
 
 class Workload(_Model):
-    mode: Literal["train", "infer"]
+    mode: Literal["train", "infer", "collective"]
     batch_size: int
     precision: str
     learning_rate: float
@@ -149,6 +160,58 @@ class RepeatPolicy(_Model):
     stopped: Literal["fixed", "target_met", "cap_reached", "failed_repeat", "not_started"]
 
 
+class Scaling(_Model):
+    """Throughput with N workers against one worker (multiworker_metrics.py)."""
+
+    mode: Literal["strong", "weak"]  # strong: same global batch as the baseline; weak: same per-worker batch
+    baseline_run_id: str | None = None  # the one-worker run it is measured against
+    baseline_source: Literal["same_invocation"] | None = None  # where that run came from
+    baseline_samples_per_s: float | None = None
+    speedup: float | None = None  # throughput / baseline throughput
+    efficiency: float | None = None  # speedup / workers
+    reason: str | None = None  # why there is no efficiency (the baseline failed; this is the baseline)
+
+
+class DistributedInfo(_Model):
+    """How a multi-worker job was laid out, and the figures only such a job has."""
+
+    workers: int
+    hosts: list[str]  # one entry per host, in rank order
+    placement: Literal["local", "hosts", "slurm"]
+    launch: str  # how the ranks were started: torchrun | ranks
+    backend: str | None = None  # the framework's communication backend (gloo, nccl, ...), as rank 0 reported it
+    threads_per_worker: int
+    per_worker_batch: int | None = None
+    global_batch: int | None = None
+    rank0_median_s: float | None = None
+    slowest_median_s: float | None = None  # median over iterations of the slowest rank's time
+    grad_bytes: int | None = None  # gradient bytes all-reduced per iteration (each rank's payload)
+    exposed_comm_s: float | None = None  # communication not hidden behind backward (may be < 0 by noise)
+    exposed_comm_method: str | None = None
+    local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
+    scaling: Scaling | None = None  # training runs
+
+
+class CommSize(_Model):
+    size_bytes: int  # as the suite asked
+    bytes: int | None = None  # the collective's largest buffer as run (a multiple of the ranks' share)
+    time_s: float | None = None  # median over iterations (and repeats) of the slowest rank's time
+    algbw_gbps: float | None = None  # GB/s, 1e9 bytes
+    busbw_gbps: float | None = None
+    iterations: int = 0
+    correct: bool | None = None  # None: not run at this size
+    error: str | None = None  # the first wrong element, per rank
+    skipped: str | None = None  # why not run at this size
+
+
+class CommInfo(_Model):
+    collective: Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
+    dtype: str
+    workers: int
+    bus_factor: float
+    sizes: list[CommSize]
+
+
 class Record(_Model):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -172,3 +235,5 @@ class Record(_Model):
     equivalence: dict[str, Any] = {"status": "unchecked"}
     telemetry: dict[str, Any] = {"enabled": False}
     repeat_policy: RepeatPolicy | None = None  # None in records before schema 4
+    distributed: DistributedInfo | None = None  # multi-worker runs (schema 5)
+    comm: CommInfo | None = None  # collective runs (schema 5)

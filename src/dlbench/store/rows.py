@@ -10,6 +10,7 @@ COLUMNS = (
     "cv", "ci_low_ms", "ci_high_ms", "ci_pct", "samples_per_s_low", "samples_per_s_high", "ci_level", "stability",
     "first_iter_ms", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
+    "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
     "machine", "equivalence", "reason", "stability_reason",
 )
 
@@ -28,6 +29,21 @@ def _stability(s: Summary | None) -> str | None:
     if s.stability.unstable:
         return "unstable"
     return "stable" if s.stability.kruskal_p is not None else "untested"
+
+
+def _multi_worker_columns(r: Record) -> dict:
+    """Multi-worker runs (schema 5): workers, efficiency against one worker, exposed communication,
+    and for a collective its highest bus bandwidth over the sizes (the whole curve: `dlbench results`
+    prints it under the table, the report charts it)."""
+    d = r.distributed
+    scaling = d.scaling if d else None
+    busbw = [s.busbw_gbps for s in r.comm.sizes if s.busbw_gbps is not None] if r.comm else []
+    return {
+        "workers": d.workers if d else None,
+        "scaling_efficiency": scaling.efficiency if scaling else None,
+        "exposed_comm_ms": d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None,
+        "peak_busbw_gbps": max(busbw) if busbw else None,
+    }
 
 
 def run_row(r: Record) -> dict:
@@ -67,6 +83,7 @@ def run_row(r: Record) -> dict:
         "params_described": r.network.params_described,
         "flops_per_sample": r.network.flops_per_sample,
         **_telemetry_columns(r),
+        **_multi_worker_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,

@@ -1,0 +1,367 @@
+"""Multi-worker runs (suites `distributed` and `comm`): jobs per repeat, one record per run.
+
+- distributed: per framework, network and batch size, a job of N workers (each repeat a fresh
+  job) and, for N > 1, first the one-worker baseline it is compared with: the same network with
+  the same threads per worker, on the global batch (strong scaling) or on one worker's batch
+  (weak). Both are ordinary records (benchmark `<network>-train-w<N>`); the N-worker record names
+  the baseline's run id and says it was run in the same invocation.
+- comm: per framework, one job (per repeat) runs every collective over every size; it gives one
+  record per collective (benchmark `<collective>-w<N>`), failed when any size's result is wrong.
+
+A runner whose runner.toml has no [distributed] section has not been ported: its runs are recorded
+as skipped, saying so. Nothing here imports a framework: jobs.py starts the ranks, launch_styles.py
+says how, placement.py says where.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import statistics
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from ..definitions.multiworker import CommBenchmark, DistributedBenchmark
+from ..equivalence import CheckStore
+from ..machine import dlbench_provenance, fingerprint
+from ..multiworker_metrics import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
+from ..statistics import summarise
+from ..store.record import (CommInfo, CommSize, DistributedInfo, NetworkInfo, Record, Repeat, RepeatPolicy, Scaling,
+                            Settings, Workload, new_run_id)
+from ..store.store import Store
+from .environments import Environment, EnvironmentBuildError, backend
+from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
+from .launch_styles import STYLES, JobLayout
+from .placement import Placement, free_port, free_ports
+from .registry import RunnerInfo
+
+NOT_SAMPLED = {"enabled": False, "reason": "telemetry is not sampled for multi-worker jobs yet"}
+EXPOSED_METHOD = "median step minus median step without the gradient exchange (slowest rank each)"
+
+
+@dataclass(frozen=True)
+class MultiWorkerOptions:
+    device: str  # cpu | cuda
+    env_backend: str  # venv | current
+    placement: Placement
+    threads: int  # per worker (Placement.threads_per_worker)
+    scaling: str  # strong | weak
+    timeout_s: float  # per job
+    cache: Path
+    job_root: Path | None = None  # where job folders go: None = the system's temp (every rank on this machine)
+    repeats: int | None = None  # None: the suite's
+    seed: int = 0
+
+
+class MultiWorkerEvents(Protocol):
+    def environment(self, framework: str, line: str) -> None: ...
+    def run_started(self, label: str, repeats: int) -> None: ...
+    def repeat_done(self, label: str, index: int, status: str) -> None: ...
+    def run_done(self, label: str, record: Record) -> None: ...
+
+
+class SilentMultiWorkerEvents:
+    def environment(self, framework, line): pass
+    def run_started(self, label, repeats): pass
+    def repeat_done(self, label, index, status): pass
+    def run_done(self, label, record): pass
+
+
+def not_ported(runner: RunnerInfo) -> str:
+    return (f"{runner.name} has no multi-worker runner yet ({runner.folder.name}/runner.toml has no [distributed] "
+            "section; the contract is in docs/architecture.md)")
+
+
+def batches(batch: int, workers: int, scaling: str) -> tuple[int, int]:
+    """(per-worker batch, global batch) for a suite batch size; ValueError when strong scaling
+    cannot split it evenly."""
+    if scaling == "weak":
+        return batch, batch * workers
+    if batch % workers:
+        raise ValueError(f"strong scaling splits the global batch {batch} over {workers} workers: "
+                         "it must be a multiple of --workers (or use --scaling weak)")
+    return batch // workers, batch
+
+
+def planned_runs(benchmarks: list[DistributedBenchmark], comm: CommBenchmark | None, workers: int) -> int:
+    """Records one framework's share of the plan writes (for progress)."""
+    per_batch = 2 if workers > 1 else 1
+    return sum(per_batch * len(b.batch_sizes) for b in benchmarks) + (len(comm.collectives) if comm else 0)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+class MultiWorkerOrchestrator:
+    def __init__(self, store: Store, options: MultiWorkerOptions, events: MultiWorkerEvents | None = None):
+        self.store = store
+        self.options = options
+        self.events = events or SilentMultiWorkerEvents()
+        self.backend = backend(options.env_backend, options.cache)
+        self._envs: dict[str, Environment | EnvironmentBuildError] = {}
+
+    def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
+        if runner.name not in self._envs:
+            flavour = "cuda" if self.options.device == "cuda" else "cpu"
+            try:
+                self._envs[runner.name] = self.backend.ensure(
+                    runner, flavour, lambda line: self.events.environment(runner.name, line))
+            except EnvironmentBuildError as e:
+                self._envs[runner.name] = e
+        return self._envs[runner.name]
+
+    # ------------------------------------------------------------------ one job
+
+    def job(self, runner: RunnerInfo, env: Environment, request: dict, placement: Placement) -> JobOutcome:
+        assert runner.multi_worker is not None
+        root = self.options.job_root
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+        job_dir = Path(tempfile.mkdtemp(prefix="dlbench-job-", dir=root))
+        try:
+            request_path = job_dir / "request.json"
+            request_path.write_text(json.dumps({"protocol": PROTOCOL_VERSION, **request}))
+            layout = JobLayout(python=env.python, worker=runner.multi_worker.worker.resolve(), request=request_path,
+                               job_dir=job_dir, placement=placement, threads=self.options.threads,
+                               coordinator_port=free_port(), worker_ports=tuple(free_ports(placement.workers)))
+            specs = STYLES[runner.multi_worker.launch](layout)
+            cwd = runner.multi_worker.worker.resolve().parent
+            return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
+                           placement.workers, self.options.timeout_s, cwd)
+        finally:
+            shutil.rmtree(job_dir, ignore_errors=True)
+
+    def _common(self, runner: RunnerInfo) -> tuple[Environment | None, str, str | None, dict]:
+        """(environment, status, reason, env_info) before any job runs."""
+        if runner.multi_worker is None:
+            return None, "skipped", not_ported(runner), {"backend": self.options.env_backend}
+        env = self.environment(runner)
+        if isinstance(env, EnvironmentBuildError):
+            return None, "failed", str(env), {"backend": self.options.env_backend, "error": str(env)}
+        return env, "ok", None, env.describe()
+
+    # ------------------------------------------------------------------ distributed training
+
+    def run_distributed(self, runner: RunnerInfo, benchmark: DistributedBenchmark) -> list[Record]:
+        o = self.options
+        n = o.placement.workers
+        records = []
+        for batch in benchmark.batch_sizes:
+            per_worker, global_batch = batches(batch, n, o.scaling)
+            baseline = None
+            if n > 1:
+                # strong: the same global batch on one worker; weak: one worker's batch
+                baseline = self._train_run(runner, benchmark, o.placement.single_worker(), batch, batch, None)
+                records.append(baseline)
+            records.append(self._train_run(runner, benchmark, o.placement, per_worker, global_batch, baseline))
+        return records
+
+    def _train_run(self, runner: RunnerInfo, b: DistributedBenchmark, placement: Placement, per_worker: int,
+                   global_batch: int, baseline: Record | None) -> Record:
+        o = self.options
+        n = placement.workers
+        label = f"{runner.name} {b.name} x{n} b={global_batch}"
+        repeats_asked = o.repeats or b.policy.repeats
+        started = datetime.now(timezone.utc)
+        self.events.run_started(label, repeats_asked)
+        env, status, reason, env_info = self._common(runner)
+        repeats: list[Repeat] = []
+        rank0: dict = {}
+        tail = ""
+        if env is not None:
+            request = {
+                "action": "data_parallel", "network": b.network.resolved, "mode": "train", "batch_size": per_worker,
+                "precision": b.precision, "device": o.device, "threads": o.threads, "learning_rate": b.learning_rate,
+                "momentum": b.momentum, "seed": o.seed, "policy": b.policy.model_dump(),
+            }
+            for index in range(repeats_asked):
+                outcome = self.job(runner, env, request, placement)
+                rank0 = outcome.results.get(0) or rank0
+                repeats.append(_train_repeat(index, outcome, n))
+                self.events.repeat_done(label, index, outcome.status)
+                if outcome.status != "ok":
+                    status, reason, tail = outcome.status, outcome.reason, outcome.output_tail
+                    break
+        summary = summarise(repeats, global_batch) if status == "ok" else None
+        info = DistributedInfo(
+            workers=n, hosts=[h.address for h in placement.hosts], placement=placement.variant,
+            launch=runner.multi_worker.launch if runner.multi_worker else "none",
+            backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
+            per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
+            scaling=_scaling(o.scaling, n, summary, baseline),
+        )
+        if summary is not None:
+            _training_figures(info, repeats)
+        record = self._record(runner, started, b.suite, f"{b.name}-w{n}", _network_info(b), Workload(
+            mode="train", batch_size=global_batch, precision=b.precision, learning_rate=b.learning_rate,
+            momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
+            b.policy.model_dump(), repeats, summary, status, reason, tail)
+        record.distributed = info
+        record.equivalence = CheckStore(self.store.root).status(
+            b.network.name, b.network.definition_hash, runner.name, record.framework.get("version"))
+        self.store.write(record)
+        self.events.run_done(label, record)
+        return record
+
+    # ------------------------------------------------------------------ collectives
+
+    def run_comm(self, runner: RunnerInfo, comm: CommBenchmark) -> list[Record]:
+        o = self.options
+        n = o.placement.workers
+        label = f"{runner.name} {', '.join(comm.collectives)} x{n}"
+        repeats_asked = o.repeats or comm.policy.repeats
+        started = datetime.now(timezone.utc)
+        self.events.run_started(label, repeats_asked)
+        env, status, reason, env_info = self._common(runner)
+        outcomes: list[JobOutcome] = []
+        if env is not None:
+            request = {"action": "collectives", "device": o.device, "threads": o.threads, "seed": o.seed,
+                       "collectives": list(comm.collectives), "sizes": list(comm.sizes), "dtype": comm.dtype,
+                       "policy": comm.policy.model_dump()}
+            for index in range(repeats_asked):
+                outcome = self.job(runner, env, request, o.placement)
+                outcomes.append(outcome)
+                self.events.repeat_done(label, index, outcome.status)
+                if outcome.status != "ok":
+                    status, reason = outcome.status, outcome.reason
+                    break
+        rank0 = next((oc.results[0] for oc in reversed(outcomes) if 0 in oc.results), {})
+        records = []
+        for collective in comm.collectives:
+            repeats = [Repeat(index=i, status=oc.status, reason=oc.reason, wall_s=oc.wall_s)
+                       for i, oc in enumerate(outcomes)]
+            info = _comm_info(collective, comm, n, outcomes) if status == "ok" else None
+            op_status, op_reason = status, reason
+            wrong = [s for s in (info.sizes if info else []) if s.correct is False]
+            if wrong:
+                op_status = "failed"
+                op_reason = f"wrong result at {wrong[0].size_bytes} B: {wrong[0].error}" + (
+                    f" (and at {len(wrong) - 1} more sizes)" if len(wrong) > 1 else "")
+            definition = comm.definition(collective)
+            network = NetworkInfo(
+                name=collective, file=comm.suite_file,
+                hash=hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest(),
+                params_described=0, flops_per_sample=0, definition=definition)
+            tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "")
+            record = self._record(runner, started, comm.suite, f"{collective}-w{n}", network, Workload(
+                mode="collective", batch_size=1, precision=comm.dtype, learning_rate=0.0, momentum=0.0,
+                device=o.device), env_info, rank0, comm.profile, repeats_asked, comm.policy.model_dump(),
+                repeats, None, op_status, op_reason, tail if op_status != "ok" else "")
+            record.distributed = DistributedInfo(
+                workers=n, hosts=[h.address for h in o.placement.hosts], placement=o.placement.variant,
+                launch=runner.multi_worker.launch if runner.multi_worker else "none",
+                backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads)
+            record.comm = info
+            record.equivalence = {"status": "unchecked",
+                                  "reason": "a collective's result is checked at every size (comm.sizes[].correct)"}
+            self.store.write(record)
+            records.append(record)
+            self.events.run_done(f"{runner.name} {collective} x{n}", record)
+        return records
+
+    # ------------------------------------------------------------------ records
+
+    def _record(self, runner, started, suite, benchmark, network, workload, env_info, rank0, profile, repeats_asked,
+                policy, repeats, summary, status, reason, tail) -> Record:
+        return Record(
+            run_id=new_run_id(started), started_at=started, ended_at=datetime.now(timezone.utc),
+            dlbench=dlbench_provenance(), suite=suite, benchmark=benchmark, network=network, workload=workload,
+            framework=rank0.get("framework") or {"name": runner.name}, environment=env_info, machine=fingerprint(),
+            settings=Settings(profile=profile, repeats=repeats_asked, threads_requested=self.options.threads,
+                              threads_effective=rank0.get("threads") or {}, timeout_s=self.options.timeout_s,
+                              policy=policy, runner=rank0.get("settings") or {}),
+            repeats=repeats, summary=summary, params=rank0.get("params"), status=status, reason=reason,
+            output_tail=tail if status != "ok" else "", telemetry=dict(NOT_SAMPLED),
+            repeat_policy=RepeatPolicy(kind="fixed", min_repeats=repeats_asked, max_repeats=repeats_asked,
+                                       stopped="fixed" if status == "ok" else (
+                                           "not_started" if not repeats else "failed_repeat")),
+        )
+
+
+def _network_info(b: DistributedBenchmark) -> NetworkInfo:
+    return NetworkInfo(name=b.network.name, file=b.network_file, hash=b.network.definition_hash,
+                       params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
+                       definition=b.network.resolved)
+
+
+def _train_repeat(index: int, outcome: JobOutcome, workers: int) -> Repeat:
+    if outcome.status != "ok":
+        return Repeat(index=index, status=outcome.status, reason=outcome.reason, wall_s=outcome.wall_s)
+    ranks = [outcome.results[r] for r in range(workers)]
+    warm = [r.get("warmup_iter_s") or [] for r in ranks]
+    return Repeat(
+        index=index, status="ok", first_iter_s=max(r["first_iter_s"] for r in ranks),
+        warmup_iter_s=slowest_rank(warm) if all(warm) else [], warmup_settled=None,
+        iter_s=slowest_rank([r["iter_s"] for r in ranks]), window_monotonic_ns=ranks[0].get("window_monotonic_ns", []),
+        wall_s=outcome.wall_s,
+        ranks=[{"rank": i, "host": r.get("host"), "first_iter_s": r.get("first_iter_s"), "iter_s": r.get("iter_s"),
+                "local_iter_s": r.get("local_iter_s")} for i, r in enumerate(ranks)],
+    )
+
+
+def _training_figures(info: DistributedInfo, repeats: list[Repeat]) -> None:
+    """Pooled over the repeats: rank 0's and the slowest rank's median, the exposed communication."""
+    good = [r for r in repeats if r.status == "ok" and r.ranks]
+    per_rank: dict[int, list[float]] = {}
+    local: dict[int, list[float]] = {}
+    for rep in good:
+        for entry in rep.ranks:
+            per_rank.setdefault(entry["rank"], []).extend(entry["iter_s"] or [])
+            if entry.get("local_iter_s"):
+                local.setdefault(entry["rank"], []).extend(entry["local_iter_s"])
+    info.rank0_median_s = _median(per_rank.get(0, []))
+    info.slowest_median_s = _median([t for r in good for t in r.iter_s])
+    if local and set(local) == set(per_rank):
+        ranks = sorted(per_rank)
+        info.exposed_comm_s = exposed_communication_s([per_rank[r] for r in ranks], [local[r] for r in ranks])
+        info.local_median_s = max(statistics.median(local[r]) for r in ranks)
+        info.exposed_comm_method = EXPOSED_METHOD
+    else:
+        info.exposed_comm_method = "not measured: the runner cannot step without the gradient exchange"
+
+
+def _scaling(mode: str, workers: int, summary, baseline: Record | None) -> Scaling:
+    if baseline is None:
+        return Scaling(mode=mode, reason="one worker: this run is the baseline")
+    s = Scaling(mode=mode, baseline_run_id=baseline.run_id, baseline_source="same_invocation")
+    if baseline.status != "ok" or baseline.summary is None:
+        s.reason = f"the one-worker baseline did not complete ({baseline.status})"
+        return s
+    s.baseline_samples_per_s = baseline.summary.samples_per_s
+    if summary is None:
+        s.reason = "this run did not complete"
+        return s
+    s.speedup = summary.samples_per_s / baseline.summary.samples_per_s
+    s.efficiency = scaling_efficiency(summary.samples_per_s, workers, baseline.summary.samples_per_s)
+    return s
+
+
+def _comm_info(collective: str, comm: CommBenchmark, workers: int, outcomes: list[JobOutcome]) -> CommInfo:
+    sizes = []
+    for j, size in enumerate(comm.sizes):
+        pooled: list[float] = []
+        entry = CommSize(size_bytes=size)
+        errors = []
+        for oc in outcomes:
+            rows = [oc.results[r]["collectives"][collective][j] for r in range(workers)]
+            if any("skipped" in row for row in rows):
+                entry.skipped = rows[0].get("skipped") or "skipped"
+                break
+            pooled.extend(slowest_rank([row["iter_s"] for row in rows]))
+            entry.bytes = rows[0]["bytes"]
+            errors += [row["error"] for row in rows if not row["correct"]]
+        if entry.skipped is None and pooled:
+            entry.iterations = len(pooled)
+            entry.time_s = statistics.median(pooled)
+            algbw, busbw = bandwidths(entry.bytes, entry.time_s, collective, workers)
+            entry.algbw_gbps, entry.busbw_gbps = algbw / 1e9, busbw / 1e9
+            entry.correct = not errors
+            entry.error = errors[0] if errors else None
+        sizes.append(entry)
+    return CommInfo(collective=collective, dtype=comm.dtype, workers=workers, bus_factor=bus_factor(collective, workers),
+                    sizes=sizes)

@@ -1,0 +1,286 @@
+"""Run one multi-worker job: start its processes, watch every rank, and end all of it together.
+
+The processes of a job (ProcessSpecs from launch_styles.py: torchrun per host, or one per rank)
+each start in a session of their own, output to a log in the job folder. Ranks announce
+themselves in the job folder (`rank<R>.started`: pid and host) and leave their result there
+(`rank<R>.json`), so the watcher knows every rank whatever started it. While the job runs, every
+process seen under a launcher is remembered (psutil), because launchers put their ranks in
+sessions of their own (torchrun does) and a killed launcher would orphan them.
+
+The job ends, and everything left is stopped (SIGTERM to every launcher's group and to every
+remembered process, then SIGKILL after a grace period), as soon as:
+- a rank reports a failure, or a rank of this machine is gone without a result, or a launcher
+  exits with a non-zero status: the job failed;
+- the timeout passes: the job timed out (a hung rank, a lost peer);
+- every rank has a result and every launcher has exited (or failed to exit within a grace period).
+Whatever the ending, the job is not over until no remembered process is alive; any that
+survived SIGKILL is reported (`left_behind`).
+
+Which rank failed first: a reported failure is dated by the rank's own clock (`finished_at`), a
+death by the last time the rank was seen alive (so a rank killed between two looks is dated
+before the error its peers report on losing it). The earliest is the job's reason, with its rank
+and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .launch_styles import ProcessSpec
+from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S
+
+PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/distributed_harness.py
+POLL_S = 0.05
+EXIT_GRACE_S = 30.0  # after the last result, for the processes to leave their process groups and exit
+
+# Variables that would let the controller's own environment leak into a framework environment.
+_ISOLATE = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+
+
+@dataclass
+class JobOutcome:
+    status: str  # ok | failed | timeout | skipped
+    reason: str | None
+    results: dict[int, dict]  # rank -> its result (ranks that wrote none are absent)
+    failed_rank: int | None
+    output_tail: str
+    wall_s: float
+    left_behind: list[int] = field(default_factory=list)  # pids alive after teardown (should be none)
+
+
+def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _last_line(text: str) -> str:
+    return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # absent, or (never: writes are atomic) half-written
+
+
+def _alive(pid: int, created: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - created) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+class _Watch:
+    """What the watcher knows of a running job."""
+
+    def __init__(self, job_dir: Path, world_size: int, procs: list[subprocess.Popen]):
+        self.job_dir, self.world, self.procs = job_dir, world_size, procs
+        self.known: dict[int, float] = {}  # pid -> create time of every process seen in the job
+        self.started: dict[int, dict] = {}  # rank -> its .started (pid, host)
+        self.results: dict[int, dict] = {}
+        self.last_alive: dict[int, float] = {}  # rank -> wall clock when last seen running
+        self.deaths: dict[int, float] = {}  # rank -> last seen alive, for ranks gone without a result
+        self.hostname = socket.gethostname()
+
+    def remember_tree(self) -> None:
+        for p in self.procs:
+            try:
+                parent = psutil.Process(p.pid)
+                family = [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for q in family:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    self.known.setdefault(q.pid, q.create_time())
+
+    def look(self) -> None:
+        now = time.time()
+        self.remember_tree()
+        for rank in range(self.world):
+            if rank not in self.started:
+                info = _read_json(self.job_dir / f"rank{rank}.started")
+                if info is not None:
+                    self.started[rank] = info
+                    if info.get("host") == self.hostname:
+                        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                            self.known.setdefault(info["pid"], psutil.Process(info["pid"]).create_time())
+            if rank not in self.results:
+                res = _read_json(self.job_dir / f"rank{rank}.json")
+                if res is not None:
+                    self.results[rank] = res
+            info = self.started.get(rank)
+            if info is None or rank in self.results or rank in self.deaths or info.get("host") != self.hostname:
+                continue  # a rank on another machine is watched through its launcher only
+            pid = info["pid"]
+            if pid in self.known and _alive(pid, self.known[pid]):
+                self.last_alive[rank] = now
+            elif _read_json(self.job_dir / f"rank{rank}.json") is None:  # not a result written just now
+                self.deaths[rank] = self.last_alive.get(rank, info.get("started_at", now))
+
+    def failures(self) -> list[tuple[float, int, str]]:
+        """(when, rank, why) of every rank known to have failed."""
+        out = [(float(res.get("finished_at") or time.time()), rank, str(res.get("reason") or "failed"))
+               for rank, res in self.results.items() if res.get("status") == "failed"]
+        for rank, when in self.deaths.items():
+            out.append((when, rank, None))  # worded once its log is read
+        return sorted(out, key=lambda f: f[0])
+
+
+def _signal_all(procs: list[subprocess.Popen], known: dict[int, float], sig: int) -> None:
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p.pid, sig)
+    for pid, created in known.items():
+        if _alive(pid, created):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def teardown(procs: list[subprocess.Popen], known: dict[int, float], grace_s: float = TERMINATE_GRACE_S) -> list[int]:
+    """Stop every launcher's process group and every process ever seen in the job; the pids still
+    alive afterwards (none, unless a process survives SIGKILL)."""
+    _signal_all(procs, known, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        for p in procs:
+            p.poll()
+        if not any(_alive(pid, c) for pid, c in known.items()) and all(p.returncode is not None for p in procs):
+            break
+        time.sleep(POLL_S)
+    _signal_all(procs, known, signal.SIGKILL)
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid, c) for pid, c in known.items()):
+        time.sleep(POLL_S)
+    return sorted(pid for pid, c in known.items() if _alive(pid, c))
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else \
+            f"killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: int, timeout_s: float,
+            cwd: Path, poll_s: float = POLL_S, exit_grace_s: float = EXIT_GRACE_S) -> JobOutcome:
+    """`command_for(spec) -> argv`: the local command for a spec (Placement.command_on)."""
+    base_env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
+    procs: list[subprocess.Popen] = []
+    logs = [job_dir / f"launcher{i}.log" for i in range(len(specs))]
+    started = time.perf_counter()
+    watch = _Watch(job_dir, world_size, procs)
+    status, reason = "ok", None
+    try:
+        for spec, log in zip(specs, logs):
+            with open(log, "wb") as out:
+                try:
+                    procs.append(subprocess.Popen(command_for(spec), stdin=subprocess.DEVNULL, stdout=out,
+                                                  stderr=subprocess.STDOUT, env={**base_env, **spec.env},
+                                                  cwd=cwd, start_new_session=True))
+                except OSError as e:
+                    status, reason = "failed", f"could not start {spec.label}: {e}"
+                    break
+        all_results_at = None
+        while status == "ok":
+            watch.look()
+            codes = [p.poll() for p in procs]
+            if watch.failures():
+                status = "failed"
+                break
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                watch.look()  # a rank's result or death may explain the exit
+                status = "failed"
+                break
+            done = len(watch.results) == world_size
+            if done and all(c == 0 for c in codes):
+                break
+            if all(c == 0 for c in codes) and not done:
+                watch.look()
+                if len(watch.results) < world_size:
+                    missing = [r for r in range(world_size) if r not in watch.results]
+                    status, reason = "failed", f"the launchers exited without a result from rank(s) {missing}"
+                break
+            if done:
+                all_results_at = all_results_at or time.perf_counter()
+                if time.perf_counter() - all_results_at > exit_grace_s:
+                    status, reason = "failed", (f"every rank wrote its result but the job's processes did not exit "
+                                                f"within {exit_grace_s:g} s")
+                    break
+            if time.perf_counter() - started > timeout_s:
+                status = "timeout"
+                break
+            time.sleep(poll_s)
+        watch.remember_tree()
+    except BaseException:  # Ctrl-C, an error here: nothing of the job may outlive the controller
+        watch.remember_tree()
+        teardown(procs, watch.known)
+        raise
+    codes = [p.poll() for p in procs]
+    left = teardown(procs, watch.known)
+    wall = time.perf_counter() - started
+    watch.look()
+    results = dict(watch.results)
+    failed_rank, tail = None, ""
+    if status == "timeout":
+        waiting = [r for r in range(world_size) if r not in results]
+        reason = (f"job exceeded its timeout of {timeout_s:g} s and was stopped; "
+                  f"rank(s) {waiting} had not finished" if waiting else
+                  f"job exceeded its timeout of {timeout_s:g} s and was stopped")
+        tail = _job_tail(job_dir, waiting[0] if waiting else None, logs)
+    elif status == "failed" and reason is None:
+        failures = watch.failures()
+        if failures:
+            _, failed_rank, why = failures[0]
+            rank_log = _tail(job_dir / f"rank{failed_rank}.log")
+            if why is None:
+                last = _last_line(rank_log)
+                why = "died without a result" + (f": {last}" if last else "")
+            host = (watch.started.get(failed_rank) or {}).get("host", "?")
+            reason = f"rank {failed_rank} (of {world_size}, on {host}) failed: {why}"
+        else:
+            i, code = next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), (0, None))
+            last = _last_line(_tail(logs[i])) if i < len(logs) else ""
+            label = specs[i].label if i < len(specs) else "launcher"
+            reason = f"{label} {_describe_exit(code) if code is not None else 'failed'}" + (f": {last}" if last else "")
+        tail = _job_tail(job_dir, failed_rank, logs)
+    elif status == "ok":
+        statuses = {res.get("status") for res in results.values()}
+        if statuses == {"skipped"}:
+            status, reason = "skipped", str(results[0].get("reason") if 0 in results else "skipped")
+        elif statuses != {"ok"}:
+            status, reason = "failed", f"ranks disagree: statuses {sorted(map(str, statuses))}"
+    if left:
+        reason = (reason + "; " if reason else "") + f"processes {left} survived SIGKILL"
+        status = "failed" if status == "ok" else status
+    return JobOutcome(status, reason, results, failed_rank, tail, wall, left)
+
+
+def _job_tail(job_dir: Path, rank: int | None, logs: list[Path]) -> str:
+    """The failing rank's log, then the launchers', within the record's tail budget."""
+    parts = []
+    if rank is not None:
+        parts.append((f"rank{rank}.log", _tail(job_dir / f"rank{rank}.log", STDERR_TAIL_CHARS // 2)))
+    share = STDERR_TAIL_CHARS // (2 * max(1, len(logs)))
+    parts += [(log.name, _tail(log, share)) for log in logs]
+    return "\n".join(f"--- {name} ---\n{text.rstrip()}" for name, text in parts if text.strip())

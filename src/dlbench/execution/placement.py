@@ -1,0 +1,193 @@
+"""Where the ranks of a multi-worker job run, and how a command reaches each host.
+
+Three variants, one shape (a list of hosts, each with its number of ranks):
+- local: every rank on this machine (`--workers N`).
+- hosts: `--hosts H1,H2,...`, the ranks spread evenly, host-major (rank 0 on H1). A host that is
+  this machine (its name, one of its addresses, or any loopback address: 127.0.0.2, 127.0.0.3, ...
+  all reach `lo` on Linux, which is how the multi-host path is tested on one machine) is started
+  directly; any other through `ssh -tt` (a terminal, so that the remote processes get SIGHUP when
+  dlbench stops the ssh client). Repository and environments must be at the same paths there.
+- slurm: inside an allocation (SLURM_JOB_ID set, `srun` on PATH) and without --hosts: the nodes of
+  $SLURM_JOB_NODELIST (expanded by `scontrol show hostnames`), each command started as a job step
+  on its node (`srun --nodes 1 --ntasks 1 --nodelist NODE`); srun relays signals to the step.
+
+Ports are chosen at run time by binding port 0 (the kernel hands out a free one) on the wildcard
+address, then released for the launcher to take: each job gets its own, so two jobs never collide.
+Only this machine's ports can be probed so; a port for a remote host is probed here too and is
+assumed free there (the coordinator is rank 0's host, which is this machine in the usual setup:
+dlbench started on the first host of the list or of the allocation).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, Mapping
+
+Variant = Literal["local", "hosts", "slurm"]
+
+
+class PlacementError(ValueError):
+    """The workers cannot be placed as asked; str() says why and which option to change."""
+
+
+@dataclass(frozen=True)
+class Host:
+    address: str
+    slots: int  # ranks on this host
+    cpus: int  # cores the ranks on this host share
+    local: bool  # started directly (this machine or a loopback address), else through ssh or srun
+
+
+@dataclass(frozen=True)
+class Placement:
+    variant: Variant
+    hosts: tuple[Host, ...]
+
+    @property
+    def workers(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+    @property
+    def coordinator(self) -> str:
+        """Rank 0's host: where the rendezvous or coordination service listens."""
+        return self.hosts[0].address
+
+    def rank_hosts(self) -> list[Host]:
+        """The host of every global rank, host-major."""
+        return [h for h in self.hosts for _ in range(h.slots)]
+
+    def threads_per_worker(self, requested: int | None) -> int:
+        """--threads, else the cores of the most crowded host divided by its ranks (at least 1).
+        PlacementError when the ranks of a host would share more threads than it has cores."""
+        for h in self.hosts:
+            if h.slots > h.cpus:
+                raise PlacementError(f"{h.slots} workers on {h.address} would oversubscribe its {h.cpus} cores; "
+                                     "use fewer --workers (or more hosts)")
+        if requested is None:
+            return max(1, min(h.cpus // h.slots for h in self.hosts))
+        for h in self.hosts:
+            if requested * h.slots > h.cpus:
+                raise PlacementError(f"--threads {requested} x {h.slots} workers on {h.address} = "
+                                     f"{requested * h.slots} threads would oversubscribe its {h.cpus} cores")
+        return requested
+
+    def only_loopback(self) -> bool:
+        return all(_is_loopback(h.address) for h in self.hosts)
+
+    def single_worker(self) -> "Placement":
+        """One rank on the first host, with that host's cores (the scaling baseline)."""
+        first = self.hosts[0]
+        return Placement(self.variant, (Host(first.address, 1, first.cpus, first.local),))
+
+    def command_on(self, host: Host, argv: list[str], env: Mapping[str, str], cwd: str) -> list[str]:
+        """The local command that runs `argv` with `env` added, in `cwd`, on `host`."""
+        if host.local:
+            return argv
+        assignments = [f"{k}={v}" for k, v in sorted(env.items())]
+        if self.variant == "slurm":
+            return ["srun", "--nodes", "1", "--ntasks", "1", "--nodelist", host.address, "--overlap",
+                    "--kill-on-bad-exit=1", "--chdir", cwd, "env", *assignments, *argv]
+        remote = f"cd {shlex.quote(cwd)} && exec env {shlex.join(assignments)} {shlex.join(argv)}"
+        return ["ssh", "-tt", "-o", "BatchMode=yes", host.address, remote]
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+@lru_cache(maxsize=1)
+def _own_names() -> frozenset[str]:
+    import psutil
+
+    names = {socket.gethostname(), socket.getfqdn(), "localhost"}
+    for addresses in psutil.net_if_addrs().values():
+        names.update(a.address.split("%")[0] for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6))
+    return frozenset(names)
+
+
+def is_this_machine(address: str) -> bool:
+    return _is_loopback(address) or address in _own_names()
+
+
+def local_placement(workers: int, cpus: int) -> Placement:
+    return Placement("local", (Host("127.0.0.1", workers, cpus, True),))
+
+
+def _spread(variant: Variant, names: list[str], workers: int, cpus: int, where: str) -> Placement:
+    if len(set(names)) != len(names):
+        raise PlacementError(f"{where}: a host is listed twice")
+    if workers % len(names):
+        raise PlacementError(f"--workers {workers} cannot be spread evenly over the {len(names)} hosts of {where}")
+    per_host = workers // len(names)
+    return Placement(variant, tuple(Host(n, per_host, cpus, variant != "slurm" and is_this_machine(n))
+                                    for n in names))
+
+
+def hosts_placement(hosts: str, workers: int, cpus: int) -> Placement:
+    """`--hosts H1,H2,...`: remote hosts are assumed to have as many cores as this one (--threads
+    sets the threads per worker where they differ)."""
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not names:
+        raise PlacementError("--hosts: no host given")
+    if len(names) > workers:
+        raise PlacementError(f"--hosts lists {len(names)} hosts for {workers} workers; give at least one worker per host")
+    return _spread("hosts", names, workers, cpus, "--hosts")
+
+
+def slurm_placement(workers: int, environ: Mapping[str, str], run=subprocess.run) -> Placement:
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise PlacementError("inside a Slurm job but SLURM_JOB_NODELIST is not set")
+    try:
+        out = run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PlacementError(f"cannot expand SLURM_JOB_NODELIST {nodelist!r} with scontrol: {e}") from None
+    if out.returncode != 0:
+        raise PlacementError(f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()}")
+    nodes = out.stdout.split()
+    cpus = int(environ.get("SLURM_CPUS_ON_NODE") or os.cpu_count() or 1)
+    nodes = nodes[:workers]  # fewer workers than nodes: the first nodes
+    return _spread("slurm", nodes, workers, cpus, "the Slurm allocation")
+
+
+def detect(workers: int, cpus: int, hosts: str | None = None, environ: Mapping[str, str] = os.environ,
+           run=subprocess.run) -> Placement:
+    """--hosts when given; else the Slurm allocation this runs in; else this machine."""
+    if workers < 1:
+        raise PlacementError("--workers must be at least 1")
+    if hosts is not None:
+        return hosts_placement(hosts, workers, cpus)
+    if environ.get("SLURM_JOB_ID") and shutil.which("srun", path=environ.get("PATH")):
+        return slurm_placement(workers, environ, run)
+    return local_placement(workers, cpus)
+
+
+def free_port() -> int:
+    """A port no socket on this machine holds right now (bound on every address, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports, all held until all are chosen (so none is handed out twice)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()

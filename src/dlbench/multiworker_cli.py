@@ -1,0 +1,150 @@
+"""`dlbench run --suite distributed|comm`: the multi-worker branch of the run command.
+
+Input is checked here, before anything runs (exit 2 with one message): the options that only the
+single-process suites take, the placement (--workers, --hosts, Slurm), threads per worker against
+the cores, strong scaling's even split of every batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from . import paths
+from .cli import _check_choice, _refresh_index, _runner, err, fail, out
+from .definitions.loader import DefinitionError
+from .definitions.suite import SuiteCatalog
+from .machine import available_cpus
+from .store.store import Store
+
+
+class _Events:
+    def __init__(self, progress: Progress, task):
+        self.progress, self.task = progress, task
+        self._repeats = 1
+
+    def environment(self, framework, line):
+        self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+
+    def run_started(self, label, repeats):
+        self._label, self._repeats = escape(label), repeats
+        self.progress.update(self.task, description=f"{self._label} (job 1/{repeats})")
+
+    def repeat_done(self, label, index, status):
+        if index + 2 <= self._repeats and status == "ok":
+            self.progress.update(self.task, description=f"{self._label} (job {index + 2}/{self._repeats})")
+
+    def run_done(self, label, record):
+        self.progress.advance(self.task)
+        if record.status != "ok":
+            self.progress.console.print(f"[yellow]{record.status}[/]: {escape(label)}: {escape(str(record.reason))}",
+                                        highlight=False, soft_wrap=True)
+
+
+def run_multi_worker(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, mode, profile: str,
+                     device: str, env: str, threads: int | None, repeats: int | None, max_repeats, target_ci,
+                     store: Store, timeout: float, workers: int, scaling: str | None, hosts: str | None) -> None:
+    from .execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator, batches, planned_runs
+    from .execution.placement import PlacementError, detect
+    from .multiworker_tables import bandwidth_table, training_table
+
+    for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
+        if value:
+            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: multi-worker jobs train (or run "
+                       "collectives) for a fixed number of iterations (see its `policy`)")
+    if env == "docker":
+        raise fail("--env docker does not run multi-worker jobs yet; use --env venv or current")
+    if scaling is not None:
+        _check_choice("scaling", scaling, ["strong", "weak"])
+        if kind == "comm":
+            raise fail("--scaling is for suite kind distributed (training); collectives have no batch to scale")
+    catalog = SuiteCatalog(paths.suites_dir())
+    try:
+        suite = catalog.load_multi_worker(suite_path, profile, device)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    chosen = list(suite.benchmarks)
+    if benchmark:
+        valid = sorted({b.name for b in chosen} | {b.network.name for b in chosen}) if kind == "distributed" \
+            else list(suite.comm.collectives)
+        for name in benchmark:
+            _check_choice("benchmark", name, valid)
+        if kind == "distributed":
+            chosen = [b for b in chosen if b.name in benchmark or b.network.name in benchmark]
+    comm = suite.comm
+    if comm is not None and benchmark:
+        comm = type(comm)(**{**comm.__dict__, "collectives": tuple(c for c in comm.collectives if c in benchmark)})
+    try:
+        placement = detect(workers, available_cpus(), hosts)
+        per_worker_threads = placement.threads_per_worker(threads)
+    except PlacementError as e:
+        raise fail(str(e)) from None
+    mode_of_scaling = scaling or suite.scaling
+    for b in chosen:
+        for batch in b.batch_sizes:
+            try:
+                batches(batch, placement.workers, mode_of_scaling)
+            except ValueError as e:
+                raise fail(f"{suite_path}: benchmarks: {b.network.name}: {e}") from None
+    runners = [_runner(registry, n) for n in names]
+    remote = any(not h.local for h in placement.hosts)
+    options = MultiWorkerOptions(device=device, env_backend=env, placement=placement, threads=per_worker_threads,
+                                 scaling=mode_of_scaling, timeout_s=timeout, cache=paths.cache_dir(),
+                                 job_root=(store.root / ".jobs") if remote else None, repeats=repeats)
+    total = sum(planned_runs(chosen, comm, placement.workers) for _ in runners)
+    where = ", ".join(f"{h.address} x{h.slots}" for h in placement.hosts)
+    err.print(f"dlbench: suite {suite.name} ({kind}), {total} runs on {device} ({', '.join(names)}), "
+              f"{placement.workers} workers ({placement.variant}: {where}), {per_worker_threads} threads per worker"
+              + (f", {mode_of_scaling} scaling" if kind == "distributed" else "") + f", store {store.root}",
+              highlight=False)
+    records = []
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=False) as progress:
+            task = progress.add_task("starting", total=total)
+            orch = MultiWorkerOrchestrator(store, options, _Events(progress, task))
+            for runner in runners:
+                if kind == "distributed":
+                    for b in chosen:
+                        records += orch.run_distributed(runner, b)
+                else:
+                    records += orch.run_comm(runner, comm)
+            progress.update(task, description="done")
+    except KeyboardInterrupt:
+        err.print(f"interrupted: every job's processes stopped; {len(records)} complete runs are in the store, none partial")
+        raise typer.Exit(130) from None
+    _refresh_index(store)
+    if kind == "distributed":
+        out.print(training_table(records, f"dlbench run: {suite.name}"))
+    else:
+        for r in records:
+            out.print(bandwidth_table(r) if r.comm else escape(f"{r.benchmark} {r.framework.get('name')}: "
+                                                              f"{r.status}: {r.reason}"), highlight=False)
+    bad = [r for r in records if r.status in ("failed", "timeout")]
+    if bad:
+        raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
+
+
+def print_multi_worker_details(store: Store, rows: list[dict]) -> None:
+    """Under `dlbench results`' table: the multi-worker runs among `rows`, as tables of their own
+    (training: workers, slowest rank, efficiency, exposed communication; collectives: bandwidth
+    against message size). Reads just those records."""
+    from .multiworker_tables import bandwidth_table, training_table
+    from .store.store import StoreError
+
+    chosen = [row for row in rows if row.get("workers") is not None and row.get("status") == "ok"]
+    records = []
+    for row in chosen:
+        try:
+            records.append(store.read(store.runs / f"{row['run_id']}.json"))
+        except (StoreError, OSError) as e:
+            err.print(f"[yellow]skipped[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    training = [r for r in records if r.comm is None]
+    if training:
+        out.print(training_table(training, "multi-worker training runs"))
+    for r in records:
+        if r.comm is not None:
+            out.print(bandwidth_table(r))

@@ -1,0 +1,63 @@
+"""Terminal tables of multi-worker runs, for `dlbench run` and `dlbench results`."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from .store.record import Record
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def training_table(records: list[Record], title: str = "distributed training") -> Table:
+    t = Table(title=title)
+    for col in ("benchmark", "framework", "workers", "global batch", "status", "ms/iter (slowest)", "ms/iter rank 0",
+                "samples/s", "efficiency", "exposed comm ms", "grad MB/iter", "threads/worker"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status") else "right")
+    for r in records:
+        d = r.distributed
+        s = r.summary
+        style = {"ok": "green", "skipped": "yellow"}.get(r.status, "red")
+        scaling = d.scaling if d else None
+        eff = ""
+        if scaling and scaling.efficiency is not None:
+            eff = f"{scaling.efficiency:.2f} ({scaling.mode})"
+        t.add_row(escape(r.benchmark), escape(f"{r.framework.get('name')} {r.framework.get('version') or ''}".strip()),
+                  str(d.workers if d else ""), str(r.workload.batch_size), f"[{style}]{r.status}[/]",
+                  _fmt(s.ms_per_iter if s else None, ".2f"),
+                  _fmt(d.rank0_median_s * 1e3 if d and d.rank0_median_s else None, ".2f"),
+                  _fmt(s.samples_per_s if s else None, ".1f"), eff,
+                  _fmt(d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None, ".2f"),
+                  _fmt(d.grad_bytes / 1e6 if d and d.grad_bytes else None, ".2f"),
+                  str(d.threads_per_worker if d else ""))
+    return t
+
+
+def bandwidth_table(r: Record) -> Table:
+    """Bandwidth against message size for one collective run."""
+    c = r.comm
+    n = c.workers if c else (r.distributed.workers if r.distributed else "?")
+    backend = r.distributed.backend if r.distributed else None
+    t = Table(title=escape(f"{r.benchmark}: {r.framework.get('name')} {r.framework.get('version') or ''} "
+                           f"({backend or '?'}, {n} workers, bus factor {c.bus_factor:.3g}) run {r.run_id}"
+                           if c else f"{r.benchmark} run {r.run_id}: {r.status}"))
+    for col in ("size", "bytes run", "time us", "algbw GB/s", "busbw GB/s", "result"):
+        t.add_column(col, justify="right" if col != "result" else "left")
+    for s in (c.sizes if c else []):
+        if s.skipped:
+            t.add_row(human_bytes(s.size_bytes), "", "", "", "", f"[yellow]not run[/]: {escape(s.skipped)}")
+            continue
+        check = "[green]correct[/]" if s.correct else f"[red]wrong[/]: {escape(str(s.error))}"
+        t.add_row(human_bytes(s.size_bytes), str(s.bytes), _fmt(s.time_s * 1e6 if s.time_s else None, ".1f"),
+                  _fmt(s.algbw_gbps, ".4g"), _fmt(s.busbw_gbps, ".4g"), check)
+    return t
