@@ -18,6 +18,8 @@ The chart kinds are the few the site needs:
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -369,26 +371,42 @@ def thin(t: np.ndarray, v: np.ndarray, buckets: int) -> tuple[np.ndarray, np.nda
     return out_t, out_v
 
 
-def _line_path(x: np.ndarray, y: np.ndarray, colour: str) -> list[str]:
-    """One <path> for a whole line: a moveto per stretch without gaps (NaN), whose further
-    coordinate pairs are implicit linetos; a lone sample between gaps is a dot.
+def _line_path(x: np.ndarray, y: np.ndarray, bounds: list[int], colour: str) -> list[str]:
+    """One <path> for a whole line (px coordinates) drawn over several segments, x[bounds[i]:
+    bounds[i + 1]] being one repeat's: a moveto per stretch without gaps (NaN) within a segment,
+    whose further coordinate pairs are implicit linetos; a lone sample between gaps is a dot.
+    The segments are converted together, in a few numpy calls whatever their number."""
+    finite = ~np.isnan(y)
+    xy = np.empty(2 * y.size, dtype=np.int64)
+    if finite.all():
+        xy[0::2], xy[1::2] = np.rint(x * 10), np.rint(y * 10)
+        return _path_text(xy.tolist(), _whole(bounds), colour)
+    if not finite.any():
+        return []
+    stretches = []
+    for a, b in zip(bounds, bounds[1:]):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], finite[a:b].astype(np.int8), [0]]))).tolist()
+        stretches += [(a + e0, a + e1) for e0, e1 in zip(edges[::2], edges[1::2])]
+    xy[0::2], xy[1::2] = np.rint(np.where(finite, x, 0) * 10), np.rint(np.where(finite, y, 0) * 10)
+    return _path_text(xy.tolist(), stretches, colour)
+
+
+def _whole(bounds: list[int]) -> list[tuple[int, int]]:
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def _path_text(xy: list[int], stretches: list[tuple[int, int]], colour: str) -> list[str]:
+    """The <path> (and dots) of a line from its coordinates in tenths of a px, x and y interleaved.
 
     Coordinates are written as integers in tenths of a unit under transform="scale(.1)" (the
     stroke keeps its width: vector-effect in the stylesheet): a list of ints turns into text
     several times faster than floats, and telemetry pages have many lines."""
-    finite = ~np.isnan(y)
-    if not finite.any():
-        return []
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], finite.astype(np.int8), [0]]))).tolist()
-    xy = np.zeros(2 * x.size, dtype=np.int64)
-    xy[0::2] = np.rint(np.where(finite, x, 0) * 10)
-    xy[1::2] = np.rint(np.where(finite, y, 0) * 10)
     parts, dots = [], []
-    for a, b in zip(edges[::2], edges[1::2]):
+    for a, b in stretches:
         if b - a == 1:
             dots.append(f'<circle cx="{xy[2 * a] / 10:.1f}" cy="{xy[2 * a + 1] / 10:.1f}" r="2" fill="{colour}"/>')
         else:
-            parts.append("M" + str(xy[2 * a:2 * b].tolist())[1:-1])  # "x, y, x, y, ...": SVG takes commas
+            parts.append("M" + str(xy[2 * a:2 * b])[1:-1])  # "x, y, x, y, ...": SVG takes commas
     path = [f'<path d="{" ".join(parts)}" transform="scale(.1)" fill="none" stroke="{colour}" class="line"/>'] if parts else []
     return path + dots
 
@@ -438,11 +456,11 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
     computed once for all panels."""
     columns = [[{name: None if vals[k] is None else _column(vals[k]) for name, vals in p.lines.items()}
                 for k in range(len(tracks))] for p in panels]
-    drawn = [i for i, cols in enumerate(columns)
-             if any(c is not None and (~np.isnan(c)).any() for per_track in cols for c in per_track.values())]
+    ranges = [_finite_range([c for per_track in cols for c in per_track.values() if c is not None]) for cols in columns]
+    drawn = [i for i, r in enumerate(ranges) if r is not None]
     if not drawn:
         return empty_chart(f"{title}: no samples")
-    panels, columns = [panels[i] for i in drawn], [columns[i] for i in drawn]
+    panels, columns, ranges = [panels[i] for i in drawn], [columns[i] for i in drawn], [ranges[i] for i in drawn]
     left, right = 64, 16
     titled = len(panels) > 1
     times = [np.asarray(t.t_s, dtype=float) for t in tracks]
@@ -455,7 +473,7 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
     total -= gap
     x_scale = Scale(0.0, total or 1.0, left, width - right)
     px_per_s = (width - left - right) / (total or 1.0)
-    # shared by every panel: x positions of the shading, the separators and the data
+    # shared by every panel: x positions of the shading, the separators, the repeats' labels and the data
     shading = []
     for track, t, offset in zip(tracks, times, offsets):
         t0 = float(t[0]) if len(t) else 0.0
@@ -465,53 +483,117 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
                 xb = min(max(x_scale(offset + b - t0), left), width - right)
                 shading.append((css, xa, max(xb - xa, 1.5)))
     separators = [x_scale(offset - gap / 2) for offset in offsets[1:]]
+    track_labels = [(x_scale(offset) + 3, escape(track.label)) for track, offset in zip(tracks, offsets)]
     x_of = [left + (offset + (t - t[0])) * px_per_s if len(t) else t for t, offset in zip(times, offsets)]
     buckets = [max(8, int(span * px_per_s * POINTS_PER_PX / 2)) for span in spans]
-    gap_mark = np.array([np.nan])
 
-    body: list[str] = []
+    # the frame of each panel and where its lines go
+    frames, lines = [], []
     y0 = 0.0
-    for panel, cols in zip(panels, columns):
+    for panel, cols, (lo, hi) in zip(panels, columns, ranges):
         names = list(panel.lines)
         header = 16 if titled or len(names) > 1 else 0
         top, plot_h = y0 + header + 6, panel_height
+        frame = []
         if titled:
-            body.append(_text(left, y0 + 14, panel.title, "start", "panel-title"))
+            frame.append(_text(left, y0 + 14, panel.title, "start", "panel-title"))
         if len(names) > 1:
             legend_x = left + (CHAR_W * (len(panel.title) + 3) if titled else 0)
-            body.extend(_legend([Series(n, [], panel.colours.get(n, PALETTE[0])) for n in names], legend_x, y0 + 14))
-        values = np.concatenate([c[~np.isnan(c)] for per_track in cols for c in per_track.values() if c is not None])
-        y_scale, y_ticks = value_scale([float(values.min()), float(values.max())], top + plot_h, top, zero=True, log=False)
+            frame.extend(_legend([Series(n, [], panel.colours.get(n, PALETTE[0])) for n in names], legend_x, y0 + 14))
+        y_scale, y_ticks = value_scale([lo, hi], top + plot_h, top, zero=True, log=False)
         y_factor = (y_scale.px_hi - y_scale.px_lo) / ((y_scale.hi - y_scale.lo) or 1.0)
-        body.append(f'<rect x="{left}" y="{top:.1f}" width="{width - left - right}" height="{plot_h}" class="plot"/>')
-        body.extend(f'<rect x="{xa:.1f}" y="{top:.1f}" width="{w:.1f}" height="{plot_h}" class="{css}"/>'
-                    for css, xa, w in shading)
+        frame.append(f'<rect x="{left}" y="{top:.1f}" width="{width - left - right}" height="{plot_h}" class="plot"/>')
+        frame.extend(f'<rect x="{xa:.1f}" y="{top:.1f}" width="{w:.1f}" height="{plot_h}" class="{css}"/>'
+                     for css, xa, w in shading)
         for t in y_ticks:
             y = y_scale(t)
-            body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
-            body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+            frame.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>'
+                         f'<text x="{left - 5:.1f}" y="{y + 4:.1f}" font-size="{FONT}" text-anchor="end" '
+                         f'class="tick">{_tick_label(t)}</text>')
         for x_sep in separators:
-            body.append(f'<line x1="{x_sep:.1f}" y1="{top:.1f}" x2="{x_sep:.1f}" y2="{top + plot_h:.1f}" class="separator"/>')
-        for track, offset in zip(tracks, offsets):
-            body.append(_text(x_scale(offset) + 3, top + 12, track.label, "start", "tick"))
-        for name in names:
-            xs, ys = [], []
-            for k, t in enumerate(times):
-                v = cols[k].get(name)
-                if v is None or not len(t) or len(v) != len(t):
-                    continue
-                tt, vv = thin(x_of[k], v, buckets[k])
-                # a NaN after each repeat: the line breaks between repeats
-                xs.extend((tt, gap_mark))
-                ys.extend((y_scale.px_lo + (vv - y_scale.lo) * y_factor, gap_mark))
-            if xs:
-                body.extend(_line_path(np.concatenate(xs), np.concatenate(ys), panel.colours.get(name, PALETTE[0])))
-        body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
-                    f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(panel.unit)}</text>')
+            frame.append(f'<line x1="{x_sep:.1f}" y1="{top:.1f}" x2="{x_sep:.1f}" y2="{top + plot_h:.1f}" class="separator"/>')
+        frame.extend(f'<text x="{x:.1f}" y="{top + 12:.1f}" font-size="{FONT}" text-anchor="start" class="tick">{label}</text>'
+                     for x, label in track_labels)
+        frames.append((frame, f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
+                              f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(panel.unit)}</text>'))
+        lines.append([(cols, name, panel.colours.get(name, PALETTE[0]), y_scale.px_lo, y_scale.lo, y_factor)
+                      for name in names])
         y0 = top + plot_h + 8
+    drawn_lines = _draw_lines(lines, times, x_of, buckets)
+
+    body: list[str] = []
+    for (frame, unit_label), panel_lines in zip(frames, drawn_lines):
+        body.extend(frame)
+        for svg in panel_lines:
+            body.extend(svg)
+        body.append(unit_label)
     height = y0 + 18
     body.append(_text(width - right, height - 4, x_label, "end", "axis"))
     return _svg(width, height, title, body)
+
+
+def _finite_range(columns: list[np.ndarray]) -> tuple[float, float] | None:
+    """(min, max) over the columns' values that are not NaN; None when there is none."""
+    if not columns:
+        return None
+    values = np.concatenate(columns) if len(columns) > 1 else columns[0]
+    lo = np.fmin.reduce(values) if values.size else np.nan  # fmin, fmax: NaN only where every value is
+    return None if np.isnan(lo) else (float(lo), float(np.fmax.reduce(values)))
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _tick_label(value: float) -> str:
+    return str(escape(fmt_tick(value)))
+
+
+def _draw_lines(lines: list[list[tuple]], times: list[np.ndarray], x_of: list[np.ndarray],
+                buckets: list[int]) -> list[list[list[str]]]:
+    """The SVG of every line of every panel, in order: lines[panel] = [(columns per track, name,
+    colour, px_lo, lo, factor)], y in px being px_lo + (value - lo) * factor.
+
+    A telemetry chart has a dozen lines over the same few repeats, and most are sampled in full,
+    with no gap and no need of thinning: those are converted to text together, as the rows of one
+    array (a few numpy calls for the chart, not per line); the others one by one."""
+    full = [len(t) for t in times]
+    thinned = [n > 2 * b for n, b in zip(full, buckets)]
+    bounds = [0, *itertools.accumulate(full)]
+    out = [[[] for _ in panel] for panel in lines]
+    together = []  # (panel, line, values)
+    for i, panel in enumerate(lines):
+        for j, (cols, name, colour, px_lo, lo, factor) in enumerate(panel):
+            values = [cols[k].get(name) for k in range(len(times))]
+            if not any(thinned) and all(v is not None and len(v) == n for v, n in zip(values, full)) and bounds[-1]:
+                together.append((i, j, values))
+                continue
+            xs, ys = [], []  # per repeat: the line breaks between repeats
+            for k, t in enumerate(times):
+                v = values[k]
+                if v is None or not len(t) or len(v) != len(t):
+                    continue
+                tt, vv = thin(x_of[k], v, buckets[k])
+                xs.append(tt)
+                ys.append(vv)
+            if xs:
+                x, y = (np.concatenate(xs), np.concatenate(ys)) if len(xs) > 1 else (xs[0], ys[0])
+                out[i][j] = _line_path(x, px_lo + (y - lo) * factor, [0, *itertools.accumulate(len(v) for v in ys)],
+                                       colour)
+    if together:
+        x = np.concatenate(x_of) if len(x_of) > 1 else x_of[0]
+        y = np.empty((len(together), bounds[-1]))
+        for row, (i, j, values) in enumerate(together):
+            for k, v in enumerate(values):
+                y[row, bounds[k]:bounds[k + 1]] = v
+        _, _, _, px_lo, lo, factor = zip(*(lines[i][j] for i, j, _ in together))
+        y = np.array(px_lo)[:, None] + (y - np.array(lo)[:, None]) * np.array(factor)[:, None]
+        gaps = np.isnan(y).any(axis=1)
+        xy = np.empty((len(together), 2 * bounds[-1]), dtype=np.int64)
+        xy[:, 0::2] = np.rint(x * 10)
+        xy[:, 1::2] = np.rint(np.where(gaps[:, None], 0, y) * 10)
+        stretches = _whole(bounds)
+        for (i, j, _), row, xy_row, gap in zip(together, y, xy.tolist(), gaps.tolist()):
+            colour = lines[i][j][2]
+            out[i][j] = _line_path(x, row, bounds, colour) if gap else _path_text(xy_row, stretches, colour)
+    return out
 
 
 # ------------------------------------------------------------------ history over dates

@@ -21,6 +21,7 @@ own page (date, versions, machine) is one click from the number.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from collections import defaultdict
@@ -32,9 +33,13 @@ from ..store.record import Record
 SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,80}$")
 
 
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+@functools.lru_cache(maxsize=8192)  # the same few statuses and names, on every row of a 10,000-run table
 def slug(text: str, limit: int = 40) -> str:
     """Lower-case letters, digits and dashes only: safe in a file name and a URL, whatever `text` is."""
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit] or "x"
+    return _NOT_SLUG.sub("-", text.lower()).strip("-")[:limit] or "x"
 
 
 def _digest(*parts: object) -> str:
@@ -114,7 +119,8 @@ class RunView:
     network_page: str = ""  # the network definition's JSON file in the site
 
     def to_json(self) -> dict:
-        data = dataclasses.asdict(self)
+        # the fields are plain values and tuples of floats: no deep copy (dataclasses.asdict) needed
+        data = {name: getattr(self, name) for name in _RUN_VIEW_FIELDS}
         data["started_at"] = self.started_at.isoformat()
         return data
 
@@ -152,6 +158,9 @@ class RunView:
         if self.sps_low is None or self.sps_high is None or not self.samples_per_s:
             return None
         return 100 * (self.sps_high - self.sps_low) / 2 / self.samples_per_s
+
+
+_RUN_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(RunView))
 
 
 def throughput_interval(r: Record) -> tuple[float | None, float | None, float | None, str | None]:
