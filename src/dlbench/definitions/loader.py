@@ -40,6 +40,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 _UNION_TAGS = {
     "dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu", "sigmoid",
     "tanh", "flatten", "dropout", "embedding", "lstm", "residual", "tensor", "tokens",
+    "list", "range",  # a comm suite's sizes (multiworker.py)
 }
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from .analysis import NetworkSummary
 from .loader import DefinitionError, load_network, read_yaml, validate
@@ -92,7 +92,10 @@ class SizeRange(_Strict):
         return out
 
 
-SizeSpec = Union[Annotated[list[PositiveInt], Field(min_length=1)], SizeRange]
+# A list of sizes, or a range; told apart by their YAML shape so that an error names the one meant.
+SizeSpec = Annotated[Union[Annotated[Annotated[list[PositiveInt], Field(min_length=1)], Tag("list")],
+                           Annotated[SizeRange, Tag("range")]],
+                     Discriminator(lambda v: "range" if isinstance(v, dict) else "list")]
 
 
 class CommSizes(_Strict):

@@ -5,7 +5,10 @@ each start in a session of their own, output to a log in the job folder. Ranks a
 themselves in the job folder (`rank<R>.started`: pid and host) and leave their result there
 (`rank<R>.json`), so the watcher knows every rank whatever started it. While the job runs, every
 process seen under a launcher is remembered (psutil), because launchers put their ranks in
-sessions of their own (torchrun does) and a killed launcher would orphan them.
+sessions of their own (torchrun does) and a killed launcher would orphan them. Every process of
+the job also inherits DLBENCH_JOB=<token>, and the teardown looks for that token in the
+environment of every process of this machine's user: a process that left its session and lost its
+parent between two looks (a daemonised helper, a rank's own child) is found that way too.
 
 The job ends, and everything left is stopped (SIGTERM to every launcher's group and to every
 remembered process, then SIGKILL after a grace period), as soon as:
@@ -42,6 +45,7 @@ from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S
 PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/distributed_harness.py
 POLL_S = 0.05
 EXIT_GRACE_S = 30.0  # after the last result, for the processes to leave their process groups and exit
+JOB_VARIABLE = "DLBENCH_JOB"
 
 # Variables that would let the controller's own environment leak into a framework environment.
 _ISOLATE = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
@@ -153,9 +157,29 @@ def _signal_all(procs: list[subprocess.Popen], known: dict[int, float], sig: int
                 os.kill(pid, sig)
 
 
-def teardown(procs: list[subprocess.Popen], known: dict[int, float], grace_s: float = TERMINATE_GRACE_S) -> list[int]:
-    """Stop every launcher's process group and every process ever seen in the job; the pids still
-    alive afterwards (none, unless a process survives SIGKILL)."""
+def tagged(token: str) -> dict[int, float]:
+    """pid -> create time of this machine's processes whose environment carries DLBENCH_JOB=token."""
+    found = {}
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "create_time"]):
+        if p.info["pid"] == me:
+            continue
+        try:
+            if p.environ().get(JOB_VARIABLE) == token:
+                found[p.info["pid"]] = p.info["create_time"]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def teardown(procs: list[subprocess.Popen], known: dict[int, float], grace_s: float = TERMINATE_GRACE_S,
+             token: str | None = None) -> list[int]:
+    """Stop every launcher's process group and every process ever seen in the job (and, with a
+    token, every process carrying it); the pids still alive afterwards (none, unless a process
+    survives SIGKILL)."""
+    if token is not None:
+        for pid, created in tagged(token).items():
+            known.setdefault(pid, created)
     _signal_all(procs, known, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
@@ -164,6 +188,9 @@ def teardown(procs: list[subprocess.Popen], known: dict[int, float], grace_s: fl
         if not any(_alive(pid, c) for pid, c in known.items()) and all(p.returncode is not None for p in procs):
             break
         time.sleep(POLL_S)
+    if token is not None:  # a process may have started one more while being stopped
+        for pid, created in tagged(token).items():
+            known.setdefault(pid, created)
     _signal_all(procs, known, signal.SIGKILL)
     for p in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -184,7 +211,9 @@ def _describe_exit(code: int) -> str:
 def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: int, timeout_s: float,
             cwd: Path, poll_s: float = POLL_S, exit_grace_s: float = EXIT_GRACE_S) -> JobOutcome:
     """`command_for(spec) -> argv`: the local command for a spec (Placement.command_on)."""
+    token = f"{job_dir.name}-{os.getpid()}"
     base_env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
+    base_env[JOB_VARIABLE] = token
     procs: list[subprocess.Popen] = []
     logs = [job_dir / f"launcher{i}.log" for i in range(len(specs))]
     started = time.perf_counter()
@@ -195,7 +224,8 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
             with open(log, "wb") as out:
                 try:
                     procs.append(subprocess.Popen(command_for(spec), stdin=subprocess.DEVNULL, stdout=out,
-                                                  stderr=subprocess.STDOUT, env={**base_env, **spec.env},
+                                                  stderr=subprocess.STDOUT, env={**base_env, **spec.env,
+                                                                                 JOB_VARIABLE: token},
                                                   cwd=cwd, start_new_session=True))
                 except OSError as e:
                     status, reason = "failed", f"could not start {spec.label}: {e}"
@@ -234,10 +264,10 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
         watch.remember_tree()
     except BaseException:  # Ctrl-C, an error here: nothing of the job may outlive the controller
         watch.remember_tree()
-        teardown(procs, watch.known)
+        teardown(procs, watch.known, token=token)
         raise
     codes = [p.poll() for p in procs]
-    left = teardown(procs, watch.known)
+    left = teardown(procs, watch.known, token=token)
     wall = time.perf_counter() - started
     watch.look()
     results = dict(watch.results)
@@ -247,7 +277,7 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
         reason = (f"job exceeded its timeout of {timeout_s:g} s and was stopped; "
                   f"rank(s) {waiting} had not finished" if waiting else
                   f"job exceeded its timeout of {timeout_s:g} s and was stopped")
-        tail = _job_tail(job_dir, waiting[0] if waiting else None, logs)
+        tail = _job_tail(job_dir, waiting[0] if waiting else None, logs, _ranks_summary(watch))
     elif status == "failed" and reason is None:
         failures = watch.failures()
         if failures:
@@ -263,7 +293,7 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
             last = _last_line(_tail(logs[i])) if i < len(logs) else ""
             label = specs[i].label if i < len(specs) else "launcher"
             reason = f"{label} {_describe_exit(code) if code is not None else 'failed'}" + (f": {last}" if last else "")
-        tail = _job_tail(job_dir, failed_rank, logs)
+        tail = _job_tail(job_dir, failed_rank, logs, _ranks_summary(watch))
     elif status == "ok":
         statuses = {res.get("status") for res in results.values()}
         if statuses == {"skipped"}:
@@ -276,9 +306,25 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
     return JobOutcome(status, reason, results, failed_rank, tail, wall, left)
 
 
-def _job_tail(job_dir: Path, rank: int | None, logs: list[Path]) -> str:
-    """The failing rank's log, then the launchers', within the record's tail budget."""
-    parts = []
+def _ranks_summary(watch: "_Watch") -> str:
+    """One line per rank: how it ended, as far as the watcher knows."""
+    lines = []
+    for rank in range(watch.world):
+        res, info = watch.results.get(rank), watch.started.get(rank)
+        where = f" on {info.get('host')} (pid {info.get('pid')})" if info else ""
+        if res is not None:
+            state = str(res.get("status")) + (f": {res.get('reason')}" if res.get("reason") else "")
+        elif rank in watch.deaths:
+            state = "died without a result"
+        else:
+            state = "no result (stopped with the job)" if info else "never started"
+        lines.append(f"rank {rank}{where}: {state}")
+    return "\n".join(lines)
+
+
+def _job_tail(job_dir: Path, rank: int | None, logs: list[Path], ranks: str = "") -> str:
+    """Each rank's ending, the failing rank's log, then the launchers', within the record's tail budget."""
+    parts = [("ranks", ranks[:STDERR_TAIL_CHARS // 4])] if ranks else []
     if rank is not None:
         parts.append((f"rank{rank}.log", _tail(job_dir / f"rank{rank}.log", STDERR_TAIL_CHARS // 2)))
     share = STDERR_TAIL_CHARS // (2 * max(1, len(logs)))

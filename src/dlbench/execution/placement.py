@@ -149,7 +149,8 @@ def slurm_placement(workers: int, environ: Mapping[str, str], run=subprocess.run
     if not nodelist:
         raise PlacementError("inside a Slurm job but SLURM_JOB_NODELIST is not set")
     try:
-        out = run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
+        scontrol = shutil.which("scontrol", path=environ.get("PATH")) or "scontrol"
+        out = run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PlacementError(f"cannot expand SLURM_JOB_NODELIST {nodelist!r} with scontrol: {e}") from None
     if out.returncode != 0:
