@@ -23,6 +23,12 @@ and Prepared provides:
     step() -> None                      one iteration (may return before the device finishes)
     synchronize() -> None               block until the device has finished all queued work
     settings: dict                      what the runner chose (layout, fused kernels, ...)
+For the `kernels` action (the kernels suite) the runner object also provides
+    prepare_kernel(spec, device) -> Kernel   one kernel (src/dlbench/performance/kernels.py) on its
+                                        operands: step() runs it once, synchronize() waits for it,
+                                        `includes_forward` says that step() also runs the matching
+                                        forward kernel (a framework that offers no backward alone),
+                                        `settings` how it is done
 """
 
 from __future__ import annotations
@@ -97,6 +103,60 @@ def measure(prepared, warmup: dict, measure: dict,
     }
 
 
+def _time_kernel(kernel, policy: dict, clock: Callable[[], int]) -> dict:
+    """One kernel: a first call timed apart, `warmup_iters` more, then at least `min_iters` calls and
+    `min_time_s` seconds of them (at most `max_iters`), each between two synchronisations."""
+    def timed() -> float:
+        t0 = clock()
+        kernel.step()
+        kernel.synchronize()
+        return (clock() - t0) / 1e9
+
+    kernel.synchronize()
+    first = timed()
+    for _ in range(policy["warmup_iters"]):
+        timed()
+    times: list[float] = []
+    started = clock()
+    while len(times) < policy["max_iters"]:
+        times.append(timed())
+        if len(times) >= policy["min_iters"] and (clock() - started) / 1e9 >= policy["min_time_s"]:
+            break
+    return {"first_s": first, "times_s": times, "median_s": statistics.median(times)}
+
+
+def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_counter_ns) -> list[dict]:
+    """Every kernel of the request, each on its own: one that the framework cannot run in a reduced
+    precision is `skipped` with the framework's reason, any other error `failed`; the rest go on.
+    A backward kernel that can only be timed together with its forward is timed both ways and its
+    time is the difference of the medians (said in its settings)."""
+    out = []
+    for spec in request["kernels"]:
+        entry: dict = {"spec": spec}
+        try:
+            kernel = runner.prepare_kernel(spec, request["device"])
+            entry.update(_time_kernel(kernel, request["kernel_policy"], clock))
+            entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
+            if getattr(kernel, "includes_forward", False):
+                forward = dict(spec, kind=spec["kind"].replace("_bwd", "_fwd"))
+                forward["shape"] = {k: v for k, v in spec["shape"].items() if k != "input_grad"}
+                fwd = _time_kernel(runner.prepare_kernel(forward, request["device"]), request["kernel_policy"], clock)
+                entry.update(with_forward_median_s=entry["median_s"], forward_median_s=fwd["median_s"],
+                             median_s=max(entry["median_s"] - fwd["median_s"], 0.0))
+                entry["settings"]["backward_time"] = "forward+backward minus forward (medians)"
+            entry["status"] = "ok"
+        except Skip as e:
+            entry.update(status="skipped", reason=str(e))
+        except Exception as e:  # noqa: BLE001 - one kernel's failure must not end the others
+            reduced = spec.get("dtype", "float32") != "float32"
+            entry.update(status="skipped" if reduced else "failed",
+                         reason=(f"not available in {spec['dtype']}: " if reduced else "") + _classify(e))
+            if not reduced:
+                entry["traceback"] = traceback.format_exc()
+        out.append(entry)
+    return out
+
+
 def check(prepared, request: dict) -> dict:
     """One equivalence probe: export, load the shared weights, forward, one training step, export.
 
@@ -147,6 +207,10 @@ def run_request(runner, request: dict) -> dict:
         why_not = runner.device_available(device)
         if why_not:
             raise Skip(why_not)
+        if request["action"] == "kernels":
+            result["kernels"] = measure_kernels(runner, request)
+            result["status"] = "ok"
+            return result
         prepared = runner.prepare(request)
         result.update(params=prepared.params, output_shape=list(prepared.output_shape),
                       settings=prepared.settings)

@@ -518,6 +518,12 @@ class JaxRunner:
             return f"device {device!r} is not supported by the jax runner"
         return None
 
+    def prepare_kernel(self, spec: dict, device: str):
+        from jax_kernels import prepare_kernel  # the kernels suite (runners/jax/jax_kernels.py)
+
+        self._init_jax(device)
+        return prepare_kernel(spec, device)
+
     def _device(self, device: str):
         jax = _jax()
         return jax.devices("gpu")[0] if device == "cuda" else jax.devices("cpu")[0]

@@ -416,6 +416,11 @@ class MXNetRunner:
             return f"device {device!r} not supported by the mxnet runner"
         return None
 
+    def prepare_kernel(self, spec: dict, device: str):
+        from mxnet_kernels import prepare_kernel  # the kernels suite (runners/mxnet/mxnet_kernels.py)
+
+        return prepare_kernel(spec, device)
+
     def prepare(self, request: dict) -> Prepared:
         mx = _mxnet()
         import numpy as np

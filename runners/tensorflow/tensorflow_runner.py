@@ -535,6 +535,11 @@ class TensorFlowRunner:
                 pass
         return None
 
+    def prepare_kernel(self, spec: dict, device: str):
+        from tensorflow_kernels import prepare_kernel  # the kernels suite (runners/tensorflow/tensorflow_kernels.py)
+
+        return prepare_kernel(spec, device)
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 

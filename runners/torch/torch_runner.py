@@ -259,6 +259,11 @@ class TorchRunner:
             return "CUDA requested but this torch build or host has no usable GPU"
         return None
 
+    def prepare_kernel(self, spec: dict, device: str):
+        from torch_kernels import prepare_kernel  # the kernels suite (runners/torch/torch_kernels.py)
+
+        return prepare_kernel(spec, device)
+
     def prepare(self, request: dict) -> Prepared:
         torch = _torch()
         network = request["network"]

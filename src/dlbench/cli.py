@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -240,6 +241,14 @@ def run(
         kind = _catalog().suite_kind(suite_path) if suite_path is not None else "benchmark"
     except DefinitionError as e:
         raise fail(str(e)) from None
+    if kind == "kernels":
+        from .performance_cli import run_kernel_suite
+
+        run_kernel_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
+                         device=_resolve_device(device), env=env, threads=threads, repeats=repeats,
+                         max_repeats=max_repeats, target_ci=target_ci, store=_store(store), timeout=timeout,
+                         workers=workers, scaling=scaling, hosts=hosts)
+        return
     if kind != "benchmark":
         from .multiworker_cli import run_multi_worker
 
@@ -280,8 +289,13 @@ def run(
                          max_repeats=max_repeats, target_ci_pct=target_ci)
     runs = plan(runners, selected)
     st = _store(store)
+    from .performance.runtime import run_predictor
+
+    predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads)
+    options = dataclasses.replace(options, predictor=predictor)
     err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
-              f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}", highlight=False)
+              f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}; "
+              f"predictions: {predicted_from if predictor else 'none, ' + predicted_from}", highlight=False)
     records = []
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -610,6 +624,100 @@ def check(
     out.print(table)
     if bad:
         raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)
+
+
+@app.command()
+def kernels(
+    store: StoreOpt = None,
+    framework: Annotated[Optional[list[str]], typer.Option(help="Only these frameworks; repeatable.")] = None,
+    benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these kernel benchmarks; repeatable.")] = None,
+    format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+) -> None:
+    """The kernel suite's results in the store: the latest run of each framework and kernel benchmark."""
+    from .performance_cli import show_kernels
+
+    _check_choice("format", format, ["table", "json"])
+    show_kernels(_store(store), framework, benchmark, format)
+
+
+@app.command()
+def calibrate(
+    framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
+    workers: Annotated[Optional[int], typer.Option(min=2, help=(
+        "Fit the all-reduce of only this many workers from the comm suite's records (default: every "
+        "worker count found).")) ] = None,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    env: Annotated[str, typer.Option(help="venv | current")] = "venv",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Threads per worker (default: all available cores).")] = None,
+    timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 900.0,
+    store: StoreOpt = None,
+) -> None:
+    """Measure this machine's ceilings, gather its kernel times and all-reduce fits: a new machine profile."""
+    from .performance_cli import calibrate as run_calibration
+
+    _check_choice("device", device, ["auto", "cpu", "cuda"])
+    _check_choice("environment backend", env, list(BACKENDS))
+    registry = _registry()
+    run_calibration(names=_framework_names(registry, framework), registry=registry, device=_resolve_device(device),
+                    env=env, threads=threads, timeout=timeout, store=_store(store), workers=workers)
+
+
+@app.command()
+def predict(
+    network: Annotated[Optional[str], typer.Option(help="A network of suites/networks, or a path to its .yaml.")] = None,
+    framework: Annotated[Optional[str], typer.Option(help="Whose measured kernel times to use.")] = None,
+    batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size (per worker).")] = None,
+    mode: Annotated[str, typer.Option(help="train | infer")] = "train",
+    workers: Annotated[int, typer.Option(min=1, help="Synchronous data-parallel workers.")] = 1,
+    machine: Annotated[Optional[str], typer.Option(help=(
+        "Machine profile: a file, or a machine id or hostname with @REVISION for an older one "
+        "(default: this machine's latest).")) ] = None,
+    schedule: Annotated[Optional[str], typer.Option(help=(
+        "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine: "
+        "torch mgwfbp, mxnet wfbp, tensorflow and jax none).")) ] = None,
+    precision: Annotated[str, typer.Option(help="float32 | amp_fp16 | amp_bf16")] = "float32",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
+    io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(
+        "Read the data at this many GB/s (default: synthetic data already in memory).")) ] = None,
+    accuracy: Annotated[bool, typer.Option("--accuracy", help=(
+        "Instead: the prediction error of the runs in the store, per suite and framework.")) ] = False,
+    recompute: Annotated[bool, typer.Option("--recompute", help=(
+        "With --accuracy: predict every run again from the profile (--machine) instead of using the "
+        "prediction its record kept.")) ] = False,
+    suite: Annotated[Optional[list[str]], typer.Option(help="With --accuracy: only these suites; repeatable.")] = None,
+    runs: Annotated[bool, typer.Option("--runs", help="With --accuracy: list every run too.")] = False,
+    layers: Annotated[bool, typer.Option("--layers", help="The time of every layer too.")] = False,
+    format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
+    store: StoreOpt = None,
+) -> None:
+    """Predict an iteration's time per phase from a machine profile (--accuracy: score stored predictions)."""
+    from .performance.communication import SCHEDULES
+    from .performance_cli import accuracy as prediction_accuracy, predict_command
+
+    _check_choice("format", format, ["table", "json"])
+    if accuracy:
+        given = [o for o, v in (("--network", network), ("--batch", batch), ("--schedule", schedule),
+                                ("--io-bandwidth", io_bandwidth)) if v is not None]
+        if given or workers != 1:
+            raise fail(f"--accuracy scores the runs in the store; {', '.join(given) or '--workers'} is for one prediction")
+        prediction_accuracy(store=_store(store), suites=suite, frameworks=[framework] if framework else None,
+                            recompute=recompute, machine=machine, fmt=format, runs=runs)
+        return
+    if recompute or suite or runs:
+        raise fail("--recompute, --suite and --runs go with --accuracy")
+    missing = [o for o, v in (("--network", network), ("--framework", framework), ("--batch", batch)) if v is None]
+    if missing:
+        raise fail(f"predict needs {', '.join(missing)} (or --accuracy)")
+    _check_choice("framework", framework, _registry().names())
+    _check_choice("mode", mode, ["train", "infer"])
+    _check_choice("precision", precision, ["float32", "amp_fp16", "amp_bf16"])
+    if schedule is not None:
+        _check_choice("schedule", schedule, list(SCHEDULES))
+    if workers > 1 and mode != "train":
+        raise fail("--workers above 1 needs --mode train: only training exchanges gradients")
+    predict_command(network=network, framework=framework, batch=batch, mode=mode, workers=workers, machine=machine,
+                    schedule=schedule, precision=precision, threads=threads, io_bandwidth=io_bandwidth,
+                    store=_store(store), fmt=format, layers=layers)
 
 
 @app.command()

@@ -91,14 +91,20 @@ def run_multi_worker(suite_path: Path, kind: str, names: list[str], registry, *,
                 raise fail(f"{suite_path}: benchmarks: {b.network.name}: {e}") from None
     runners = [_runner(registry, n) for n in names]
     remote = any(not h.local for h in placement.hosts)
+    from .machine import fingerprint
+    from .performance.runtime import run_predictor
+
+    predictor, predicted_from = run_predictor(store, fingerprint()["machine_id"], device, per_worker_threads)
     options = MultiWorkerOptions(device=device, env_backend=env, placement=placement, threads=per_worker_threads,
                                  scaling=mode_of_scaling, timeout_s=timeout, cache=paths.cache_dir(),
-                                 job_root=(store.root / ".jobs") if remote else None, repeats=repeats)
+                                 job_root=(store.root / ".jobs") if remote else None, repeats=repeats,
+                                 predictor=predictor if kind == "distributed" else None)
     total = sum(planned_runs(chosen, comm, placement.workers) for _ in runners)
     where = ", ".join(f"{h.address} x{h.slots}" for h in placement.hosts)
     err.print(f"dlbench: suite {suite.name} ({kind}), {total} runs on {device} ({', '.join(names)}), "
               f"{placement.workers} workers ({placement.variant}: {where}), {per_worker_threads} threads per worker"
-              + (f", {mode_of_scaling} scaling" if kind == "distributed" else "") + f", store {store.root}",
+              + (f", {mode_of_scaling} scaling" if kind == "distributed" else "") + f", store {store.root}"
+              + (f"; predictions: {predicted_from}" if kind == "distributed" else ""),
               highlight=False)
     records = []
     try:

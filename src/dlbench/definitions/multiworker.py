@@ -213,11 +213,12 @@ def load_comm(path: Path, data: dict, profile: str) -> MultiWorkerSuite:
 
 
 def suite_kind(path: Path, data: Any) -> str:
-    """`benchmark` (the single-process suites, which carry no kind), `distributed` or `comm`."""
+    """`benchmark` (the single-process suites, which carry no kind), `distributed`, `comm` or
+    `kernels` (performance/kernel_suite.py)."""
     if not isinstance(data, dict) or "kind" not in data:
         return "benchmark"
     kind = data["kind"]
-    if kind not in ("distributed", "comm"):
-        raise DefinitionError(path, "kind", f"unknown kind {kind!r}; expected distributed or comm "
+    if kind not in ("distributed", "comm", "kernels"):
+        raise DefinitionError(path, "kind", f"unknown kind {kind!r}; expected distributed, comm or kernels "
                                             "(or none, for a suite of single-process benchmarks)")
     return kind

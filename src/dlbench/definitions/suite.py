@@ -127,7 +127,11 @@ class SuiteCatalog:
 
     def multi_worker_suite_names(self) -> list[str]:
         """Suites of `kind: distributed` or `kind: comm`: run with --workers."""
-        return [name for name, kind in self._kinds() if kind != "benchmark"]
+        return [name for name, kind in self._kinds() if kind in ("distributed", "comm")]
+
+    def kernel_suite_names(self) -> list[str]:
+        """Suites of `kind: kernels` (performance/kernel_suite.py): kernels timed per framework."""
+        return [name for name, kind in self._kinds() if kind == "kernels"]
 
     def _kinds(self) -> list[tuple[str, str]]:
         from .multiworker import suite_kind
@@ -143,7 +147,7 @@ class SuiteCatalog:
         return out
 
     def suite_kind(self, path: Path) -> str:
-        """`benchmark`, `distributed` or `comm` (DefinitionError for a file that cannot be read)."""
+        """`benchmark`, `distributed`, `comm` or `kernels` (DefinitionError for a file that cannot be read)."""
         from .multiworker import suite_kind
 
         return suite_kind(path, read_yaml(path))
@@ -162,7 +166,7 @@ class SuiteCatalog:
 
     def suite_path(self, name_or_path: str) -> Path | None:
         """A suite by name, or a user's suite file by path; None when neither exists."""
-        if name_or_path in self.suite_names() + self.multi_worker_suite_names():
+        if name_or_path in self.suite_names() + self.multi_worker_suite_names() + self.kernel_suite_names():
             return self.root / f"{name_or_path}.yaml"
         p = Path(name_or_path)
         return p if p.suffix in (".yaml", ".yml") and p.is_file() else None

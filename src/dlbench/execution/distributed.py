@@ -23,15 +23,15 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..definitions.multiworker import CommBenchmark, DistributedBenchmark
 from ..equivalence import CheckStore
 from ..machine import dlbench_provenance, fingerprint
 from ..multiworker_metrics import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..statistics import summarise
-from ..store.record import (CommInfo, CommSize, DistributedInfo, NetworkInfo, Record, Repeat, RepeatPolicy, Scaling,
-                            Settings, Workload, new_run_id)
+from ..store.record import (CommInfo, CommSize, DistributedInfo, NetworkInfo, Prediction, Record, Repeat, RepeatPolicy,
+                            Scaling, Settings, Workload, new_run_id)
 from ..store.store import Store
 from .environments import Environment, EnvironmentBuildError, backend
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
@@ -55,6 +55,8 @@ class MultiWorkerOptions:
     job_root: Path | None = None  # where job folders go: None = the system's temp (every rank on this machine)
     repeats: int | None = None  # None: the suite's
     seed: int = 0
+    # the performance model's prediction of a training run, kept in its record (performance/runtime.py)
+    predictor: Callable[..., dict | None] | None = None
 
 
 class MultiWorkerEvents(Protocol):
@@ -168,6 +170,8 @@ class MultiWorkerOrchestrator:
         label = f"{runner.name} {b.name} x{n} b={global_batch}"
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
+        prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
+                                 framework=runner.name, workers=n) if o.predictor else None
         self.events.run_started(label, repeats_asked)
         env, status, reason, env_info = self._common(runner)
         repeats: list[Repeat] = []
@@ -202,6 +206,7 @@ class MultiWorkerOrchestrator:
             momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
+        record.prediction = Prediction.model_validate(prediction) if prediction else None
         record.equivalence = CheckStore(self.store.root).status(
             b.network.name, b.network.definition_hash, runner.name, record.framework.get("version"))
         self.store.write(record)

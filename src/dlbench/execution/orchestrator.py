@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ..definitions.suite import Benchmark
 from ..equivalence import CheckStore
@@ -44,6 +44,9 @@ class RunOptions:
     nvml_module: str = "pynvml"  # the NVML binding the sampler imports (tests substitute a fake)
     max_repeats: int | None = None  # adaptive repeats: the cap (None: fixed repeats)
     target_ci_pct: float | None = None  # adaptive repeats: stop when the CI half-width is this % of the median
+    # the performance model's prediction of a run (a dict of store.record.Prediction), made before
+    # it runs and kept in its record (performance/runtime.py: RunPredictor); None: nothing predicted
+    predictor: Callable[..., dict | None] | None = None
 
     def __post_init__(self):
         if (self.max_repeats is None) != (self.target_ci_pct is None):
@@ -168,6 +171,8 @@ class Orchestrator:
         b = run.benchmark
         min_repeats, max_repeats = opts.repeat_bounds(b)
         started = datetime.now(timezone.utc)
+        prediction = opts.predictor(network=b.network.resolved, batch=run.batch_size, mode=b.mode,
+                                    precision=b.precision, framework=run.runner.name) if opts.predictor else None
         self.events.run_started(run, max_repeats)
         env = self.environment(run.runner)
         repeats: list[Repeat] = []
@@ -237,6 +242,7 @@ class Orchestrator:
                 kind="adaptive" if opts.adaptive else "fixed", min_repeats=min_repeats, max_repeats=max_repeats,
                 target_ci_pct=opts.target_ci_pct, stopped=stopped,
                 achieved_ci_pct=summary.ci.half_width_pct if summary and summary.ci else None),
+            prediction=prediction,
         )
         record.telemetry = self._telemetry_summary(repeats, run.batch_size)
         record.equivalence = CheckStore(self.store.root).status(

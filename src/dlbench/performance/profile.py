@@ -189,6 +189,19 @@ class ProfileStore:
         revs = self.revisions(machine_id)
         return read_profile(self.path(machine_id, revs[-1])) if revs else None
 
+    def latest_matching(self, machine_id: str, device: str, threads: int | None) -> MachineProfile | None:
+        """The newest profile measured on `device` with `threads` threads per worker, else the newest
+        on `device` (its predictions then say the thread counts differ), else None."""
+        newest_on_device = None
+        for revision in reversed(self.revisions(machine_id)):
+            profile = read_profile(self.path(machine_id, revision))
+            if profile.device != device:
+                continue
+            if threads is None or profile.threads == threads:
+                return profile
+            newest_on_device = newest_on_device or profile
+        return newest_on_device
+
     def resolve(self, spec: str | None, machine_id: str) -> MachineProfile:
         """`--machine`: None (this machine's latest profile), a profile file's path, or a machine id
         (a unique prefix will do) or hostname, with `@REVISION` for an older revision."""

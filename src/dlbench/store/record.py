@@ -29,7 +29,9 @@ records step by step and refuse newer ones):
     size: median time, algorithm and bus bandwidth, the check of the result), each repeat's
     per-rank timings (`Repeat.ranks`), and the workload mode `collective` (a comm record's
     "network" is the collective: name, sizes, dtype; batch 1, one message per iteration).
-    Older records read with none of these (update_to_5).
+    Older records read with none of these (update_to_5). Also `prediction`: the performance
+    model's iteration time for the run, made from the machine profile before it ran (performance/;
+    absent when there was no profile).
 """
 
 from __future__ import annotations
@@ -212,6 +214,22 @@ class CommInfo(_Model):
     sizes: list[CommSize]
 
 
+class Prediction(_Model):
+    """What the performance model (src/dlbench/performance/model.py) predicted for this run before
+    it ran, from a machine profile: the iteration time and its phases, in seconds."""
+
+    model_version: int
+    profile: str  # the machine profile: "<machine id prefix>@<revision>"
+    workers: int = 1
+    schedule: str | None = None  # gradient communication schedule (none | wfbp | mgwfbp), N workers
+    iteration_s: float | None = None
+    phases: dict[str, float] = {}  # io, forward, backward, update, communication, communication_exposed
+    measured_share: float | None = None  # of the predicted time, the part from measured kernel times
+    unmeasured_kernels: int = 0  # kernels of this network the profile has no time for (roofline)
+    notes: list[str] = []
+    error: str | None = None  # why the profile could not predict this run
+
+
 class Record(_Model):
     schema_version: int = SCHEMA_VERSION
     run_id: str
@@ -237,3 +255,4 @@ class Record(_Model):
     repeat_policy: RepeatPolicy | None = None  # None in records before schema 4
     distributed: DistributedInfo | None = None  # multi-worker runs (schema 5)
     comm: CommInfo | None = None  # collective runs (schema 5)
+    prediction: Prediction | None = None  # the performance model's, made before the run (schema 5)

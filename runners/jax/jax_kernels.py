@@ -1,0 +1,91 @@
+"""JAX kernels of the `kernels` suite (kinds and counts: src/dlbench/performance/kernels.py).
+
+Every kernel is one `jax.jit` executable on device arrays, as the jax runner's step is, and a call
+is waited for with `block_until_ready`. Convolutions are channels-last (NHWC activations, HWIO
+weights: the runner's layout). A backward kernel is the pullback of `jax.vjp` (a pytree, so it is
+passed to the jitted function as an argument): it holds the forward's residuals already, so a call
+computes the gradients only, as the backward of a training step does. The LSTM step is the
+runner's cell (gates i, f, g, o from x W_x + h W_h + b; one bias).
+"""
+
+from __future__ import annotations
+
+
+class Kernel:
+    includes_forward = False
+
+    def __init__(self, fn, args, settings=None):
+        self._fn, self._args = fn, args
+        self._out = None
+        self.settings = settings or {}
+
+    def step(self):
+        self._out = self._fn(*self._args)
+
+    def synchronize(self):
+        if self._out is not None:
+            import jax
+
+            jax.block_until_ready(self._out)
+
+
+def _lstm_cell(x, h, c, w_x, w_h, b):
+    import jax
+    import jax.numpy as jnp
+
+    gates = x @ w_x + h @ w_h + b
+    i, f, g, o = jnp.split(gates, 4, axis=-1)
+    c1 = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    return jax.nn.sigmoid(o) * jnp.tanh(c1), c1
+
+
+def prepare_kernel(spec: dict, device_name: str) -> Kernel:
+    import jax
+    import jax.numpy as jnp
+
+    kind, shape = spec["kind"], spec["shape"]
+    dtype = getattr(jnp, spec["dtype"])
+    device = jax.devices("gpu")[0] if device_name == "cuda" else jax.devices("cpu")[0]
+    keys = iter(jax.random.split(jax.random.PRNGKey(0), 16))
+
+    def rand(*dims):
+        return jax.device_put(jax.random.normal(next(keys), dims, dtype=dtype), device)
+
+    def ready(kernel: Kernel) -> Kernel:
+        kernel.step()  # compile now, outside the timed calls (the harness times the first call too)
+        kernel.synchronize()
+        return kernel
+
+    if kind == "matmul":
+        return ready(Kernel(jax.jit(jnp.matmul), (rand(shape["m"], shape["k"]), rand(shape["k"], shape["n"]))))
+    if kind == "transpose":
+        return ready(Kernel(jax.jit(jnp.transpose), (rand(shape["rows"], shape["cols"]),)))
+    if kind == "copy":
+        return ready(Kernel(jax.jit(jnp.copy), (rand(shape["elements"]),)))
+    if kind.startswith("conv2d"):
+        x = rand(shape["batch"], shape["height"], shape["width"], shape["channels"])
+        w = rand(shape["kh"], shape["kw"], shape["channels"], shape["filters"])
+        stride = (shape["sh"], shape["sw"])
+        padding = ((shape["ph"], shape["ph"]), (shape["pw"], shape["pw"]))
+
+        def conv(x, w):
+            return jax.lax.conv_general_dilated(x, w, stride, padding, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+        settings = {"layout": "NHWC/HWIO"}
+        if kind == "conv2d_fwd":
+            return ready(Kernel(jax.jit(conv), (x, w), settings))
+        if shape["input_grad"]:
+            y, pullback = jax.vjp(conv, x, w)
+        else:
+            y, pullback = jax.vjp(lambda w: conv(x, w), w)
+        dy = jax.device_put(jnp.ones_like(y), device)
+        return ready(Kernel(jax.jit(lambda pb, dy: pb(dy)), (pullback, dy), {**settings, "backward": "jax.vjp pullback"}))
+    if kind.startswith("lstm_step"):
+        b, i, h = shape["batch"], shape["input"], shape["hidden"]
+        args = (rand(b, i), rand(b, h), rand(b, h), rand(i, 4 * h), rand(h, 4 * h), rand(4 * h))
+        if kind == "lstm_step_fwd":
+            return ready(Kernel(jax.jit(_lstm_cell), args))
+        (h1, c1), pullback = jax.vjp(_lstm_cell, *args)
+        grads = (jnp.ones_like(h1), jnp.ones_like(c1))
+        return ready(Kernel(jax.jit(lambda pb, g: pb(g)), (pullback, grads), {"backward": "jax.vjp pullback"}))
+    raise ValueError(f"jax runner: unknown kernel kind {kind!r}")

@@ -1,0 +1,83 @@
+"""MXNet kernels of the `kernels` suite (kinds and counts: src/dlbench/performance/kernels.py).
+
+NDArray operators on the runner's layout (NCHW; oneDNN kernels on CPU, cuDNN on GPU), waited for
+with `mx.nd.waitall()`: `dot`, `transpose` (materialised), `copyto` into an existing array,
+`Convolution`, and one step of Gluon's LSTMCell (hybridised). MXNet offers no convolution or cell
+backward on its own: a backward kernel is one autograd forward and backward, and the harness also
+times the forward and takes the difference. Reduced precisions are cast with `amp_cast` (how MXNet's
+AMP makes bfloat16 tensors for oneDNN).
+"""
+
+from __future__ import annotations
+
+
+class Kernel:
+    def __init__(self, step, includes_forward=False, settings=None):
+        import mxnet as mx
+
+        self.step = step
+        self.synchronize = mx.nd.waitall
+        self.includes_forward = includes_forward
+        self.settings = settings or {}
+
+
+def prepare_kernel(spec: dict, device_name: str) -> Kernel:
+    import mxnet as mx
+
+    kind, shape, dtype = spec["kind"], spec["shape"], spec["dtype"]
+    ctx = mx.gpu(0) if device_name == "cuda" else mx.cpu()
+    mx.random.seed(0)
+
+    def rand(*dims):
+        x = mx.nd.random.normal(shape=dims, ctx=ctx)
+        return x if dtype == "float32" else mx.nd.amp_cast(x, dtype=dtype)
+
+    if kind == "matmul":
+        a, b = rand(shape["m"], shape["k"]), rand(shape["k"], shape["n"])
+        return Kernel(lambda: mx.nd.dot(a, b))
+    if kind == "transpose":
+        a = rand(shape["rows"], shape["cols"])
+        return Kernel(lambda: mx.nd.transpose(a))
+    if kind == "copy":
+        src, dst = rand(shape["elements"]), rand(shape["elements"])
+        return Kernel(lambda: src.copyto(dst))
+    if kind.startswith("conv2d"):
+        x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
+        w = rand(shape["filters"], shape["channels"], shape["kh"], shape["kw"])
+        options = dict(no_bias=True, kernel=(shape["kh"], shape["kw"]), stride=(shape["sh"], shape["sw"]),
+                       pad=(shape["ph"], shape["pw"]), num_filter=shape["filters"], layout="NCHW")
+        if kind == "conv2d_fwd":
+            return Kernel(lambda: mx.nd.Convolution(data=x, weight=w, **options), settings={"layout": "NCHW"})
+        if shape["input_grad"]:
+            x.attach_grad()
+        w.attach_grad()
+        dy = mx.nd.ones_like(mx.nd.Convolution(data=x, weight=w, **options))
+
+        def forward_backward():
+            with mx.autograd.record():
+                y = mx.nd.Convolution(data=x, weight=w, **options)
+            y.backward(dy)
+
+        return Kernel(forward_backward, includes_forward=True, settings={"layout": "NCHW"})
+    if kind.startswith("lstm_step"):
+        b, i, h = shape["batch"], shape["input"], shape["hidden"]
+        cell = mx.gluon.rnn.LSTMCell(h, input_size=i)
+        cell.initialize(ctx=ctx)
+        if dtype != "float32":
+            cell.cast(dtype)
+        cell.hybridize(static_alloc=True, static_shape=True)
+        x, hx, cx = rand(b, i), rand(b, h), rand(b, h)
+        settings = {"cell": "gluon.rnn.LSTMCell, hybridised"}
+        if kind == "lstm_step_fwd":
+            return Kernel(lambda: cell(x, [hx, cx]), settings=settings)
+        for a in (x, hx, cx):
+            a.attach_grad()
+        dh, dc = mx.nd.ones_like(hx), mx.nd.ones_like(cx)
+
+        def forward_backward():
+            with mx.autograd.record():
+                out, (h1, c1) = cell(x, [hx, cx])
+            mx.autograd.backward([out, c1], [dh, dc])
+
+        return Kernel(forward_backward, includes_forward=True, settings=settings)
+    raise ValueError(f"mxnet runner: unknown kernel kind {kind!r}")

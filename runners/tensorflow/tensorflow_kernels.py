@@ -1,0 +1,100 @@
+"""TensorFlow kernels of the `kernels` suite (kinds and counts: src/dlbench/performance/kernels.py).
+
+Every kernel is a `tf.function` (a graph, as the runner's step is) on device tensors, followed by
+the runner's synchronisation (`sync_devices`). Convolutions are NHWC (the runner's layout) with
+explicit padding; their backward is TensorFlow's own pair of kernels, `Conv2DBackpropFilter` and
+(when the input gradient is wanted) `Conv2DBackpropInput`. The copy is `DeepCopy` (an identity
+would alias its input). The LSTM step is Keras' LSTMCell (the runner's layer is made of it on CPU);
+its backward runs in one GradientTape with its forward, so the harness times the forward too and
+takes the difference.
+"""
+
+from __future__ import annotations
+
+
+class Kernel:
+    def __init__(self, fn, args, device, includes_forward=False, settings=None):
+        import tensorflow as tf
+
+        self._fn, self._args, self._device = fn, args, device
+        self._sync = tf.test.experimental.sync_devices
+        self.includes_forward = includes_forward
+        self.settings = settings or {}
+
+    def step(self):
+        import tensorflow as tf
+
+        with tf.device(self._device):
+            self._out = self._fn(*self._args)
+
+    def synchronize(self):
+        self._sync()
+
+
+def prepare_kernel(spec: dict, device_name: str) -> Kernel:
+    import tensorflow as tf
+
+    kind, shape = spec["kind"], spec["shape"]
+    dtype = getattr(tf, spec["dtype"])
+    device = "/GPU:0" if device_name == "cuda" else "/CPU:0"
+    tf.random.set_seed(0)
+
+    def rand(*dims):
+        with tf.device(device):
+            return tf.identity(tf.cast(tf.random.normal(dims), dtype))
+
+    def make(fn, args, **kw) -> Kernel:
+        kernel = Kernel(tf.function(fn), args, device, **kw)
+        kernel.step()  # trace and build the graph outside the timed calls
+        kernel.synchronize()
+        return kernel
+
+    if kind == "matmul":
+        return make(tf.linalg.matmul, (rand(shape["m"], shape["k"]), rand(shape["k"], shape["n"])))
+    if kind == "transpose":
+        return make(tf.transpose, (rand(shape["rows"], shape["cols"]),))
+    if kind == "copy":
+        return make(lambda x: tf.raw_ops.DeepCopy(x=x), (rand(shape["elements"]),))
+    if kind.startswith("conv2d"):
+        n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+        x = rand(n, h, w, c)
+        k = rand(shape["kh"], shape["kw"], c, shape["filters"])
+        strides = [1, shape["sh"], shape["sw"], 1]
+        pads = [[0, 0], [shape["ph"], shape["ph"]], [shape["pw"], shape["pw"]], [0, 0]]
+        settings = {"layout": "NHWC"}
+        if kind == "conv2d_fwd":
+            return make(lambda x, k: tf.nn.conv2d(x, k, strides, pads), (x, k), settings=settings)
+        y = tf.nn.conv2d(x, k, strides, pads)
+        dy = rand(*y.shape)
+        explicit = [p for pair in pads for p in pair]
+
+        def backward(x, k, dy):
+            dk = tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=tf.shape(k), out_backprop=dy, strides=strides,
+                                                 padding="EXPLICIT", explicit_paddings=explicit)
+            if not shape["input_grad"]:
+                return dk
+            dx = tf.raw_ops.Conv2DBackpropInput(input_sizes=tf.shape(x), filter=k, out_backprop=dy, strides=strides,
+                                                padding="EXPLICIT", explicit_paddings=explicit)
+            return dx, dk
+
+        return make(backward, (x, k, dy), settings={**settings, "ops": "Conv2DBackpropFilter/Input"})
+    if kind.startswith("lstm_step"):
+        import keras
+
+        b, i, h = shape["batch"], shape["input"], shape["hidden"]
+        with tf.device(device):
+            cell = keras.layers.LSTMCell(h, dtype=spec["dtype"])
+            cell.build((b, i))
+        x, hx, cx = rand(b, i), rand(b, h), rand(b, h)
+        if kind == "lstm_step_fwd":
+            return make(lambda x, hx, cx: cell(x, [hx, cx]), (x, hx, cx), settings={"cell": "keras.layers.LSTMCell"})
+
+        def forward_backward(x, hx, cx):
+            with tf.GradientTape() as tape:
+                tape.watch([x, hx, cx])
+                out, (h1, c1) = cell(x, [hx, cx])
+                total = tf.reduce_sum(h1) + tf.reduce_sum(c1)
+            return tape.gradient(total, [x, hx, cx, *cell.trainable_variables])
+
+        return make(forward_backward, (x, hx, cx), includes_forward=True, settings={"cell": "keras.layers.LSTMCell"})
+    raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")

@@ -1,0 +1,88 @@
+"""PyTorch kernels of the `kernels` suite (kinds and counts: src/dlbench/performance/kernels.py).
+
+Each kernel is what the torch runner's training step calls for that work: `torch.matmul` (the
+GEMM behind nn.Linear), a materialised transpose (`.t().contiguous()`), `Tensor.copy_`, the
+convolution (`F.conv2d`, channels-last with cuDNN's autotuner on CUDA as the runner does) and
+its backward as autograd runs it (`aten.convolution_backward`, with the input gradient only when
+asked), and one step of the LSTM cell (`torch._VF.lstm_cell`, ATen's fused cell behind
+nn.LSTMCell) and its backward (autograd.grad of that step, the graph kept between calls).
+"""
+
+from __future__ import annotations
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Kernel:
+    includes_forward = False
+
+    def __init__(self, step, synchronize, settings=None):
+        self.step = step
+        self.synchronize = synchronize
+        self.settings = settings or {}
+
+
+def prepare_kernel(spec: dict, device_name: str) -> Kernel:
+    import torch
+
+    kind, shape = spec["kind"], spec["shape"]
+    dtype = getattr(torch, spec["dtype"])
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    torch.manual_seed(0)
+
+    def rand(*dims, requires_grad=False):
+        return torch.randn(*dims, device=device, dtype=dtype, requires_grad=requires_grad)
+
+    if kind == "matmul":
+        a, b = rand(shape["m"], shape["k"]), rand(shape["k"], shape["n"])
+        return Kernel(lambda: torch.matmul(a, b), sync)
+    if kind == "transpose":
+        a = rand(shape["rows"], shape["cols"])
+        return Kernel(lambda: a.t().contiguous(), sync)
+    if kind == "copy":
+        src, dst = rand(shape["elements"]), rand(shape["elements"])
+        return Kernel(lambda: dst.copy_(src), sync)
+    if kind.startswith("conv2d"):
+        if cuda:
+            torch.backends.cudnn.benchmark = True
+        memory_format = torch.channels_last if cuda else torch.contiguous_format
+        x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"]).contiguous(
+            memory_format=memory_format)
+        w = rand(shape["filters"], shape["channels"], shape["kh"], shape["kw"]).contiguous(memory_format=memory_format)
+        stride, padding = (shape["sh"], shape["sw"]), (shape["ph"], shape["pw"])
+        settings = {"memory_format": "channels_last" if cuda else "contiguous"}
+        if kind == "conv2d_fwd":
+            return Kernel(lambda: torch.nn.functional.conv2d(x, w, None, stride, padding), sync, settings)
+        with torch.no_grad():
+            y = torch.nn.functional.conv2d(x, w, None, stride, padding)
+        dy = torch.randn_like(y)
+        mask = [bool(shape["input_grad"]), True, False]
+
+        def backward():
+            torch.ops.aten.convolution_backward(dy, x, w, None, stride, padding, (1, 1), False, (0, 0), 1, mask)
+
+        return Kernel(backward, sync, {**settings, "op": "aten.convolution_backward"})
+    if kind.startswith("lstm_step"):
+        b, i, h = shape["batch"], shape["input"], shape["hidden"]
+        grad = kind == "lstm_step_bwd"
+        x, hx, cx = rand(b, i, requires_grad=grad), rand(b, h, requires_grad=grad), rand(b, h, requires_grad=grad)
+        w_ih, w_hh = rand(4 * h, i, requires_grad=grad), rand(4 * h, h, requires_grad=grad)
+        bias = rand(4 * h, requires_grad=grad)
+        zero = torch.zeros(4 * h, device=device, dtype=dtype)  # the canonical cell has one bias
+        if not grad:
+            def forward():
+                with torch.no_grad():
+                    torch._VF.lstm_cell(x, (hx, cx), w_ih, w_hh, bias, zero)
+
+            return Kernel(forward, sync, {"op": "torch._VF.lstm_cell"})
+        h1, c1 = torch._VF.lstm_cell(x, (hx, cx), w_ih, w_hh, bias, zero)
+        dh, dc = torch.randn_like(h1), torch.randn_like(c1)
+        inputs = (x, hx, cx, w_ih, w_hh, bias)
+
+        def backward():
+            torch.autograd.grad((h1, c1), inputs, (dh, dc), retain_graph=True)
+
+        return Kernel(backward, sync, {"op": "autograd.grad of torch._VF.lstm_cell"})
+    raise ValueError(f"torch runner: unknown kernel kind {kind!r}")

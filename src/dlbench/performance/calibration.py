@@ -1,0 +1,122 @@
+"""What a machine profile is made of: ceilings from the calibration kernels, the latest kernel times of
+each framework, and the all-reduce line fitted to the `comm` suite's records.
+
+Ceilings, over every framework at hand (the machine's, not one framework's):
+- peak matmul FLOP/s per dtype: the fastest square matmul of any framework;
+- the smallest-operation time per framework: the median time of a copy of `dispatch_bytes`;
+- copy bandwidth per working set: bytes / (time − that framework's smallest-operation time), the
+  best framework's, so that bytes / bandwidth + smallest-operation time gives back the copy's time.
+
+All-reduce: for each framework and worker count, the comm records' (bytes, median time) of every
+size whose result was correct, fitted by linear least squares to t = startup + per_byte · bytes with
+both terms non-negative (`scipy.optimize.lsq_linear`). Sizes span 4 B to 256 MiB, so the residuals
+are relative (each row divided by its time): plain least squares would fit the largest sizes only
+and leave the start-up, which decides small messages, to chance. The link's α and β follow from
+the ring model (communication.AllReduceCost.link). R² is that of the times themselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .communication import AllReduceCost
+from .kernels import KernelSpec
+from .profile import BandwidthPoint, CommFit, KernelTime, MatmulCeiling
+
+
+class CalibrationError(Exception):
+    pass
+
+
+def calibration_specs(ceilings, support: dict) -> list[KernelSpec]:
+    """The kernels `dlbench calibrate` times in each framework (suites/kernels.yaml: `ceilings`)."""
+    specs = [KernelSpec.of("matmul", d, m=n, n=n, k=n) for d in ceilings.dtypes if not support.get(d)
+             for n in ceilings.matmul_sizes]
+    for nbytes in [ceilings.dispatch_bytes, *ceilings.copy_bytes]:
+        specs.append(KernelSpec.of("copy", "float32", elements=max(1, nbytes // 8)))  # read + write, 4 B each
+    return specs
+
+
+def ceilings(results: dict[str, list], dispatch_bytes: int):
+    """(matmul_peak per dtype, copy bandwidth points, smallest-operation time per framework) from each
+    framework's calibration results (KernelResult lists)."""
+    dispatch_elements = max(1, dispatch_bytes // 8)
+    peak: dict[str, MatmulCeiling] = {}
+    dispatch: dict[str, float] = {}
+    for framework, kernels in results.items():
+        for k in kernels:
+            spec = KernelSpec.from_dict(k.spec)
+            if k.status == "ok" and k.median_s and spec.kind == "copy" and spec["elements"] == dispatch_elements:
+                dispatch[framework] = k.median_s
+    best_copy: dict[int, BandwidthPoint] = {}
+    for framework, kernels in results.items():
+        for k in kernels:
+            if k.status != "ok" or not k.median_s:
+                continue
+            spec = KernelSpec.from_dict(k.spec)
+            if spec.kind == "matmul":
+                rate = spec.flops / k.median_s
+                if spec.dtype not in peak or rate > peak[spec.dtype].flops_per_s:
+                    peak[spec.dtype] = MatmulCeiling(flops_per_s=rate, framework=framework, kernel=spec.key)
+            elif spec.kind == "copy" and spec["elements"] != dispatch_elements:
+                net = k.median_s - dispatch.get(framework, 0.0)
+                rate = spec.bytes / max(net, k.median_s / 2)  # never credit more than half the time to dispatch
+                if spec.bytes not in best_copy or rate > best_copy[spec.bytes].bytes_per_s:
+                    best_copy[spec.bytes] = BandwidthPoint(bytes=spec.bytes, bytes_per_s=rate, framework=framework)
+    return peak, [best_copy[b] for b in sorted(best_copy)], dispatch
+
+
+def kernel_times(latest: dict[str, dict[str, tuple[float, str]]]) -> dict[str, dict[str, KernelTime]]:
+    return {fw: {key: KernelTime(median_s=t, run_id=run_id) for key, (t, run_id) in times.items()}
+            for fw, times in latest.items()}
+
+
+def fit_all_reduce(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """(startup_s, per_byte_s, r2) of t = startup + per_byte * bytes, relative least squares, both >= 0."""
+    from scipy.optimize import lsq_linear
+
+    pts = [(b, t) for b, t in points if t and t > 0]
+    if len(pts) < 2 or len({b for b, _ in pts}) < 2:
+        raise CalibrationError(f"an all-reduce line needs at least two message sizes with a time; got {len(pts)}")
+    sizes = np.array([b for b, _ in pts], dtype=float)
+    times = np.array([t for _, t in pts], dtype=float)
+    a = np.column_stack([np.ones_like(sizes), sizes]) / times[:, None]
+    scale = np.array([1.0, 1.0 / sizes.max()])  # columns of similar size for the solver
+    solution = lsq_linear(a * scale, np.ones_like(times), bounds=(0, np.inf))
+    startup, per_byte = solution.x * scale
+    fitted = startup + per_byte * sizes
+    ss_res = float(np.sum((times - fitted) ** 2))
+    ss_tot = float(np.sum((times - times.mean()) ** 2))
+    return float(startup), float(per_byte), 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
+
+
+def comm_fits(records, machine_id: str, device: str, workers: int | None = None) -> tuple[list[CommFit], list[str]]:
+    """All-reduce fits per framework and worker count from the store's comm records of this machine
+    (the latest record of each framework and worker count), and notes on what was left out."""
+    latest: dict[tuple[str, int], object] = {}
+    for r in records:  # oldest first: the latest of each wins
+        comm = getattr(r, "comm", None)
+        if (comm is None or comm.collective != "all_reduce" or r.status != "ok"
+                or r.machine.get("machine_id") != machine_id or r.workload.device != device):
+            continue
+        if workers is not None and comm.workers != workers:
+            continue
+        latest[(str(r.framework.get("name")), comm.workers)] = r
+    fits, notes = [], []
+    for (framework, n), r in sorted(latest.items()):
+        points = [(float(s.bytes or s.size_bytes), s.time_s) for s in r.comm.sizes
+                  if s.time_s is not None and s.correct is not False and not s.skipped]
+        try:
+            startup, per_byte, r2 = fit_all_reduce(points)
+        except CalibrationError as e:
+            notes.append(f"{framework}, {n} workers (run {r.run_id}): {e}")
+            continue
+        alpha, beta = AllReduceCost(n, startup, per_byte).link() if n > 1 else (0.0, 0.0)
+        fits.append(CommFit(framework=framework, workers=n, startup_s=startup, per_byte_s=per_byte, alpha_s=alpha,
+                            beta_s_per_byte=beta, r2=r2, points=len(points),
+                            min_bytes=int(min(b for b, _ in points)), max_bytes=int(max(b for b, _ in points)),
+                            run_ids=[r.run_id]))
+    if workers is not None and not latest:
+        notes.append(f"no all-reduce records for {workers} workers of this machine in the store: "
+                     f"run `dlbench run --suite comm --workers {workers}` first")
+    return fits, notes
