@@ -30,6 +30,8 @@ row index, the reuse trusts size and mtime_ns, and a new or `store upgrade`d rec
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -109,10 +111,32 @@ def _write_once(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def _few_collections():
+    """Fewer garbage collections while pages are rendered: a record and its page make thousands
+    of short-lived objects (nearly all freed by reference counting), and with the default
+    threshold a collection runs every few hundred of them, walking every object alive; frozen,
+    the ones that were there before (modules, templates) are left out of those walks."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(20_000, *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+
+
 def render_runs(store_root: str, record_paths: list[str], build_dir: str, generated_at: str,
                 has_compare: bool) -> tuple[list[RunView], list[tuple[str, str]]]:
     """Read each record, write its page, return the views of those that rendered and the problems
     of those that did not (a module-level function: it runs in worker processes)."""
+    with _few_collections():
+        return _render_runs(store_root, record_paths, build_dir, generated_at, has_compare)
+
+
+def _render_runs(store_root: str, record_paths: list[str], build_dir: str, generated_at: str,
+                 has_compare: bool) -> tuple[list[RunView], list[tuple[str, str]]]:
     store, env = Store(Path(store_root)), environment()
     template = env.get_template("run.html.j2")
     common = _common("../", generated_at, has_compare)
