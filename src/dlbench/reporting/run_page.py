@@ -109,7 +109,9 @@ def _panel(frames: list[_Frame], title: str, unit: str, columns: dict, scale: fl
         per_frame = []
         for frame in frames:
             values = column(frame.tel)
-            ok = values is not None and values.ndim == 1 and len(values) == len(frame.t_s) and not np.isnan(values).all()
+            # fmax.reduce is NaN only where every value is: a repeat that never sampled this has no line
+            ok = (values is not None and values.ndim == 1 and len(values) == len(frame.t_s) and values.size
+                  and not np.isnan(np.fmax.reduce(values)))
             per_frame.append((values * scale if scale != 1.0 else values) if ok else None)
         if any(v is not None for v in per_frame):
             lines[name] = per_frame
@@ -152,6 +154,9 @@ def _mean_over_cores(tel: dict):
     if rows is None:
         return None
     table = _floats(rows)
+    if table is not None and table.ndim == 2 and table.size and not np.isnan(np.add.reduce(table, axis=None)):
+        # every core sampled every time (the usual case): the same arithmetic as below, without the NaN steps
+        return table.mean(axis=1) * table.shape[1] / table.shape[1]
     if table is not None and table.ndim == 2:
         with np.errstate(all="ignore"):
             return np.where(np.isnan(table).all(axis=1), np.nan, np.nanmean(np.where(np.isnan(table), 0, table), axis=1)
