@@ -136,6 +136,17 @@ def list_(
     """Suites and their benchmarks: network, mode, batch sizes, parameters, GFLOPs per sample."""
     _check_choice("profile", profile, list(PROFILES))
     _check_choice("device", device, ["auto", "cpu", "cuda"])
+    path = _catalog().suite_path(suite) if suite not in (None, "all") else None
+    if path is not None:
+        try:
+            kind = _catalog().suite_kind(path)
+        except DefinitionError as e:
+            raise fail(str(e)) from None
+        if kind in ("distributed", "comm"):
+            from .multiworker_cli import list_multi_worker
+
+            list_multi_worker(path, profile, _resolve_device(device))
+            return
     suites = _load_suites(suite or "all", profile, _resolve_device(device))
     table = Table(title=f"dlbench suites (profile {profile})")
     for col in ("suite", "benchmark", "network", "mode", "batch sizes", "params", "GFLOPs/sample"):
@@ -144,7 +155,8 @@ def list_(
         for b in s.benchmarks:
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
                           f"{b.network.params:,}", f"{b.network.flops_per_sample / 1e9:.4f}")
-    table.caption = f"frameworks: {', '.join(_registry().names())}"
+    table.caption = (f"frameworks: {', '.join(_registry().names())}; multi-worker suites (--workers): "
+                     f"{', '.join(_catalog().multi_worker_suite_names())}")
     out.print(table)
 
 

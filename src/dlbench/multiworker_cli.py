@@ -154,3 +154,35 @@ def print_multi_worker_details(store: Store, rows: list[dict]) -> None:
     for r in records:
         if r.comm is not None:
             out.print(bandwidth_table(r))
+
+
+def list_multi_worker(path: Path, profile: str, device: str) -> None:
+    """`dlbench list --suite distributed|comm`: what the suite runs under this profile."""
+    from rich.table import Table
+
+    from .multiworker_tables import human_bytes
+
+    try:
+        suite = SuiteCatalog(paths.suites_dir()).load_multi_worker(path, profile, device)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    if suite.kind == "comm":
+        c = suite.comm
+        table = Table(title=f"suite {suite.name} (comm, profile {profile}): {c.dtype}, "
+                            f"{c.policy.warmup_iters} warm-up + {c.policy.measure_iters} measured iterations, "
+                            f"{c.policy.repeats} job(s)")
+        table.add_column("collective")
+        table.add_column("sizes")
+        for name in c.collectives:
+            table.add_row(name, f"{human_bytes(c.sizes[0])} .. {human_bytes(c.sizes[-1])} ({len(c.sizes)} sizes)")
+    else:
+        p = suite.benchmarks[0].policy if suite.benchmarks else None
+        table = Table(title=f"suite {suite.name} (distributed, profile {profile}, {suite.scaling} scaling by default)"
+                            + (f": {p.warmup_iters} warm-up + {p.measure_iters} measured iterations, "
+                               f"{p.repeats} job(s)" if p else ""))
+        for col in ("benchmark", "network", "batch sizes (global when strong, per worker when weak)", "params"):
+            table.add_column(col)
+        for b in suite.benchmarks:
+            table.add_row(escape(b.name), escape(b.network.name), ",".join(map(str, b.batch_sizes)),
+                          f"{b.network.params:,}")
+    out.print(table)

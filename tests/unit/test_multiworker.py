@@ -171,7 +171,10 @@ def test_hosts_placement_spreads_ranks_host_major():
     assert p.variant == "hosts" and [h.address for h in p.hosts] == ["127.0.0.2", "127.0.0.3"]
     assert [h.address for h in p.rank_hosts()] == ["127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
     assert all(h.local for h in p.hosts) and p.only_loopback()
-    assert p.threads_per_worker(None) == 4
+    # loopback "hosts" are this machine: their 4 ranks share its 8 cores
+    assert p.machines() == [("127.0.0.2+127.0.0.3", 4, 8)] and p.threads_per_worker(None) == 2
+    with pytest.raises(PlacementError, match="4 workers on 127.0.0.2\\+127.0.0.3 would oversubscribe its 2 cores"):
+        hosts_placement("127.0.0.2,127.0.0.3", 4, cpus=2).threads_per_worker(None)
     single = p.single_worker()
     assert single.workers == 1 and single.coordinator == "127.0.0.2"
     for hosts, workers, words in [("a,b", 3, "evenly"), ("a,a", 2, "twice"), ("a,b,c", 2, "at least one worker"),
@@ -184,6 +187,7 @@ def test_this_machine_by_name_is_local_and_others_go_through_ssh():
     p = hosts_placement(f"{socket.gethostname()},node-b.example", 2, cpus=4)
     here, there = p.hosts
     assert here.local and not there.local and not p.only_loopback()
+    assert p.threads_per_worker(None) == 4  # one rank here, one on a machine assumed to have as many cores
     assert p.command_on(here, ["python", "w.py"], {"A": "1"}, "/repo") == ["python", "w.py"]
     cmd = p.command_on(there, ["/env/bin/python", "w.py", "a b"], {"RANK": "1", "X": "it's"}, "/repo dir")
     assert cmd[:5] == ["ssh", "-tt", "-o", "BatchMode=yes", "node-b.example"]

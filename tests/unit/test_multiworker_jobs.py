@@ -415,3 +415,12 @@ def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch):
     code, _, err = invoke("run", "--suite", str(suite), "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"))
     assert code == 2 and "global batch 33 over 2 workers" in err and "fcn5" in err
+
+
+def test_cli_lists_multi_worker_suites(cli_env):
+    code, out, _ = invoke("list", "--suite", "comm", "--profile", "smoke")
+    assert code == 0 and "reduce_scatter" in out and "4 B .. 4 MiB (4 sizes)" in out
+    code, out, _ = invoke("list", "--suite", "distributed", "--profile", "smoke")
+    assert code == 0 and "fcn5-train" in out and "lstm32-train" in out and "resnet50" not in out
+    code, out, _ = invoke("list", "--profile", "smoke")
+    assert code == 0 and "multi-worker suites (--workers): comm, distributed" in " ".join(out.split())

@@ -63,19 +63,27 @@ class Placement:
         """The host of every global rank, host-major."""
         return [h for h in self.hosts for _ in range(h.slots)]
 
+    def machines(self) -> list[tuple[str, int, int]]:
+        """(name, ranks, cores) per machine: the hosts started directly are all this machine (loopback
+        addresses standing in for hosts share its cores), every other host is a machine of its own."""
+        here = [h for h in self.hosts if h.local]
+        out = [("+".join(h.address for h in here), sum(h.slots for h in here), here[0].cpus)] if here else []
+        return out + [(h.address, h.slots, h.cpus) for h in self.hosts if not h.local]
+
     def threads_per_worker(self, requested: int | None) -> int:
-        """--threads, else the cores of the most crowded host divided by its ranks (at least 1).
-        PlacementError when the ranks of a host would share more threads than it has cores."""
-        for h in self.hosts:
-            if h.slots > h.cpus:
-                raise PlacementError(f"{h.slots} workers on {h.address} would oversubscribe its {h.cpus} cores; "
+        """--threads, else the cores of the most crowded machine divided by its ranks (at least 1).
+        PlacementError when the ranks of a machine would share more threads than it has cores."""
+        machines = self.machines()
+        for name, ranks, cpus in machines:
+            if ranks > cpus:
+                raise PlacementError(f"{ranks} workers on {name} would oversubscribe its {cpus} cores; "
                                      "use fewer --workers (or more hosts)")
         if requested is None:
-            return max(1, min(h.cpus // h.slots for h in self.hosts))
-        for h in self.hosts:
-            if requested * h.slots > h.cpus:
-                raise PlacementError(f"--threads {requested} x {h.slots} workers on {h.address} = "
-                                     f"{requested * h.slots} threads would oversubscribe its {h.cpus} cores")
+            return max(1, min(cpus // ranks for _, ranks, cpus in machines))
+        for name, ranks, cpus in machines:
+            if requested * ranks > cpus:
+                raise PlacementError(f"--threads {requested} x {ranks} workers on {name} = "
+                                     f"{requested * ranks} threads would oversubscribe its {cpus} cores")
         return requested
 
     def only_loopback(self) -> bool:
