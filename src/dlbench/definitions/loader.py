@@ -41,6 +41,7 @@ _UNION_TAGS = {
     "dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu", "sigmoid",
     "tanh", "flatten", "dropout", "embedding", "lstm", "residual", "tensor", "tokens",
     "list", "range",  # a comm suite's sizes (multiworker.py)
+    "matmul", "transpose", "layer_shapes",  # a kernels suite's benchmarks (performance/kernel_suite.py)
 }
 
 

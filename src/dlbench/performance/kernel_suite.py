@@ -4,7 +4,7 @@ framework, at square sizes and at the shapes of dlbench's own networks, and the 
 
 A suite file of `kind: kernels` (suites/kernels.yaml) lists benchmarks, each a set of kernels:
 - `kind: matmul` / `kind: transpose`: square n x n matrices, per profile `sizes`;
-- `kind: layers`: every GEMM, convolution (forward and backward) and LSTM step of the networks of
+- `kind: layer_shapes`: every GEMM, convolution (forward and backward) and LSTM step of the networks of
   another suite (`suite: cnn`), at the batch sizes that suite runs in the same profile on the same
   device (`performance/workload.py` names them), optionally only some of its networks per profile;
 each in the `dtypes` listed. A profile's `policy` says how each kernel is timed inside a worker
@@ -89,7 +89,7 @@ class NetworkSubset(_Strict):
 
 class LayersEntry(_Strict):
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]*$")]
-    kind: Literal["layers"]
+    kind: Literal["layer_shapes"]
     suite: str  # a suite name in suites/, or a path relative to this file
     networks: NetworkSubset = NetworkSubset()
     dtypes: DtypeList

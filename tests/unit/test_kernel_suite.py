@@ -1,0 +1,261 @@
+"""The kernels suite's file, its kernels, the device's dtypes, pooling worker results, kernel records,
+and the calibration that turns them (and comm records) into a machine profile."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dlbench.definitions.loader import DefinitionError
+from dlbench.definitions.suite import SuiteCatalog
+from dlbench.execution.launcher import WorkerOutcome
+from dlbench.performance.calibration import (CalibrationError, calibration_specs, ceilings, comm_fits,
+                                             fit_all_reduce)
+from dlbench.performance.kernel_suite import (KernelPolicy, KernelRecord, KernelResult, KernelStore, dtype_support,
+                                              load_kernel_suite, run_kernels)
+from dlbench.performance.kernels import KernelSpec
+from dlbench.store.record import CommInfo, CommSize
+from dlbench.store.store import Store
+
+from store_records import make_record
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOG = SuiteCatalog(ROOT / "suites")
+KERNELS = ROOT / "suites" / "kernels.yaml"
+
+
+# ------------------------------------------------------------------ the suite file
+
+def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
+    sizes = {}
+    for profile in ("smoke", "default", "paper"):
+        suite = load_kernel_suite(KERNELS, CATALOG, profile, "cpu")
+        sizes[profile] = sum(len(b.specs) for b in suite.benchmarks)
+    assert sizes["smoke"] < 60 < sizes["default"] <= sizes["paper"]
+    smoke = {b.name: b for b in load_kernel_suite(KERNELS, CATALOG, "smoke", "cpu").benchmarks}
+    assert "cnn-layers-reduced" not in smoke  # `networks: {smoke: []}` leaves it out of smoke
+    keys = {s.key for s in smoke["fcn-layers"].specs}
+    # fcn5 at the fcn suite's smoke batch (16): forward, input-gradient and weight-gradient GEMMs
+    assert {"matmul m=16 n=2048 k=784 float32", "matmul m=16 n=2048 k=4096 float32",
+            "matmul m=784 n=2048 k=16 float32"} <= keys
+    assert "matmul m=16 n=784 k=2048 float32" not in keys  # the first layer has no input gradient
+    default = {b.name: b for b in load_kernel_suite(KERNELS, CATALOG, "default", "cpu").benchmarks}
+    assert {s.dtype for s in default["matmul"].specs} == {"float32", "bfloat16", "float16"}
+    conv = {s.kind for s in default["cnn-layers"].specs}
+    assert conv == {"conv2d_fwd", "conv2d_bwd", "matmul"}
+    assert {s.kind for s in default["rnn-layers"].specs} == {"lstm_step_fwd", "lstm_step_bwd", "matmul"}
+    # the layer shapes follow the device's batch sizes (cnn: 64 on cpu, 1024 on cuda for alexnet_r)
+    cuda = {b.name: b for b in load_kernel_suite(KERNELS, CATALOG, "default", "cuda").benchmarks}
+    assert any(s.kind == "conv2d_fwd" and s["batch"] == 1024 for s in cuda["cnn-layers"].specs)
+
+
+BASE = """name: k
+kind: kernels
+policy:
+  smoke: {}
+  default: {}
+  paper: {}
+ceilings: {matmul_sizes: [64], dtypes: [float32], copy_bytes: [4096], policy: {}}
+benchmarks:
+"""
+
+
+@pytest.mark.parametrize("entries, field, words", [
+    ("  - {name: a, kind: fft, sizes: {smoke: [1], default: [1], paper: [1]}, dtypes: [float32]}\n",
+     "benchmarks[0]", "fft"),
+    ("  - {name: a, kind: layer_shapes, suite: nope, dtypes: [float32]}\n", "benchmarks[0].suite", "unknown suite 'nope'"),
+    ("  - {name: a, kind: layer_shapes, suite: fcn, networks: {smoke: [alexnet]}, dtypes: [float32]}\n",
+     "benchmarks[0].networks.smoke[0]", "not a network of suite fcn"),
+    ("  - {name: a, kind: layer_shapes, suite: fcn, dtypes: [float32, float32]}\n", "benchmarks[0].dtypes", "twice"),
+    ("  - {name: a, kind: layer_shapes, suite: fcn, dtypes: [int8]}\n", "benchmarks[0].dtypes[0]", "float32"),
+    ("  - {name: a, kind: layer_shapes, suite: fcn, dtypes: [float32]}\n  - {name: a, kind: layer_shapes, suite: rnn, "
+     "dtypes: [float32]}\n", "benchmarks", "'a' is listed twice"),
+    ("  - {name: a, kind: layer_shapes, suite: fcn, dtypes: [float32], colour: red}\n", "benchmarks[0].colour",
+     "unknown field"),
+])
+def test_a_bad_kernel_suite_names_file_and_field(tmp_path, entries, field, words):
+    path = tmp_path / "mine.yaml"
+    path.write_text(BASE + entries)
+    with pytest.raises(DefinitionError) as info:
+        load_kernel_suite(path, CATALOG, "smoke", "cpu")
+    assert info.value.path == str(path) and info.value.field == field
+    assert words in info.value.reason
+
+
+# ------------------------------------------------------------------ the device
+
+def test_reduced_precision_needs_the_arithmetic():
+    assert dtype_support("cpu", flags={"avx2"}) == {
+        "float32": None, "bfloat16": "this CPU has no bfloat16 arithmetic (neither avx512_bf16 nor amx_bf16)",
+        "float16": "this CPU has no float16 arithmetic (neither avx512_fp16 nor amx_fp16)"}
+    both = dtype_support("cpu", flags={"amx_bf16", "avx512_fp16"})
+    assert both["bfloat16"] is None and both["float16"] is None
+    assert dtype_support("cuda", capability=(7, 0))["bfloat16"] == "compute capability 7.0 < 8.0"
+    assert dtype_support("cuda", capability=(7, 0))["float16"] is None
+    assert dtype_support("cuda", capability=None) == {"float32": None, "float16": None, "bfloat16": None}
+
+
+# ------------------------------------------------------------------ pooling what workers return
+
+SPECS = [KernelSpec.of("matmul", m=4, n=4, k=4), KernelSpec.of("matmul", "bfloat16", m=4, n=4, k=4),
+         KernelSpec.of("conv2d_bwd", batch=1, channels=1, height=4, width=4, filters=1, kh=3, kw=3, sh=1, sw=1,
+                       ph=1, pw=1, input_grad=1),
+         KernelSpec.of("transpose", rows=8, cols=8)]
+
+
+def fake_worker(responses):
+    """A launcher.run_worker stand-in answering from `responses` (one per call)."""
+    calls = []
+
+    def run(python, worker, request, timeout_s, env, monitor, container=None):
+        calls.append(request)
+        status, entries = responses[len(calls) - 1]
+        result = {"status": status, "framework": {"name": "fake"}, "kernels": entries} if status == "ok" else None
+        return WorkerOutcome(status, None if status == "ok" else "worker died", result, "tail", -9, 1.0)
+
+    return run, calls
+
+
+def entry(spec, times, **extra):
+    return {"spec": spec.to_dict(), "status": "ok", "times_s": times, "median_s": sorted(times)[len(times) // 2],
+            "first_s": 1.0, **extra}
+
+
+ENV = SimpleNamespace(python="python", container=None)
+RUNNER = SimpleNamespace(worker="worker.py", name="fake")
+
+
+def test_repeats_are_pooled_and_unsupported_dtypes_never_sent():
+    mm, bf, conv, tr = SPECS
+    responses = [("ok", [entry(mm, [1.0, 2.0, 3.0]), entry(conv, [5.0], forward_median_s=1.0, median_s=4.0),
+                         entry(tr, [0.5])]),
+                 ("ok", [entry(mm, [4.0, 5.0]), entry(conv, [7.0], forward_median_s=1.0, median_s=6.0),
+                         entry(tr, [0.25])])]
+    run, calls = fake_worker(responses)
+    support = {"float32": None, "bfloat16": "no bfloat16 here"}
+    out = run_kernels(ENV, RUNNER, SPECS, KernelPolicy(repeats=2), "cpu", 2, 60.0, support, None, run)
+    assert len(calls) == 2 and [k["dtype"] for k in calls[0]["kernels"]] == ["float32"] * 3
+    assert calls[0]["kernel_policy"] == {"warmup_iters": 2, "min_iters": 5, "min_time_s": 0.2, "max_iters": 1000}
+    res = out.results
+    assert list(res) == [s.key for s in SPECS]  # the suite's order
+    assert res[mm.key].median_s == 3.0 and res[mm.key].times_s == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert res[mm.key].achieved == pytest.approx(128 / 3.0) and res[mm.key].fraction is None
+    assert res[bf.key].status == "skipped" and res[bf.key].reason == "no bfloat16 here"
+    assert res[conv.key].median_s == 5.0  # median over repeats of (forward+backward) - forward
+    assert res[tr.key].unit == "B/s"
+    assert out.status == "ok" and len(out.repeats) == 2
+
+
+def test_a_worker_that_dies_fails_its_kernels_and_stops_the_repeats():
+    mm = SPECS[0]
+    run, calls = fake_worker([("failed", []), ("ok", [entry(mm, [1.0])])])
+    out = run_kernels(ENV, RUNNER, [mm], KernelPolicy(repeats=2), "cpu", 2, 60.0, {"float32": None}, None, run)
+    assert len(calls) == 1 and out.status == "failed"
+    assert out.results[mm.key].status == "failed" and out.results[mm.key].reason == "worker died"
+
+
+def test_a_kernel_the_framework_refuses_keeps_its_reason():
+    mm = SPECS[0]
+    refused = {"spec": mm.to_dict(), "status": "skipped", "reason": "not available in float32: nope"}
+    run, _ = fake_worker([("ok", [refused])])
+    out = run_kernels(ENV, RUNNER, [mm], KernelPolicy(repeats=1), "cpu", 2, 60.0, {"float32": None}, None, run)
+    assert out.results[mm.key].status == "skipped" and "nope" in out.results[mm.key].reason
+
+
+# ------------------------------------------------------------------ kernel records
+
+def kernel_record(run_id, framework="torch", machine_id="m1", device="cpu", threads=2, times=None) -> KernelRecord:
+    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    kernels = [KernelResult(key=k, spec=KernelSpec.of("copy", elements=1).to_dict(), status="ok", median_s=t,
+                            flops=0, bytes=8, unit="B/s") for k, t in (times or {}).items()]
+    return KernelRecord(run_id=run_id, started_at=now, ended_at=now, dlbench={}, suite="kernels", benchmark="b",
+                        source="s", profile="smoke", device=device, framework={"name": framework},
+                        environment={}, machine={"machine_id": machine_id}, threads_requested=threads,
+                        timeout_s=1.0, policy={}, status="ok", kernels=kernels)
+
+
+def test_kernel_records_are_checksummed_and_the_latest_time_wins(tmp_path):
+    ks = KernelStore(Store(tmp_path))
+    ks.write(kernel_record("20261201T000000Z-a", times={"a": 1.0, "b": 2.0}))
+    ks.write(kernel_record("20261201T000001Z-b", times={"a": 3.0}))
+    ks.write(kernel_record("20261201T000002Z-c", machine_id="other", times={"a": 9.0}))
+    ks.write(kernel_record("20261201T000003Z-d", threads=1, times={"b": 9.0}))
+    latest = ks.latest_times("m1", "cpu", threads=2)
+    assert latest == {"torch": {"a": (3.0, "20261201T000001Z-b"), "b": (2.0, "20261201T000000Z-a")}}
+    path = tmp_path / "kernels" / "20261201T000000Z-a.json"
+    data = json.loads(path.read_text())
+    data["kernels"][0]["median_s"] = 0.5
+    path.write_text(json.dumps(data))
+    problems = []
+    assert ks.latest_times("m1", "cpu", 2, problems) == {"torch": {"a": (3.0, "20261201T000001Z-b")}}
+    assert len(problems) == 1 and str(path) in problems[0] and "checksum" in problems[0]
+
+
+# ------------------------------------------------------------------ calibration
+
+def result(spec: KernelSpec, seconds: float) -> KernelResult:
+    return KernelResult(key=spec.key, spec=spec.to_dict(), status="ok", median_s=seconds, flops=spec.flops,
+                        bytes=spec.bytes, unit=spec.unit)
+
+
+def test_ceilings_are_the_best_framework_and_bandwidth_excludes_dispatch():
+    suite = load_kernel_suite(KERNELS, CATALOG, "smoke", "cpu")
+    specs = calibration_specs(suite.ceilings, {"float32": None, "bfloat16": None, "float16": "no"})
+    assert {s.dtype for s in specs if s.kind == "matmul"} == {"float32", "bfloat16"}
+    mm = KernelSpec.of("matmul", m=100, n=100, k=100)  # 2e6 FLOPs
+    tiny = KernelSpec.of("copy", elements=128)  # the 1024-byte dispatch copy
+    big = KernelSpec.of("copy", elements=1000)  # 8000 bytes
+    peak, bandwidth, dispatch = ceilings({
+        "a": [result(mm, 1e-3), result(tiny, 1e-6), result(big, 3e-6)],
+        "b": [result(mm, 5e-4), result(tiny, 4e-6), result(big, 6e-6)]}, dispatch_bytes=1024)
+    assert peak["float32"].flops_per_s == pytest.approx(4e9) and peak["float32"].framework == "b"
+    assert dispatch == {"a": 1e-6, "b": 4e-6}
+    # a: 8000 B / (3 - 1) us = 4 GB/s; b: 8000 / (6 - 4) us = 4 GB/s -> the first one found; both 4e9
+    assert [(p.bytes, round(p.bytes_per_s)) for p in bandwidth] == [(8000, 4_000_000_000)]
+
+
+def test_all_reduce_line_recovered_from_its_points():
+    points = [(float(b), 5e-5 + 2e-9 * b) for b in (4, 64, 1024, 1 << 16, 1 << 20, 1 << 24)]
+    startup, per_byte, r2 = fit_all_reduce(points)
+    assert startup == pytest.approx(5e-5, rel=1e-6) and per_byte == pytest.approx(2e-9, rel=1e-6)
+    assert r2 == pytest.approx(1.0)
+    # relative residuals: a 10% slow largest size does not wipe out the start-up the small ones show
+    noisy = points[:-1] + [(points[-1][0], points[-1][1] * 1.1)]
+    startup, per_byte, _ = fit_all_reduce(noisy)
+    assert startup == pytest.approx(5e-5, rel=0.05)
+    with pytest.raises(CalibrationError, match="two message sizes"):
+        fit_all_reduce([(4.0, 1e-5)])
+
+
+def comm_record(framework, workers, line, machine_id="m1", sizes=(4, 4096, 1 << 20), collective="all_reduce",
+                wrong_at=None):
+    r = make_record(framework=framework, machine_id=machine_id)
+    startup, per_byte = line
+    r.suite, r.benchmark = "comm", f"{collective}-w{workers}"
+    r.comm = CommInfo(collective=collective, dtype="float32", workers=workers, bus_factor=1.0, sizes=[
+        CommSize(size_bytes=s, bytes=s, time_s=startup + per_byte * s, iterations=5,
+                 correct=s != wrong_at) for s in sizes])
+    return r
+
+
+def test_all_reduce_fits_from_the_comm_suite_records():
+    records = [comm_record("torch", 2, (1e-4, 1e-9)), comm_record("torch", 2, (2e-4, 1e-9)),  # the later wins
+               comm_record("torch", 4, (3e-4, 1.5e-9)), comm_record("jax", 2, (1e-4, 1e-9), machine_id="other"),
+               comm_record("torch", 2, (1e-4, 1e-9), collective="broadcast")]
+    fits, notes = comm_fits(records, "m1", "cpu")
+    assert [(f.framework, f.workers) for f in fits] == [("torch", 2), ("torch", 4)]
+    two = fits[0]
+    assert two.startup_s == pytest.approx(2e-4) and two.per_byte_s == pytest.approx(1e-9)
+    # ring: startup = 2(n-1) alpha, per_byte = 2(n-1)/n beta
+    assert two.alpha_s == pytest.approx(1e-4) and two.beta_s_per_byte == pytest.approx(1e-9)
+    assert fits[1].alpha_s == pytest.approx(5e-5) and fits[1].beta_s_per_byte == pytest.approx(1e-9)
+    assert two.points == 3 and two.run_ids == [records[1].run_id]
+    only, notes = comm_fits(records, "m1", "cpu", workers=8)
+    assert only == [] and "run `dlbench run --suite comm --workers 8` first" in notes[0]
+    # a size whose result was wrong is not fitted
+    wrong = comm_record("torch", 2, (1e-4, 1e-9), sizes=(4, 4096, 1 << 20, 1 << 22), wrong_at=1 << 22)
+    assert comm_fits([wrong], "m1", "cpu")[0][0].points == 3

@@ -1,0 +1,139 @@
+"""`dlbench run --suite kernels`, `kernels`, `calibrate` and `predict` end to end with the fake runner
+(its kernels sleep as a 50 GFLOP/s, 10 GB/s machine would take), and their input checks."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from dlbench import performance_cli
+from dlbench.cli import app
+from dlbench.performance.kernel_suite import KernelStore
+from dlbench.performance.profile import ProfileStore
+from dlbench.store.store import Store
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+    monkeypatch.delenv("DLBENCH_FAKE_KERNEL", raising=False)
+    monkeypatch.setenv("DLBENCH_STORE", str(tmp_path / "default-store"))
+    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
+    # every dtype runs, whatever this CPU has (dtype_support itself is tested on its own)
+    monkeypatch.setattr(performance_cli, "_support", lambda device: {"float32": None, "float16": None,
+                                                                     "bfloat16": None})
+    monkeypatch.chdir(tmp_path)
+
+
+def kernels(store, *extra):
+    return invoke("run", "--suite", "kernels", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+                  "--env", "current", "--threads", "1", "--store", str(store), *extra)
+
+
+def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
+    store = tmp_path / "s"
+    monkeypatch.setenv("DLBENCH_FAKE_KERNEL", "refuse_bfloat16")
+    code, out, err = kernels(store)
+    assert code == 0, err
+    records = list(KernelStore(Store(store)).records())
+    assert sorted(r.benchmark for r in records) == ["cnn-layers", "fcn-layers", "matmul", "rnn-layers", "transpose"]
+    matmul = next(r for r in records if r.benchmark == "matmul")
+    by_dtype = {(k.spec["dtype"], k.status) for k in matmul.kernels}
+    assert by_dtype == {("float32", "ok"), ("float16", "ok"), ("bfloat16", "skipped")}
+    assert "not available in bfloat16: TypeError: the fake framework has no bfloat16" in err
+    assert "matmul" in out and "GFLOP/s" in out and "no machine profile when these ran" in out
+
+    code, out, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
+                            "--threads", "1", "--store", str(store))
+    assert code == 0, err
+    profile = ProfileStore(Store(store)).latest(records[0].machine["machine_id"])
+    assert profile.revision == 1 and profile.threads == 1
+    # the fake sleeps at most 1/50e9 s per FLOP: no framework can beat the machine it pretends to be
+    assert 0 < profile.matmul_peak["float32"].flops_per_s <= 5e10
+    assert "bfloat16" not in profile.matmul_peak and profile.dispatch_s["fake"] > 0
+    assert len(profile.kernels["fake"]) > 20 and "peak matmul float32" in out
+
+    code, out, err = invoke("predict", "--network", "fcn5", "--framework", "fake", "--batch", "16",
+                            "--threads", "1", "--store", str(store), "--format", "json")
+    assert code == 0, err
+    p = json.loads(out)
+    assert p["profile"] == profile.ref and p["unmeasured_kernels"] == 0 and p["measured_share"] > 0.2
+    assert p["iteration_s"] == pytest.approx(sum(v for k, v in p["phases"].items() if k != "communication"))
+    code, out, _ = invoke("predict", "--network", "fcn5", "--framework", "fake", "--batch", "16", "--threads", "1",
+                          "--store", str(store), "--layers")
+    assert code == 0 and "iteration" in out and "000 dense" in out
+
+    code, _, err = invoke("run", "--suite", "fcn", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+                          "--env", "current", "--threads", "1", "--store", str(store))
+    assert code == 0 and f"predictions: machine profile {profile.ref}" in err
+    runs = list(Store(store).records())
+    assert len(runs) == 2 and all(r.prediction.profile == profile.ref and r.prediction.iteration_s > 0 for r in runs)
+    code, out, _ = invoke("predict", "--accuracy", "--store", str(store), "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert [(g["suite"], g["framework"], g["runs"], g["predicted"]) for g in data["groups"]] == [
+        ("fcn", "fake", 2, 2), ("all", "all", 2, 2)]
+    row = data["runs"][0]
+    assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
+    code, out, _ = invoke("predict", "--accuracy", "--recompute", "--store", str(store), "--runs")
+    assert code == 0 and "predicted again from profile" in out and "fcn5-train" in out
+
+    code, out, _ = invoke("kernels", "--store", str(store), "--framework", "fake", "--benchmark", "matmul")
+    assert code == 0 and "m=256 n=256 k=256" in out
+
+
+def test_a_failing_kernel_exits_1_and_is_recorded(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBENCH_FAKE_KERNEL", "fail_conv")
+    code, _, err = kernels(tmp_path / "s", "--benchmark", "cnn-layers")
+    assert code == 1 and "fake convolution failure" in err
+    (record,) = KernelStore(Store(tmp_path / "s")).records()
+    convs = [k for k in record.kernels if k.spec["kind"].startswith("conv2d")]
+    assert convs and all(k.status == "failed" and "RuntimeError" in k.reason for k in convs)
+    assert all(k.status == "ok" for k in record.kernels if k.spec["kind"] == "matmul")
+
+
+def test_backward_kernels_timed_with_their_forward_are_the_difference(project, tmp_path, monkeypatch):
+    monkeypatch.setenv("DLBENCH_FAKE_KERNEL", "backward_with_forward")
+    code, _, err = kernels(tmp_path / "s", "--benchmark", "rnn-layers")
+    assert code == 0, err
+    (record,) = KernelStore(Store(tmp_path / "s")).records()
+    bwd = next(k for k in record.kernels if k.spec["kind"] == "lstm_step_bwd")
+    assert bwd.settings["backward_time"] == "forward+backward minus forward (medians)"
+    assert 0 < bwd.median_s < max(bwd.times_s)
+
+
+@pytest.mark.parametrize("args, words", [
+    (("predict", "--network", "nonet", "--framework", "fake", "--batch", "4"), "unknown network 'nonet'"),
+    (("predict", "--network", "fcn5", "--batch", "4"), "predict needs --framework"),
+    (("predict", "--accuracy", "--network", "fcn5"), "--network is for one prediction"),
+    (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4", "--runs"), "go with --accuracy"),
+    (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4", "--schedule", "ring"),
+     "unknown schedule 'ring'"),
+    (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4", "--workers", "2", "--mode", "infer"),
+     "needs --mode train"),
+    (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4"), "run `dlbench calibrate` first"),
+    (("run", "--suite", "kernels", "--framework", "fake", "--workers", "2"), "--workers is not taken by suite 'kernels'"),
+    (("run", "--suite", "kernels", "--framework", "fake", "--benchmark", "fft"), "unknown benchmark 'fft'"),
+])
+def test_bad_input_exits_2_with_one_message(project, tmp_path, args, words):
+    code, _, err = invoke(*args, "--store", str(tmp_path / "s"))
+    assert code == 2 and words in err
+    assert not (tmp_path / "s" / "kernels").exists() and not (tmp_path / "s" / "machines").exists()
+
+
+def test_a_bad_kernel_suite_file_is_named_with_its_field(project, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text((project / "suites" / "kernels.yaml").read_text().replace("suite: rnn", "suite: rnnn", 1))
+    code, _, err = invoke("run", "--suite", str(path), "--framework", "fake", "--store", str(tmp_path / "s"))
+    assert code == 2 and str(path) in err and "benchmarks[4].suite" in err and "unknown suite 'rnnn'" in err
