@@ -92,6 +92,14 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     code, out, _ = invoke("kernels", "--store", str(store), "--framework", "fake", "--benchmark", "matmul")
     assert code == 0 and "m=256 n=256 k=256" in out
 
+    # the report's run page: predicted against measured, with the error
+    code, _, err = invoke("report", "--store", str(store), "--out", str(tmp_path / "site"))
+    assert code == 0, err
+    page = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "runs" / f"{row['run_id']}.html").read_text()).split())
+    assert f"Predicted {row['predicted_s'] * 1e3:.4g} ms per iteration" in page
+    assert f"(error {100 * row['error']:+.1f}% against the measured median)" in page
+    assert f"machine profile {profile.ref}" in page
+
 
 def test_a_failing_kernel_exits_1_and_is_recorded(project, tmp_path, monkeypatch):
     monkeypatch.setenv("DLBENCH_FAKE_KERNEL", "fail_conv")

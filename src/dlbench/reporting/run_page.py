@@ -319,6 +319,19 @@ def network_definition(record: Record) -> str:
     return json.dumps(record.network.definition, indent=1, sort_keys=True, default=str)
 
 
+def prediction_context(record: Record) -> dict | None:
+    """The performance model's prediction kept in the record, against what the run measured."""
+    p = getattr(record, "prediction", None)
+    if p is None:
+        return None
+    measured = record.summary.median_s if record.summary is not None else None
+    return {"profile": p.profile, "workers": p.workers, "schedule": p.schedule, "problem": p.error,
+            "predicted_ms": p.iteration_s * 1e3 if p.iteration_s else None,
+            "error_pct": 100 * (p.iteration_s / measured - 1) if p.iteration_s and measured else None,
+            "phases": [(name.replace("_", " "), seconds * 1e3) for name, seconds in p.phases.items() if seconds],
+            "measured_pct": 100 * p.measured_share if p.measured_share is not None else None, "notes": p.notes}
+
+
 def run_context(record: Record, page: str | None = None) -> dict:
     view = run_view(record, page)
     hardware = hardware_label(record)
@@ -350,4 +363,5 @@ def run_context(record: Record, page: str | None = None) -> dict:
         "equivalence_rows": flatten(record.equivalence),
         "telemetry": telemetry_section(record),
         "multi_worker": multi_worker_context(record, flatten),  # distributed and comm runs (multiworker_view.py)
+        "prediction": prediction_context(record),
     }
