@@ -147,6 +147,11 @@ def list_(
 
             list_multi_worker(path, profile, _resolve_device(device))
             return
+        if kind == "kernels":
+            from .performance_cli import list_kernels
+
+            list_kernels(path, profile, _resolve_device(device))
+            return
     suites = _load_suites(suite or "all", profile, _resolve_device(device))
     table = Table(title=f"dlbench suites (profile {profile})")
     for col in ("suite", "benchmark", "network", "mode", "batch sizes", "params", "GFLOPs/sample"):
@@ -156,7 +161,8 @@ def list_(
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
                           f"{b.network.params:,}", f"{b.network.flops_per_sample / 1e9:.4f}")
     table.caption = (f"frameworks: {', '.join(_registry().names())}; multi-worker suites (--workers): "
-                     f"{', '.join(_catalog().multi_worker_suite_names())}")
+                     f"{', '.join(_catalog().multi_worker_suite_names())}; kernel suites: "
+                     f"{', '.join(_catalog().kernel_suite_names())}")
     out.print(table)
 
 

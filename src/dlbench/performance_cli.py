@@ -112,6 +112,26 @@ def _print_skips(records: list[KernelRecord]) -> None:
                   highlight=False, soft_wrap=True)
 
 
+# ---------------------------------------------------------------------------------------- list
+
+def list_kernels(path: Path, profile: str, device: str) -> None:
+    try:
+        suite = load_kernel_suite(path, _catalog(), profile, device)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    t = Table(title=f"dlbench suite {suite.name} (kernels, profile {profile}, {device})")
+    for col in ("benchmark", "kernels", "kinds", "dtypes", "shapes from", "repeats"):
+        t.add_column(col, justify="right" if col in ("kernels", "repeats") else "left")
+    for b in suite.benchmarks:
+        t.add_row(escape(b.name), str(len(b.specs)), ", ".join(dict.fromkeys(s.kind for s in b.specs)),
+                  ", ".join(dict.fromkeys(s.dtype for s in b.specs)), escape(b.source), str(b.policy.repeats))
+    c = suite.ceilings
+    t.caption = (f"dlbench calibrate measures: square matmul {', '.join(map(str, c.matmul_sizes))} in "
+                 f"{', '.join(c.dtypes)}; copies of {', '.join(f'{b:,}' for b in c.copy_bytes)} B; the "
+                 f"smallest operation ({c.dispatch_bytes} B)")
+    out.print(t)
+
+
 # ---------------------------------------------------------------------------------------- run
 
 def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, mode, profile: str, device: str,
