@@ -899,7 +899,8 @@ def store_verify(store: StoreOpt = None) -> None:
     total = len(report.verified) + len(report.unverified) + sum(p.path.parent == st.runs for p in report.problems)
     out.print(f"{st.root}: {total} records: {len(report.verified)} verified by checksum, "
               f"{len(report.unverified)} unverified (written before checksums{': ' + old if old else ''}), "
-              f"{len(report.problems)} problems; {report.checks} equivalence checks", highlight=False, soft_wrap=True)
+              f"{len(report.problems)} problems; {report.checks} equivalence checks, {report.kernels} kernel records, "
+              f"{report.profiles} machine profiles", highlight=False, soft_wrap=True)
     if report.leftovers:
         out.print(f"{len(report.leftovers)} temporary files in {st.incoming} ({len(report.stale)} left by writers "
                   "that died or are over an hour old: the next write removes them)", highlight=False, soft_wrap=True)

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 import pytest
 
 from dlbench.performance.profile import MachineProfile, MatmulCeiling, ProfileError, ProfileStore, read_profile
+from dlbench.store.merge import merge
 from dlbench.store.store import Store
 
 
@@ -61,3 +62,26 @@ def test_machine_option_resolves_ids_hostnames_revisions_and_paths(tmp_path):
         profiles.resolve("nowhere", "z")
     with pytest.raises(ProfileError, match="has revisions \\[1, 2\\], not 7"):
         profiles.resolve("aaaa@7", "z")
+
+
+def test_verify_and_merge_cover_profiles_and_kernel_records(tmp_path):
+    from test_kernel_suite import kernel_record
+    from dlbench.performance.kernel_suite import KernelStore
+
+    a, b = Store(tmp_path / "a"), Store(tmp_path / "b")
+    ProfileStore(a).write(make())
+    KernelStore(a).write(kernel_record("20261201T000000Z-a", times={"k": 1.0}))
+    ProfileStore(b).write(make(peak=7e9))  # the same machine's revision 1, other content
+    report = a.verify()
+    assert (report.kernels, report.profiles, report.problems) == (1, 1, [])
+    merged = merge(b, [a.root])
+    assert [p.relative_to(b.root).as_posix() for p in merged.added] == ["kernels/20261201T000000Z-a.json"]
+    assert len(merged.conflicts) == 1 and "profile-0001.json" in merged.conflicts[0][1]
+    assert ProfileStore(b).latest("a" * 64).peak_flops() == 7e9  # the destination's kept
+    again = merge(b, [a.root])
+    assert len(again.duplicates) == 1 and not again.added
+    kernel_file = a.root / "kernels" / "20261201T000000Z-a.json"
+    kernel_file.write_text(kernel_file.read_text().replace('"median_s": 1.0', '"median_s": 2.0'))
+    report = a.verify()
+    assert len(report.problems) == 1 and "checksum" in report.problems[0].reason
+    assert merge(Store(tmp_path / "c"), [a.root]).unreadable[0][0] == kernel_file

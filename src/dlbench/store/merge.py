@@ -15,6 +15,10 @@ For every run record of every source store (runs/<run_id>.json) and every equiva
   re-check at different times); a different verdict is a conflict;
 - damaged (truncated, checksum mismatch, invalid, named other than its run id, of a newer schema
   than this dlbench reads): reported as unreadable and skipped.
+
+Kernel records (kernels/<run_id>.json) and machine profiles (machines/<id>/profile-<revision>.json)
+are merged the same way, compared byte for byte: the same file is a duplicate, another one under
+the same name a conflict.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .store import Store, StoreError, check_file_problem
+from .store import Store, StoreError, check_file_problem, performance_file_problems
 
 
 @dataclass
@@ -47,8 +51,8 @@ def check_sources(destination: Store, sources: list[Path]) -> None:
     for src in sources:
         if not src.is_dir():
             raise MergeError(f"{src}: no such store (not a directory)")
-        if not (src / "runs").is_dir() and not (src / "checks").is_dir():
-            raise MergeError(f"{src}: not a dlbench store (it has neither runs/ nor checks/)")
+        if not any((src / d).is_dir() for d in ("runs", "checks", "kernels", "machines")):
+            raise MergeError(f"{src}: not a dlbench store (it has none of runs/, checks/, kernels/, machines/)")
         if src.resolve() == dest:
             raise MergeError(f"{src}: is the destination store itself")
 
@@ -65,7 +69,30 @@ def merge(destination: Store, sources: list[Path], report: MergeReport | None = 
             _merge_record(destination, source, path, report)
         for path in sorted(source.checks.glob("*.json")) if source.checks.is_dir() else []:
             _merge_check(destination, path, report)
+        for path, problem in performance_file_problems(source.root):
+            _merge_performance_file(destination, source, path, problem, report)
     return report
+
+
+def _merge_performance_file(destination: Store, source: Store, path: Path, problem: str | None,
+                            report: MergeReport) -> None:
+    """A kernel record or machine profile: copied when new, a duplicate when the same bytes, else a
+    conflict (one machine calibrated in two stores under the same revision number): kept as it is."""
+    if problem:
+        report.unreadable.append((path, problem))
+        return
+    raw = path.read_bytes()
+    target = destination.root / path.relative_to(source.root)
+    try:
+        destination.publish(raw, target)
+        report.added.append(target)
+        return
+    except FileExistsError:
+        pass
+    if target.read_bytes() == raw:
+        report.duplicates.append(path)
+        return
+    report.conflicts.append((path, f"{path}: {target} exists with other content; kept it"))
 
 
 def _merge_record(destination: Store, source: Store, path: Path, report: MergeReport) -> None:

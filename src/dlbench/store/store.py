@@ -3,6 +3,8 @@
 Layout:
   STORE/runs/<run_id>.json     one file per run, the only place readers look
   STORE/checks/<...>.json      equivalence checks (equivalence.CheckStore)
+  STORE/kernels/<run_id>.json  kernel records of the kernels suite (performance/kernel_suite.py)
+  STORE/machines/<id>/profile-<revision>.json   machine profiles (performance/profile.py)
   STORE/.incoming/             temporary files of writes in progress
   STORE/.upgraded/             originals of records `dlbench store upgrade` rewrote
 
@@ -94,6 +96,8 @@ class VerifyReport:
     unverified: list[tuple[Path, int]] = field(default_factory=list)  # (path, schema version)
     problems: list[Unreadable] = field(default_factory=list)
     checks: int = 0  # readable check files
+    kernels: int = 0  # readable kernel records (STORE/kernels/)
+    profiles: int = 0  # readable machine profiles (STORE/machines/)
     leftovers: list[Path] = field(default_factory=list)  # temporary files in .incoming/
     stale: list[Path] = field(default_factory=list)  # of those, the ones clean_incoming would remove
 
@@ -376,6 +380,13 @@ class Store:
                 report.problems.append(Unreadable(path, reason))
             else:
                 report.checks += 1
+        for path, reason in performance_file_problems(self.root):
+            if reason:
+                report.problems.append(Unreadable(path, reason))
+            elif path.parent.name == "kernels":
+                report.kernels += 1
+            else:
+                report.profiles += 1
         if self.incoming.is_dir():
             report.leftovers = sorted(self.incoming.glob("*.tmp"))
             report.stale = self.clean_incoming(dry_run=True)
@@ -416,6 +427,28 @@ class Store:
             self._replace(content, path)
             report.upgraded.append((path, stored.written_version))
         return report
+
+
+def performance_files(root: Path) -> list[Path]:
+    """The performance model's files in a store: kernel records and machine profiles."""
+    kernels = sorted((root / "kernels").glob("*.json")) if (root / "kernels").is_dir() else []
+    machines = sorted((root / "machines").glob("*/profile-*.json")) if (root / "machines").is_dir() else []
+    return kernels + machines
+
+
+def performance_file_problems(root: Path) -> list[tuple[Path, str | None]]:
+    """(path, why it cannot be used, or None) for every kernel record and machine profile."""
+    from ..performance.kernel_suite import KernelStore
+    from ..performance.profile import ProfileError, read_profile
+
+    out: list[tuple[Path, str | None]] = []
+    for path in performance_files(root):
+        try:
+            KernelStore.read(path) if path.parent.name == "kernels" else read_profile(path)
+            out.append((path, None))
+        except (ValueError, ProfileError) as e:
+            out.append((path, str(e)))
+    return out
 
 
 def check_file_problem(path: Path) -> str | None:
