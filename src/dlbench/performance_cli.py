@@ -365,8 +365,8 @@ def predict_command(*, network: str, framework: str, batch: int, mode: str, work
     for col in ("phase", "ms", "share"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     total = p.iteration_s
-    rows = [("data path (not hidden)", p.io_exposed_s), ("forward", p.forward_s), ("backward", p.backward_s),
-            ("update", p.update_s)]
+    rows = [("data path (not hidden)", p.io_exposed_s), ("step call", p.step_call_s), ("forward", p.forward_s),
+            ("backward", p.backward_s), ("update", p.update_s)]
     if workers > 1:
         rows.append(("communication (not hidden)", p.communication_exposed_s))
     for name, seconds in rows:

@@ -128,10 +128,29 @@ def test_single_worker_prediction_by_hand():
     assert p.iteration_s == pytest.approx(p.forward_s + p.backward_s + p.update_s)
     assert p.unmeasured == ["matmul m=4 n=3 k=2 float32"]
     assert p.measured_share == pytest.approx(1e-3 / p.iteration_s)
-    # another framework has no measured kernels: the forward matmul is a roofline too (104 B)
-    q = predict(decompose(net.resolved, 2, "train"), "jax", prof.model_copy(update={"dispatch_s": {"jax": 1e-6}}))
-    assert q.forward_s == pytest.approx(104e-9 + 24e-9 + 72e-9 + 3e-6)
-    assert any("no kernel times of jax" in n for n in q.notes)
+    # another framework has no measured kernels: the forward matmul is a roofline too (104 B); an
+    # eager framework pays its smallest-operation time (1 us) on each of the 3 forward operations
+    q = predict(decompose(net.resolved, 2, "train"), "eager_fw", prof.model_copy(update={"dispatch_s": {"eager_fw": 1e-6}}))
+    assert q.forward_s == pytest.approx(104e-9 + 24e-9 + 72e-9 + 3e-6) and q.step_call_s == 0
+    assert any("no kernel times of eager_fw" in n for n in q.notes)
+
+
+def test_a_compiled_step_pays_the_call_once():
+    """jax runs its step as one call: the smallest-operation time (1 us) once per iteration; a kernel
+    timed on its own paid one call too, which is taken off (1 ms - 1 us), and roofline operations pay none."""
+    net = tiny([{"type": "dense", "units": 3}])
+    prof = profile(kernels={"jax": {"matmul m=2 n=3 k=4 float32": KernelTime(median_s=1e-3, run_id="r")}},
+                   dispatch_s={"jax": 1e-6})
+    p = predict(decompose(net.resolved, 2, "train"), "jax", prof)
+    assert p.step_call_s == 1e-6
+    assert p.forward_s == pytest.approx(1e-3 - 1e-6 + 24e-9 + 72e-9)
+    assert p.backward_s == pytest.approx(104e-9 + 24e-9 + 48e-9)
+    assert p.iteration_s == pytest.approx(1e-6 + p.forward_s + p.backward_s + p.update_s)
+    # never below the kernel's roofline: a call that took no longer than the call itself
+    fast = prof.model_copy(update={"kernels": {"jax": {"matmul m=2 n=3 k=4 float32": KernelTime(median_s=1e-6,
+                                                                                                  run_id="r")}}})
+    assert predict(decompose(net.resolved, 2, "train"), "jax", fast).forward_s == pytest.approx(
+        104e-9 + 24e-9 + 72e-9)
 
 
 def test_bandwidth_follows_the_working_set():

@@ -7,9 +7,16 @@ dlbench's runners use is already on the device: t_io = t_h2d = 0.
 t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operation whose kernel
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
 (times its repeat count: an LSTM step once per time step); any other operation takes its roofline
-time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), plus the framework's
-smallest-operation time (what the framework spends on any operation, however small). The share of
-the predicted time that came from measured kernels is reported beside it.
+time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set). The share of the predicted
+time that came from measured kernels is reported beside it.
+
+What a framework spends on an operation besides the work (the call: dispatch, allocation, the
+autograd record) is its smallest-operation time d, measured by calibrate. How often it is paid
+depends on how the runner executes its step (STEP_EXECUTION): an eager step (PyTorch) calls every
+operation from Python, so each roofline operation adds d, and a kernel timed on its own paid it
+too, as it does in the step. A compiled step (a tf.function graph, one XLA executable, MXNet's
+cached graph) is one call: d is paid once per iteration (the `step call` phase), and a kernel timed
+on its own, which paid a whole call, counts as its time less d (never below its roofline time).
 
 N workers, synchronous SGD on a per-worker batch: the same per-worker computation, plus gradient
 all-reduce from the profile's fitted α–β cost for that framework (`communication.py`), scheduled
@@ -35,6 +42,11 @@ MODEL_VERSION = 1
 # when its engine has computed it (per layer, overlapped); TensorFlow's MultiWorkerMirroredStrategy
 # and a sharded jax.jit reduce the gradients once they are all computed.
 DEFAULT_SCHEDULE = {"torch": "mgwfbp", "mxnet": "wfbp", "tensorflow": "none", "jax": "none"}
+
+# How each runner executes a training step (see the runners' module docstrings): PyTorch eagerly,
+# operation by operation; the others as one compiled call (tf.function, jax.jit, a hybridised
+# Gluon block). A framework not listed is taken to be eager.
+STEP_EXECUTION = {"torch": "eager", "tensorflow": "graph", "jax": "graph", "mxnet": "graph"}
 
 
 class PredictionError(Exception):
@@ -91,6 +103,7 @@ class Prediction:
     forward_s: float
     backward_s: float
     update_s: float
+    step_call_s: float = 0.0  # a compiled step's one call (STEP_EXECUTION)
     communication_s: float = 0.0
     communication_exposed_s: float = 0.0
     schedule: Schedule | None = None
@@ -99,7 +112,7 @@ class Prediction:
 
     @property
     def compute_s(self) -> float:
-        return self.forward_s + self.backward_s + self.update_s
+        return self.step_call_s + self.forward_s + self.backward_s + self.update_s
 
     @property
     def iteration_s(self) -> float:
@@ -111,8 +124,8 @@ class Prediction:
         return sum(l.measured_s for l in self.layers) / total if total else 0.0
 
     def phases(self) -> dict[str, float]:
-        return {"io": self.io_exposed_s, "forward": self.forward_s, "backward": self.backward_s,
-                "update": self.update_s, "communication": self.communication_s,
+        return {"io": self.io_exposed_s, "step_call": self.step_call_s, "forward": self.forward_s,
+                "backward": self.backward_s, "update": self.update_s, "communication": self.communication_s,
                 "communication_exposed": self.communication_exposed_s}
 
     def to_record(self) -> dict:
@@ -124,18 +137,27 @@ class Prediction:
                 "notes": list(self.notes)}
 
 
-def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> tuple[float, bool]:
-    """(seconds for all `op.repeat` executions, whether it was measured)."""
-    if op.kernel is not None and op.kernel.key in measured:
-        return op.repeat * measured[op.kernel.key].median_s, True
+def roofline_time(op: Op, profile: MachineProfile) -> float:
+    """One execution at the machine's ceilings: max(FLOPs / peak, bytes / bandwidth at its size)."""
     dtype = op.kernel.dtype if op.kernel is not None else "float32"
     peak = profile.peak_flops(dtype)
     bandwidth = profile.bandwidth(op.bytes)
     if peak is None or bandwidth is None:
         raise PredictionError(f"profile {profile.ref} has no {'matmul peak' if peak is None else 'copy bandwidth'}; "
                               "run `dlbench calibrate`")
-    roofline = max(op.flops / peak, op.bytes / bandwidth)
-    return op.repeat * (roofline + profile.dispatch_s.get(framework, 0.0)), False
+    return max(op.flops / peak, op.bytes / bandwidth)
+
+
+def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> tuple[float, bool]:
+    """(seconds for all `op.repeat` executions, whether it was measured)."""
+    call = profile.dispatch_s.get(framework, 0.0)
+    compiled = STEP_EXECUTION.get(framework, "eager") == "graph"
+    if op.kernel is not None and op.kernel.key in measured:
+        seconds = measured[op.kernel.key].median_s
+        if compiled:
+            seconds = max(seconds - call, roofline_time(op, profile))
+        return op.repeat * seconds, True
+    return op.repeat * (roofline_time(op, profile) + (0.0 if compiled else call)), False
 
 
 def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,
@@ -171,10 +193,12 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
     t_io, t_h2d = path.times(workload.batch)
     if path.read_bytes_per_s is None:
         notes.append("synthetic data already on the device: no I/O time")
+    step_call = profile.dispatch_s.get(framework, 0.0) if STEP_EXECUTION.get(framework) == "graph" else 0.0
     prediction = Prediction(
         workload.network, framework, workload.batch, workload.mode, workers, profile.ref, layers,
-        io_s=t_io + t_h2d, io_exposed_s=path.exposed(workload.batch, forward + backward + update),
-        forward_s=forward, backward_s=backward, update_s=update, unmeasured=list(unmeasured), notes=notes)
+        io_s=t_io + t_h2d, io_exposed_s=path.exposed(workload.batch, step_call + forward + backward + update),
+        forward_s=forward, backward_s=backward, update_s=update, step_call_s=step_call,
+        unmeasured=list(unmeasured), notes=notes)
     if workers > 1:
         if workload.mode != "train":
             raise PredictionError("only training exchanges gradients: --workers needs --mode train")
