@@ -351,7 +351,7 @@ def test_under_slurm_every_command_is_a_job_step(tmp_path, fake, suites, monkeyp
         fake, dataclasses.replace(comm, collectives=("broadcast",)))
     assert records[0].status == "ok" and records[0].distributed.placement == "slurm"
     steps = (tmp_path / "srun.log").read_text().splitlines()
-    assert [s.split()[s.split().index("--nodelist") + 1] for s in steps] == ["127.0.0.2", "127.0.0.3"]
+    assert sorted(s.split()[s.split().index("--nodelist") + 1] for s in steps) == ["127.0.0.2", "127.0.0.3"]
     assert all("RANK=" in s for s in steps)
 
 
