@@ -25,6 +25,9 @@ A multi-worker runner object provides (runners/torch/torch_distributed.py is the
     leave() -> None                     leave the process group (after a successful job)
     prepare_data_parallel(request, cluster) -> DataParallel (action "data_parallel")
     collective(op, send_count, recv_count) -> Collective (action "collectives")
+    collective_unavailable(op) -> str|None   optional: why this engine offers no such collective on
+                                        this device (e.g. TensorFlow's reduce-scatter is NCCL-only); every
+                                        size of it is then skipped with that reason, and no rank runs it
 DataParallel: params, output_shape, settings (as Prepared), grad_bytes (bytes of gradient reduced
 per iteration), step() (one synchronous data-parallel step, gradient exchange included),
 synchronize(), and step_without_sync: a step that skips the gradient exchange, or None where the
@@ -163,8 +166,13 @@ def measure_collectives(runner, cluster: Cluster, ops: list[str], sizes: list[in
     import numpy as np
 
     out: dict[str, list[dict]] = {}
+    unavailable = getattr(runner, "collective_unavailable", lambda op: None)
     for op in ops:
         rows = out.setdefault(op, [])
+        why_not = unavailable(op)
+        if why_not:
+            rows.extend({"size_bytes": size, "skipped": why_not} for size in sizes)
+            continue
         for size in sizes:
             shape = counts(op, size, cluster.world_size)
             if shape is None:

@@ -53,6 +53,7 @@ def behaviour(monkeypatch):
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.002")
     monkeypatch.delenv("DLBENCH_FAKE_DIST", raising=False)
     monkeypatch.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+    monkeypatch.delenv("DLBENCH_FAKE_UNOFFERED", raising=False)
 
 
 def options(tmp_path, placement=None, **changes) -> MultiWorkerOptions:
@@ -147,6 +148,17 @@ def test_a_wrong_result_fails_that_collectives_record(tmp_path, fake, suites, mo
         assert r.status == "failed"
         assert "wrong result at" in r.reason and "rank 1: element 1" in r.reason
         assert any(s.correct is False for s in r.comm.sizes)
+
+
+def test_a_collective_the_engine_does_not_offer_is_a_skipped_record(tmp_path, fake, suites, monkeypatch):
+    _, comm = suites
+    monkeypatch.setenv("DLBENCH_FAKE_UNOFFERED", "reduce_scatter")
+    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
+    by_op = {r.comm.collective: r for r in records}
+    scatter = by_op.pop("reduce_scatter")
+    assert scatter.status == "skipped" and scatter.reason.startswith("the fake engine does not offer reduce_scatter")
+    assert all(s.skipped == scatter.reason and s.time_s is None for s in scatter.comm.sizes)
+    assert all(r.status == "ok" for r in by_op.values()), [r.reason for r in by_op.values()]
 
 
 def test_every_rank_skipping_is_a_skipped_run(tmp_path, fake, suites, monkeypatch):
