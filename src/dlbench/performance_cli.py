@@ -215,6 +215,7 @@ def show_kernels(store: Store, frameworks: list[str] | None, benchmarks: list[st
     if not chosen:
         raise fail(f"no kernel records{' matching' if frameworks or benchmarks else ''} in {store.root / 'kernels'} "
                    "(`dlbench run --suite kernels` makes them)", 1)
+    chosen = [_with_ceilings(store, r) for r in chosen]
     if fmt == "json":
         sys.stdout.write(json.dumps([json.loads(r.model_dump_json(exclude={"output_tail"})) for r in chosen],
                                     indent=1) + "\n")
@@ -222,6 +223,28 @@ def show_kernels(store: Store, frameworks: list[str] | None, benchmarks: list[st
     table = kernel_table(chosen, f"kernels in {store.root} (latest run of each framework and benchmark)")
     out.print(table)
     _print_skips(chosen)
+
+
+def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
+    """A record that ran before its machine had a profile, with the fractions of the ceilings of the
+    latest profile for its machine, device and threads (its `ceilings` names that profile)."""
+    from .performance.kernel_suite import ceiling_of
+
+    if record.ceilings is not None:
+        return record
+    try:
+        profile = ProfileStore(store).latest_matching(str(record.machine.get("machine_id")), record.device,
+                                                      record.threads_requested)
+    except ProfileError:
+        return record
+    if profile is None:
+        return record
+    kernels = []
+    for k in record.kernels:
+        ceiling = ceiling_of(KernelSpec.from_dict(k.spec), profile)
+        kernels.append(k.model_copy(update={"ceiling": ceiling, "fraction": k.achieved / ceiling
+                                            if k.achieved and ceiling else None}))
+    return record.model_copy(update={"kernels": kernels, "ceilings": f"{profile.ref} (measured after this run)"})
 
 
 # ---------------------------------------------------------------------------------------- calibrate
