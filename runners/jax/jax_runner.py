@@ -461,6 +461,11 @@ class JaxRunner:
         return jax
 
     def framework_info(self, device: str) -> dict:
+        return self._framework_info(device, query_backend=True)
+
+    def _framework_info(self, device: str, query_backend: bool) -> dict:
+        """Versions and build; with `query_backend`, the backend's platform and devices too (which
+        creates the backend: a distributed rank must join its job first)."""
         import importlib.metadata as md
 
         jax = self._init_jax(device)
@@ -486,19 +491,20 @@ class JaxRunner:
                 except Exception:  # noqa: BLE001
                     pass
         devices = []
-        try:
-            backend = jax.extend.backend.get_backend()
-            build["platform"] = backend.platform
-            build["platform_version"] = backend.platform_version
-            devices = [{"type": d.platform, "index": d.id, "name": d.device_kind} for d in jax.devices()]
-            if device == "cuda":
-                for d in jax.devices():
-                    stats = d.memory_stats() if d.platform == "gpu" else None
-                    if stats:
-                        next(x for x in devices if x["index"] == d.id and x["type"] == d.platform)[
-                            "memory_bytes"] = stats.get("bytes_limit")
-        except Exception as e:  # noqa: BLE001 - e.g. no usable GPU: device_available says so next
-            build["backend_error"] = f"{type(e).__name__}: {e}"
+        if query_backend:
+            try:
+                backend = jax.extend.backend.get_backend()
+                build["platform"] = backend.platform
+                build["platform_version"] = backend.platform_version
+                devices = [{"type": d.platform, "index": d.id, "name": d.device_kind} for d in jax.devices()]
+                if device == "cuda":
+                    for d in jax.devices():
+                        stats = d.memory_stats() if d.platform == "gpu" else None
+                        if stats:
+                            next(x for x in devices if x["index"] == d.id and x["type"] == d.platform)[
+                                "memory_bytes"] = stats.get("bytes_limit")
+            except Exception as e:  # noqa: BLE001 - e.g. no usable GPU: device_available says so next
+                build["backend_error"] = f"{type(e).__name__}: {e}"
         build["matmul_precision"] = jax.config.jax_default_matmul_precision or "default"
         build["x64"] = bool(jax.config.jax_enable_x64)
         build["xla_flags"] = os.environ.get("XLA_FLAGS")
@@ -532,12 +538,60 @@ class JaxRunner:
         import numpy as np
 
         jax = self._init_jax(request["device"])
+        tm = TrainingModel(request)
+        mode = request["mode"]
+        dev = self._device(request["device"])
+        batch = request["batch_size"]
+        seed = request.get("seed", 0)
+        rng = np.random.default_rng(seed)
+        # Data and initial weights come from numpy on the host and are put on the device once,
+        # committed to it (so every step sees the same placement and the step compiles once):
+        # jax.random would compile a threefry kernel per shape, tens of seconds on a small CPU.
+        x_np, y_np = tm.host_batch(batch, rng, request.get("inputs"))
+        x = jax.device_put(x_np, dev)
+        y = jax.device_put(y_np, dev)
+        variables = jax.device_put(tm.host_variables(x.shape[1:], x.dtype, rng), dev)
+        params = variables["params"]
+        batch_stats = variables.get("batch_stats", {})
+
+        def make_opt_state(p):
+            return jax.device_put(tm.host_opt_state(p), dev)
+
+        apply, loss_of = tm.apply, tm.loss_of
+        train = mode == "train"
+
+        def forward_loss(p, stats, key, x, y):
+            logits, _ = apply(p, stats, key, x, train)  # train mode: batch statistics, no state change
+            return logits.astype(np.float32), loss_of(logits, y)
+
+        if train:
+            step_fn = jax.jit(tm.train_step, donate_argnums=(0, 1, 2, 3))
+        else:
+            def infer_step(p, stats, x):
+                return apply(p, stats, None, x, False)[0]
+
+            step_fn = jax.jit(infer_step)
+
+        state = {"params": params, "batch_stats": batch_stats, "opt_state": make_opt_state(params),
+                 "key": jax.device_put(tm.host_key(seed + 1), dev), "x": x, "y": y}
+        settings = tm.settings(dev.platform, request)
+        settings["compiled_step"] = "jax.jit, one executable per iteration"
+        settings["donated"] = ["params", "batch_stats", "opt_state", "dropout_key"] if train else []
+        return Prepared(params=tm.count_params(params), output_shape=tm.output_shape(params, batch_stats, x),
+                        settings=settings, state=state, step_fn=step_fn, forward_loss_fn=jax.jit(forward_loss),
+                        make_opt_state=make_opt_state, network=tm.network, plan=tm.plan, device=dev, mode=mode)
+
+
+class TrainingModel:
+    """What a training run of one resolved network needs, independent of where it runs: the flax
+    module, host (numpy) data and initial variables, the loss, the optimiser and one iteration's
+    function (shared by the single-process runner and jax_distributed.py)."""
+
+    def __init__(self, request: dict):
         import jax.numpy as jnp
         import optax
 
         network = request["network"]
-        mode = request["mode"]
-        dev = self._device(request["device"])
         precision = request.get("precision", "float32")
         if precision == "float32":
             dtype = jnp.float32
@@ -546,117 +600,132 @@ class JaxRunner:
         else:
             raise ValueError(f"precision {precision!r} is not supported by the jax runner "
                              f"(float32 and amp_bf16 are; float16 would need loss scaling)")
-        deterministic = bool(request.get("deterministic", False))
-        plan = build_plan(network)
+        self.network = network
+        self.precision = precision
+        self.deterministic = bool(request.get("deterministic", False))
+        self.plan = build_plan(network)
         inp = network["input"]
-        images = inp["kind"] == "tensor" and len(inp["shape"]) == 3
-        tokens = inp["kind"] == "tokens"
-        has_lstm = any(layer["type"] == "lstm" for layer in network["layers"])
-        lstm_unroll = 1  # the recurrence is small next to the vocabulary dense; unrolling only slows compilation
-        Network = _modules()
-        model = Network(layers=tuple(network["layers"]), plan=tuple(plan), deterministic=deterministic,
-                        lstm_unroll=lstm_unroll, dtype=dtype)
-        has_dropout = not deterministic and any(layer["type"] == "dropout" and layer["rate"] > 0
-                                                for layer in network["layers"])
+        self.images = inp["kind"] == "tensor" and len(inp["shape"]) == 3
+        self.tokens = inp["kind"] == "tokens"
+        self.has_lstm = any(layer["type"] == "lstm" for layer in network["layers"])
+        self.lstm_unroll = 1  # the recurrence is small next to the vocabulary dense; unrolling only slows compilation
+        self.model = _modules()(layers=tuple(network["layers"]), plan=tuple(self.plan),
+                                deterministic=self.deterministic, lstm_unroll=self.lstm_unroll, dtype=dtype)
+        self.has_dropout = not self.deterministic and any(layer["type"] == "dropout" and layer["rate"] > 0
+                                                          for layer in network["layers"])
+        self.tx = optax.sgd(request["learning_rate"], momentum=request["momentum"])
 
-        batch = request["batch_size"]
-        seed = request.get("seed", 0)
-        rng = np.random.default_rng(seed)
-        # Data and initial weights come from numpy on the host and are put on the device once,
-        # committed to it (so every step sees the same placement and the step compiles once):
-        # jax.random would compile a threefry kernel per shape, tens of seconds on a small CPU.
-        if request.get("inputs"):
-            with np.load(request["inputs"]) as data:
+    def host_batch(self, batch: int, rng, inputs: str | None = None):
+        """(x, y) as contiguous numpy arrays: images NHWC, tokens int32."""
+        import numpy as np
+
+        inp = self.network["input"]
+        if inputs:
+            with np.load(inputs) as data:
                 x_np, y_np = data["x"], data["y"]
-            if images:
+            if self.images:
                 x_np = x_np.transpose(0, 2, 3, 1)  # canonical NCHW -> NHWC, once
-        elif tokens:
+        elif self.tokens:
             shape = (batch, inp["sequence_length"])
             x_np = rng.integers(0, inp["vocabulary"], shape)
             y_np = rng.integers(0, inp["vocabulary"], shape)
         else:
-            shape = (batch, *inp["shape"][1:], inp["shape"][0]) if images else (batch, *inp["shape"])
+            shape = (batch, *inp["shape"][1:], inp["shape"][0]) if self.images else (batch, *inp["shape"])
             x_np = rng.standard_normal(shape, dtype=np.float32)
             y_np = rng.integers(0, inp["classes"], (batch,))
-        x = jax.device_put(np.ascontiguousarray(x_np, dtype=np.int32 if tokens else np.float32), dev)
-        y = jax.device_put(np.ascontiguousarray(y_np, dtype=np.int32), dev)
+        return (np.ascontiguousarray(x_np, dtype=np.int32 if self.tokens else np.float32),
+                np.ascontiguousarray(y_np, dtype=np.int32))
 
-        # shapes from flax (traced, not compiled), values from numpy with flax's default schemes
-        abstract = jax.eval_shape(functools.partial(model.init, train=False),
-                                  {"params": jax.random.PRNGKey(0)}, jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype))
-        variables = jax.device_put(host_init(abstract, rng), dev)
-        params = variables["params"]
-        batch_stats = variables.get("batch_stats", {})
-        n_params = int(sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params)))
+    def host_variables(self, sample_shape, dtype, rng) -> dict:
+        """Numpy variables: shapes from flax (traced, not compiled), values drawn by `host_init`."""
+        jax = _jax()
+        abstract = jax.eval_shape(functools.partial(self.model.init, train=False), {"params": jax.random.PRNGKey(0)},
+                                  jax.ShapeDtypeStruct((1, *sample_shape), dtype))
+        return host_init(abstract, rng)
 
-        tx = optax.sgd(request["learning_rate"], momentum=request["momentum"])
-        opt_abstract = jax.eval_shape(tx.init, params)
+    def host_opt_state(self, params):
+        """optax.sgd's state is the momentum trace (zeros) and empty states: built on the host."""
+        import numpy as np
 
-        def make_opt_state(p):
-            # optax.sgd's state is the momentum trace (zeros) and empty states: built on the host
-            return jax.device_put(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), opt_abstract), dev)
+        jax = _jax()
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(self.tx.init, params))
 
-        def apply(p, stats, key, x, train):
-            variables = {"params": p, "batch_stats": stats} if stats else {"params": p}
-            rngs = {"dropout": key} if (has_dropout and train) else None
-            if train and stats:
-                out, upd = model.apply(variables, x, train=True, mutable=["batch_stats"], rngs=rngs)
-                return out, upd["batch_stats"]
-            return model.apply(variables, x, train=train, rngs=rngs), stats
+    @staticmethod
+    def host_key(seed: int):
+        import numpy as np
 
-        def loss_of(logits, y):
-            logits = logits.astype(jnp.float32)
-            return optax.softmax_cross_entropy_with_integer_labels(
-                logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
+        jax = _jax()
+        return np.asarray(jax.random.key_data(jax.random.PRNGKey(seed)))
 
-        train = mode == "train"
+    @staticmethod
+    def count_params(params) -> int:
+        import numpy as np
 
-        def forward_loss(p, stats, key, x, y):
-            logits, _ = apply(p, stats, key, x, train)  # train mode: batch statistics, no state change
-            return logits.astype(jnp.float32), loss_of(logits, y)
+        return int(sum(int(np.prod(p.shape)) for p in _jax().tree.leaves(params)))
 
-        if train:
-            def train_step(p, stats, opt_state, key, x, y):
-                key, sub = jax.random.split(key)
+    def output_shape(self, params, stats, x) -> list[int]:
+        """Per-sample output shape (traced, not compiled); `x` may be a ShapeDtypeStruct."""
+        out = _jax().eval_shape(lambda p, s, x: self.apply(p, s, None, x, False)[0], params, stats, x)
+        return list(out.shape[1:])
 
-                def objective(p):
-                    logits, new_stats = apply(p, stats, sub, x, True)
-                    return loss_of(logits, y), new_stats
+    def apply(self, p, stats, key, x, train: bool):
+        """(logits, batch statistics): updated ones in training mode where the network has any."""
+        variables = {"params": p, "batch_stats": stats} if stats else {"params": p}
+        rngs = {"dropout": key} if (self.has_dropout and train) else None
+        if train and stats:
+            out, upd = self.model.apply(variables, x, train=True, mutable=["batch_stats"], rngs=rngs)
+            return out, upd["batch_stats"]
+        return self.model.apply(variables, x, train=train, rngs=rngs), stats
 
-                (loss, new_stats), grads = jax.value_and_grad(objective, has_aux=True)(p)
-                updates, opt_state = tx.update(grads, opt_state, p)
-                return optax.apply_updates(p, updates), new_stats, opt_state, key, loss
+    @staticmethod
+    def loss_of(logits, y):
+        import jax.numpy as jnp
+        import optax
 
-            step_fn = jax.jit(train_step, donate_argnums=(0, 1, 2, 3))
-        else:
-            def infer_step(p, stats, x):
-                return apply(p, stats, None, x, False)[0]
+        logits = logits.astype(jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
 
-            step_fn = jax.jit(infer_step)
+    def gradients(self, p, stats, key, x, y):
+        """(loss, new batch statistics, gradients) of one batch; `key` is this step's dropout key."""
+        jax = _jax()
 
-        out_shape = list(jax.eval_shape(lambda p, s, x: apply(p, s, None, x, False)[0],
-                                        params, batch_stats, x).shape[1:])
-        state = {"params": params, "batch_stats": batch_stats, "opt_state": make_opt_state(params),
-                 "key": jax.device_put(np.asarray(jax.random.key_data(jax.random.PRNGKey(seed + 1))), dev),
-                 "x": x, "y": y}
+        def objective(p):
+            logits, new_stats = self.apply(p, stats, key, x, True)
+            return self.loss_of(logits, y), new_stats
+
+        (loss, new_stats), grads = jax.value_and_grad(objective, has_aux=True)(p)
+        return loss, new_stats, grads
+
+    def update(self, p, grads, opt_state):
+        import optax
+
+        updates, opt_state = self.tx.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state
+
+    def train_step(self, p, stats, opt_state, key, x, y):
+        """One iteration: forward, loss, backward, SGD-momentum update, batch statistics, key split."""
+        key, sub = _jax().random.split(key)
+        loss, new_stats, grads = self.gradients(p, stats, sub, x, y)
+        p, opt_state = self.update(p, grads, opt_state)
+        return p, new_stats, opt_state, key, loss
+
+    def settings(self, platform: str, request: dict) -> dict:
+        network = self.network
+        plan = self.plan
         settings = {
             "api": "flax.linen + optax.sgd",
-            "platform": dev.platform,
-            "layout": "NHWC" if images else ("batch-major tokens, time-major LSTM scan" if has_lstm else "NC"),
-            "input_transpose": "NCHW->NHWC once at prepare" if (images and request.get("inputs")) else None,
-            "compiled_step": "jax.jit, one executable per iteration",
-            "donated": ["params", "batch_stats", "opt_state", "dropout_key"] if train else [],
+            "platform": platform,
+            "layout": "NHWC" if self.images else ("batch-major tokens, time-major LSTM scan" if self.has_lstm else "NC"),
+            "input_transpose": "NCHW->NHWC once at prepare" if (self.images and request.get("inputs")) else None,
             "flatten": sorted({_FLATTEN_SETTING[p["flatten"]] for p in plan if "flatten" in p}) or None,
-            "lstm": (f"fused gates (in,4h)/(h,4h), input projection hoisted out of lax.scan, unroll={lstm_unroll}"
-                     if has_lstm else None),
+            "lstm": (f"fused gates (in,4h)/(h,4h), input projection hoisted out of lax.scan, unroll={self.lstm_unroll}"
+                     if self.has_lstm else None),
             "batch_norm": "flax BatchNorm (biased batch variance in running_var)"
             if any(layer["type"] in ("batch_norm", "residual") for layer in network["layers"]) else None,
-            "dropout": ("identity (deterministic)" if deterministic else "per-step key split inside the step")
+            "dropout": ("identity (deterministic)" if self.deterministic else "per-step key split inside the step")
             if any(layer["type"] == "dropout" for layer in network["layers"]) else None,
-            "precision": precision,
-            "matmul_precision": jax.config.jax_default_matmul_precision or "default",
+            "precision": self.precision,
+            "matmul_precision": _jax().config.jax_default_matmul_precision or "default",
         }
-        settings = {k: v for k, v in settings.items() if v is not None}
-        return Prepared(params=n_params, output_shape=out_shape, settings=settings, state=state,
-                        step_fn=step_fn, forward_loss_fn=jax.jit(forward_loss), make_opt_state=make_opt_state,
-                        network=network, plan=plan, device=dev, mode=mode)
+        return {k: v for k, v in settings.items() if v is not None}

@@ -1,0 +1,346 @@
+"""JAX as a multi-worker runner: jax.distributed, a data-sharded jitted step, lax collectives.
+
+dlbench starts every rank itself (runner.toml: [distributed] launch = "ranks"; JAX has no launcher
+of its own) with torchrun's variables set; `join` turns them into `jax.distributed.initialize`
+(the coordination service at MASTER_ADDR:MASTER_PORT, rank 0 hosts it). Every process then sees
+every process's devices (one CPU device each; on CUDA the GPU of its local rank) and compiled
+programs span them: a 1-D mesh "data" over all devices. Cross-process collectives on CPU are
+XLA:CPU's gloo implementation (`jax_cpu_collectives_implementation = "gloo"`, set explicitly
+though it is jax 0.10's default); on CUDA, XLA's NCCL. The contract is in
+runners/common/distributed_harness.py.
+
+Data-parallel step: one `jax.jit` of a `jax.shard_map` over "data": every rank runs the whole
+network on its own batch (the global batch is sharded along "data"), the gradient tree is
+averaged by `lax.pmean` (XLA all-reduce), and the SGD-momentum update is applied to replicated
+parameters. Batch-norm running statistics stay per rank (stacked along "data"), as
+DistributedDataParallel keeps them between its buffer broadcasts; dropout keys differ per rank.
+shard_map runs unchecked (check_vma=False) so that its autodiff adds no implicit psum: the pmean
+is the step's only collective, and `step_without_sync` is the same program without it (the
+controller reports the difference of the two medians as the communication not hidden behind the
+backward pass; XLA may schedule the all-reduce before the last gradients are computed, so only
+what overlapping does not hide is counted). Without the exchange the ranks' parameters diverge,
+which is why the harness runs those steps after the measured ones.
+
+Collectives: `lax.psum` (all_reduce), `lax.all_gather` (tiled), `lax.psum_scatter` (tiled,
+reduce_scatter); JAX has no broadcast primitive, so broadcast is what
+`jax.experimental.multihost_utils.broadcast_one_to_all` does: a psum of the root's buffer and
+every other rank's zeros (an all-reduce's traffic). all_reduce and broadcast donate their buffer
+and get it back (in place).
+
+Gloo's address: jax builds its gloo collectives from the hostname's address; when dlbench names
+this rank's host (DLBENCH_WORKER_ADDRESSES), the CPU backend is created with that address
+instead (jax's own `make_gloo_tcp_collectives(hostname=...)`), as torchrun's --local-addr does,
+so two "hosts" on loopback addresses really talk through those addresses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import time
+
+from jax_runner import JaxRunner, TrainingModel, _jax
+
+AXIS = "data"
+# jax.distributed's defaults are 300 s to connect and 100 s without a heartbeat; stated here so
+# that a rank waiting for a lost peer fails with its own error before dlbench's job timeout.
+INITIALIZATION_TIMEOUT_S = 300
+HEARTBEAT_TIMEOUT_S = 100
+
+
+def _address(host_port: str) -> str:
+    return host_port.rsplit(":", 1)[0].strip("[]")
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def machine_slot(rank: int, local_rank: int, worker_addresses: tuple[str, ...]) -> int:
+    """This rank's index among the ranks that share its machine's cores: those of its host, or,
+    for a loopback address, every rank on a loopback address (all "hosts" of one machine)."""
+    if not worker_addresses:
+        return local_rank
+    hosts = [_address(a) for a in worker_addresses]
+    mine = hosts[rank]
+    same = (lambda h: _is_loopback(h)) if _is_loopback(mine) else (lambda h: h == mine)
+    return sum(1 for r in range(rank) if same(hosts[r]))
+
+
+def cpu_slice(allowed: list[int], threads: int, slot: int) -> list[int]:
+    """The `threads` CPUs of the rank in `slot`: consecutive blocks, wrapping around when the
+    machine has fewer (the placement refuses to oversubscribe, so that only happens with --threads
+    on a host that has fewer cores than dlbench assumed)."""
+    return [allowed[(slot * threads + i) % len(allowed)] for i in range(threads)]
+
+
+def _env_cluster():
+    """(rank, local_rank, worker addresses) from the variables dlbench sets, before `join`."""
+    rank = int(os.environ.get("RANK", "0"))
+    addresses = tuple(a for a in os.environ.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
+    return rank, int(os.environ.get("LOCAL_RANK", rank)), addresses
+
+
+class DataParallel:
+    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes):
+        self.step = step
+        self.step_without_sync = step_without_sync
+        self.synchronize = synchronize
+        self.params = params
+        self.output_shape = output_shape
+        self.settings = settings
+        self.grad_bytes = grad_bytes
+
+
+class Collective:
+    """One compiled collective over every rank's device; `run` dispatches it, `synchronize` waits."""
+
+    def __init__(self, op: str, fn, make_input, in_place: bool):
+        self.op, self._fn, self._make_input, self._in_place = op, fn, make_input, in_place
+        self._send = self._out = None
+
+    def load(self, array) -> None:
+        self._send = self._make_input(array)
+        self._out = None
+
+    def run(self) -> None:
+        if self._in_place:  # the buffer is donated and comes back as the result
+            self._send = self._out = self._fn(self._send)
+        else:
+            self._out = self._fn(self._send)
+
+    def synchronize(self) -> None:
+        if self._out is not None:
+            self._out.block_until_ready()
+
+    def result(self):
+        import numpy as np
+
+        return np.asarray(self._out.addressable_data(0))
+
+
+class JaxDistributedRunner(JaxRunner):
+    def __init__(self):
+        super().__init__()
+        self._mesh = None
+        self._device_kind = None
+        self._barriers = 0
+
+    # --- threads: XLA:CPU sizes its pools from the affinity mask, so ranks sharing a machine get
+    # disjoint CPUs (the single-process runner takes the first `threads` of them)
+    def configure_threads(self, threads: int | None) -> dict:
+        if not threads:
+            return super().configure_threads(threads)
+        rank, local_rank, addresses = _env_cluster()
+        slot = machine_slot(rank, local_rank, addresses)
+        allowed = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, cpu_slice(allowed, threads, slot))
+        info = super().configure_threads(None)  # records the affinity just set
+        info.update(requested=threads, machine_slot=slot, cpus_allowed_before=allowed)
+        return info
+
+    def framework_info(self, device: str) -> dict:
+        # no backend yet: jax.distributed.initialize must come before the first backend is made
+        # (the devices of every process are in `join`'s answer, the record's process_group)
+        return self._framework_info(device, query_backend=False)
+
+    def device_available(self, device: str) -> str | None:
+        if device == "cpu":
+            return None
+        if device == "cuda":
+            import importlib.util
+
+            if any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+                return None  # whether a GPU is usable shows when join() makes the backend
+            return "CUDA requested but this jax environment has no CUDA plugin"
+        return f"device {device!r} is not supported by the jax runner"
+
+    def join(self, cluster) -> dict:
+        import numpy as np
+
+        jax = self._init_jax(cluster.device)
+        import jax.extend as jax_extend
+
+        cuda = cluster.device == "cuda"
+        if not cuda:
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        coordinator = cluster.coordinator_address
+        if ":" in coordinator:  # an IPv6 address
+            coordinator = f"[{coordinator}]"
+        jax.distributed.initialize(
+            coordinator_address=f"{coordinator}:{cluster.coordinator_port}", num_processes=cluster.world_size,
+            process_id=cluster.rank, local_device_ids=[cluster.local_rank] if cuda else None,
+            initialization_timeout=INITIALIZATION_TIMEOUT_S, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+        gloo_address = None
+        if not cuda and cluster.worker_addresses:
+            gloo_address = _address(cluster.worker_addresses[cluster.rank])
+            self._cpu_backend_with_gloo_at(gloo_address)
+        platform = "gpu" if cuda else "cpu"
+        devices = jax.devices(platform)
+        local = jax.local_devices(backend=platform)
+        self._mesh = jax.sharding.Mesh(np.array(devices), (AXIS,))
+        self._device_kind = platform
+        return {
+            "backend": "nccl" if cuda else jax.config.jax_cpu_collectives_implementation,
+            "api": "jax.distributed.initialize (coordination service on rank 0)",
+            "coordinator": f"{coordinator}:{cluster.coordinator_port}",
+            "gloo_address": gloo_address if not cuda else None,
+            "rank": jax.process_index(), "world_size": jax.process_count(),
+            "devices": [{"id": d.id, "process": d.process_index, "kind": d.device_kind} for d in devices],
+            "local_devices": [d.id for d in local],
+            "mesh": {AXIS: len(devices)},
+            "platform_version": jax_extend.backend.get_backend(platform).platform_version,
+        }
+
+    @staticmethod
+    def _cpu_backend_with_gloo_at(address: str) -> None:
+        """The CPU backend of a distributed job, its gloo collectives bound to `address` (jax's own
+        factory otherwise resolves the machine's hostname). Must run before the first backend."""
+        from jax._src import distributed, xla_bridge
+        from jax._src.lib import _jax as jaxlib_ext
+
+        def factory():
+            collectives = jaxlib_ext.make_gloo_tcp_collectives(
+                distributed_client=distributed.global_state.client, hostname=address)
+            return xla_bridge.make_cpu_client(collectives=collectives)
+
+        xla_bridge.register_backend_factory("cpu", factory, priority=0, fail_quietly=False)
+
+    def barrier(self) -> None:
+        from jax.experimental import multihost_utils
+
+        self._barriers += 1  # every rank calls barrier() in the same order: the names agree
+        multihost_utils.sync_global_devices(f"dlbench-barrier-{self._barriers}")
+
+    def leave(self) -> None:
+        _jax().distributed.shutdown()
+
+    # ------------------------------------------------------------------ data-parallel training
+
+    def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        import numpy as np
+
+        jax = _jax()
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        mesh = self._mesh
+        replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+        tm = TrainingModel({**request, "mode": "train"})
+        seed = request.get("seed", 0)
+        # every rank the same initial weights, its own synthetic batch (as a sharded data set gives it)
+        x_np, y_np = tm.host_batch(request["batch_size"], np.random.default_rng(seed * 1000 + cluster.rank + 1))
+        host = tm.host_variables(x_np.shape[1:], x_np.dtype, np.random.default_rng(seed))
+
+        def global_array(sharding, local):
+            return jax.make_array_from_process_local_data(sharding, local)
+
+        def replicate(tree):
+            return jax.tree.map(lambda a: global_array(replicated, a), tree)
+
+        def per_rank(tree):  # a leading axis of one entry per rank
+            return jax.tree.map(lambda a: global_array(sharded, np.expand_dims(a, 0)), tree)
+
+        params = replicate(host["params"])
+        stats = per_rank(host.get("batch_stats", {}))
+        state = {"params": params, "batch_stats": stats, "opt_state": replicate(tm.host_opt_state(host["params"])),
+                 "key": replicate(tm.host_key(seed + 1)),
+                 "x": global_array(sharded, x_np), "y": global_array(sharded, y_np)}
+
+        def make_step(exchange: bool):
+            def local_step(p, stats, opt_state, key, x, y):
+                stats = jax.tree.map(lambda s: s[0], stats)
+                key, sub = jax.random.split(key)
+                sub = jax.random.fold_in(sub, jax.lax.axis_index(AXIS))  # each rank its own dropout mask
+                loss, new_stats, grads = tm.gradients(p, stats, sub, x, y)
+                if exchange:
+                    grads = jax.lax.pmean(grads, AXIS)  # the gradient exchange: all-reduce, / ranks
+                p, opt_state = tm.update(p, grads, opt_state)
+                return p, jax.tree.map(lambda s: s[None], new_stats), opt_state, key, loss[None]
+
+            spmd = jax.shard_map(local_step, mesh=mesh, check_vma=False,
+                                 in_specs=(P(), P(AXIS), P(), P(), P(AXIS), P(AXIS)),
+                                 out_specs=(P(), P(AXIS), P(), P(), P(AXIS)))
+            return jax.jit(spmd, donate_argnums=(0, 1, 2, 3))
+
+        args = (state["params"], state["batch_stats"], state["opt_state"], state["key"], state["x"], state["y"])
+        t0 = time.perf_counter()
+        # compiled here, ahead of the first step, so that the programs' all-reduces can be counted
+        synced, unsynced = (make_step(e).lower(*args).compile() for e in (True, False))
+        compile_s = time.perf_counter() - t0
+        all_reduces = [_count_all_reduces(c.as_text()) for c in (synced, unsynced)]
+        if cluster.world_size > 1 and (all_reduces[0] == 0 or all_reduces[1] != 0):
+            raise RuntimeError(f"the compiled step has {all_reduces[0]} all-reduce(s) with the gradient exchange "
+                               f"and {all_reduces[1]} without: expected some and none")
+        last: list = []
+
+        def run(compiled):
+            def step():
+                s = state
+                p, st, opt, key, loss = compiled(s["params"], s["batch_stats"], s["opt_state"], s["key"],
+                                                 s["x"], s["y"])
+                s.update(params=p, batch_stats=st, opt_state=opt, key=key)
+                last[:] = [p, st, opt, key, loss]
+            return step
+
+        def synchronize():
+            if last:
+                jax.block_until_ready(last)
+
+        n_params = tm.count_params(params)
+        sample = jax.ShapeDtypeStruct((1, *x_np.shape[1:]), x_np.dtype)
+        settings = tm.settings(self._device_kind, request)
+        settings.update({
+            "api": "flax.linen + optax.sgd; jax.jit of jax.shard_map over a 1-D 'data' mesh of every rank's device",
+            "compiled_step": "one executable per iteration, compiled before the first step",
+            "compile_s": round(compile_s, 3),
+            "donated": ["params", "batch_stats", "opt_state", "dropout_key"],
+            "gradient_exchange": "lax.pmean of the gradient tree (XLA all-reduce)",
+            "all_reduce_ops_in_step": all_reduces[0],
+            "batch_norm_statistics": "per rank (not synchronised)",
+            "exposed_communication": "median step time minus median step time of the same program without the pmean",
+        })
+        grad_bytes = int(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(host["params"])))
+        return DataParallel(run(synced), run(unsynced), synchronize, n_params,
+                            tm.output_shape(params, jax.tree.map(lambda s: s[0], host.get("batch_stats", {})), sample),
+                            settings, grad_bytes)
+
+    # ------------------------------------------------------------------ collectives
+
+    def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
+        jax = _jax()
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        mesh = self._mesh
+        lax = jax.lax
+        if op == "all_reduce":
+            body, out = (lambda v: lax.psum(v, AXIS)), P(AXIS)
+        elif op == "broadcast":  # multihost_utils.broadcast_one_to_all's way: root's data, zeros elsewhere, summed
+            body = (lambda v: lax.psum(jnp.where(lax.axis_index(AXIS) == 0, v, jnp.zeros_like(v)), AXIS))
+            out = P(AXIS)
+        elif op == "all_gather":
+            body, out = (lambda v: lax.all_gather(v, AXIS, tiled=True)), P(AXIS)
+        elif op == "reduce_scatter":
+            body, out = (lambda v: lax.psum_scatter(v, AXIS, scatter_dimension=0, tiled=True)), P(AXIS)
+        else:
+            raise ValueError(f"unknown collective {op!r}")
+        in_place = op in ("all_reduce", "broadcast")
+        fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(AXIS), out_specs=out),
+                     donate_argnums=(0,) if in_place else ())
+        sharded = NamedSharding(mesh, P(AXIS))
+        return Collective(op, fn, lambda a: jax.make_array_from_process_local_data(sharded, a), in_place)
+
+
+def _count_all_reduces(hlo_text: str) -> int:
+    """all-reduce instructions (synchronous or started asynchronously) in a compiled module's HLO:
+    lines `%name = <shape> all-reduce(...)`; a shape may hold `/*index=5*/` comments."""
+    return len(_ALL_REDUCE.findall(hlo_text))
+
+
+_ALL_REDUCE = re.compile(r"^\s*(?:ROOT\s+)?%\S+ = .* all-reduce(?:-start)?\(", re.MULTILINE)
