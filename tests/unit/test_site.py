@@ -256,6 +256,22 @@ def test_worker_processes_write_the_same_site(built, tmp_path):
     assert pages(built[0] / "out") == pages(tmp_path / "two")
 
 
+def test_an_error_in_the_child_that_writes_benchmark_pages_fails_the_build(built, tmp_path, monkeypatch):
+    """With workers, the history and benchmark pages are written by a forked child: its failure is
+    the build's failure, raised here with the child's error, and nothing is left half-built."""
+    def boom(*a, **k):
+        raise RuntimeError("benchmark page broke")
+
+    children = []
+    real = site._start_in_child
+    monkeypatch.setattr(site, "_start_in_child", lambda work: children.append(work) or real(work))
+    monkeypatch.setattr(site.pages, "benchmark_context", boom)
+    with pytest.raises(RuntimeError, match="benchmark page broke"):
+        site.build_site(built[0] / "store", tmp_path / "two", workers=2, now=NOW)
+    assert len(children) == 1  # the error came from the child's share of the work
+    assert not list(tmp_path.iterdir())
+
+
 def _invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(app, list(args))
     return result.exit_code, result.output + (result.stderr if result.stderr_bytes is not None else "")

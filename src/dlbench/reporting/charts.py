@@ -399,14 +399,15 @@ def _path_text(xy: list[int], stretches: list[tuple[int, int]], colour: str) -> 
     """The <path> (and dots) of a line from its coordinates in tenths of a px, x and y interleaved.
 
     Coordinates are written as integers in tenths of a unit under transform="scale(.1)" (the
-    stroke keeps its width: vector-effect in the stylesheet): a list of ints turns into text
-    several times faster than floats, and telemetry pages have many lines."""
+    stroke keeps its width: vector-effect in the stylesheet): ints turn into text several times
+    faster than floats, and telemetry pages have many lines."""
     parts, dots = [], []
     for a, b in stretches:
         if b - a == 1:
             dots.append(f'<circle cx="{xy[2 * a] / 10:.1f}" cy="{xy[2 * a + 1] / 10:.1f}" r="2" fill="{colour}"/>')
         else:
-            parts.append("M" + str(xy[2 * a:2 * b])[1:-1])  # "x, y, x, y, ...": SVG takes commas
+            pairs = xy[2 * a:2 * b]  # "x, y, x, y, ...": SVG takes commas; %-formatting is ~2x faster than str(list)
+            parts.append("M" + ("%d, " * len(pairs))[:-2] % tuple(pairs))
     path = [f'<path d="{" ".join(parts)}" transform="scale(.1)" fill="none" stroke="{colour}" class="line"/>'] if parts else []
     return path + dots
 

@@ -275,7 +275,7 @@ def iteration_chart(record: Record) -> Markup:
         values = [*rep.warmup_iter_s, *rep.iter_s]
         if not values:
             continue
-        t = [float(i) for i in range(len(values))]
+        t = np.arange(len(values), dtype=float)
         window = [(float(len(rep.warmup_iter_s)), float(len(values) - 1))] if rep.iter_s else []
         segments.append(charts.Segment(f"repeat {rep.index + 1}", t, {"iteration time": np.array(values) * 1e3},
                                        window))

@@ -44,6 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
@@ -250,12 +251,16 @@ def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_c
     else:
         chunks = [fresh[i:i + CHUNK] for i in range(0, len(fresh), CHUNK)]
         new_views, problems = [], []
-        # fork where it is safe (a single-threaded caller, as the CLI is): the workers start at once
-        # with the modules already imported; else spawn, a fresh interpreter per worker
-        method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        # fork where it is safe (_can_fork); else spawn, a fresh interpreter per worker
+        method = "fork" if _can_fork() else "spawn"
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            for v, p in pool.map(render_runs, [str(store.root)] * len(chunks), chunks, [str(build_dir)] * len(chunks),
-                                 [generated_at] * len(chunks), [has_compare] * len(chunks)):
+            results = pool.map(render_runs, [str(store.root)] * len(chunks), chunks, [str(build_dir)] * len(chunks),
+                               [generated_at] * len(chunks), [has_compare] * len(chunks))
+            # every task is queued and the workers started: meanwhile, this otherwise idle process imports
+            # what the aggregate pages need (scipy and ruptures: about a second, else spent after the workers)
+            import scipy.stats  # noqa: F401 - model._scores
+            from . import history_view  # noqa: F401 - ruptures
+            for v, p in results:
                 new_views.extend(v)
                 problems.extend(p)
     views.extend(new_views)
@@ -264,29 +269,65 @@ def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_c
     return views, problems, manifest
 
 
-def render_aggregates(model: SiteModel, build_dir: Path, generated_at: str) -> int:
+def _can_fork() -> bool:
+    """Forking is safe where the caller is single-threaded (the CLI is): the child starts at once,
+    with the modules, the compiled templates and the view model already in memory."""
+    return threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _start_in_child(work: Callable[[], None]) -> Callable[[], None]:
+    """Run `work` in a forked child process while the caller goes on; returns the function that
+    waits for it. Where the child failed, `work` runs again here, so that its error is raised
+    here, with its traceback, and the build fails as it would have without the child."""
+    def child() -> None:
+        try:
+            work()
+        except BaseException:  # noqa: BLE001 - reported by running it again in the parent
+            os._exit(1)
+
+    process = multiprocessing.get_context("fork").Process(target=child, daemon=True)
+    process.start()
+
+    def finish() -> None:
+        process.join()
+        if process.exitcode != 0:
+            work()
+    return finish
+
+
+def render_aggregates(model: SiteModel, build_dir: Path, generated_at: str, split: bool = False,
+                      meanwhile: Callable[[], None] | None = None) -> int:
+    """Write the leaderboards, the list of runs, the history, the benchmark pages (and the compare
+    page); `split`: the history and benchmark pages (about half of the time) in a forked child
+    while this process writes the rest and does `meanwhile`."""
     env = environment()
     has_compare = model.comparison is not None
     top = _common("", generated_at, has_compare)
     nested = _common("../", generated_at, has_compare)
-    written = 0
+
+    def history_and_benchmarks() -> None:
+        _write(build_dir / "history.html", env.get_template("history.html.j2").render(**top, **pages.history_context(model)))
+        template = env.get_template("benchmark.html.j2")
+        for page in model.benchmarks:
+            _write(build_dir / page.page, template.render(**nested, **pages.benchmark_context(page, model)))
+
+    finish = _start_in_child(history_and_benchmarks) if split and _can_fork() else None
+    if finish is None:
+        history_and_benchmarks()
     _write(build_dir / "index.html", env.get_template("index.html.j2").render(**top, **pages.index_context(model)))
     _write(build_dir / "runs.html", env.get_template("runs.html.j2").render(**top, model=model))
-    _write(build_dir / "history.html", env.get_template("history.html.j2").render(**top, **pages.history_context(model)))
-    written += 3
-    template = env.get_template("benchmark.html.j2")
-    for page in model.benchmarks:
-        _write(build_dir / page.page, template.render(**nested, **pages.benchmark_context(page, model)))
-        written += 1
     if has_compare:
         _write(build_dir / "compare.html", env.get_template("compare.html.j2").render(
             **top, model=model, **pages.compare_context(model.comparison, model)))
-        written += 1
     for name in STATIC_FILES:
         static = build_dir / "static" / name
         static.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(paths.reports_dir() / "static" / name, static)
-    return written
+    if meanwhile is not None:
+        meanwhile()
+    if finish is not None:
+        finish()
+    return 3 + len(model.benchmarks) + has_compare
 
 
 def _check_replaceable(out_dir: Path) -> None:
@@ -335,10 +376,13 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
         if request is not None:
             from .comparison_view import run_comparison
             model.comparison = run_comparison(store, request)
-        written = render_aggregates(model, build_dir, generated_at)
-        (build_dir / SITE_MARKER).write_text(json.dumps(
-            {"manifest": MANIFEST_VERSION, "written_by": f"dlbench {__version__}", "generated_at": generated_at,
-             "renderer": key, "runs": manifest}))
+
+        def write_manifest() -> None:
+            (build_dir / SITE_MARKER).write_text(json.dumps(
+                {"manifest": MANIFEST_VERSION, "written_by": f"dlbench {__version__}", "generated_at": generated_at,
+                 "renderer": key, "runs": manifest}))
+        written = render_aggregates(model, build_dir, generated_at, split=(workers or _workers(len(views))) > 1,
+                                    meanwhile=write_manifest)
         _swap_in(build_dir, out_dir)
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
