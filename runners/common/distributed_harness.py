@@ -28,6 +28,10 @@ A multi-worker runner object provides (runners/torch/torch_distributed.py is the
     collective_unavailable(op) -> str|None   optional: why this engine offers no such collective on
                                         this device (e.g. TensorFlow's reduce-scatter is NCCL-only); every
                                         size of it is then skipped with that reason, and no rank runs it
+    collective_size_unavailable(op, size_bytes, runs) -> str|None   optional: why this one size is not
+                                        run, knowing it would be issued `runs` times (e.g. MXNet's
+                                        broadcast takes a kvstore key per call that is never freed:
+                                        sizes past a memory budget); every rank must decide alike
 DataParallel: params, output_shape, settings (as Prepared), grad_bytes (bytes of gradient reduced
 per iteration), step() (one synchronous data-parallel step, gradient exchange included),
 synchronize(), and step_without_sync: a step that skips the gradient exchange, or None where the
@@ -167,6 +171,7 @@ def measure_collectives(runner, cluster: Cluster, ops: list[str], sizes: list[in
 
     out: dict[str, list[dict]] = {}
     unavailable = getattr(runner, "collective_unavailable", lambda op: None)
+    size_unavailable = getattr(runner, "collective_size_unavailable", lambda op, size, runs: None)
     for op in ops:
         rows = out.setdefault(op, [])
         why_not = unavailable(op)
@@ -178,6 +183,10 @@ def measure_collectives(runner, cluster: Cluster, ops: list[str], sizes: list[in
             if shape is None:
                 rows.append({"size_bytes": size, "skipped": f"{size} B is less than one float32 per rank "
                                                             f"over {cluster.world_size} ranks"})
+                continue
+            why_not = size_unavailable(op, size, 1 + warmup_iters + measure_iters)
+            if why_not:
+                rows.append({"size_bytes": size, "skipped": why_not})
                 continue
             send, recv, total = shape
             coll = runner.collective(op, send, recv)

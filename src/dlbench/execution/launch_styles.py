@@ -6,6 +6,9 @@ A runner names its style in runner.toml (`[distributed] launch = ...`):
   that host's ranks and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in each.
 - ranks: dlbench starts every rank itself with those same variables set (for launchers-less
   engines: TF_CONFIG and jax.distributed.initialize are built from them by the runner).
+- ps-lite: a parameter-server job (MXNet's kvstore dist_*): a scheduler on the coordinator's host
+  at the job's port, one server per host, and every rank, each process running the worker file
+  with ps-lite's DMLC_* variables (the worker file serves the scheduler and server roles itself).
 
 Every rank also gets DLBENCH_WORKER_ADDRESSES ("host:port" per rank, a free port each), the
 thread variables, and, when every host is a loopback address, GLOO_SOCKET_IFNAME=lo (so gloo does
@@ -16,6 +19,8 @@ that needs other processes (parameter servers, a scheduler).
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -93,7 +98,56 @@ def rank_processes(layout: JobLayout) -> list[ProcessSpec]:
     return specs
 
 
+def _ip(address: str) -> str:
+    """ps-lite binds and advertises a node by DMLC_NODE_HOST, which must be an address (zmq binds no
+    host name); a name that does not resolve here is passed on as it is."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        return address
+
+
+def ps_lite_processes(layout: JobLayout) -> list[ProcessSpec]:
+    """Scheduler, one server per host, one worker per rank (ps-lite's DMLC_ROLE scheduler | server |
+    worker). ps-lite numbers the workers itself once all have registered: by address in descending
+    byte order, then by port (van.cc's sort), so ranks are numbered here in that order (the first
+    host's ranks need not be 0..k) and each worker is given its port (PORT, from the job's free
+    ports, ascending within a host): RANK is then the kvstore's rank, which the runner checks.
+    One worker needs no servers: just the rank, without DMLC_ROLE (the runner trains without a
+    kvstore). Servers sum what the workers push while the workers wait, so they run with the ranks'
+    threads and are not counted by the placement."""
+    p = layout.placement
+    if p.workers == 1:
+        return rank_processes(layout)
+    base = common_env(layout)
+    scheduler_ip = _ip(p.coordinator)
+    dmlc = {"DMLC_PS_ROOT_URI": scheduler_ip, "DMLC_PS_ROOT_PORT": str(layout.coordinator_port),
+            "DMLC_NUM_SERVER": str(len(p.hosts)), "DMLC_NUM_WORKER": str(p.workers)}
+    argv = [str(layout.python), str(layout.worker), str(layout.request), str(layout.job_dir)]
+    specs = [ProcessSpec(p.hosts[0], argv, {**base, **dmlc, "DMLC_ROLE": "scheduler"},
+                         f"kvstore scheduler on {p.coordinator}:{layout.coordinator_port}")]
+    for host in p.hosts:
+        specs.append(ProcessSpec(host, argv, {**base, **dmlc, "DMLC_ROLE": "server", "DMLC_NODE_HOST": _ip(host.address)},
+                                 f"kvstore server on {host.address}"))
+    ports = iter(sorted(layout.worker_ports))
+    ranked = sorted(p.hosts, key=lambda h: _ip(h.address).encode(), reverse=True)
+    workers = [(host, local_rank, next(ports)) for host in ranked for local_rank in range(host.slots)]
+    addresses = ",".join(f"{_ip(h.address)}:{port}" for h, _, port in workers)
+    for rank, (host, local_rank, port) in enumerate(workers):
+        env = {**base, **dmlc, "DMLC_ROLE": "worker", "DMLC_NODE_HOST": _ip(host.address), "PORT": str(port),
+               "RANK": str(rank), "WORLD_SIZE": str(p.workers), "LOCAL_RANK": str(local_rank),
+               "LOCAL_WORLD_SIZE": str(host.slots), "MASTER_ADDR": p.coordinator,
+               "MASTER_PORT": str(layout.coordinator_port), "DLBENCH_WORKER_ADDRESSES": addresses}
+        specs.append(ProcessSpec(host, argv, env, f"rank {rank} on {host.address}"))
+    return specs
+
+
 STYLES: dict[str, Callable[[JobLayout], list[ProcessSpec]]] = {
     "torchrun": torchrun_processes,
     "ranks": rank_processes,
+    "ps-lite": ps_lite_processes,
 }

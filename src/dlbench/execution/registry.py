@@ -11,7 +11,7 @@ from ..definitions.loader import DefinitionError
 FLAVOURS = ("cpu", "cuda")
 
 
-LAUNCH_STYLES = ("torchrun", "ranks")  # launch_styles.STYLES; listed here so the registry imports no launcher
+LAUNCH_STYLES = ("torchrun", "ranks", "ps-lite")  # launch_styles.STYLES; listed here so the registry imports no launcher
 
 
 @dataclass(frozen=True)

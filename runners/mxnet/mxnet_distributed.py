@@ -1,0 +1,254 @@
+"""Apache MXNet as a multi-worker runner: the kvstore `dist_sync` over ps-lite.
+
+Why dist_sync and not Horovod: dist_sync is MXNet's own engine, in the PyPI wheel (DIST_KVSTORE
+is enabled in 1.9.1's build), started with nothing but environment variables. Horovod would have
+to be compiled here against this wheel's headers and a C++ toolchain (it ships no MXNet wheel),
+for a framework that is retired; its gloo/MPI all-reduce would also no longer be MXNet's engine.
+
+The job (launch style "ps-lite", src/dlbench/execution/launch_styles.py): a scheduler, one server
+per host and one worker per rank, all running distributed_worker.py with DMLC_ROLE set; the
+scheduler and the servers only `import mxnet`, which serves their role until the workers leave.
+ps-lite numbers the workers itself; the launcher numbers RANK the same way and join() checks it.
+One worker (the scaling baseline) runs without servers and trains without a kvstore, as Gluon
+does on one device.
+
+Training: Gluon's Trainer on the job's kvstore with update_on_kvstore=False, so each step
+push-pulls every gradient (the servers sum them; every worker pulls the sum) and every worker
+applies the same SGD-momentum update: the same exchange as DDP's all-reduce, the optimiser run
+where DDP runs it. (update_on_kvstore=True, Gluon's default for dist, would push gradients and pull
+weights, the same bytes, with the optimiser on the servers.) trainer.step(world) divides the summed
+gradient by the number of workers: the mean over the global batch, as DDP. Gradient bytes per
+iteration: the float32 gradients of every trainable parameter, pushed once (and as many pulled).
+
+Exposed communication: MXNet's dependency engine issues each gradient's push as soon as backward
+has written it, so the exchange overlaps backward. `step_without_sync` is the same step with
+trainer.update() in place of trainer.step(): Gluon's own split of step() into allreduce_grads()
+and update(), without the former; the controller reports the difference of the medians.
+
+Collectives, all through the job's kvstore (string keys, one per collective and size):
+- all_reduce: kv.pushpull in place (push to the servers, which sum over every worker; pull).
+- broadcast (root 0): kv.broadcast, MXNet's own: rank 0's init of a key (a push and a barrier of
+  every worker) and a pull by every worker. A key can be initialised once only, so each call takes
+  a fresh key, which the servers and workers keep until the job ends: sizes whose calls would pass
+  BROADCAST_KEY_BUDGET_BYTES in one job are skipped, saying so (every rank decides alike).
+- reduce_scatter: the buffer as a row-sparse array of n rows (one per rank), pushed whole (the
+  servers sum it), then kv.row_sparse_pull of this rank's row only.
+- all_gather: each rank pushes a row-sparse array holding only its own row; the servers' sum of
+  rows that no two ranks share is their union, which every rank pulls (row_sparse_pull of every
+  row). MXNet has no all-gather operator; these are its sparse push/pull, carrying exactly
+  all-gather's bytes through ps-lite (count/n out, count in per rank), never a transport of ours.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+from mxnet_runner import MXNetRunner, _mxnet, build_network
+
+# The servers and workers keep every broadcast key (and its buffers) until the job ends.
+BROADCAST_KEY_BUDGET_BYTES = 2 * 1024 ** 3
+
+
+class DataParallel:
+    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes):
+        self.step = step
+        self.step_without_sync = step_without_sync
+        self.synchronize = synchronize
+        self.params = params
+        self.output_shape = output_shape
+        self.settings = settings
+        self.grad_bytes = grad_bytes
+
+
+class Collective:
+    """One collective over buffers made once; `run` issues it on the engine, `synchronize` waits."""
+
+    def __init__(self, runner, op: str, send_count: int, recv_count: int):
+        mx = _mxnet()
+        import numpy as np
+
+        self.runner, self.op, self.kv = runner, op, runner.kv
+        world, rank = runner.world_size, runner.rank
+        self.key = f"{op}:{send_count}:{recv_count}"
+        if op in ("all_reduce", "broadcast"):
+            self.buf = mx.nd.zeros(send_count)
+            if op == "all_reduce":
+                self.kv.init(self.key, mx.nd.zeros(send_count))
+            self.calls = 0
+            return
+        block = recv_count if op == "reduce_scatter" else send_count
+        self.shape = (world, block)
+        every_row = mx.nd.array(np.arange(world), dtype="int64")
+        # a row-sparse key is initialised with every row present (ps-lite refuses an empty init)
+        self.kv.init(self.key, mx.nd.sparse.row_sparse_array((mx.nd.zeros(self.shape), every_row), shape=self.shape))
+        if op == "reduce_scatter":
+            self.send_rows = every_row
+            self.pull_rows = mx.nd.array([rank], dtype="int64")
+        elif op == "all_gather":
+            self.send_rows = mx.nd.array([rank], dtype="int64")
+            self.pull_rows = every_row
+        else:
+            raise ValueError(f"unknown collective {op!r}")
+        self.send = None
+        self.recv = mx.nd.sparse.zeros("row_sparse", self.shape)
+
+    def load(self, array) -> None:
+        mx = _mxnet()
+        if self.op in ("all_reduce", "broadcast"):
+            self.buf[:] = mx.nd.array(array)
+            return
+        data = mx.nd.array(array).reshape((-1, self.shape[1]))  # reduce_scatter: n rows; all_gather: 1
+        self.send = mx.nd.sparse.row_sparse_array((data, self.send_rows), shape=self.shape)
+
+    def run(self) -> None:
+        if self.op == "all_reduce":
+            self.kv.pushpull(self.key, self.buf, out=self.buf)
+        elif self.op == "broadcast":
+            self.calls += 1
+            self.kv.broadcast(f"{self.key}:{self.calls}", self.buf, out=self.buf)
+        else:
+            self.kv.push(self.key, self.send)
+            self.kv.row_sparse_pull(self.key, out=self.recv, row_ids=self.pull_rows)
+
+    def synchronize(self) -> None:
+        _mxnet().nd.waitall()
+
+    def result(self):
+        if self.op in ("all_reduce", "broadcast"):
+            return self.buf.asnumpy()
+        if self.op == "reduce_scatter":
+            return self.recv.data.asnumpy().reshape(-1)  # the one row pulled: this rank's block
+        return self.recv.tostype("default").asnumpy().reshape(-1)
+
+
+class MXNetDistributedRunner(MXNetRunner):
+    def __init__(self):
+        self.kv = None
+        self.rank, self.world_size = 0, 1
+        self.distributed = False
+        self._broadcast_bytes = 0
+
+    def join(self, cluster) -> dict:
+        mx = _mxnet()
+        role = os.environ.get("DMLC_ROLE")
+        if cluster.device != "cpu":
+            # dist_sync's gradients cross the servers through host memory either way; the GPU
+            # variant (dist_device_sync) is not wired in
+            raise NotImplementedError("the mxnet multi-worker runner supports device cpu only")
+        if role is None:
+            if cluster.world_size != 1:
+                raise RuntimeError(f"{cluster.world_size} workers but DMLC_ROLE is not set: the job must be "
+                                   "started by the ps-lite launch style (scheduler, servers, workers)")
+            self.kv = None  # one worker: nothing to exchange, no servers (Gluon on one device: no kvstore)
+            return {"backend": "none (one worker: no kvstore)", "rank": 0, "world_size": 1}
+        if role != "worker":
+            raise RuntimeError(f"DMLC_ROLE={role!r} reached the rank's code; only workers run it")
+        self.kv = mx.kv.create("dist_sync")  # registers with the scheduler; returns once every node has
+        self.distributed = True
+        self.rank, self.world_size = self.kv.rank, self.kv.num_workers
+        if (self.rank, self.world_size) != (cluster.rank, cluster.world_size):
+            raise RuntimeError(f"ps-lite made this worker rank {self.rank} of {self.world_size}, the launcher "
+                               f"numbered it {cluster.rank} of {cluster.world_size} (a worker's PORT was taken?)")
+        return {"backend": "kvstore dist_sync (ps-lite, zmq)", "kvstore": self.kv.type, "rank": self.rank,
+                "world_size": self.world_size, "servers": int(os.environ["DMLC_NUM_SERVER"]),
+                "server_omp_threads": os.environ.get("OMP_NUM_THREADS"),
+                "scheduler": f"{os.environ['DMLC_PS_ROOT_URI']}:{os.environ['DMLC_PS_ROOT_PORT']}",
+                "node_host": os.environ.get("DMLC_NODE_HOST"),
+                "bigarray_bound": int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))}
+
+    def barrier(self) -> None:
+        if self.distributed:
+            self.kv._barrier()  # ps-lite's barrier of every worker (MXKVStoreBarrier)
+
+    def leave(self) -> None:
+        """Free the kvstore: its destructor waits for every worker, then rank 0 stops the servers
+        and the scheduler, which end their processes. Nothing else may still hold it."""
+        _mxnet().nd.waitall()
+        self.kv = None
+        gc.collect()
+
+    # ------------------------------------------------------------------ training
+
+    def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        mx = _mxnet()
+        import numpy as np
+
+        precision = request.get("precision", "float32")
+        if precision != "float32":
+            raise NotImplementedError(f"the mxnet runner supports float32 only, not {precision!r}")
+        network = request["network"]
+        seed = request.get("seed", 0)
+        mx.random.seed(seed)  # every worker builds the same weights (the Trainer broadcasts rank 0's anyway)
+        np.random.seed(seed)
+        ctx = mx.cpu()
+        net, _blocks, classes = build_network(network)
+        net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctx)
+        model = classes["WithLoss"](net)
+        model.hybridize(static_alloc=True, static_shape=True)
+
+        # each rank trains on its own synthetic batch (as a sharded data set would give it)
+        batch, inp = request["batch_size"], network["input"]
+        rng = np.random.default_rng(seed * 1000 + cluster.rank + 1)
+        if inp["kind"] == "tokens":
+            shape = (batch, inp["sequence_length"])
+            x_np, y_np = rng.integers(0, inp["vocabulary"], shape), rng.integers(0, inp["vocabulary"], shape)
+        else:
+            x_np = rng.standard_normal((batch, *inp["shape"]), dtype=np.float32)
+            y_np = rng.integers(0, inp["classes"], (batch,))
+        x = mx.nd.array(x_np, ctx=ctx, dtype="float32")  # token ids as float32, as the single-process runner
+        y = mx.nd.array(y_np, ctx=ctx, dtype="float32")
+
+        trainable = [p for p in net.collect_params().values() if p.grad_req != "null"]
+        params = int(sum(int(np.prod(p.shape)) for p in trainable))
+        grad_bytes = params * 4
+        world = cluster.world_size
+        trainer = mx.gluon.Trainer(trainable, "sgd", {"learning_rate": request["learning_rate"],
+                                                      "momentum": request["momentum"], "wd": 0.0},
+                                   kvstore=self.kv, update_on_kvstore=False if self.kv is not None else None)
+
+        def forward_backward():
+            with mx.autograd.record(train_mode=True):
+                _, loss = model(x, y)
+            loss.backward()
+
+        def step():
+            forward_backward()
+            trainer.step(world)  # push-pull every gradient (summed over the workers), then / world
+
+        def step_without_sync():
+            forward_backward()
+            trainer.update(world)  # the same update on this worker's own gradient: no exchange
+
+        sym = net(mx.sym.var("data"))
+        _, out_shapes, _ = sym.infer_shape(data=(1, *x.shape[1:]))
+        settings = {"layout": "NCHW", "hybridize": {"static_alloc": True, "static_shape": True},
+                    "precision": precision, "onednn": mx.runtime.Features().is_enabled("MKLDNN"),
+                    "kvstore": self.kv.type if self.kv is not None else None,
+                    "update_on_kvstore": False if self.kv is not None else None,
+                    "optimizer": "gluon.Trainer sgd(momentum) on every worker, step(workers) on the summed "
+                                 "gradients of the per-worker mean losses",
+                    "engine_cpu_worker_threads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
+                    "exposed_communication": "median step time minus median step time with trainer.update() "
+                                             "in place of trainer.step() (no allreduce_grads)"}
+        return DataParallel(step, step_without_sync, mx.nd.waitall, params, list(out_shapes[0][1:]), settings,
+                            grad_bytes)
+
+    # ------------------------------------------------------------------ collectives
+
+    def collective_size_unavailable(self, op: str, size_bytes: int, runs: int) -> str | None:
+        if op != "broadcast":
+            return None
+        need = size_bytes * runs
+        if self._broadcast_bytes + need > BROADCAST_KEY_BUDGET_BYTES:
+            return (f"kv.broadcast takes a fresh kvstore key per call, kept until the job ends: {runs} calls of "
+                    f"{size_bytes} B would take the job's broadcast keys past "
+                    f"{BROADCAST_KEY_BUDGET_BYTES // 1024 ** 2} MiB")
+        self._broadcast_bytes += need
+        return None
+
+    def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
+        if self.kv is None:
+            # one worker: a local kvstore does the same calls within this process
+            self.kv = _mxnet().kv.create("local")
+        return Collective(self, op, send_count, recv_count)
