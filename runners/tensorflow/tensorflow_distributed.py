@@ -1,0 +1,342 @@
+"""TensorFlow as a multi-worker runner: tf.distribute.MultiWorkerMirroredStrategy and TF's
+collective ops. The contract is in runners/common/distributed_harness.py.
+
+dlbench starts every rank itself (runner.toml: launch = "ranks"); TensorFlow has no launcher of its
+own. A rank builds TF_CONFIG from DLBENCH_WORKER_ADDRESSES (a free port per rank, chosen by the
+controller) and its RANK, then creates the strategy, which starts this task's gRPC server and joins
+the cluster (the coordination service led by worker 0, the collective leader worker 0).
+
+Communication: the strategy's CommunicationOptions, recorded as the job's backend. RING (TF's
+ring all-reduce and all-gather between the workers' gRPC servers) on CPU, NCCL on GPU (one GPU per
+local rank); a collective that waits longer than COLLECTIVE_TIMEOUT_S fails instead of hanging.
+
+Data-parallel step (the custom training loop TF documents for this strategy): inside
+`strategy.run`, forward, the loss averaged over the global batch, the gradients, and the Keras SGD
+`apply_gradients`, which all-reduces them (sum) through the strategy's cross-device ops
+(CollectiveAllReduce: with bytes_per_pack 0, TF's default, every gradient is concatenated into one
+pack and reduced by one collective) before the update. Batch-norm running statistics stay local to
+each worker (the strategy does not synchronise them).
+
+Exposed communication: `step_without_sync` is the same compiled step with the exchange left out
+(Keras' `_all_reduce_sum_gradients`, the one place its TF optimizer all-reduces, returns the local
+gradients; the traced graphs are checked to hold one gradient collective per step and none
+respectively). With one pack the all-reduce starts after the whole backward pass, so under TF's
+defaults the exchange is not hidden at all; the difference of the two medians shows it.
+
+Collectives (suite comm): TF's collective ops themselves (CollectiveReduceV2, CollectiveGatherV2,
+CollectiveBcastSendV2/RecvV2, CollectiveReduceScatterV2), the kernels the strategy's cross-device
+ops call, in the strategy's collective group with its implementation, timeout and a fresh instance
+key per call (as the strategy's own launcher does). Reduce-scatter has an NCCL implementation only:
+on CPU it is reported as not offered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tensorflow_runner import TensorFlowRunner, _classes, _describe_flatten, _keras, _tf, build_network
+
+COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
+GRADIENT_COLLECTIVE = "CollectiveReduceV2"
+
+
+class DataParallel:
+    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes):
+        self.step = step
+        self.step_without_sync = step_without_sync
+        self.synchronize = synchronize
+        self.params = params
+        self.output_shape = output_shape
+        self.settings = settings
+        self.grad_bytes = grad_bytes
+
+
+class Collective:
+    """One collective op of TF's over a fixed send tensor; each run() gives a fresh receive tensor."""
+
+    def __init__(self, runner: "TensorFlowDistributedRunner", op: str, send_count: int, recv_count: int):
+        self.runner, self.op = runner, op
+        self.send_count, self.recv_count = send_count, recv_count
+        self.send = None
+        self.out = None
+        self._fn = runner._collective_function(op, recv_count)
+
+    def load(self, array) -> None:
+        tf = _tf()
+        with tf.device(self.runner.device):
+            self.send = tf.identity(tf.constant(array))
+
+    def run(self) -> None:
+        self.out = self._fn(self.send, self.runner._instance_key())
+
+    def synchronize(self) -> None:
+        self.runner._synchronize()
+
+    def result(self):
+        return self.out.numpy()
+
+
+def _optimizer_class():
+    """Keras SGD whose gradient exchange can be left out when a step is traced (step_without_sync).
+
+    Keras 3's TensorFlow optimizer all-reduces in `_all_reduce_sum_gradients` (called from
+    `_backend_update_step` under a replica context); None when this Keras has no such method,
+    in which case the exposed communication is not measured."""
+    keras = _keras()
+    base = keras.optimizers.SGD
+    if not callable(getattr(base, "_all_reduce_sum_gradients", None)):
+        return None
+
+    class SGDWithOptionalExchange(base):
+        exchange = True  # read while a step is traced, so each traced step keeps its choice
+
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            if self.exchange:
+                return super()._all_reduce_sum_gradients(grads_and_vars)
+            return list(grads_and_vars)
+
+    return SGDWithOptionalExchange
+
+
+def _count_ops(concrete_function, op_type: str) -> int:
+    """Ops of a type in a traced function, its nested function bodies included."""
+    graph = concrete_function.graph
+    count = sum(1 for op in graph.get_operations() if op.type == op_type)
+    library = graph.as_graph_def().library
+    count += sum(1 for fn in library.function for node in fn.node_def if node.op == op_type)
+    return count
+
+
+class TensorFlowDistributedRunner(TensorFlowRunner):
+    def __init__(self):
+        self.strategy = None
+        self.device = None  # this worker's device, "/job:worker/replica:0/task:R/device:CPU:0"
+        self.cluster = None
+        self.implementation = None
+        self._barrier_fn = None
+
+    # ------------------------------------------------------------------ the job
+
+    def join(self, cluster) -> dict:
+        tf = _tf()
+        if len(cluster.worker_addresses) != cluster.world_size:
+            raise RuntimeError(f"DLBENCH_WORKER_ADDRESSES names {len(cluster.worker_addresses)} workers, "
+                               f"WORLD_SIZE is {cluster.world_size}: TF_CONFIG needs every worker's address")
+        self.cluster = cluster
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(cluster.worker_addresses)},
+                                              "task": {"type": "worker", "index": cluster.rank}})
+        implementations = tf.distribute.experimental.CommunicationImplementation
+        if cluster.device == "cuda":
+            gpus = tf.config.list_physical_devices("GPU")
+            # one GPU per local rank; the strategy then has one local replica on it
+            tf.config.set_visible_devices(gpus[cluster.local_rank % len(gpus)], "GPU")
+            self.implementation = implementations.NCCL
+        else:
+            self.implementation = implementations.RING
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=self.implementation, timeout_seconds=COLLECTIVE_TIMEOUT_S)
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+        extended = self.strategy.extended
+        (self.device,) = extended.worker_devices
+        self._group_key = extended._collective_keys.get_group_key([self.device])
+        return {"backend": self.backend(), "rank": cluster.rank, "world_size": self.strategy.num_replicas_in_sync,
+                "strategy": type(self.strategy).__name__,
+                "cross_device_ops": type(extended._cross_device_ops).__name__,
+                "communication_implementation": self.implementation.name,
+                "rpc_layer": "grpc", "collective_timeout_s": COLLECTIVE_TIMEOUT_S, "device": self.device,
+                "tf_config_workers": list(cluster.worker_addresses)}
+
+    def backend(self) -> str:
+        return "nccl" if self.implementation.name == "NCCL" else "ring (gRPC)"
+
+    def barrier(self) -> None:
+        """An all-reduce of one float between every worker, waited for (how the strategy itself
+        waits for the cluster before it checks the workers' health)."""
+        tf = _tf()
+        if self._barrier_fn is None:
+            ctx = tf.distribute.get_replica_context
+            with tf.device(self.device):
+                one = tf.identity(tf.ones([1]))
+
+            @tf.function
+            def barrier():
+                return self.strategy.run(lambda: ctx().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(one)))
+
+            self._barrier_fn = barrier
+        got = self._barrier_fn().numpy()
+        if int(got[0]) != self.cluster.world_size:  # every worker took part
+            raise RuntimeError(f"barrier all-reduce gave {got[0]}, expected {self.cluster.world_size}")
+
+    def leave(self) -> None:
+        # The strategy has no shutdown: its gRPC server lives as long as the process. The last
+        # barrier of the job (the harness's) has passed on every worker, so each may exit now.
+        self.strategy = None
+
+    def _synchronize(self) -> None:
+        # GPU work is asynchronous: wait for this worker's GPU (tf.test.experimental.sync_devices
+        # would visit every worker's devices, which a worker cannot run ops on); on CPU a call
+        # returns finished tensors
+        if ":GPU:" in self.device.upper():
+            tf = _tf()
+            with tf.device(self.device):
+                tf.raw_ops.SyncDevice()
+
+    # ------------------------------------------------------------------ data-parallel training
+
+    def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        import numpy as np
+
+        tf, keras = _tf(), _keras()
+        network = request["network"]
+        cuda = cluster.device == "cuda"
+        precision = request.get("precision", "float32")
+        if precision != "float32":
+            raise ValueError(f"tensorflow runner: precision {precision!r} is not supported (float32 only)")
+        strategy = self.strategy
+        workers = strategy.num_replicas_in_sync
+        keras.utils.set_random_seed(request.get("seed", 0))  # the strategy broadcasts worker 0's initial values anyway
+        inp = network["input"]
+        tokens = inp["kind"] == "tokens"
+        images = not tokens and len(inp["shape"]) == 3
+        has_lstm = any(layer["type"] == "lstm" for layer in network["layers"])
+        C = _classes()
+        C.state["bn_floor"] = 1.001e-5 if cuda else None  # cuDNN's minimum epsilon
+        optimizer_class = _optimizer_class()
+        with strategy.scope():
+            model, per_layer, flatten_modes, permuted = build_network(network)
+            trainable = model.trainable_variables
+            optimizer = (optimizer_class or keras.optimizers.SGD)(
+                learning_rate=request["learning_rate"], momentum=request["momentum"])
+            optimizer.build(trainable)
+        params = int(sum(int(np.prod(v.shape)) for v in trainable))
+        grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in trainable))
+
+        # each worker trains on its own synthetic batch (as a sharded data set would give it)
+        batch = request["batch_size"]
+        rng = np.random.default_rng(request.get("seed", 0) * 1000 + cluster.rank + 1)
+        if tokens:
+            shape = (batch, inp["sequence_length"])
+            x_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
+            y_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
+        else:
+            shape = (batch, *inp["shape"][1:], inp["shape"][0]) if images else (batch, *inp["shape"])
+            x_np = rng.standard_normal(shape, dtype=np.float32)
+            y_np = rng.integers(0, inp["classes"], (batch,), dtype=np.int64)
+        with tf.device(self.device):
+            x, y = tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
+
+        def replica_step():
+            with tf.GradientTape() as tape:
+                logits = model(x, training=True)
+                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=tf.reshape(y, [-1]), logits=tf.reshape(logits, [-1, logits.shape[-1]]))
+                # the mean over the global batch: the summed all-reduce then gives its gradient
+                loss = tf.reduce_sum(per_example) / (tf.cast(tf.size(per_example), tf.float32) * workers)
+            grads = tape.gradient(loss, trainable)
+            optimizer.apply_gradients(zip(grads, trainable))
+            return loss
+
+        def traced(exchange: bool):
+            """The step as one concrete function, traced with or without the gradient exchange
+            (called as such, it is never traced again with the other choice)."""
+            @tf.function
+            def step():
+                return strategy.run(replica_step)
+
+            if optimizer_class is not None:
+                optimizer.exchange = exchange
+            try:
+                return step.get_concrete_function()
+            finally:
+                if optimizer_class is not None:
+                    optimizer.exchange = True
+
+        synced = traced(exchange=True)
+        collectives = _count_ops(synced, GRADIENT_COLLECTIVE)
+        if workers > 1 and collectives < 1:
+            raise RuntimeError(f"the traced data-parallel step holds no {GRADIENT_COLLECTIVE}: gradients would not "
+                               "be exchanged")
+        step_without_sync = None
+        exposed = "not measured: this Keras optimizer has no _all_reduce_sum_gradients to leave out"
+        if optimizer_class is not None:
+            local = traced(exchange=False)
+            left = _count_ops(local, GRADIENT_COLLECTIVE)
+            if left:
+                raise RuntimeError(f"the step without the exchange still holds {left} {GRADIENT_COLLECTIVE}")
+            step_without_sync = lambda: local()  # noqa: E731
+            exposed = ("median step time minus median step time of the same tf.function step traced with Keras' "
+                       "gradient all-reduce left out")
+
+        options = self.strategy.extended._communication_options
+        settings = {
+            "precision": precision,
+            "data_format": "channels_last" if images else None,
+            "strategy": "tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG from DLBENCH_WORKER_ADDRESSES)",
+            "communication": {"implementation": self.implementation.name,
+                              "bytes_per_pack": options.bytes_per_pack,
+                              "timeout_seconds": options.timeout_seconds,
+                              "cross_device_ops": type(self.strategy.extended._cross_device_ops).__name__},
+            "gradient_exchange": (f"Keras SGD apply_gradients in the replica context: replica_context.all_reduce(SUM) "
+                                  f"of every gradient; the traced step holds {collectives} {GRADIENT_COLLECTIVE}"
+                                  + (" (one worker: the strategy reduces nothing)" if workers == 1 else "")),
+            "exposed_communication": exposed,
+            "loss": "sparse_softmax_cross_entropy_with_logits, summed / global batch",
+            "optimizer": "keras.optimizers.SGD(momentum)",
+            "step": "tf.function around strategy.run",
+            "input_transpose": "synthetic inputs made in NHWC" if images else None,
+            "flatten": _describe_flatten(network["layers"], flatten_modes, permuted),
+            "batch_norm_statistics": "local to each worker (not synchronised)",
+            "batch_norm_epsilon_floor": C.state["bn_floor"],
+            "lstm": ("keras.layers.LSTM, " + ("cuDNN kernel" if cuda else "while-loop kernel")) if has_lstm else None,
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        }
+        output_shape = [int(d) for d in model.output_shape[1:]]
+        return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, output_shape, settings,
+                            grad_bytes)
+
+    # ------------------------------------------------------------------ collectives
+
+    def collective_unavailable(self, op: str) -> str | None:
+        if op == "reduce_scatter" and self.implementation.name != "NCCL":
+            return ("TensorFlow offers reduce-scatter (CollectiveReduceScatterV2) with an NCCL implementation only; "
+                    f"the {self.implementation.name} implementation used on {self.cluster.device} has none")
+        return None
+
+    def _instance_key(self):
+        tf = _tf()
+        key = self.strategy.extended._collective_keys.get_instance_key(self._group_key, self.device)
+        with tf.device("CPU:0"):
+            return tf.constant(key, dtype=tf.int32)
+
+    def _collective_function(self, op: str, recv_count: int):
+        tf = _tf()
+        raw = tf.raw_ops
+        n, group, device = self.cluster.world_size, self._group_key, self.device
+        common = {"group_size": n, "group_key": group, "communication_hint": self.implementation.value,
+                  "timeout_seconds": float(COLLECTIVE_TIMEOUT_S)}
+        root = self.cluster.rank == 0
+
+        @tf.function
+        def run(send, instance_key):
+            with tf.device(device):
+                if op == "all_reduce":
+                    return raw.CollectiveReduceV2(input=send, instance_key=instance_key, ordering_token=[],
+                                                  merge_op="Add", final_op="Id", **common)
+                if op == "all_gather":
+                    return raw.CollectiveGatherV2(input=send, instance_key=instance_key, ordering_token=[], **common)
+                if op == "reduce_scatter":
+                    return raw.CollectiveReduceScatterV2(input=send, instance_key=instance_key, ordering_token=[],
+                                                         merge_op="Add", final_op="Id", **common)
+                if op == "broadcast":
+                    if root:
+                        return raw.CollectiveBcastSendV2(input=send, instance_key=instance_key, **common)
+                    return raw.CollectiveBcastRecvV2(instance_key=instance_key, shape=[recv_count], T=tf.float32,
+                                                     **common)
+                raise ValueError(f"unknown collective {op!r}")
+
+        return run
+
+    def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
+        return Collective(self, op, send_count, recv_count)
