@@ -1,0 +1,127 @@
+"""TensorFlow's multi-worker runner in its real venv: MultiWorkerMirroredStrategy (TF_CONFIG, RING
+over gRPC) training and TF's collective ops, on 2 workers of the smoke profile; a rank killed
+mid-run; two "hosts" on loopback addresses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from dlbench import paths
+from dlbench.definitions.suite import SuiteCatalog
+from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.execution.placement import hosts_placement, local_placement
+from dlbench.execution.registry import RunnerRegistry
+from dlbench.store.store import Store
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tf_runner():
+    return RunnerRegistry(paths.runners_dir()).get("tensorflow")
+
+
+@pytest.fixture(scope="module")
+def suites():
+    catalog = SuiteCatalog(paths.suites_dir())
+    dist = catalog.load_multi_worker(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
+    comm = catalog.load_multi_worker(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
+    return dist.benchmarks[0], comm
+
+
+def options(tmp_path, placement=None, **changes):
+    return dataclasses.replace(MultiWorkerOptions(
+        device="cpu", env_backend="venv", placement=placement or local_placement(2, 2), threads=1, scaling="strong",
+        timeout_s=300, cache=paths.cache_dir(), job_root=tmp_path / "jobs"), **changes)
+
+
+def job_processes(tmp_path):
+    jobs = str(tmp_path / "jobs")
+    return [p for p in psutil.process_iter(["cmdline"]) if any(jobs in a for a in (p.info["cmdline"] or []))]
+
+
+def test_strategy_training_and_its_baseline(tmp_path, tf_runner, suites):
+    bench, _ = suites
+    base, two = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(tf_runner, bench)
+    assert base.status == two.status == "ok", (base.reason, two.reason, two.output_tail)
+    d = two.distributed
+    assert d.backend == "ring (gRPC)" and d.launch == "ranks" and d.workers == 2
+    assert d.grad_bytes == 4 * bench.network.params  # float32 gradients of every trainable parameter
+    assert two.params == bench.network.params
+    assert d.scaling.efficiency is not None and d.scaling.baseline_run_id == base.run_id
+    # the step without Keras' all-reduce was traced and timed on every rank
+    assert d.exposed_comm_s is not None and d.local_median_s > 0
+    assert all(entry["local_iter_s"] for entry in two.repeats[0].ranks)
+    runner_settings = two.settings.runner
+    assert runner_settings["communication"]["implementation"] == "RING"
+    assert "holds 1 CollectiveReduceV2" in runner_settings["gradient_exchange"]  # one pack: every gradient at once
+    assert "holds 0 CollectiveReduceV2" in base.settings.runner["gradient_exchange"]  # one worker reduces nothing
+    assert two.framework["version"].startswith("2.21.0")
+    assert not job_processes(tmp_path)
+
+
+def test_collectives_are_correct_at_every_size(tmp_path, tf_runner, suites):
+    _, comm = suites
+    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(tf_runner, comm)
+    by_op = {r.comm.collective if r.comm else r.benchmark: r for r in records}
+    scatter = by_op.pop("reduce_scatter")
+    # TensorFlow's reduce-scatter has an NCCL implementation only: not offered by the CPU ring
+    assert scatter.status == "skipped" and "NCCL implementation only" in scatter.reason
+    assert all(s.skipped and s.time_s is None for s in scatter.comm.sizes)
+    for r in by_op.values():
+        assert r.status == "ok", r.reason
+        ran = [s for s in r.comm.sizes if not s.skipped]
+        assert ran and all(s.correct and s.busbw_gbps > 0 for s in ran)
+        assert r.distributed.backend == "ring (gRPC)"
+    assert not job_processes(tmp_path)
+
+
+def test_a_rank_killed_mid_run(tmp_path, tf_runner, suites):
+    bench, _ = suites
+    # enough measured steps that the kill lands inside them
+    slow = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"measure_iters": 400}))
+    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(
+        record=orch._train_run(tf_runner, slow, local_placement(2, 2), 16, 32, None)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    started = None
+    while time.monotonic() < deadline and started is None:
+        started = next(iter((tmp_path / "jobs").glob("*/rank1.started")), None)
+        time.sleep(0.05)
+    assert started is not None, "rank 1 never started"
+    time.sleep(20)  # TensorFlow imported, the strategy's cluster joined, steps running
+    job_dir = started.parent
+    assert not (job_dir / "rank0.json").exists() and not (job_dir / "rank1.json").exists()
+    rank1 = json.loads(started.read_text())["pid"]
+    rank0 = json.loads((job_dir / "rank0.started").read_text())["pid"]
+    os.kill(rank1, signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(120)
+    record = box["record"]
+    assert time.monotonic() - killed_at < 60
+    assert record.status == "failed" and record.reason.startswith("rank 1 "), record.reason
+    assert "died without a result" in record.reason
+    for pid in (rank0, rank1):  # the survivor was stopped with the job
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not job_processes(tmp_path)
+
+
+def test_two_hosts_on_loopback_addresses(tmp_path, tf_runner, suites):
+    _, comm = suites
+    placement = hosts_placement("127.0.0.2,127.0.0.3", 2, cpus=2)
+    small = dataclasses.replace(comm, collectives=("all_reduce", "broadcast"), sizes=(4096,))
+    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+        tf_runner, small)
+    for r in records:
+        assert r.status == "ok", r.reason
+        assert r.distributed.hosts == ["127.0.0.2", "127.0.0.3"] and r.comm.sizes[0].correct
