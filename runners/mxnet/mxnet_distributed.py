@@ -141,7 +141,8 @@ class MXNetDistributedRunner(MXNetRunner):
                 raise RuntimeError(f"{cluster.world_size} workers but DMLC_ROLE is not set: the job must be "
                                    "started by the ps-lite launch style (scheduler, servers, workers)")
             self.kv = None  # one worker: nothing to exchange, no servers (Gluon on one device: no kvstore)
-            return {"backend": "none (one worker: no kvstore)", "rank": 0, "world_size": 1}
+            return {"backend": "one worker, no servers (training: no kvstore; collectives: kvstore local)",
+                    "rank": 0, "world_size": 1}
         if role != "worker":
             raise RuntimeError(f"DMLC_ROLE={role!r} reached the rank's code; only workers run it")
         self.kv = mx.kv.create("dist_sync")  # registers with the scheduler; returns once every node has

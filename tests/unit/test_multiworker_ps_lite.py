@@ -155,3 +155,37 @@ def test_a_size_the_runner_declines_is_skipped_and_never_run(harness):
     assert declined == {"size_bytes": 8192, "skipped": f"{8192 * 4} B of keys would pass the budget"}
     assert ("broadcast", 8192, 4) in runner.asked  # runs: the checked one, 1 warm-up, 2 timed
     assert ("broadcast", 8192 // 4) not in runner.made
+
+
+# ------------------------------------------------------------------ a server (a launcher, not a rank) dies
+
+RANK_SLEEPS = """
+import json, os, socket, sys, time
+job = sys.argv[1]
+json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()},
+          open(os.path.join(job, "rank0.started"), "w"))
+time.sleep(60)
+"""
+SERVER_DIES = """
+import os, sys, time
+while not os.path.exists(os.path.join(sys.argv[1], "rank0.started")):
+    time.sleep(0.02)
+time.sleep(0.3)
+print("server lost", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_server_that_dies_is_the_reason_not_the_ranks_the_teardown_stops(tmp_path):
+    from dlbench.execution.jobs import run_job
+    from dlbench.execution.launch_styles import ProcessSpec
+
+    job = tmp_path / "jobs" / "j"
+    job.mkdir(parents=True)
+    host = local_placement(1, 2).hosts[0]
+    specs = [ProcessSpec(host, [sys.executable, "-c", SERVER_DIES, str(job)], {}, "kvstore server on 127.0.0.1"),
+             ProcessSpec(host, [sys.executable, "-c", RANK_SLEEPS, str(job)], {}, "rank 0 on 127.0.0.1")]
+    outcome = run_job(specs, lambda s: s.argv, job, 1, timeout_s=30, cwd=tmp_path)
+    assert outcome.status == "failed" and outcome.failed_rank is None
+    assert outcome.reason == "kvstore server on 127.0.0.1 exited with status 3: server lost"
+    assert not outcome.left_behind

@@ -114,7 +114,10 @@ class _Watch:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     self.known.setdefault(q.pid, q.create_time())
 
-    def look(self) -> None:
+    def look(self, record_deaths: bool = True) -> None:
+        """Read what the ranks wrote and see which are alive; record_deaths=False after the teardown,
+        whose own kills are no rank's failure (a server that died first is the reason, not the
+        ranks the teardown then stopped)."""
         now = time.time()
         self.remember_tree()
         for rank in range(self.world):
@@ -135,7 +138,7 @@ class _Watch:
             pid = info["pid"]
             if pid in self.known and _alive(pid, self.known[pid]):
                 self.last_alive[rank] = now
-            elif _read_json(self.job_dir / f"rank{rank}.json") is None:  # not a result written just now
+            elif record_deaths and _read_json(self.job_dir / f"rank{rank}.json") is None:  # no result just written
                 self.deaths[rank] = self.last_alive.get(rank, info.get("started_at", now))
 
     def failures(self) -> list[tuple[float, int, str]]:
@@ -269,7 +272,7 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
     codes = [p.poll() for p in procs]
     left = teardown(procs, watch.known, token=token)
     wall = time.perf_counter() - started
-    watch.look()
+    watch.look(record_deaths=False)  # results written just before the end; no deaths: the teardown's
     results = dict(watch.results)
     failed_rank, tail = None, ""
     if status == "timeout":
