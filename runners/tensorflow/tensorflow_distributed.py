@@ -99,6 +99,14 @@ def _optimizer_class():
     return SGDWithOptionalExchange
 
 
+def tf_config(cluster) -> dict:
+    """TF_CONFIG of this rank: every worker's host:port (rank order) and this rank's task."""
+    if len(cluster.worker_addresses) != cluster.world_size:
+        raise RuntimeError(f"DLBENCH_WORKER_ADDRESSES names {len(cluster.worker_addresses)} workers, "
+                           f"WORLD_SIZE is {cluster.world_size}: TF_CONFIG needs every worker's address")
+    return {"cluster": {"worker": list(cluster.worker_addresses)}, "task": {"type": "worker", "index": cluster.rank}}
+
+
 def _count_ops(concrete_function, op_type: str) -> int:
     """Ops of a type in a traced function, its nested function bodies included."""
     graph = concrete_function.graph
@@ -120,12 +128,8 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
 
     def join(self, cluster) -> dict:
         tf = _tf()
-        if len(cluster.worker_addresses) != cluster.world_size:
-            raise RuntimeError(f"DLBENCH_WORKER_ADDRESSES names {len(cluster.worker_addresses)} workers, "
-                               f"WORLD_SIZE is {cluster.world_size}: TF_CONFIG needs every worker's address")
         self.cluster = cluster
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(cluster.worker_addresses)},
-                                              "task": {"type": "worker", "index": cluster.rank}})
+        os.environ["TF_CONFIG"] = json.dumps(tf_config(cluster))  # read by the strategy's cluster resolver
         implementations = tf.distribute.experimental.CommunicationImplementation
         if cluster.device == "cuda":
             gpus = tf.config.list_physical_devices("GPU")
