@@ -1,0 +1,135 @@
+"""MXNet's multi-worker runner in its real venv: the kvstore dist_sync over ps-lite (scheduler, a
+server per host, the workers), on 2 workers of the smoke profile: training and its one-worker
+baseline, every collective checked at every size, a rank and a server killed mid-run, and two
+"hosts" on loopback addresses (where ps-lite, not the host list, decides who is rank 0)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from dlbench import paths
+from dlbench.definitions.suite import SuiteCatalog
+from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.execution.placement import hosts_placement, local_placement
+from dlbench.execution.registry import RunnerRegistry
+from dlbench.store.store import Store
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def mxnet_runner():
+    return RunnerRegistry(paths.runners_dir()).get("mxnet")
+
+
+@pytest.fixture(scope="module")
+def suites():
+    catalog = SuiteCatalog(paths.suites_dir())
+    dist = catalog.load_multi_worker(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
+    comm = catalog.load_multi_worker(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
+    return dist.benchmarks[0], comm
+
+
+def options(tmp_path, placement=None, **changes):
+    return dataclasses.replace(MultiWorkerOptions(
+        device="cpu", env_backend="venv", placement=placement or local_placement(2, 2), threads=1, scaling="strong",
+        timeout_s=300, cache=paths.cache_dir(), job_root=tmp_path / "jobs"), **changes)
+
+
+def job_processes(tmp_path):
+    jobs = str(tmp_path / "jobs")
+    return [p for p in psutil.process_iter(["cmdline"]) if any(jobs in a for a in (p.info["cmdline"] or []))]
+
+
+def test_dist_sync_training_and_its_baseline(tmp_path, mxnet_runner, suites):
+    bench, _ = suites
+    base, two = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(mxnet_runner, bench)
+    assert base.status == two.status == "ok", (base.reason, two.reason)
+    d = two.distributed
+    assert d.backend.startswith("kvstore dist_sync") and d.launch == "ps-lite" and d.workers == 2
+    assert base.distributed.backend.startswith("one worker, no servers")
+    assert d.grad_bytes == 4 * bench.network.params  # float32 gradients of every trainable parameter
+    assert two.params == bench.network.params
+    assert d.scaling.efficiency is not None and d.scaling.baseline_run_id == base.run_id
+    assert d.exposed_comm_s is not None and d.local_median_s > 0
+    assert two.settings.runner["kvstore"] == "dist_sync" and two.settings.runner["update_on_kvstore"] is False
+    assert two.settings.threads_effective["intra_op"] == 1  # OpenMP threads per worker, read back from libgomp
+    assert two.framework["version"] == "1.9.1"
+    assert not job_processes(tmp_path)
+
+
+def test_collectives_are_correct_at_every_size(tmp_path, mxnet_runner, suites):
+    _, comm = suites
+    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(mxnet_runner, comm)
+    assert [r.status for r in records] == ["ok"] * 4, [r.reason for r in records]
+    for r in records:
+        ran = [s for s in r.comm.sizes if not s.skipped]
+        assert ran and all(s.correct and s.busbw_gbps > 0 for s in ran)
+        assert r.distributed.backend.startswith("kvstore dist_sync")
+    assert not job_processes(tmp_path)
+
+
+def _kill_mid_run(tmp_path, mxnet_runner, bench, victim):
+    """Train with enough measured steps that the kill lands inside them; `victim(job_dir)` -> pid."""
+    slow = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"measure_iters": 400}))
+    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(
+        record=orch._train_run(mxnet_runner, slow, local_placement(2, 2), 16, 32, None)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    started = None
+    while time.monotonic() < deadline and started is None:
+        started = next(iter((tmp_path / "jobs").glob("*/rank1.started")), None)
+        time.sleep(0.05)
+    assert started is not None, "rank 1 never started"
+    time.sleep(8)  # mxnet imported, the kvstore joined, steps running
+    pid = victim(started.parent)
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(120)
+    assert time.monotonic() - killed_at < 60
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not job_processes(tmp_path)  # the scheduler, the server and the other worker too
+    return box["record"]
+
+
+def test_a_rank_killed_mid_run_tears_down_the_whole_job(tmp_path, mxnet_runner, suites):
+    bench, _ = suites
+    record = _kill_mid_run(tmp_path, mxnet_runner, bench,
+                           lambda job: json.loads((job / "rank1.started").read_text())["pid"])
+    assert record.status == "failed" and record.reason.startswith("rank 1 "), record.reason
+    assert "died without a result" in record.reason
+
+
+def test_a_server_killed_mid_run_fails_the_job_naming_it(tmp_path, mxnet_runner, suites):
+    bench, _ = suites
+
+    def server(job):
+        (pid,) = [p.pid for p in psutil.process_iter(["cmdline", "environ"])
+                  if str(job) in " ".join(p.info["cmdline"] or []) and (p.info["environ"] or {}).get("DMLC_ROLE") == "server"]
+        return pid
+
+    record = _kill_mid_run(tmp_path, mxnet_runner, bench, server)
+    assert record.status == "failed" and "kvstore server on 127.0.0.1 killed by SIGKILL" in record.reason, record.reason
+
+
+def test_two_hosts_on_loopback_addresses(tmp_path, mxnet_runner, suites):
+    _, comm = suites
+    placement = hosts_placement("127.0.0.2,127.0.0.3", 2, cpus=2)
+    small = dataclasses.replace(comm, collectives=("all_reduce", "broadcast"), sizes=(4096,))
+    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+        mxnet_runner, small)
+    for r in records:  # broadcast's root is ps-lite's rank 0: right only if the launcher numbered as ps-lite does
+        assert r.status == "ok", r.reason
+        assert r.distributed.hosts == ["127.0.0.2", "127.0.0.3"] and r.comm.sizes[0].correct
+        assert r.distributed.backend.startswith("kvstore dist_sync")
+    assert not job_processes(tmp_path)
