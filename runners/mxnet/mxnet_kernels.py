@@ -1,8 +1,10 @@
 """MXNet kernels of the `kernels` suite (kinds and counts: src/dlbench/performance/kernels.py).
 
 NDArray operators on the runner's layout (NCHW; oneDNN kernels on CPU, cuDNN on GPU), waited for
-with `mx.nd.waitall()`: `dot`, `transpose` (materialised), `copyto` into an existing array,
-`Convolution`, and one step of Gluon's LSTMCell (hybridised). MXNet offers no convolution or cell
+with `mx.nd.waitall()`: the matmul is `FullyConnected` (the operator behind the runner's Dense
+layers: oneDNN's inner product on CPU, where `dot` would go to OpenBLAS), computing A B as
+A (B^T)^T with B^T stored as the weight; `transpose` (materialised), `copyto` into an existing
+array, `Convolution`, and one step of Gluon's LSTMCell (hybridised). MXNet offers no convolution or cell
 backward on its own: a backward kernel is one autograd forward and backward, and the harness also
 times the forward and takes the difference. Reduced precisions are cast with `amp_cast` (how MXNet's
 AMP makes bfloat16 tensors for oneDNN).
@@ -33,8 +35,9 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return x if dtype == "float32" else mx.nd.amp_cast(x, dtype=dtype)
 
     if kind == "matmul":
-        a, b = rand(shape["m"], shape["k"]), rand(shape["k"], shape["n"])
-        return Kernel(lambda: mx.nd.dot(a, b))
+        a, weight = rand(shape["m"], shape["k"]), rand(shape["n"], shape["k"])  # weight = B^T, as Dense keeps it
+        return Kernel(lambda: mx.nd.FullyConnected(data=a, weight=weight, no_bias=True, num_hidden=shape["n"]),
+                      settings={"op": "FullyConnected"})
     if kind == "transpose":
         a = rand(shape["rows"], shape["cols"])
         return Kernel(lambda: mx.nd.transpose(a))
