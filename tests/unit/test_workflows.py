@@ -169,7 +169,8 @@ def test_the_workflows_call_dlbench():
 def test_every_dlbench_command_exists_with_its_options(where, matrix, args):
     command, params = parse_call(args)  # raises on an unknown command or option, a bad value, a missing one
     if command == "run":
-        assert params["suite"] in SuiteCatalog(ROOT / "suites").suite_names() + ["all"]
+        catalog = SuiteCatalog(ROOT / "suites")
+        assert params["suite"] in catalog.suite_names() + catalog.kernel_suite_names() + ["all"]
         assert set(params["framework"]) <= set(RunnerRegistry(ROOT / "runners").names()) | {"all"}
         assert params["profile"] in PROFILES and params["env"] in BACKENDS
         assert params["device"] in ("cpu", "cuda")  # never auto: a CI host says what it is
