@@ -5,7 +5,9 @@ is waited for with `block_until_ready`. Convolutions are channels-last (NHWC act
 weights: the runner's layout). A backward kernel is the pullback of `jax.vjp` (a pytree, so it is
 passed to the jitted function as an argument): it holds the forward's residuals already, so a call
 computes the gradients only, as the backward of a training step does. The LSTM step is the
-runner's cell (gates i, f, g, o from x W_x + h W_h + b; one bias).
+runner's cell (gates i, f, g, o from x W_x + h W_h + b; one bias). The loss is optax's
+softmax_cross_entropy_with_integer_labels (mean) and the update optax's sgd with momentum, jitted
+with the parameter and its state donated, as the runner's step does.
 """
 
 from __future__ import annotations
@@ -88,4 +90,38 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         (h1, c1), pullback = jax.vjp(_lstm_cell, *args)
         grads = (jnp.ones_like(h1), jnp.ones_like(c1))
         return ready(Kernel(jax.jit(lambda pb, g: pb(g)), (pullback, grads), {"backward": "jax.vjp pullback"}))
+    if kind.startswith("softmax_xent"):
+        import optax
+
+        logits = rand(shape["rows"], shape["classes"])
+        labels = jax.device_put(jax.random.randint(next(keys), (shape["rows"],), 0, shape["classes"]), device)
+
+        def loss(logits):
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        if kind == "softmax_xent_fwd":
+            return ready(Kernel(jax.jit(loss), (logits,)))
+        _, pullback = jax.vjp(loss, logits)
+        return ready(Kernel(jax.jit(lambda pb, g: pb(g)), (pullback, jnp.ones((), dtype)),
+                            {"backward": "jax.vjp pullback"}))
+    if kind == "sgd_momentum":
+        import optax
+
+        opt = optax.sgd(0.01, momentum=0.9)
+        grad = rand(shape["elements"])
+
+        def update(param, state, grad):
+            updates, state = opt.update(grad, state, param)
+            return optax.apply_updates(param, updates), state
+
+        step = jax.jit(update, donate_argnums=(0, 1))
+        param = rand(shape["elements"])
+        holder = {"param": param, "state": opt.init(param)}
+
+        class Update(Kernel):
+            def step(self):
+                holder["param"], holder["state"] = step(holder["param"], holder["state"], grad)
+                self._out = holder["param"]
+
+        return ready(Update(None, (), {"op": "optax.sgd(momentum=0.9), jitted, donated"}))
     raise ValueError(f"jax runner: unknown kernel kind {kind!r}")

@@ -7,7 +7,9 @@ A (B^T)^T with B^T stored as the weight; `transpose` (materialised), `copyto` in
 array, `Convolution`, and one step of Gluon's LSTMCell (hybridised). MXNet offers no convolution or cell
 backward on its own: a backward kernel is one autograd forward and backward, and the harness also
 times the forward and takes the difference. Reduced precisions are cast with `amp_cast` (how MXNet's
-AMP makes bfloat16 tensors for oneDNN).
+AMP makes bfloat16 tensors for oneDNN). The loss is Gluon's SoftmaxCrossEntropyLoss (mean), its
+backward timed with its forward; the update is `sgd_mom_update` in place, the operator behind the
+runner's Trainer (which aggregates it over tensors).
 """
 
 from __future__ import annotations
@@ -83,4 +85,22 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             mx.autograd.backward([out, c1], [dh, dc])
 
         return Kernel(forward_backward, includes_forward=True, settings=settings)
+    if kind.startswith("softmax_xent"):
+        logits = rand(shape["rows"], shape["classes"])
+        labels = mx.nd.random.randint(0, shape["classes"], shape=(shape["rows"],), ctx=ctx).astype("float32")
+        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+        if kind == "softmax_xent_fwd":
+            return Kernel(lambda: loss(logits, labels).mean())
+        logits.attach_grad()
+
+        def forward_backward():
+            with mx.autograd.record():
+                value = loss(logits, labels).mean()
+            value.backward()
+
+        return Kernel(forward_backward, includes_forward=True)
+    if kind == "sgd_momentum":
+        weight, grad, mom = rand(shape["elements"]), rand(shape["elements"]), rand(shape["elements"])
+        return Kernel(lambda: mx.nd.sgd_mom_update(weight, grad, mom, lr=0.01, momentum=0.9, out=weight),
+                      settings={"op": "sgd_mom_update, in place"})
     raise ValueError(f"mxnet runner: unknown kernel kind {kind!r}")

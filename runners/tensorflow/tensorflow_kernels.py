@@ -6,7 +6,9 @@ explicit padding; their backward is TensorFlow's own pair of kernels, `Conv2DBac
 (when the input gradient is wanted) `Conv2DBackpropInput`. The copy is `DeepCopy` (an identity
 would alias its input). The LSTM step is Keras' LSTMCell (the runner's layer is made of it on CPU);
 its backward runs in one GradientTape with its forward, so the harness times the forward too and
-takes the difference.
+takes the difference; so does the loss's (`sparse_softmax_cross_entropy_with_logits`, mean, the
+runner's loss), whose kernel computes the gradient with the loss. The update is Keras' SGD with
+momentum applying a gradient to one variable, in a tf.function as the runner's step does.
 """
 
 from __future__ import annotations
@@ -97,4 +99,32 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             return tape.gradient(total, [x, hx, cx, *cell.trainable_variables])
 
         return make(forward_backward, (x, hx, cx), includes_forward=True, settings={"cell": "keras.layers.LSTMCell"})
+    if kind.startswith("softmax_xent"):
+        logits = rand(shape["rows"], shape["classes"])
+        with tf.device(device):
+            labels = tf.random.uniform((shape["rows"],), 0, shape["classes"], dtype=tf.int64)
+
+        def loss(logits):
+            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
+
+        if kind == "softmax_xent_fwd":
+            return make(loss, (logits,))
+
+        def forward_backward(logits):
+            with tf.GradientTape() as tape:
+                tape.watch(logits)
+                value = loss(logits)
+            return tape.gradient(value, logits)
+
+        return make(forward_backward, (logits,), includes_forward=True)
+    if kind == "sgd_momentum":
+        import keras
+
+        with tf.device(device):
+            variable = tf.Variable(rand(shape["elements"]))
+            grad = rand(shape["elements"])
+            optimizer = keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+            optimizer.build([variable])
+        return make(lambda g: optimizer.apply_gradients([(g, variable)]), (grad,),
+                    settings={"op": "keras.optimizers.SGD(momentum=0.9).apply_gradients"})
     raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")

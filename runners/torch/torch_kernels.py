@@ -5,7 +5,9 @@ GEMM behind nn.Linear), a materialised transpose (`.t().contiguous()`), `Tensor.
 convolution (`F.conv2d`, channels-last with cuDNN's autotuner on CUDA as the runner does) and
 its backward as autograd runs it (`aten.convolution_backward`, with the input gradient only when
 asked), and one step of the LSTM cell (`torch._VF.lstm_cell`, ATen's fused cell behind
-nn.LSTMCell) and its backward (autograd.grad of that step, the graph kept between calls).
+nn.LSTMCell) and its backward (autograd.grad of that step, the graph kept between calls); the loss
+(`F.cross_entropy`, mean) and its gradient (autograd.grad); one `torch.optim.SGD` step with
+momentum over a parameter with a gradient, as the runner's optimiser makes it.
 """
 
 from __future__ import annotations
@@ -85,4 +87,23 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             torch.autograd.grad((h1, c1), inputs, (dh, dc), retain_graph=True)
 
         return Kernel(backward, sync, {"op": "autograd.grad of torch._VF.lstm_cell"})
+    if kind.startswith("softmax_xent"):
+        rows, classes = shape["rows"], shape["classes"]
+        logits = rand(rows, classes, requires_grad=kind == "softmax_xent_bwd")
+        labels = torch.randint(0, classes, (rows,), device=device)
+        if kind == "softmax_xent_fwd":
+            def forward():
+                with torch.no_grad():
+                    torch.nn.functional.cross_entropy(logits, labels)
+
+            return Kernel(forward, sync, {"op": "F.cross_entropy"})
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        return Kernel(lambda: torch.autograd.grad(loss, logits, retain_graph=True), sync,
+                      {"op": "autograd.grad of F.cross_entropy"})
+    if kind == "sgd_momentum":
+        param = torch.nn.Parameter(rand(shape["elements"]))
+        param.grad = rand(shape["elements"])
+        opt = torch.optim.SGD([param], lr=0.01, momentum=0.9)
+        opt.step()  # the momentum buffer exists from the first step on
+        return Kernel(opt.step, sync, {"op": "torch.optim.SGD(momentum=0.9).step"})
     raise ValueError(f"torch runner: unknown kernel kind {kind!r}")

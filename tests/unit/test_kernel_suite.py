@@ -45,9 +45,12 @@ def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
     assert "matmul m=16 n=784 k=2048 float32" not in keys  # the first layer has no input gradient
     default = {b.name: b for b in load_kernel_suite(KERNELS, CATALOG, "default", "cpu").benchmarks}
     assert {s.dtype for s in default["matmul"].specs} == {"float32", "bfloat16", "float16"}
-    conv = {s.kind for s in default["cnn-layers"].specs}
-    assert conv == {"conv2d_fwd", "conv2d_bwd", "matmul"}
-    assert {s.kind for s in default["rnn-layers"].specs} == {"lstm_step_fwd", "lstm_step_bwd", "matmul"}
+    step = {"softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum"}  # the loss and the update
+    assert {s.kind for s in default["cnn-layers"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul"} | step
+    assert {s.kind for s in default["rnn-layers"].specs} == {"lstm_step_fwd", "lstm_step_bwd", "matmul"} | step
+    assert "sgd_momentum elements=14205962 float32" not in {s.key for s in default["fcn-layers"].specs}
+    assert "sgd_momentum elements=8392704 float32" in {s.key for s in default["fcn-layers"].specs}  # a layer's
+    assert {s.kind for s in default["cnn-layers-reduced"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul"}
     # the layer shapes follow the device's batch sizes (cnn: 64 on cpu, 1024 on cuda for alexnet_r)
     cuda = {b.name: b for b in load_kernel_suite(KERNELS, CATALOG, "default", "cuda").benchmarks}
     assert any(s.kind == "conv2d_fwd" and s["batch"] == 1024 for s in cuda["cnn-layers"].specs)

@@ -43,6 +43,9 @@ from .profile import MachineProfile
 from .workload import decompose, kernel_specs
 
 Dtype = Literal["float32", "float16", "bfloat16"]
+# The loss and the optimiser's update stay in float32 under mixed precision (float32 master weights,
+# the loss computed in float32): a reduced-precision layer set leaves them out.
+FLOAT32_ONLY = ("softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum")
 KERNEL_RECORD_FORMAT = 1
 
 
@@ -209,6 +212,8 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
             work = decompose(b.network.resolved, batch, "train")
             for s in kernel_specs(work):
                 for dtype in entry.dtypes:
+                    if dtype != "float32" and s.kind in FLOAT32_ONLY:
+                        continue
                     k = KernelSpec(s.kind, s.shape, dtype)
                     seen.setdefault(k.key, k)
     return list(seen.values()), f"layers of {', '.join(dict.fromkeys(used))}"

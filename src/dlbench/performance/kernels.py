@@ -17,6 +17,14 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
   products 2·4h·(in + h), bias 4h, activations 5h and state updates 4h per sample (as analysis.py).
 - lstm_step_bwd (batch, input, hidden): the step's gradients for x, h, c and the weights: twice the
   gate products and about twice the element-wise work.
+- softmax_xent_fwd (rows, classes): the mean softmax cross-entropy of `rows` logit vectors against
+  integer labels: max, sum of exponentials and log-probabilities, 5 FLOPs per logit; the logits
+  read twice and the log-probabilities written once.
+- softmax_xent_bwd (rows, classes): its gradient with respect to the logits: softmax minus the one-hot
+  label, 2 FLOPs per logit; logits (or log-probabilities) read, gradient written.
+- sgd_momentum (elements): one SGD-with-momentum update of a parameter of `elements` values, the
+  framework's optimiser as the runners use it: m = momentum m + g, w = w - lr m: 4 FLOPs; w, g, m
+  read and w, m written.
 """
 
 from __future__ import annotations
@@ -35,9 +43,12 @@ PARAMS: dict[str, tuple[str, ...]] = {
                    "input_grad"),
     "lstm_step_fwd": ("batch", "input", "hidden"),
     "lstm_step_bwd": ("batch", "input", "hidden"),
+    "softmax_xent_fwd": ("rows", "classes"),
+    "softmax_xent_bwd": ("rows", "classes"),
+    "sgd_momentum": ("elements",),
 }
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
-MEMORY_KINDS = ("transpose", "copy")
+MEMORY_KINDS = ("transpose", "copy", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum")
 
 
 @dataclass(frozen=True)
@@ -91,6 +102,10 @@ class KernelSpec:
             return 2 * self["m"] * self["n"] * self["k"]
         if k in ("transpose", "copy"):
             return 0
+        if k.startswith("softmax_xent"):
+            return (5 if k == "softmax_xent_fwd" else 2) * self["rows"] * self["classes"]
+        if k == "sgd_momentum":
+            return 4 * self["elements"]
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
             fwd = 2 * self["batch"] * self["kh"] * self["kw"] * self["channels"] * self["filters"] * ho * wo
@@ -115,6 +130,10 @@ class KernelSpec:
             return 2 * s * self["rows"] * self["cols"]
         if k == "copy":
             return 2 * s * self["elements"]
+        if k.startswith("softmax_xent"):
+            return (3 if k == "softmax_xent_fwd" else 2) * s * self["rows"] * self["classes"]
+        if k == "sgd_momentum":
+            return 5 * s * self["elements"]
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
             x = self["batch"] * self["channels"] * self["height"] * self["width"]

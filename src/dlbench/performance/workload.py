@@ -26,9 +26,12 @@ write at the least, `E` bytes per element (float32: 4):
   (3 passes) before the last relu; option-A shortcuts copy a strided slice into a zero-padded
   output; the backward of the join sends dy to both branches, and the two gradients meet again at
   the block's input (3 passes).
-- softmax cross-entropy over the logits (after the last layer, training only): forward 3 passes
-  (max, sum of exponentials, log-probabilities), backward 2.
-- update, SGD with momentum: per parameter read w, g, m and write w, m (5 passes, 4 FLOPs).
+- softmax cross-entropy over the logits (after the last layer, training only): the
+  `softmax_xent_fwd` and `softmax_xent_bwd` kernels (forward 3 passes: max, sum of exponentials,
+  log-probabilities; backward 2).
+- update, SGD with momentum: an `sgd_momentum` kernel over each layer's parameters (per parameter
+  read w, g, m and write w, m at the least: 5 passes, 4 FLOPs; how many passes a framework's
+  optimiser really makes is what measuring it tells).
 
 A layer computes the gradient of its input only when a trainable layer precedes it: the first
 convolution or dense layer of a network computes its weight gradient only, as every framework does.
@@ -41,8 +44,6 @@ from dataclasses import dataclass, field
 from .kernels import KernelSpec
 
 ELEMENT_BYTES = 4  # activations, gradients and weights are float32 (mixed precision: see `dtype`)
-UPDATE_PASSES = 5  # SGD with momentum: read w, g, m; write w, m
-UPDATE_FLOPS = 4
 
 
 @dataclass(frozen=True)
@@ -252,15 +253,18 @@ def decompose(network: dict, batch: int, mode: str, precision: str = "float32") 
         else:
             raise ValueError(f"the performance model does not know layer type {t!r}")
         if train and work.params:
-            work.update.append(Op("SGD momentum", UPDATE_FLOPS * work.params,
-                                  UPDATE_PASSES * ELEMENT_BYTES * work.params))
+            update = KernelSpec.of("sgd_momentum", "float32", elements=work.params)
+            work.update.append(Op("SGD momentum", update.flops, update.bytes, update))
         trainable_before = trainable_before or work.params > 0
         layers.append(work)
     if train:
-        logits = batch * _numel(network["layers"][-1]["out_shape"])
+        out_shape = network["layers"][-1]["out_shape"]
+        rows, classes = batch * _numel(out_shape[:-1]), out_shape[-1]
         loss = LayerWork(len(network["layers"]), "loss softmax cross-entropy", 0)
-        loss.forward.append(_passes("softmax cross-entropy", logits, 3, 5))
-        loss.backward.append(_passes("softmax cross-entropy", logits, 2, 2))
+        fwd = KernelSpec.of("softmax_xent_fwd", "float32", rows=rows, classes=classes)
+        bwd = KernelSpec.of("softmax_xent_bwd", "float32", rows=rows, classes=classes)
+        loss.forward.append(Op("softmax cross-entropy", fwd.flops, fwd.bytes, fwd))
+        loss.backward.append(Op("softmax cross-entropy", bwd.flops, bwd.bytes, bwd))
         layers.append(loss)
     inp = network["input"]
     if inp["kind"] == "tokens":  # int64 ids in, int64 next-token labels
@@ -274,7 +278,7 @@ def kernel_specs(workload: Workload) -> list[KernelSpec]:
     """Every distinct kernel of an iteration, in the order the iteration first meets it."""
     seen: dict[str, KernelSpec] = {}
     for layer in workload.layers:
-        for op in layer.forward + layer.backward:
+        for op in layer.forward + layer.backward + layer.update:
             if op.kernel is not None:
                 seen.setdefault(op.kernel.key, op.kernel)
     return list(seen.values())
