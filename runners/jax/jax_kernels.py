@@ -64,6 +64,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return ready(Kernel(jax.jit(jnp.transpose), (rand(shape["rows"], shape["cols"]),)))
     if kind == "copy":
         return ready(Kernel(jax.jit(jnp.copy), (rand(shape["elements"]),)))
+    if kind == "relu":
+        return ready(Kernel(jax.jit(jax.nn.relu), (rand(shape["elements"]),)))
     if kind.startswith("conv2d"):
         x = rand(shape["batch"], shape["height"], shape["width"], shape["channels"])
         w = rand(shape["kh"], shape["kw"], shape["channels"], shape["filters"])

@@ -46,6 +46,9 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
     if kind == "copy":
         src, dst = rand(shape["elements"]), rand(shape["elements"])
         return Kernel(lambda: src.copyto(dst))
+    if kind == "relu":
+        x = rand(shape["elements"])
+        return Kernel(lambda: mx.nd.Activation(x, act_type="relu"), settings={"op": "Activation(relu)"})
     if kind.startswith("conv2d"):
         x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
         w = rand(shape["filters"], shape["channels"], shape["kh"], shape["kw"])

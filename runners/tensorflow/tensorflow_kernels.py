@@ -57,6 +57,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return make(tf.transpose, (rand(shape["rows"], shape["cols"]),))
     if kind == "copy":
         return make(lambda x: tf.raw_ops.DeepCopy(x=x), (rand(shape["elements"]),))
+    if kind == "relu":
+        return make(tf.nn.relu, (rand(shape["elements"]),))
     if kind.startswith("conv2d"):
         n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
         x = rand(n, h, w, c)

@@ -46,6 +46,9 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
     if kind == "copy":
         src, dst = rand(shape["elements"]), rand(shape["elements"])
         return Kernel(lambda: dst.copy_(src), sync)
+    if kind == "relu":
+        x = rand(shape["elements"])
+        return Kernel(lambda: torch.relu(x), sync)
     if kind.startswith("conv2d"):
         if cuda:
             torch.backends.cudnn.benchmark = True

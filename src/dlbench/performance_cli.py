@@ -284,7 +284,7 @@ def calibrate(*, names: list[str], registry, device: str, env: str, threads: int
                       highlight=False, soft_wrap=True)
     if not results:
         raise fail("no framework could measure the ceilings (reasons above); nothing stored", 1)
-    peak, bandwidth, dispatch = ceilings(results, suite.ceilings.dispatch_bytes)
+    peak, bandwidth, dispatch, elementwise = ceilings(results, suite.ceilings.dispatch_bytes)
     problems: list[str] = []
     latest = KernelStore(store).latest_times(machine["machine_id"], device, threads, problems)
     for p in problems:
@@ -296,7 +296,7 @@ def calibrate(*, names: list[str], registry, device: str, env: str, threads: int
     profile = MachineProfile(
         machine_id=machine["machine_id"], created_at=datetime.now(timezone.utc), dlbench=dlbench_provenance(),
         machine=machine, device=device, threads=threads, matmul_peak=peak, copy_bandwidth=bandwidth,
-        dispatch_s=dispatch, kernels=kernel_times(latest), comm=fits,
+        dispatch_s=dispatch, elementwise_bandwidth=elementwise, kernels=kernel_times(latest), comm=fits,
         sources={"ceilings": {str(r.framework.get("name")): {"run_id": r.run_id, "status": r.status,
                                                              "version": r.framework.get("version")}
                               for r in records},
@@ -323,6 +323,9 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
         t.add_row(f"copy bandwidth, {b.bytes / 2**20:g} MiB moved", f"{b.bytes_per_s / 1e9:,.1f} GB/s", escape(b.framework))
     for fw, s in sorted(p.dispatch_s.items()):
         t.add_row("smallest operation", f"{s * 1e6:,.1f} µs", escape(fw))
+    for fw, points in sorted(p.elementwise_bandwidth.items()):
+        t.add_row("element-wise (relu) bandwidth", ", ".join(f"{b.bytes_per_s / 1e9:,.1f}" for b in points) + " GB/s",
+                  escape(f"{fw}, at {', '.join(f'{b.bytes / 2**20:g}' for b in points)} MiB"))
     for fw, times in sorted(p.kernels.items()):
         t.add_row("kernel times", f"{len(times)} kernels", escape(fw))
     for c in p.comm:

@@ -209,16 +209,22 @@ def test_ceilings_are_the_best_framework_and_bandwidth_excludes_dispatch():
     suite = load_kernel_suite(KERNELS, CATALOG, "smoke", "cpu")
     specs = calibration_specs(suite.ceilings, {"float32": None, "bfloat16": None, "float16": "no"})
     assert {s.dtype for s in specs if s.kind == "matmul"} == {"float32", "bfloat16"}
+    assert {s.kind for s in specs} == {"matmul", "copy", "relu"}
     mm = KernelSpec.of("matmul", m=100, n=100, k=100)  # 2e6 FLOPs
     tiny = KernelSpec.of("copy", elements=128)  # the 1024-byte dispatch copy
     big = KernelSpec.of("copy", elements=1000)  # 8000 bytes
-    peak, bandwidth, dispatch = ceilings({
-        "a": [result(mm, 1e-3), result(tiny, 1e-6), result(big, 3e-6)],
-        "b": [result(mm, 5e-4), result(tiny, 4e-6), result(big, 6e-6)]}, dispatch_bytes=1024)
+    relu = KernelSpec.of("relu", elements=1000)  # 8000 bytes
+    peak, bandwidth, dispatch, elementwise = ceilings({
+        "a": [result(mm, 1e-3), result(tiny, 1e-6), result(big, 3e-6), result(relu, 5e-6)],
+        "b": [result(mm, 5e-4), result(tiny, 4e-6), result(big, 5e-6)]}, dispatch_bytes=1024)
     assert peak["float32"].flops_per_s == pytest.approx(4e9) and peak["float32"].framework == "b"
     assert dispatch == {"a": 1e-6, "b": 4e-6}
-    # a: 8000 B / (3 - 1) us = 4 GB/s; b: 8000 / (6 - 4) us = 4 GB/s -> the first one found; both 4e9
-    assert [(p.bytes, round(p.bytes_per_s)) for p in bandwidth] == [(8000, 4_000_000_000)]
+    # a: 8000 B / (3 - 1) us = 4 GB/s; b: 8000 / max(5 - 4, 5 / 2) us = 3.2 GB/s (at most half the
+    # time is credited to the call)
+    assert [(p.bytes, round(p.bytes_per_s), p.framework) for p in bandwidth] == [(8000, 4_000_000_000, "a")]
+    # a's relu: 8000 B / (5 - 1) us = 2 GB/s; b measured none
+    assert {fw: [(p.bytes, round(p.bytes_per_s)) for p in pts] for fw, pts in elementwise.items()} == {
+        "a": [(8000, 2_000_000_000)]}
 
 
 def test_all_reduce_line_recovered_from_its_points():

@@ -163,6 +163,14 @@ def test_bandwidth_follows_the_working_set():
     assert prof.bandwidth(1e9) == 2e9
 
 
+def test_a_frameworks_own_elementwise_bandwidth_comes_first():
+    prof = profile(elementwise_bandwidth={"jax": [BandwidthPoint(bytes=1000, bytes_per_s=5e8, framework="jax")]})
+    assert prof.bandwidth(24, "jax") == 5e8 and prof.bandwidth(24, "torch") == 1e9 and prof.bandwidth(24) == 1e9
+    net = tiny([{"type": "dense", "units": 3}])
+    p = predict(decompose(net.resolved, 2, "train"), "jax", prof)
+    assert p.update_s == pytest.approx(300 / 5e8)  # 15 parameters x 5 passes x 4 B, at jax's 0.5 GB/s
+
+
 def test_data_path_is_hidden_by_prefetching_only_up_to_the_computation():
     path = DataPath(bytes_per_sample=1000, read_bytes_per_s=1e6, h2d_bytes_per_s=4e6)
     assert path.times(10) == (pytest.approx(0.01), pytest.approx(0.0025))

@@ -5,7 +5,8 @@ Ceilings, over every framework at hand (the machine's, not one framework's):
 - peak matmul FLOP/s per dtype: the fastest square matmul of any framework;
 - the smallest-operation time per framework: the median time of a copy of `dispatch_bytes`;
 - copy bandwidth per working set: bytes / (time − that framework's smallest-operation time), the
-  best framework's, so that bytes / bandwidth + smallest-operation time gives back the copy's time.
+  best framework's, so that bytes / bandwidth + smallest-operation time gives back the copy's time;
+- each framework's element-wise bandwidth per working set, the same way from its relu.
 
 All-reduce: for each framework and worker count, the comm records' (bytes, median time) of every
 size whose result was correct, fitted by linear least squares to t = startup + per_byte · bytes with
@@ -34,12 +35,15 @@ def calibration_specs(ceilings, support: dict) -> list[KernelSpec]:
              for n in ceilings.matmul_sizes]
     for nbytes in [ceilings.dispatch_bytes, *ceilings.copy_bytes]:
         specs.append(KernelSpec.of("copy", "float32", elements=max(1, nbytes // 8)))  # read + write, 4 B each
+    for nbytes in ceilings.copy_bytes:
+        specs.append(KernelSpec.of("relu", "float32", elements=max(1, nbytes // 8)))
     return specs
 
 
 def ceilings(results: dict[str, list], dispatch_bytes: int):
-    """(matmul_peak per dtype, copy bandwidth points, smallest-operation time per framework) from each
-    framework's calibration results (KernelResult lists)."""
+    """(matmul_peak per dtype, copy bandwidth points, smallest-operation time per framework, each
+    framework's element-wise bandwidth points) from each framework's calibration results
+    (KernelResult lists)."""
     dispatch_elements = max(1, dispatch_bytes // 8)
     peak: dict[str, MatmulCeiling] = {}
     dispatch: dict[str, float] = {}
@@ -49,11 +53,17 @@ def ceilings(results: dict[str, list], dispatch_bytes: int):
             if k.status == "ok" and k.median_s and spec.kind == "copy" and spec["elements"] == dispatch_elements:
                 dispatch[framework] = k.median_s
     best_copy: dict[int, BandwidthPoint] = {}
+    elementwise: dict[str, list[BandwidthPoint]] = {}
     for framework, kernels in results.items():
         for k in kernels:
             if k.status != "ok" or not k.median_s:
                 continue
             spec = KernelSpec.from_dict(k.spec)
+            if spec.kind == "relu":
+                net = k.median_s - dispatch.get(framework, 0.0)
+                elementwise.setdefault(framework, []).append(BandwidthPoint(
+                    bytes=spec.bytes, bytes_per_s=spec.bytes / max(net, k.median_s / 2), framework=framework))
+                continue
             if spec.kind == "matmul":
                 rate = spec.flops / k.median_s
                 if spec.dtype not in peak or rate > peak[spec.dtype].flops_per_s:
@@ -63,7 +73,8 @@ def ceilings(results: dict[str, list], dispatch_bytes: int):
                 rate = spec.bytes / max(net, k.median_s / 2)  # never credit more than half the time to dispatch
                 if spec.bytes not in best_copy or rate > best_copy[spec.bytes].bytes_per_s:
                     best_copy[spec.bytes] = BandwidthPoint(bytes=spec.bytes, bytes_per_s=rate, framework=framework)
-    return peak, [best_copy[b] for b in sorted(best_copy)], dispatch
+    return (peak, [best_copy[b] for b in sorted(best_copy)], dispatch,
+            {fw: sorted(points, key=lambda p: p.bytes) for fw, points in elementwise.items()})
 
 
 def kernel_times(latest: dict[str, dict[str, tuple[float, str]]]) -> dict[str, dict[str, KernelTime]]:

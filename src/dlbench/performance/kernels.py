@@ -9,6 +9,8 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
 - matmul (m, n, k): C[m, n] = A[m, k] B[k, n]: 2mnk FLOPs; A, B and C each moved once.
 - transpose (rows, cols): out-of-place, materialised: no FLOPs; the matrix read once and written once.
 - copy (elements): out-of-place copy: read once, written once (the memory-bandwidth ceiling).
+- relu (elements): out-of-place max(x, 0), the framework's activation: 1 FLOP, read once, written
+  once (what the framework's element-wise operations reach, against the copy's ceiling).
 - conv2d_fwd (batch, channels, height, width, filters, kh, kw, sh, sw, ph, pw): no bias, no groups:
   2·kh·kw·C·F·Ho·Wo FLOPs per sample; input, weights and output moved once.
 - conv2d_bwd (same, input_grad): the weight gradient, and the input gradient when `input_grad`
@@ -38,6 +40,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "matmul": ("m", "n", "k"),
     "transpose": ("rows", "cols"),
     "copy": ("elements",),
+    "relu": ("elements",),
     "conv2d_fwd": ("batch", "channels", "height", "width", "filters", "kh", "kw", "sh", "sw", "ph", "pw"),
     "conv2d_bwd": ("batch", "channels", "height", "width", "filters", "kh", "kw", "sh", "sw", "ph", "pw",
                    "input_grad"),
@@ -48,7 +51,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "sgd_momentum": ("elements",),
 }
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
-MEMORY_KINDS = ("transpose", "copy", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum")
+MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum")
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class KernelSpec:
             return 2 * self["m"] * self["n"] * self["k"]
         if k in ("transpose", "copy"):
             return 0
+        if k == "relu":
+            return self["elements"]
         if k.startswith("softmax_xent"):
             return (5 if k == "softmax_xent_fwd" else 2) * self["rows"] * self["classes"]
         if k == "sgd_momentum":
@@ -128,7 +133,7 @@ class KernelSpec:
             return s * (m * kk + kk * n + m * n)
         if k == "transpose":
             return 2 * s * self["rows"] * self["cols"]
-        if k == "copy":
+        if k in ("copy", "relu"):
             return 2 * s * self["elements"]
         if k.startswith("softmax_xent"):
             return (3 if k == "softmax_xent_fwd" else 2) * s * self["rows"] * self["classes"]

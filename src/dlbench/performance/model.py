@@ -7,8 +7,10 @@ dlbench's runners use is already on the device: t_io = t_h2d = 0.
 t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operation whose kernel
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
 (times its repeat count: an LSTM step once per time step); any other operation takes its roofline
-time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set). The share of the predicted
-time that came from measured kernels is reported beside it.
+time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), the bandwidth being what the
+framework's own element-wise operation (relu) reached at that size where calibrate measured it,
+else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
+is reported beside it.
 
 What a framework spends on an operation besides the work (the call: dispatch, allocation, the
 autograd record) is its smallest-operation time d, measured by calibrate. How often it is paid
@@ -137,11 +139,12 @@ class Prediction:
                 "notes": list(self.notes)}
 
 
-def roofline_time(op: Op, profile: MachineProfile) -> float:
-    """One execution at the machine's ceilings: max(FLOPs / peak, bytes / bandwidth at its size)."""
+def roofline_time(op: Op, profile: MachineProfile, framework: str | None = None) -> float:
+    """One execution at the ceilings: max(FLOPs / peak, bytes / bandwidth at its size), the bandwidth
+    being the framework's element-wise one where calibrate measured it, else the machine's copy."""
     dtype = op.kernel.dtype if op.kernel is not None else "float32"
     peak = profile.peak_flops(dtype)
-    bandwidth = profile.bandwidth(op.bytes)
+    bandwidth = profile.bandwidth(op.bytes, framework)
     if peak is None or bandwidth is None:
         raise PredictionError(f"profile {profile.ref} has no {'matmul peak' if peak is None else 'copy bandwidth'}; "
                               "run `dlbench calibrate`")
@@ -157,7 +160,7 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> 
         if compiled:
             seconds = max(seconds - call, roofline_time(op, profile))
         return op.repeat * seconds, True
-    return op.repeat * (roofline_time(op, profile) + (0.0 if compiled else call)), False
+    return op.repeat * (roofline_time(op, profile, framework) + (0.0 if compiled else call)), False
 
 
 def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,

@@ -2,7 +2,8 @@
 
 It holds the machine's ceilings (peak matrix-multiply FLOP/s per dtype with the framework that
 reached it, copy bandwidth by working-set size, and per framework the time of its smallest
-operation, i.e. what any operation costs however little it does), the kernel times each framework
+operation, i.e. what any operation costs however little it does, and the bandwidth its
+element-wise operations reach), the kernel times each framework
 measured in the `kernels` suite (by `KernelSpec.key`), and for data-parallel training the all-reduce
 cost fitted per framework and worker count from the `comm` suite. `dlbench calibrate` makes one.
 
@@ -82,6 +83,7 @@ class MachineProfile(_Model):
     threads: int | None  # threads per worker the measurements ran with
     matmul_peak: dict[str, MatmulCeiling] = {}  # dtype ->
     copy_bandwidth: list[BandwidthPoint] = []  # ascending bytes
+    elementwise_bandwidth: dict[str, list[BandwidthPoint]] = {}  # framework -> its relu's, ascending bytes
     dispatch_s: dict[str, float] = {}  # framework -> time of its smallest operation
     kernels: dict[str, dict[str, KernelTime]] = {}  # framework -> kernel key ->
     comm: list[CommFit] = []
@@ -96,10 +98,11 @@ class MachineProfile(_Model):
         ceiling = self.matmul_peak.get(dtype) or self.matmul_peak.get("float32")
         return ceiling.flops_per_s if ceiling else None
 
-    def bandwidth(self, nbytes: float) -> float | None:
-        """Copy bandwidth at a working set of `nbytes`: interpolated in log(bytes) between the
-        measured sizes, the nearest measured one outside them (caches make small copies faster)."""
-        points = sorted(self.copy_bandwidth, key=lambda p: p.bytes)
+    def bandwidth(self, nbytes: float, framework: str | None = None) -> float | None:
+        """Bandwidth at a working set of `nbytes`: the framework's element-wise (relu) bandwidth when
+        measured, else the machine's copy bandwidth; interpolated in log(bytes) between the measured
+        sizes, the nearest measured one outside them (caches make small working sets faster)."""
+        points = sorted(self.elementwise_bandwidth.get(framework) or self.copy_bandwidth, key=lambda p: p.bytes)
         if not points:
             return None
         if nbytes <= points[0].bytes:
