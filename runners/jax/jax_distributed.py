@@ -27,6 +27,15 @@ reduce_scatter); JAX has no broadcast primitive, so broadcast is what
 every other rank's zeros (an all-reduce's traffic). all_reduce and broadcast donate their buffer
 and get it back (in place).
 
+Threads: XLA:CPU sizes its client and intra-op pools from the affinity mask when the backend is
+made, so a rank is pinned to its share of the machine's CPUs (disjoint from its neighbours').
+Measured on the 2-core VM: with one thread per rank every cross-process collective costs about
+4 ms (the median of a 4 KiB all-reduce; ~0.2 ms when each pool has two threads, by NPROC=2 or
+a two-CPU mask; pinning or not does not change it, the pool size does; likely because XLA's
+asynchronous execution blocks a pool thread until the program's thunks finish, and the
+collective's work needs another). That is what one thread per rank costs with JAX: the records
+show it as it is, with the threads per rank.
+
 Gloo's address: jax builds its gloo collectives from the hostname's address; when dlbench names
 this rank's host (DLBENCH_WORKER_ADDRESSES), the CPU backend is created with that address
 instead (jax's own `make_gloo_tcp_collectives(hostname=...)`), as torchrun's --local-addr does,
