@@ -129,13 +129,21 @@ class MXNetDistributedRunner(MXNetRunner):
         self.distributed = False
         self._broadcast_bytes = 0
 
+    def device_available(self, device: str) -> str | None:
+        if device != "cpu":
+            # the GPU variant (dist_device_sync: gradients summed on the GPUs before they go to the
+            # servers) is not wired in; every rank skips, saying so
+            if os.environ.get("DMLC_ROLE") == "worker":
+                # the scheduler and the servers end once every worker has registered and left
+                kv = _mxnet().kv.create("dist_sync")
+                del kv
+                gc.collect()
+            return f"the mxnet multi-worker runner runs on cpu only (kvstore dist_sync), not {device!r}"
+        return super().device_available(device)
+
     def join(self, cluster) -> dict:
         mx = _mxnet()
         role = os.environ.get("DMLC_ROLE")
-        if cluster.device != "cpu":
-            # dist_sync's gradients cross the servers through host memory either way; the GPU
-            # variant (dist_device_sync) is not wired in
-            raise NotImplementedError("the mxnet multi-worker runner supports device cpu only")
         if role is None:
             if cluster.world_size != 1:
                 raise RuntimeError(f"{cluster.world_size} workers but DMLC_ROLE is not set: the job must be "

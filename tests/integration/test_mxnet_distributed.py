@@ -133,3 +133,16 @@ def test_two_hosts_on_loopback_addresses(tmp_path, mxnet_runner, suites):
         assert r.distributed.hosts == ["127.0.0.2", "127.0.0.3"] and r.comm.sizes[0].correct
         assert r.distributed.backend.startswith("kvstore dist_sync")
     assert not job_processes(tmp_path)
+
+
+def test_a_device_it_does_not_run_on_is_skipped_and_the_servers_still_end(tmp_path, mxnet_runner, suites):
+    bench, _ = suites
+    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    env = orch.environment(mxnet_runner)
+    request = {"action": "data_parallel", "network": bench.network.resolved, "mode": "train", "batch_size": 16,
+               "precision": "float32", "device": "cuda", "threads": 1, "learning_rate": 0.01, "momentum": 0.9,
+               "seed": 0, "policy": bench.policy.model_dump()}
+    outcome = orch.job(mxnet_runner, env, request, local_placement(2, 2))
+    assert outcome.status == "skipped" and "runs on cpu only" in outcome.reason, outcome.reason
+    assert outcome.wall_s < 25  # the scheduler and the server left with the workers, not at the exit grace
+    assert not job_processes(tmp_path)
