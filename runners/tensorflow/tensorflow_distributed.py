@@ -42,7 +42,8 @@ GRADIENT_COLLECTIVE = "CollectiveReduceV2"
 
 
 class DataParallel:
-    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes):
+    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes,
+                 trainable=()):
         self.step = step
         self.step_without_sync = step_without_sync
         self.synchronize = synchronize
@@ -50,6 +51,11 @@ class DataParallel:
         self.output_shape = output_shape
         self.settings = settings
         self.grad_bytes = grad_bytes
+        self._trainable = list(trainable)
+
+    def weights(self) -> list:
+        """This worker's copy of every trainable tensor (numpy), for tests of the replicas' agreement."""
+        return [v.numpy() for v in self._trainable]
 
 
 class Collective:
@@ -298,7 +304,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         }
         output_shape = [int(d) for d in model.output_shape[1:]]
         return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, output_shape, settings,
-                            grad_bytes)
+                            grad_bytes, trainable)
 
     # ------------------------------------------------------------------ collectives
 

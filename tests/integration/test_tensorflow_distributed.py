@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -66,6 +67,35 @@ def test_strategy_training_and_its_baseline(tmp_path, tf_runner, suites):
     assert "holds 0 CollectiveReduceV2" in base.settings.runner["gradient_exchange"]  # one worker reduces nothing
     assert two.framework["version"].startswith("2.21.0")
     assert not job_processes(tmp_path)
+
+
+def test_the_replicas_stay_equal_only_with_the_exchange(tmp_path, tf_runner, suites, monkeypatch):
+    """Each worker trains on its own batch: with the gradient all-reduce both copies of the weights
+    move and stay equal; the step without it lets them drift apart (so it really leaves it out)."""
+    import numpy as np
+
+    bench, _ = suites
+    probe = dataclasses.replace(tf_runner, multi_worker=dataclasses.replace(
+        tf_runner.multi_worker, worker=Path(__file__).with_name("tf_replica_probe_worker.py")))
+    out = tmp_path / "weights"
+    out.mkdir()
+    monkeypatch.setenv("DLBENCH_TF_PROBE_OUT", str(out))
+    brief = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"warmup_iters": 1, "measure_iters": 2}))
+    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    record = orch._train_run(probe, brief, local_placement(2, 2), 16, 32, None)
+    assert record.status == "ok", (record.reason, record.output_tail)
+
+    def weights(rank, when):
+        with np.load(out / f"rank{rank}-{when}.npz") as f:
+            return [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
+
+    def same(a, b):
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    assert same(weights(0, "initial"), weights(1, "initial"))  # the strategy broadcasts worker 0's values
+    assert same(weights(0, "synced"), weights(1, "synced"))
+    assert not same(weights(0, "synced"), weights(0, "initial"))
+    assert not same(weights(0, "local"), weights(1, "local"))
 
 
 def test_collectives_are_correct_at_every_size(tmp_path, tf_runner, suites):
