@@ -199,6 +199,28 @@ def test_run_pages_show_telemetry_and_say_why_what_is_missing_is_missing(built):
     assert 'class="throttle"' in (out / site_model.run_page_name(throttled.run_id)).read_text()
 
 
+def test_a_gpu_column_of_another_length_or_kind_costs_only_its_line(built):
+    """The GPU columns of a repeat are converted together; one that does not fit (another length,
+    not numbers) falls back to one at a time and is left out, as if it had not been sampled."""
+    from dlbench.reporting import run_page
+
+    gpu = next(r for r in built[1] if r.workload.device == "cuda" and r.status == "ok")
+
+    def changed(change):
+        record = gpu.model_copy(deep=True)
+        for rep in record.repeats:
+            if rep.telemetry and (rep.telemetry.get("gpu") or {}).get("series"):
+                change(rep.telemetry["gpu"]["series"][0])
+        return record
+
+    without = run_page.telemetry_section(changed(lambda series: series.pop("temp_c")))
+    assert "temperature" not in str(without["gpu_panels"][0].chart) and without["problem"] is None
+    for odd in ([41.0], "hot", [[1.0, 2.0]] * 3):
+        section = run_page.telemetry_section(changed(lambda series: series.__setitem__("temp_c", odd)))
+        assert section["problem"] is None
+        assert str(section["gpu_panels"][0].chart) == str(without["gpu_panels"][0].chart)
+
+
 def test_benchmark_pages_have_every_chart_and_energy_where_measured(built):
     out = built[0] / "out"
     gpu_page = next(t for n, t in pages(out).items() if n.startswith("benchmarks/") and "fcn5-train" in n and "h100" in n)

@@ -15,7 +15,7 @@ expect costs the telemetry section (with a note saying so), never the page or th
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,7 @@ class _Frame:
     tel: dict
     t_s: np.ndarray  # seconds from the repeat's first sample
     windows: list[tuple[float, float]]
+    converted: dict = field(default_factory=dict)  # GPU index -> {column: floats}, converted once
 
 
 def _frames(record: Record) -> list[_Frame]:
@@ -102,13 +103,13 @@ def _frames(record: Record) -> list[_Frame]:
 
 def _panel(frames: list[_Frame], title: str, unit: str, columns: dict, scale: float = 1.0,
            colours: dict[str, str] | None = None) -> charts.Panel | None:
-    """One quantity over the repeats; columns: line name -> (telemetry dict -> values). None when
-    no repeat sampled it."""
+    """One quantity over the repeats; columns: line name -> (_Frame -> values). None when no
+    repeat sampled it."""
     lines = {}
     for name, column in columns.items():
         per_frame = []
         for frame in frames:
-            values = column(frame.tel)
+            values = column(frame)
             # fmax.reduce is NaN only where every value is: a repeat that never sampled this has no line
             ok = (values is not None and values.ndim == 1 and len(values) == len(frame.t_s) and values.size
                   and not np.isnan(np.fmax.reduce(values)))
@@ -121,36 +122,53 @@ def _panel(frames: list[_Frame], title: str, unit: str, columns: dict, scale: fl
     return charts.Panel(title, unit, lines, colours)
 
 
+def _gpu_columns(frame: _Frame, device: int) -> dict[str, np.ndarray | None]:
+    """The columns of one GPU that the page draws, as floats (None reads as NaN): converted
+    together, in one numpy call, where they are lists of the same length (the usual case), else
+    one by one; once per repeat and GPU."""
+    if device not in frame.converted:
+        series = (frame.tel.get("gpu") or {}).get("series") or []
+        columns = series[device] if device < len(series) else {}
+        names = [n for n in GPU_COLUMNS if n in columns.keys()]
+        converted = None
+        try:
+            table = np.array([columns[n] for n in names], dtype=float)
+            if table.ndim == 2 and table.shape[0] == len(names):
+                converted = dict(zip(names, table))
+        except (TypeError, ValueError):  # columns of other lengths or kinds
+            pass
+        frame.converted[device] = converted if converted is not None else {n: _floats(columns[n]) for n in names}
+    return frame.converted[device]
+
+
 def _gpu_column(device: int, name: str):
-    def read(tel: dict):
-        series = (tel.get("gpu") or {}).get("series") or []
-        return _floats(series[device].get(name)) if device < len(series) and name in series[device] else None
+    def read(frame: _Frame):
+        return _gpu_columns(frame, device).get(name)
     return read
 
 
 def _throttle_episodes(device: int):
     """Samples with a clock-event reason other than idle set: the GPU ran below the clock it could."""
-    def find(tel: dict, t_s: np.ndarray) -> list[tuple[float, float]]:
-        gpu = tel.get("gpu") or {}
-        series = gpu.get("series") or []
-        masks = _floats(series[device].get("clock_events")) if device < len(series) else None
+    def find(frame: _Frame) -> list[tuple[float, float]]:
+        masks = _gpu_columns(frame, device).get("clock_events")
         if masks is None or not masks.size:
             return []
+        gpu = frame.tel.get("gpu") or {}
         idle = int((gpu.get("clock_event_bits") or {}).get("gpu_idle", 0))
         known = ~np.isnan(masks)
         active = known & ((np.where(known, masks, 0).astype(np.int64) & ~idle) != 0)
-        return _episodes(t_s, active, float(tel.get("interval_s") or 0.1))
+        return _episodes(frame.t_s, active, float(frame.tel.get("interval_s") or 0.1))
     return find
 
 
 def _cpu_column(name: str):
-    def read(tel: dict):
-        return _floats(((tel.get("cpu") or {}).get("series") or {}).get(name))
+    def read(frame: _Frame):
+        return _floats(((frame.tel.get("cpu") or {}).get("series") or {}).get(name))
     return read
 
 
-def _mean_over_cores(tel: dict):
-    rows = ((tel.get("cpu") or {}).get("series") or {}).get("util_pct_per_core")
+def _mean_over_cores(frame: _Frame):
+    rows = ((frame.tel.get("cpu") or {}).get("series") or {}).get("util_pct_per_core")
     if rows is None:
         return None
     table = _floats(rows)
@@ -167,12 +185,12 @@ def _mean_over_cores(tel: dict):
 
 def _rapl_power(zone: str):
     """Watts between consecutive readings of one RAPL counter (a wrap or a gap: no value)."""
-    def read(tel: dict):
-        rapl = (tel.get("cpu") or {}).get("rapl") or {}
+    def read(frame: _Frame):
+        rapl = (frame.tel.get("cpu") or {}).get("rapl") or {}
         counter = _floats((rapl.get("series") or {}).get(zone))
         if counter is None or counter.size < 2:
             return None
-        dt = np.diff(np.array(tel["t_ns"], dtype=np.int64)) / 1e9
+        dt = np.diff(np.array(frame.tel["t_ns"], dtype=np.int64)) / 1e9
         with np.errstate(all="ignore"):
             watts = np.diff(counter) / 1e6 / dt
         watts[(watts < 0) | (dt <= 0)] = np.nan
@@ -188,6 +206,7 @@ GPU_PANELS = (
     ("utilisation", "%", 1.0, {"GPU": "gpu_util_pct", "memory controller": "mem_util_pct"}),
     ("memory used", "GiB", 1 / GIB, {"memory used": "mem_used_bytes"}),
 )
+GPU_COLUMNS = (*(c for *_, lines in GPU_PANELS for c in lines.values()), "power_instant_w", "clock_events")
 CPU_PANELS = (
     ("CPU", "%", 1.0, {"utilisation (mean of cores)": _mean_over_cores, "steal": _cpu_column("steal_pct")}),
     ("memory", "GiB", 1 / GIB, {"worker resident": _cpu_column("rss_bytes"), "host used": _cpu_column("mem_used_bytes")}),
@@ -234,7 +253,7 @@ def telemetry_section(record: Record) -> dict:
             lost = (gpu.get("lost") or [None] * (i + 1))[i]
             if lost:
                 out["unavailable"].append((f"{name}: lost", lost.get("reason")))
-            episodes = [_throttle_episodes(i)(f.tel, f.t_s) for f in frames]
+            episodes = [_throttle_episodes(i)(f) for f in frames]
             tracks = [charts.Track(f.label, f.t_s, f.windows, e) for f, e in zip(frames, episodes)]
             panels = []
             for title, unit, scale, lines in GPU_PANELS:
