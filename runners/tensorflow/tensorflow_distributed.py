@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 from tensorflow_runner import TensorFlowRunner, _classes, _describe_flatten, _keras, _tf, build_network
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
+LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
 GRADIENT_COLLECTIVE = "CollectiveReduceV2"
 
 
@@ -179,8 +181,22 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             raise RuntimeError(f"barrier all-reduce gave {got[0]}, expected {self.cluster.world_size}")
 
     def leave(self) -> None:
-        # The strategy has no shutdown: its gRPC server lives as long as the process. The last
-        # barrier of the job (the harness's) has passed on every worker, so each may exit now.
+        """Wait at the coordination service's barrier, then let the process exit.
+
+        The strategy has no shutdown: each worker's gRPC server lives as long as its process, and
+        a ring collective's receiver pulls its data from the sender's server, so a worker that left
+        right after the job's last all-reduce could break a peer still pulling from it (worker 0
+        also hosts the coordination service). Every worker arrives here only after that all-reduce,
+        and after writing its result: a failure here is logged and changes nothing measured."""
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+        if ctx.coordination_service is not None:
+            try:
+                ctx.wait_at_barrier("dlbench-leave", LEAVE_BARRIER_TIMEOUT_S * 1000)
+            except Exception as e:  # noqa: BLE001 - the result is written; say why the exit was untidy
+                print(f"leaving: the coordination barrier failed after this rank's result was written: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr)
         self.strategy = None
 
     def _synchronize(self) -> None:
