@@ -8,9 +8,13 @@
     OUT/compare.html            with --compare BASELINE CANDIDATE
     OUT/static/                 the stylesheet and the table script (the only things a page loads)
 
-Each record is read once: its page is rendered right away and only its RunView (model.py) is
-kept; the aggregate pages are rendered from the RunViews. A large store is read and its run pages
-rendered in worker processes, one chunk of record files each.
+Each record is read (and its checksum verified) once: its page is rendered right away and only its
+RunView (model.py) is kept; the aggregate pages are rendered from the RunViews. The store's row
+index is not used: it holds no more than a RunView needs, and every record must be read for its own
+page anyway. A large store is read and its run pages rendered in worker processes, one chunk of
+record files each; meanwhile the parent imports what the aggregate pages need (scipy, ruptures).
+Then a forked child writes the history and benchmark pages while the parent writes the index, the
+list of runs and the manifest. What a 10,000-run build costs: benchmarks/report_scale.py.
 
 Every string from a record reaches a page through jinja2's autoescaping or markupsafe's escape (the
 SVG charts), and the pages carry a Content-Security-Policy that lets only the site's own stylesheet
