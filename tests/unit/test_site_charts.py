@@ -63,6 +63,14 @@ def test_hostile_labels_are_escaped_in_every_chart_kind():
         assert root.get("aria-label") == HOSTILE  # shown literally, as text
 
 
+def test_a_repeat_label_with_braces_shows_as_it_is():
+    """Parts of a telemetry chart are laid out once as format strings: a label's braces stay text."""
+    label = "{top} {0} {{x}} }{"
+    svg = parse(charts.time_chart([charts.Segment(label, [0.0, 0.1], {"x": [1.0, 2.0]}),
+                                   charts.Segment(label, [0.0, 0.1], {"x": [1.0, 2.0]})], "t", "u"))
+    assert [t for t in texts(svg) if "top" in t] == [label, label]
+
+
 def test_bars_are_proportional_and_whiskers_span_the_interval():
     svg = parse(charts.hbar_chart([charts.Bar("a", 100.0, 90.0, 110.0), charts.Bar("b", 50.0)], "t", "u"))
     bars = [r for r in svg.iter(f"{SVG}rect") if r.get("class") == "bar"]

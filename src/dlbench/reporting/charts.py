@@ -484,7 +484,15 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
                 xb = min(max(x_scale(offset + b - t0), left), width - right)
                 shading.append((css, xa, max(xb - xa, 1.5)))
     separators = [x_scale(offset - gap / 2) for offset in offsets[1:]]
-    track_labels = [(x_scale(offset) + 3, escape(track.label)) for track, offset in zip(tracks, offsets)]
+    # what every panel draws alike but at its own height, as format strings of its top and bottom:
+    # behind the ticks the plot area and the shading, over them the separators and repeat labels
+    behind = "".join([f'<rect x="{left}" y="{{top}}" width="{width - left - right}" height="{panel_height}" class="plot"/>',
+                      *(f'<rect x="{xa:.1f}" y="{{top}}" width="{w:.1f}" height="{panel_height}" class="{css}"/>'
+                        for css, xa, w in shading)])
+    between = "".join([*(f'<line x1="{x:.1f}" y1="{{top}}" x2="{x:.1f}" y2="{{bottom}}" class="separator"/>'
+                         for x in separators),
+                       *(f'<text x="{x_scale(offset) + 3:.1f}" y="{{label}}" font-size="{FONT}" text-anchor="start" '
+                         f'class="tick">{_braces(escape(track.label))}</text>' for track, offset in zip(tracks, offsets))])
     x_of = [left + (offset + (t - t[0])) * px_per_s if len(t) else t for t, offset in zip(times, offsets)]
     buckets = [max(8, int(span * px_per_s * POINTS_PER_PX / 2)) for span in spans]
 
@@ -503,18 +511,14 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
             frame.extend(_legend([Series(n, [], panel.colours.get(n, PALETTE[0])) for n in names], legend_x, y0 + 14))
         y_scale, y_ticks = value_scale([lo, hi], top + plot_h, top, zero=True, log=False)
         y_factor = (y_scale.px_hi - y_scale.px_lo) / ((y_scale.hi - y_scale.lo) or 1.0)
-        frame.append(f'<rect x="{left}" y="{top:.1f}" width="{width - left - right}" height="{plot_h}" class="plot"/>')
-        frame.extend(f'<rect x="{xa:.1f}" y="{top:.1f}" width="{w:.1f}" height="{plot_h}" class="{css}"/>'
-                     for css, xa, w in shading)
+        edges = {"top": f"{top:.1f}", "bottom": f"{top + plot_h:.1f}", "label": f"{top + 12:.1f}"}
+        frame.append(behind.format_map(edges))
         for t in y_ticks:
             y = y_scale(t)
             frame.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>'
                          f'<text x="{left - 5:.1f}" y="{y + 4:.1f}" font-size="{FONT}" text-anchor="end" '
                          f'class="tick">{_tick_label(t)}</text>')
-        for x_sep in separators:
-            frame.append(f'<line x1="{x_sep:.1f}" y1="{top:.1f}" x2="{x_sep:.1f}" y2="{top + plot_h:.1f}" class="separator"/>')
-        frame.extend(f'<text x="{x:.1f}" y="{top + 12:.1f}" font-size="{FONT}" text-anchor="start" class="tick">{label}</text>'
-                     for x, label in track_labels)
+        frame.append(between.format_map(edges))
         frames.append((frame, f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
                               f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(panel.unit)}</text>'))
         lines.append([(cols, name, panel.colours.get(name, PALETTE[0]), y_scale.px_lo, y_scale.lo, y_factor)
@@ -531,6 +535,11 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
     height = y0 + 18
     body.append(_text(width - right, height - 4, x_label, "end", "axis"))
     return _svg(width, height, title, body)
+
+
+def _braces(text: str) -> str:
+    """Text for a str.format template, shown as it is."""
+    return text.replace("{", "{{").replace("}", "}}")
 
 
 def _finite_range(columns: list[np.ndarray]) -> tuple[float, float] | None:

@@ -122,14 +122,12 @@ def _panel(frames: list[_Frame], title: str, unit: str, columns: dict, scale: fl
     return charts.Panel(title, unit, lines, colours)
 
 
-def _gpu_columns(frame: _Frame, device: int) -> dict[str, np.ndarray | None]:
-    """The columns of one GPU that the page draws, as floats (None reads as NaN): converted
-    together, in one numpy call, where they are lists of the same length (the usual case), else
-    one by one; once per repeat and GPU."""
-    if device not in frame.converted:
-        series = (frame.tel.get("gpu") or {}).get("series") or []
-        columns = series[device] if device < len(series) else {}
-        names = [n for n in GPU_COLUMNS if n in columns.keys()]
+def _converted(frame: _Frame, source: str | int, columns: dict, wanted: tuple[str, ...]) -> dict[str, np.ndarray | None]:
+    """The `wanted` columns of one source (a GPU's index, or "cpu") as floats (None reads as NaN):
+    converted together, in one numpy call, where they are lists of the same length (the usual
+    case), else one by one; once per repeat and source."""
+    if source not in frame.converted:
+        names = [n for n in wanted if n in columns.keys()]
         converted = None
         try:
             table = np.array([columns[n] for n in names], dtype=float)
@@ -137,8 +135,13 @@ def _gpu_columns(frame: _Frame, device: int) -> dict[str, np.ndarray | None]:
                 converted = dict(zip(names, table))
         except (TypeError, ValueError):  # columns of other lengths or kinds
             pass
-        frame.converted[device] = converted if converted is not None else {n: _floats(columns[n]) for n in names}
-    return frame.converted[device]
+        frame.converted[source] = converted if converted is not None else {n: _floats(columns[n]) for n in names}
+    return frame.converted[source]
+
+
+def _gpu_columns(frame: _Frame, device: int) -> dict[str, np.ndarray | None]:
+    series = (frame.tel.get("gpu") or {}).get("series") or []
+    return _converted(frame, device, series[device] if device < len(series) else {}, GPU_COLUMNS)
 
 
 def _gpu_column(device: int, name: str):
@@ -163,7 +166,8 @@ def _throttle_episodes(device: int):
 
 def _cpu_column(name: str):
     def read(frame: _Frame):
-        return _floats(((frame.tel.get("cpu") or {}).get("series") or {}).get(name))
+        series = (frame.tel.get("cpu") or {}).get("series") or {}
+        return _converted(frame, "cpu", series, CPU_COLUMNS).get(name) if name in CPU_COLUMNS else _floats(series.get(name))
     return read
 
 
@@ -211,6 +215,7 @@ CPU_PANELS = (
     ("CPU", "%", 1.0, {"utilisation (mean of cores)": _mean_over_cores, "steal": _cpu_column("steal_pct")}),
     ("memory", "GiB", 1 / GIB, {"worker resident": _cpu_column("rss_bytes"), "host used": _cpu_column("mem_used_bytes")}),
 )
+CPU_COLUMNS = ("steal_pct", "rss_bytes", "mem_used_bytes")  # the host's one-value-per-sample columns drawn
 LINE_COLOURS = {"SM": charts.PALETTE[0], "memory": charts.PALETTE[1], "GPU": charts.PALETTE[0],
                 "memory controller": charts.PALETTE[1], "utilisation (mean of cores)": charts.PALETTE[2],
                 "steal": charts.PALETTE[5], "worker resident": charts.PALETTE[2], "host used": charts.PALETTE[4]}
