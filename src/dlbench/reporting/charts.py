@@ -406,8 +406,8 @@ def _path_text(xy: list[int], stretches: list[tuple[int, int]], colour: str) -> 
         if b - a == 1:
             dots.append(f'<circle cx="{xy[2 * a] / 10:.1f}" cy="{xy[2 * a + 1] / 10:.1f}" r="2" fill="{colour}"/>')
         else:
-            pairs = xy[2 * a:2 * b]  # "x, y, x, y, ...": SVG takes commas; %-formatting is ~2x faster than str(list)
-            parts.append("M" + ("%d, " * len(pairs))[:-2] % tuple(pairs))
+            pairs = xy[2 * a:2 * b]  # "x,y,x,y,...": %-formatting is ~2x faster than str(list)
+            parts.append("M" + ("%d," * len(pairs))[:-1] % tuple(pairs))
     path = [f'<path d="{" ".join(parts)}" transform="scale(.1)" fill="none" stroke="{colour}" class="line"/>'] if parts else []
     return path + dots
 
