@@ -413,6 +413,8 @@ def _path_text(xy: list[int], stretches: list[tuple[int, int]], colour: str) -> 
 
 
 def _column(values) -> np.ndarray:
+    if type(values) is np.ndarray and values.dtype == np.float64:
+        return values  # as the telemetry panels pass them
     return np.asarray(values, dtype=float)  # None reads as NaN: a gap
 
 

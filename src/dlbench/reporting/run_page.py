@@ -154,8 +154,8 @@ def _throttle_episodes(device: int):
     """Samples with a clock-event reason other than idle set: the GPU ran below the clock it could."""
     def find(frame: _Frame) -> list[tuple[float, float]]:
         masks = _gpu_columns(frame, device).get("clock_events")
-        if masks is None or not masks.size:
-            return []
+        if masks is None or not masks.size or not np.fmax.reduce(np.abs(masks), axis=None) > 0:
+            return []  # no sample with any bit set (fmax passes over NaN, a sample not known)
         gpu = frame.tel.get("gpu") or {}
         idle = int((gpu.get("clock_event_bits") or {}).get("gpu_idle", 0))
         known = ~np.isnan(masks)

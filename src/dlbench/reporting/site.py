@@ -89,9 +89,11 @@ def environment() -> Environment:
     """One per process: templates are compiled once and reused for every page."""
     global _environment
     if _environment is None:
+        # auto_reload off: the templates do not change during a build, and with it every page's
+        # {% extends %} and {% from ... import %} looked the template up again (a stat of its file)
         env = Environment(loader=FileSystemLoader(str(paths.reports_dir() / "templates")),
                           autoescape=select_autoescape(default=True, default_for_string=True),
-                          undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                          undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, auto_reload=False)
         env.filters["fmt"] = charts.fmt
         env.filters["cssclass"] = slug
         _environment = env
