@@ -287,6 +287,9 @@ def test_an_error_in_the_child_that_writes_benchmark_pages_fails_the_build(built
     children = []
     real = site._start_in_child
     monkeypatch.setattr(site, "_start_in_child", lambda work: children.append(work) or real(work))
+    # The build forks only from a single-threaded process; earlier tests in the same session may
+    # leave a daemon thread behind, which would take the no-child path and test nothing here.
+    monkeypatch.setattr(site, "_can_fork", lambda: True)
     monkeypatch.setattr(site.pages, "benchmark_context", boom)
     with pytest.raises(RuntimeError, match="benchmark page broke"):
         site.build_site(built[0] / "store", tmp_path / "two", workers=2, now=NOW)
