@@ -225,6 +225,9 @@ def test_ceilings_are_the_best_framework_and_bandwidth_excludes_dispatch():
     # a's relu: 8000 B / (5 - 1) us = 2 GB/s; b measured none
     assert {fw: [(p.bytes, round(p.bytes_per_s)) for p in pts] for fw, pts in elementwise.items()} == {
         "a": [(8000, 2_000_000_000)]}
+    # a relu that is mostly its call (7 us of which 4 us the call) gives no point
+    _, _, _, elementwise = ceilings({"b": [result(tiny, 4e-6), result(relu, 7e-6)]}, dispatch_bytes=1024)
+    assert elementwise == {}
 
 
 def test_all_reduce_line_recovered_from_its_points():

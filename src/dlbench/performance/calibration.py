@@ -6,7 +6,9 @@ Ceilings, over every framework at hand (the machine's, not one framework's):
 - the smallest-operation time per framework: the median time of a copy of `dispatch_bytes`;
 - copy bandwidth per working set: bytes / (time − that framework's smallest-operation time), the
   best framework's, so that bytes / bandwidth + smallest-operation time gives back the copy's time;
-- each framework's element-wise bandwidth per working set, the same way from its relu.
+- each framework's element-wise bandwidth per working set, the same way from its relu, at the sizes
+  where the work is at least half the relu's time (where the call dominates, the difference of two
+  noisy times says nothing; the model then interpolates from the sizes it has, or uses the copy's).
 
 All-reduce: for each framework and worker count, the comm records' (bytes, median time) of every
 size whose result was correct, fitted by linear least squares to t = startup + per_byte · bytes with
@@ -61,8 +63,10 @@ def ceilings(results: dict[str, list], dispatch_bytes: int):
             spec = KernelSpec.from_dict(k.spec)
             if spec.kind == "relu":
                 net = k.median_s - dispatch.get(framework, 0.0)
+                if net < k.median_s / 2:
+                    continue  # mostly the call (a tf.function's is ~0.2 ms): the work is lost in its noise
                 elementwise.setdefault(framework, []).append(BandwidthPoint(
-                    bytes=spec.bytes, bytes_per_s=spec.bytes / max(net, k.median_s / 2), framework=framework))
+                    bytes=spec.bytes, bytes_per_s=spec.bytes / net, framework=framework))
                 continue
             if spec.kind == "matmul":
                 rate = spec.flops / k.median_s
