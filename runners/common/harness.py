@@ -103,10 +103,31 @@ def measure(prepared, warmup: dict, measure: dict,
     }
 
 
-def _time_kernel(kernel, policy: dict, clock: Callable[[], int]) -> dict:
+class CacheFlush:
+    """Evicts the CPU's caches by writing a buffer larger than the last-level cache (memset, through
+    ctypes): a kernel timed after it finds its operands in memory, as a training step finds a layer's
+    weights, gradients and momentum, last touched an iteration ago. `nbytes` 0: no flushing."""
+
+    def __init__(self, nbytes: int):
+        import ctypes
+
+        self.nbytes = nbytes
+        self._buffer = ctypes.create_string_buffer(nbytes) if nbytes else None
+        self._memset = ctypes.memset
+        self._value = 0
+
+    def __call__(self) -> None:
+        if self._buffer is not None:
+            self._value = (self._value + 1) % 251  # a new value: every line is written again
+            self._memset(self._buffer, self._value, self.nbytes)
+
+
+def _time_kernel(kernel, policy: dict, clock: Callable[[], int], flush: Callable[[], None] = lambda: None) -> dict:
     """One kernel: a first call timed apart, `warmup_iters` more, then at least `min_iters` calls and
-    `min_time_s` seconds of them (at most `max_iters`), each between two synchronisations."""
+    `min_time_s` seconds of them (at most `max_iters`), each between two synchronisations and, with
+    `flush`, after the caches were flushed (the flush is not timed; `min_time_s` counts calls only)."""
     def timed() -> float:
+        flush()
         t0 = clock()
         kernel.step()
         kernel.synchronize()
@@ -131,16 +152,18 @@ def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_
     A backward kernel that can only be timed together with its forward is timed both ways and its
     time is the difference of the medians (said in its settings)."""
     out = []
+    policy = request["kernel_policy"]
+    flush = CacheFlush(int(policy.get("flush_bytes", 0)))
     for spec in request["kernels"]:
         entry: dict = {"spec": spec}
         try:
             kernel = runner.prepare_kernel(spec, request["device"])
-            entry.update(_time_kernel(kernel, request["kernel_policy"], clock))
+            entry.update(_time_kernel(kernel, policy, clock, flush))
             entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
             if getattr(kernel, "includes_forward", False):
                 forward = dict(spec, kind=spec["kind"].replace("_bwd", "_fwd"))
                 forward["shape"] = {k: v for k, v in spec["shape"].items() if k != "input_grad"}
-                fwd = _time_kernel(runner.prepare_kernel(forward, request["device"]), request["kernel_policy"], clock)
+                fwd = _time_kernel(runner.prepare_kernel(forward, request["device"]), policy, clock, flush)
                 entry.update(with_forward_median_s=entry["median_s"], forward_median_s=fwd["median_s"],
                              median_s=max(entry["median_s"] - fwd["median_s"], 0.0))
                 entry["settings"]["backward_time"] = "forward+backward minus forward (medians)"

@@ -353,3 +353,25 @@ def test_main_failed_returns_1_skipped_returns_0(monkeypatch, tmp_path):
     assert code == 1 and json.loads(rs.read_text())["status"] == "failed"
     code, rs = _main(monkeypatch, tmp_path, request(), Runner(unavailable="nope"))
     assert code == 0 and json.loads(rs.read_text())["status"] == "skipped"
+
+
+def test_kernels_are_timed_after_a_cache_flush_when_asked():
+    """Each call (the first, warm-up and measured) follows a flush; the flush is outside the call's time."""
+    log = []
+
+    class Kernel:
+        def step(self):
+            log.append("step")
+
+        def synchronize(self):
+            pass
+
+    ticks = iter(range(0, 10**12, 10**6))  # 1 ms per clock read
+    policy = {"warmup_iters": 1, "min_iters": 3, "min_time_s": 0.0, "max_iters": 10}
+    out = harness._time_kernel(Kernel(), policy, lambda: next(ticks), flush=lambda: log.append("flush"))
+    assert log == ["flush", "step"] * 5 and len(out["times_s"]) == 3
+    assert out["times_s"] == [0.001] * 3  # one tick between the two reads around each call
+    flush = harness.CacheFlush(1 << 20)
+    flush()
+    flush()
+    assert flush._value == 2 and harness.CacheFlush(0)() is None

@@ -102,6 +102,20 @@ def test_reduced_precision_needs_the_arithmetic():
     assert dtype_support("cuda", capability=None) == {"float32": None, "float16": None, "bfloat16": None}
 
 
+def test_cold_kernels_flush_one_and_a_half_last_level_caches(tmp_path):
+    from dlbench.performance.kernel_suite import flush_bytes, last_level_cache_bytes
+
+    for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "300M")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 300 << 20
+    assert last_level_cache_bytes(tmp_path / "none") is None
+    cold, warm = KernelPolicy(), KernelPolicy(cache="warm")
+    assert flush_bytes(cold, "cpu", llc=100 << 20) == 150 << 20
+    assert flush_bytes(cold, "cpu", llc=4 << 30) == 1 << 30  # at most 1 GiB
+    assert flush_bytes(warm, "cpu", llc=100 << 20) == 0 and flush_bytes(cold, "cuda", llc=100 << 20) == 0
+
+
 # ------------------------------------------------------------------ pooling what workers return
 
 SPECS = [KernelSpec.of("matmul", m=4, n=4, k=4), KernelSpec.of("matmul", "bfloat16", m=4, n=4, k=4),
@@ -142,7 +156,9 @@ def test_repeats_are_pooled_and_unsupported_dtypes_never_sent():
     support = {"float32": None, "bfloat16": "no bfloat16 here"}
     out = run_kernels(ENV, RUNNER, SPECS, KernelPolicy(repeats=2), "cpu", 2, 60.0, support, None, run)
     assert len(calls) == 2 and [k["dtype"] for k in calls[0]["kernels"]] == ["float32"] * 3
-    assert calls[0]["kernel_policy"] == {"warmup_iters": 2, "min_iters": 5, "min_time_s": 0.2, "max_iters": 1000}
+    timing = dict(calls[0]["kernel_policy"])
+    assert timing.pop("flush_bytes") > 0  # cold by default on a CPU: caches flushed before each call
+    assert timing == {"warmup_iters": 2, "min_iters": 5, "min_time_s": 0.2, "max_iters": 1000}
     res = out.results
     assert list(res) == [s.key for s in SPECS]  # the suite's order
     assert res[mm.key].median_s == 3.0 and res[mm.key].times_s == [1.0, 2.0, 3.0, 4.0, 5.0]

@@ -57,6 +57,11 @@ class KernelPolicy(_Strict):
     min_time_s: Annotated[float, Field(ge=0)] = 0.2
     max_iters: PositiveInt = 1000
     repeats: PositiveInt = 1  # fresh worker processes, each timing every kernel
+    # cold: the CPU's caches are flushed before every call (a layer's weights, gradients and momentum
+    # come from memory in a training step, last touched an iteration ago); warm: calls back to back
+    # (what the ceilings measure: a copy's bandwidth at each working-set size). GPU caches are not
+    # flushed: on a GPU every kernel is timed warm.
+    cache: Literal["cold", "warm"] = "cold"
 
 
 class KernelPolicies(_Strict):
@@ -389,12 +394,41 @@ def plan_kernel_runs(runners: list, benchmarks: list[KernelBenchmark]) -> list[P
     return [PlannedKernelRun(r, b) for r in runners for b in benchmarks]
 
 
+def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache of CPU 0 (sysfs `size`, e.g. "307200K"), or None where it cannot be read."""
+    sizes = []
+    for index in sysfs.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
+
+
+FLUSH_FALLBACK_BYTES = 256 << 20  # when sysfs says nothing
+FLUSH_MAX_BYTES = 1 << 30
+
+
+def flush_bytes(policy: KernelPolicy, device: str, llc: int | None = None) -> int:
+    """What the worker writes before each call of a cold policy: 1.5 times the last-level cache."""
+    if policy.cache == "warm" or device != "cpu":
+        return 0
+    llc = llc if llc is not None else last_level_cache_bytes()
+    return min(FLUSH_MAX_BYTES, int(1.5 * llc) if llc else FLUSH_FALLBACK_BYTES)
+
+
 def kernel_request(specs: list[KernelSpec], policy: KernelPolicy, device: str, threads: int | None,
                    seed: int = 0) -> dict:
     from ..execution.launcher import PROTOCOL_VERSION
 
+    timing = policy.model_dump(exclude={"repeats", "cache"})
+    timing["flush_bytes"] = flush_bytes(policy, device)
     return {"protocol": PROTOCOL_VERSION, "action": "kernels", "device": device, "threads": threads, "seed": seed,
-            "kernel_policy": policy.model_dump(exclude={"repeats"}), "kernels": [s.to_dict() for s in specs]}
+            "kernel_policy": timing, "kernels": [s.to_dict() for s in specs]}
 
 
 @dataclass
