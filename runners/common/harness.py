@@ -125,7 +125,9 @@ class CacheFlush:
 def _time_kernel(kernel, policy: dict, clock: Callable[[], int], flush: Callable[[], None] = lambda: None) -> dict:
     """One kernel: a first call timed apart, `warmup_iters` more, then at least `min_iters` calls and
     `min_time_s` seconds of them (at most `max_iters`), each between two synchronisations and, with
-    `flush`, after the caches were flushed (the flush is not timed; `min_time_s` counts calls only)."""
+    `flush`, after the caches were flushed (the flush is not timed, but `min_time_s` is wall time,
+    flushes included: a cold microsecond kernel would otherwise take `max_iters` flushes of a
+    last-level cache's size, tens of seconds, to add up to `min_time_s` of calls)."""
     def timed() -> float:
         flush()
         t0 = clock()

@@ -88,6 +88,28 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             mx.autograd.backward([out, c1], [dh, dc])
 
         return Kernel(forward_backward, includes_forward=True, settings=settings)
+    if kind.startswith("lstm_layer"):
+        from mxnet_runner import _blocks  # the runner's own layer: gluon.rnn.LSTM, the fused RNN operator
+
+        b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
+        layer = _blocks()["SequenceLSTM"](i, h, 1)
+        layer.initialize(ctx=ctx)
+        if dtype != "float32":
+            layer.cast(dtype)
+        layer.hybridize(static_alloc=True, static_shape=True)
+        x = rand(b, t, i)
+        settings = {"layer": "gluon.rnn.LSTM (fused RNN operator), hybridised"}
+        if kind == "lstm_layer_fwd":
+            return Kernel(lambda: layer(x), settings=settings)
+        x.attach_grad()
+        dy = mx.nd.ones((b, t, h), ctx=ctx, dtype=x.dtype)
+
+        def forward_backward():
+            with mx.autograd.record():
+                out = layer(x)
+            out.backward(dy)
+
+        return Kernel(forward_backward, includes_forward=True, settings=settings)
     if kind.startswith("softmax_xent"):
         logits = rand(shape["rows"], shape["classes"])
         labels = mx.nd.random.randint(0, shape["classes"], shape=(shape["rows"],), ctx=ctx).astype("float32")

@@ -1,9 +1,9 @@
 """TensorFlow kernels of the `kernels` suite (kinds and counts: src/dlbench/performance/kernels.py).
 
 Every kernel is a `tf.function` (a graph, as the runner's step is) on device tensors, followed by
-the runner's synchronisation (`sync_devices`). Convolutions are NHWC (the runner's layout) with
-explicit padding; their backward is TensorFlow's own pair of kernels, `Conv2DBackpropFilter` and
-(when the input gradient is wanted) `Conv2DBackpropInput`. The copy is `DeepCopy` (an identity
+the runner's synchronisation (`sync_devices`). Convolutions are NHWC (the runner's layout) with the
+runner's padding (SAME, VALID, or a zero pad then VALID); their backward is TensorFlow's own pair
+of kernels, `Conv2DBackpropFilter` and (when the input gradient is wanted) `Conv2DBackpropInput`. The copy is `DeepCopy` (an identity
 would alias its input). The LSTM step is Keras' LSTMCell (the runner's layer is made of it on CPU);
 its backward runs in one GradientTape with its forward, so the harness times the forward too and
 takes the difference; so does the loss's (`sparse_softmax_cross_entropy_with_logits`, mean, the
@@ -60,25 +60,32 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
     if kind == "relu":
         return make(tf.nn.relu, (rand(shape["elements"]),))
     if kind.startswith("conv2d"):
+        from tensorflow_runner import padding_plan  # the runner's own choice of SAME, VALID or pad + VALID
+
         n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+        kernel_hw, stride_hw = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
+        mode, pads = padding_plan((h, w), kernel_hw, stride_hw, (shape["ph"], shape["pw"]))
+        if pads is not None:  # the runner zero-pads first (PaddedConv2D): its convolution sees the padded input
+            h, w = h + sum(pads[0]), w + sum(pads[1])
+        padding = mode.upper()
         x = rand(n, h, w, c)
         k = rand(shape["kh"], shape["kw"], c, shape["filters"])
         strides = [1, shape["sh"], shape["sw"], 1]
-        pads = [[0, 0], [shape["ph"], shape["ph"]], [shape["pw"], shape["pw"]], [0, 0]]
-        settings = {"layout": "NHWC"}
+        # the padding TensorFlow's kernels get in the runner's graph: EXPLICIT padding would take
+        # slower kernels (measured here: several times slower backward at small channel counts)
+        settings = {"layout": "NHWC", "padding": padding + (" after tf.pad" if pads is not None else "")}
         if kind == "conv2d_fwd":
-            return make(lambda x, k: tf.nn.conv2d(x, k, strides, pads), (x, k), settings=settings)
-        y = tf.nn.conv2d(x, k, strides, pads)
+            return make(lambda x, k: tf.nn.conv2d(x, k, strides, padding), (x, k), settings=settings)
+        y = tf.nn.conv2d(x, k, strides, padding)
         dy = rand(*y.shape)
-        explicit = [p for pair in pads for p in pair]
 
         def backward(x, k, dy):
             dk = tf.raw_ops.Conv2DBackpropFilter(input=x, filter_sizes=tf.shape(k), out_backprop=dy, strides=strides,
-                                                 padding="EXPLICIT", explicit_paddings=explicit)
+                                                 padding=padding)
             if not shape["input_grad"]:
                 return dk
             dx = tf.raw_ops.Conv2DBackpropInput(input_sizes=tf.shape(x), filter=k, out_backprop=dy, strides=strides,
-                                                padding="EXPLICIT", explicit_paddings=explicit)
+                                                padding=padding)
             return dx, dk
 
         return make(backward, (x, k, dy), settings={**settings, "ops": "Conv2DBackpropFilter/Input"})
@@ -101,6 +108,28 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             return tape.gradient(total, [x, hx, cx, *cell.trainable_variables])
 
         return make(forward_backward, (x, hx, cx), includes_forward=True, settings={"cell": "keras.layers.LSTMCell"})
+    if kind.startswith("lstm_layer"):
+        import keras
+
+        b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
+        with tf.device(device):
+            # the runner's configuration (Keras' cuDNN-compatible LSTM)
+            layer = keras.layers.LSTM(h, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
+                                      dropout=0.0, recurrent_dropout=0.0, unroll=False, return_sequences=True,
+                                      dtype=spec["dtype"])
+            layer.build((b, t, i))
+        x = rand(b, t, i)
+        settings = {"layer": "keras.layers.LSTM, as the runner configures it"}
+        if kind == "lstm_layer_fwd":
+            return make(lambda x: layer(x), (x,), settings=settings)
+
+        def forward_backward(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                total = tf.reduce_sum(layer(x))
+            return tape.gradient(total, [x, *layer.trainable_variables])
+
+        return make(forward_backward, (x,), includes_forward=True, settings=settings)
     if kind.startswith("softmax_xent"):
         logits = rand(shape["rows"], shape["classes"])
         with tf.device(device):

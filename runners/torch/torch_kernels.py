@@ -90,6 +90,23 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             torch.autograd.grad((h1, c1), inputs, (dh, dc), retain_graph=True)
 
         return Kernel(backward, sync, {"op": "autograd.grad of torch._VF.lstm_cell"})
+    if kind.startswith("lstm_layer"):
+        from torch_runner import _lstm  # the runner's own layer: nn.LSTM, one frozen zero bias
+
+        b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
+        layer = _lstm(i, h, 1).to(device=device, dtype=dtype)
+        x = rand(b, t, i, requires_grad=kind == "lstm_layer_bwd")
+        if kind == "lstm_layer_fwd":
+            def forward():
+                with torch.no_grad():
+                    layer(x)
+
+            return Kernel(forward, sync, {"op": "nn.LSTM (the runner's SequenceLSTM)"})
+        out = layer(x)
+        dy = torch.randn_like(out)
+        inputs = (x, *[p for p in layer.parameters() if p.requires_grad])
+        return Kernel(lambda: torch.autograd.grad(out, inputs, dy, retain_graph=True), sync,
+                      {"op": "autograd.grad of nn.LSTM"})
     if kind.startswith("softmax_xent"):
         rows, classes = shape["rows"], shape["classes"]
         logits = rand(rows, classes, requires_grad=kind == "softmax_xent_bwd")

@@ -47,7 +47,8 @@ def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
     assert {s.dtype for s in default["matmul"].specs} == {"float32", "bfloat16", "float16"}
     step = {"softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum"}  # the loss and the update
     assert {s.kind for s in default["cnn-layers"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul"} | step
-    assert {s.kind for s in default["rnn-layers"].specs} == {"lstm_step_fwd", "lstm_step_bwd", "matmul"} | step
+    assert {s.kind for s in default["rnn-layers"].specs} == {"lstm_step_fwd", "lstm_step_bwd", "lstm_layer_fwd",
+                                                             "lstm_layer_bwd", "matmul"} | step
     assert "sgd_momentum elements=14205962 float32" not in {s.key for s in default["fcn-layers"].specs}
     assert "sgd_momentum elements=8392704 float32" in {s.key for s in default["fcn-layers"].specs}  # a layer's
     assert {s.kind for s in default["cnn-layers-reduced"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul"}

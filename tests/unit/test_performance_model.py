@@ -98,14 +98,28 @@ def test_inference_is_forward_only():
     assert first_conv.kind == "conv2d_fwd" and first_conv["batch"] == 8
 
 
-def test_lstm_steps_repeat_per_time_step():
+def test_an_lstm_layer_is_its_fused_layer_or_else_its_steps():
     work = decompose(load_network(NETWORKS / "lstm32.yaml").resolved, 4, "train")
     lstm = next(l for l in work.layers if "lstm" in l.label)
-    assert [(op.kernel.key, op.repeat) for op in lstm.forward] == [
-        ("lstm_step_fwd batch=4 input=256 hidden=256 float32", 32)] * 2
-    assert {op.kernel.kind for op in lstm.backward} == {"lstm_step_bwd"}
+    assert [(op.kernel.key, [(k.key, n) for k, n in op.alternatives]) for op in lstm.forward] == [
+        ("lstm_layer_fwd batch=4 steps=32 input=256 hidden=256 float32",
+         [("lstm_step_fwd batch=4 input=256 hidden=256 float32", 32)])] * 2
+    assert {op.kernel.kind for op in lstm.backward} == {"lstm_layer_bwd"}
     specs = kernel_specs(work)
     assert len({s.key for s in specs}) == len(specs)
+    assert {"lstm_step_fwd", "lstm_step_bwd", "lstm_layer_fwd", "lstm_layer_bwd"} <= {s.kind for s in specs}
+    layer = KernelSpec.of("lstm_layer_fwd", batch=4, steps=32, input=256, hidden=256)
+    assert layer.flops == 32 * KernelSpec.of("lstm_step_fwd", batch=4, input=256, hidden=256).flops
+    # the layer measured: its time; only the step measured: 32 steps of it (twice: two stacked layers)
+    net = load_network(NETWORKS / "lstm32.yaml").resolved
+    infer = decompose(net, 4, "infer")
+    step_only = profile(kernels={"torch": {"lstm_step_fwd batch=4 input=256 hidden=256 float32":
+                                           KernelTime(median_s=1e-4, run_id="r")}})
+    fused = profile(kernels={"torch": {"lstm_layer_fwd batch=4 steps=32 input=256 hidden=256 float32":
+                                       KernelTime(median_s=1e-3, run_id="r")}})
+    by_step = next(l for l in predict(infer, "torch", step_only).layers if "lstm" in l.label)
+    by_layer = next(l for l in predict(infer, "torch", fused).layers if "lstm" in l.label)
+    assert by_step.forward_s == pytest.approx(2 * 32 * 1e-4) and by_layer.forward_s == pytest.approx(2 * 1e-3)
 
 
 # ------------------------------------------------------------------ roofline and phases

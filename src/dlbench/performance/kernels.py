@@ -19,6 +19,10 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
   products 2·4h·(in + h), bias 4h, activations 5h and state updates 4h per sample (as analysis.py).
 - lstm_step_bwd (batch, input, hidden): the step's gradients for x, h, c and the weights: twice the
   gate products and about twice the element-wise work.
+- lstm_layer_fwd / lstm_layer_bwd (batch, steps, input, hidden): one whole LSTM layer over `steps`
+  steps as the runner builds it (a fused layer: PyTorch's nn.LSTM, MXNet's RNN operator, the jax
+  runner's hoisted input projection and scan, Keras' LSTM), `steps` times a step's counts; the
+  model prefers it to `steps` separately timed steps, which miss what fusing saves.
 - softmax_xent_fwd (rows, classes): the mean softmax cross-entropy of `rows` logit vectors against
   integer labels: max, sum of exponentials and log-probabilities, 5 FLOPs per logit; the logits
   read twice and the log-probabilities written once.
@@ -46,6 +50,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
                    "input_grad"),
     "lstm_step_fwd": ("batch", "input", "hidden"),
     "lstm_step_bwd": ("batch", "input", "hidden"),
+    "lstm_layer_fwd": ("batch", "steps", "input", "hidden"),
+    "lstm_layer_bwd": ("batch", "steps", "input", "hidden"),
     "softmax_xent_fwd": ("rows", "classes"),
     "softmax_xent_bwd": ("rows", "classes"),
     "sgd_momentum": ("elements",),
@@ -117,6 +123,10 @@ class KernelSpec:
             if k == "conv2d_fwd":
                 return fwd
             return fwd * (2 if self["input_grad"] else 1)
+        if k.startswith("lstm_layer"):
+            step = KernelSpec.of(k.replace("layer", "step"), self.dtype, batch=self["batch"], input=self["input"],
+                                 hidden=self["hidden"])
+            return self["steps"] * step.flops
         b, i, h = self["batch"], self["input"], self["hidden"]
         gates = 2 * 4 * h * (i + h)
         if k == "lstm_step_fwd":
@@ -147,6 +157,10 @@ class KernelSpec:
             if k == "conv2d_fwd":
                 return s * (x + w + y)
             return s * (y + x + 2 * w + (x if self["input_grad"] else 0))  # dy, x, w, dw (, dx)
+        if k.startswith("lstm_layer"):  # the weights once, the states every step
+            b, t, i, h = self["batch"], self["steps"], self["input"], self["hidden"]
+            weights = 4 * h * (i + h) + 4 * h
+            return s * (weights + t * b * (i + 2 * h + 4 * h + 2 * h)) * (1 if k == "lstm_layer_fwd" else 2)
         b, i, h = self["batch"], self["input"], self["hidden"]
         weights = 4 * h * (i + h) + 4 * h
         states = b * (i + 2 * h + 4 * h + 2 * h)  # x, h and c in; gates; h' and c' out

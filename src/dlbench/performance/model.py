@@ -6,7 +6,8 @@ dlbench's runners use is already on the device: t_io = t_h2d = 0.
 
 t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operation whose kernel
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
-(times its repeat count: an LSTM step once per time step); any other operation takes its roofline
+(a whole LSTM layer; where only its step was measured, the step once per time step); any other
+operation takes its roofline
 time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), the bandwidth being what the
 framework's own element-wise operation (relu) reached at that size where calibrate measured it,
 else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
@@ -155,11 +156,14 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> 
     """(seconds for all `op.repeat` executions, whether it was measured)."""
     call = profile.dispatch_s.get(framework, 0.0)
     compiled = STEP_EXECUTION.get(framework, "eager") == "graph"
-    if op.kernel is not None and op.kernel.key in measured:
-        seconds = measured[op.kernel.key].median_s
-        if compiled:
-            seconds = max(seconds - call, roofline_time(op, profile))
-        return op.repeat * seconds, True
+    candidates = ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives)
+    for kernel, count in candidates:
+        if kernel.key in measured:
+            seconds = measured[kernel.key].median_s
+            if compiled:
+                seconds = max(seconds - call, max(kernel.flops / (profile.peak_flops(kernel.dtype) or float("inf")),
+                                                  kernel.bytes / (profile.bandwidth(kernel.bytes) or float("inf"))))
+            return op.repeat * count * seconds, True
     return op.repeat * (roofline_time(op, profile, framework) + (0.0 if compiled else call)), False
 
 
@@ -188,6 +192,7 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
                     lt.estimated_s += seconds
                     if op.kernel is not None:
                         unmeasured[op.kernel.key] = None
+                        unmeasured.update((k.key, None) for k, _ in op.alternatives)
         layers.append(lt)
     forward = sum(l.forward_s for l in layers)
     backward = sum(l.backward_s for l in layers)

@@ -21,7 +21,8 @@ write at the least, `E` bytes per element (float32: 4):
   writes dx (3); inference: nothing. flatten: nothing (a view).
 - embedding: forward gathers batch x steps rows (read and write); backward clears the table's
   gradient and adds the rows into it.
-- lstm: `steps` forward (backward) steps of its cell per stacked layer, as `lstm_step` kernels.
+- lstm: per stacked layer, the whole layer's forward (backward) as an `lstm_layer` kernel, else
+  `steps` forward (backward) steps of its cell as `lstm_step` kernels.
 - residual blocks: their convolutions, batch norms and relus as above; the join adds two tensors
   (3 passes) before the last relu; option-A shortcuts copy a strided slice into a zero-padded
   output; the backward of the join sends dy to both branches, and the two gradients meet again at
@@ -55,7 +56,10 @@ class Op:
     flops: float
     bytes: float
     kernel: KernelSpec | None = None
-    repeat: int = 1  # executions per iteration (an LSTM layer runs its step once per time step)
+    repeat: int = 1  # executions per iteration
+    # when `kernel` was not measured: other kernels doing the same work, each with its count (a
+    # fused LSTM layer is also its steps); the first one measured stands in for it
+    alternatives: tuple[tuple[KernelSpec, int], ...] = ()
 
 
 @dataclass
@@ -231,11 +235,13 @@ def decompose(network: dict, batch: int, mode: str, precision: str = "float32") 
             for k in range(spec["layers"]):
                 layer_in = fin if k == 0 else h
                 work.params += 4 * h * (layer_in + h) + 4 * h
-                fwd = KernelSpec.of("lstm_step_fwd", dtype, batch=batch, input=layer_in, hidden=h)
-                work.forward.append(Op(f"layer {k} step", fwd.flops, fwd.bytes, fwd, repeat=steps))
-                if train:
-                    bwd = KernelSpec.of("lstm_step_bwd", dtype, batch=batch, input=layer_in, hidden=h)
-                    work.backward.append(Op(f"layer {k} step", bwd.flops, bwd.bytes, bwd, repeat=steps))
+                for phase, ops in (("fwd", work.forward), ("bwd", work.backward if train else None)):
+                    if ops is None:
+                        continue
+                    whole = KernelSpec.of(f"lstm_layer_{phase}", dtype, batch=batch, steps=steps, input=layer_in,
+                                          hidden=h)
+                    step = KernelSpec.of(f"lstm_step_{phase}", dtype, batch=batch, input=layer_in, hidden=h)
+                    ops.append(Op(f"layer {k}", whole.flops, whole.bytes, whole, alternatives=((step, steps),)))
         elif t == "residual":
             work.label = f"{i:03d} residual {spec['block']} {spec['filters']}/{spec['stride']}"
             cin, cout, f = spec["in_shape"][0], spec["out_shape"][0], spec["filters"]
@@ -279,6 +285,6 @@ def kernel_specs(workload: Workload) -> list[KernelSpec]:
     seen: dict[str, KernelSpec] = {}
     for layer in workload.layers:
         for op in layer.forward + layer.backward + layer.update:
-            if op.kernel is not None:
-                seen.setdefault(op.kernel.key, op.kernel)
+            for kernel in ([op.kernel] if op.kernel is not None else []) + [k for k, _ in op.alternatives]:
+                seen.setdefault(kernel.key, kernel)
     return list(seen.values())
