@@ -52,6 +52,10 @@ def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
     assert "sgd_momentum elements=14205962 float32" not in {s.key for s in default["fcn-layers"].specs}
     assert "sgd_momentum elements=8392704 float32" in {s.key for s in default["fcn-layers"].specs}  # a layer's
     assert {s.kind for s in default["cnn-layers-reduced"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul"}
+    # the distributed suite's per-worker batches at 2 workers (strong scaling: half of each global batch)
+    assert default["distributed-layers"].source == "layers of fcn5 b=64, resnet56 b=16, lstm32 b=16, resnet50 b=4"
+    assert "matmul m=64 n=2048 k=784 float32" in {s.key for s in default["distributed-layers"].specs}
+    assert "distributed-layers" not in smoke
     # the layer shapes follow the device's batch sizes (cnn: 64 on cpu, 1024 on cuda for alexnet_r)
     cuda = {b.name: b for b in load_kernel_suite(KERNELS, CATALOG, "default", "cuda").benchmarks}
     assert any(s.kind == "conv2d_fwd" and s["batch"] == 1024 for s in cuda["cnn-layers"].specs)
@@ -80,6 +84,10 @@ benchmarks:
      "dtypes: [float32]}\n", "benchmarks", "'a' is listed twice"),
     ("  - {name: a, kind: layer_shapes, suite: fcn, dtypes: [float32], colour: red}\n", "benchmarks[0].colour",
      "unknown field"),
+    ("  - {name: a, kind: layer_shapes, suite: fcn, workers: [2], dtypes: [float32]}\n", "benchmarks[0].workers",
+     "apply to a distributed suite"),
+    ("  - {name: a, kind: layer_shapes, suite: distributed, workers: [3], dtypes: [float32]}\n",
+     "benchmarks[0].workers", "3 workers cannot split"),
 ])
 def test_a_bad_kernel_suite_names_file_and_field(tmp_path, entries, field, words):
     path = tmp_path / "mine.yaml"

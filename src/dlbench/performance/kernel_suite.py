@@ -101,6 +101,9 @@ class LayersEntry(_Strict):
     suite: str  # a suite name in suites/, or a path relative to this file
     networks: NetworkSubset = NetworkSubset()
     dtypes: DtypeList
+    # a `distributed` suite only: the worker counts whose per-worker batches are timed (its own
+    # scaling: strong divides each global batch by the count, weak keeps it); 1 is the baseline
+    workers: Annotated[list[PositiveInt], Field(min_length=1)] | None = None
 
 
 class Ceilings(_Strict):
@@ -199,9 +202,32 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
         raise DefinitionError(path, f"benchmarks[{i}].suite",
                               f"unknown suite {entry.suite!r}; expected a suite of networks such as "
                               f"{', '.join(n for n in catalog.suite_names() if n != path.stem)}")
-    # every mode's kernels: a training iteration's are a superset of inference's at the same batch
-    suite = catalog.load_suite(suite_path, profile, device, ("train", "infer"))
-    names = {b.network.name for b in suite.benchmarks}
+    distributed = catalog.suite_kind(suite_path) == "distributed"
+    if entry.workers is not None and not distributed:
+        raise DefinitionError(path, f"benchmarks[{i}].workers",
+                              f"worker counts apply to a distributed suite; {entry.suite!r} is not one")
+    if distributed:
+        suite = catalog.load_multi_worker(suite_path, profile, device)
+        counts = entry.workers or [1]
+        batches_of = {}
+        for b in suite.benchmarks:
+            sizes = []
+            for n in counts:
+                for batch in b.batch_sizes:
+                    if suite.scaling == "strong" and batch % n:
+                        raise DefinitionError(path, f"benchmarks[{i}].workers",
+                                              f"{n} workers cannot split {b.network.name}'s global batch {batch}")
+                    sizes.append(batch // n if suite.scaling == "strong" else batch)
+            batches_of[b.network.name] = list(dict.fromkeys(sizes))
+    else:
+        # every mode's kernels: a training iteration's are a superset of inference's at the same batch
+        suite = catalog.load_suite(suite_path, profile, device, ("train", "infer"))
+        batches_of = {}
+        for b in suite.benchmarks:
+            batches_of.setdefault(b.network.name, [])
+            batches_of[b.network.name] += [n for n in b.batch_sizes if n not in batches_of[b.network.name]]
+    networks = {b.network.name: b.network for b in suite.benchmarks}
+    names = set(networks)
     subset = getattr(entry.networks, profile)
     for j, name in enumerate(subset or []):
         if name not in names:
@@ -209,12 +235,12 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
                                   f"{name!r} is not a network of suite {suite.name} ({', '.join(sorted(names))})")
     seen: dict[str, KernelSpec] = {}
     used: list[str] = []
-    for b in suite.benchmarks:
-        if subset is not None and b.network.name not in subset:
+    for name, network in networks.items():
+        if subset is not None and name not in subset:
             continue
-        for batch in b.batch_sizes:
-            used.append(f"{b.network.name} b={batch}")
-            work = decompose(b.network.resolved, batch, "train")
+        for batch in batches_of[name]:
+            used.append(f"{name} b={batch}")
+            work = decompose(network.resolved, batch, "train")
             for s in kernel_specs(work):
                 for dtype in entry.dtypes:
                     if dtype != "float32" and s.kind in FLOAT32_ONLY:
