@@ -52,8 +52,9 @@ def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
     assert "sgd_momentum elements=14205962 float32" not in {s.key for s in default["fcn-layers"].specs}
     assert "sgd_momentum elements=8392704 float32" in {s.key for s in default["fcn-layers"].specs}  # a layer's
     assert {s.kind for s in default["cnn-layers-reduced"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul"}
-    # the distributed suite's per-worker batches at 2 workers (strong scaling: half of each global batch)
-    assert default["distributed-layers"].source == "layers of fcn5 b=64, resnet56 b=16, lstm32 b=16, resnet50 b=4"
+    # the distributed suite's per-worker batches at 1 and 2 workers (strong scaling: half of each global batch)
+    assert default["distributed-layers"].source == ("layers of fcn5 b=128, fcn5 b=64, resnet56 b=32, resnet56 b=16, "
+                                                    "lstm32 b=32, lstm32 b=16, resnet50 b=8, resnet50 b=4")
     assert "matmul m=64 n=2048 k=784 float32" in {s.key for s in default["distributed-layers"].specs}
     assert "distributed-layers" not in smoke
     # the layer shapes follow the device's batch sizes (cnn: 64 on cpu, 1024 on cuda for alexnet_r)
