@@ -197,30 +197,33 @@ def test_a_kernel_the_framework_refuses_keeps_its_reason():
 
 # ------------------------------------------------------------------ kernel records
 
-def kernel_record(run_id, framework="torch", machine_id="m1", device="cpu", threads=2, times=None) -> KernelRecord:
+def kernel_record(run_id, framework="torch", machine_id="m1", device="cpu", threads=2, times=None,
+                  policy=None) -> KernelRecord:
     now = datetime(2026, 12, 1, tzinfo=timezone.utc)
     kernels = [KernelResult(key=k, spec=KernelSpec.of("copy", elements=1).to_dict(), status="ok", median_s=t,
                             flops=0, bytes=8, unit="B/s") for k, t in (times or {}).items()]
     return KernelRecord(run_id=run_id, started_at=now, ended_at=now, dlbench={}, suite="kernels", benchmark="b",
                         source="s", profile="smoke", device=device, framework={"name": framework},
                         environment={}, machine={"machine_id": machine_id}, threads_requested=threads,
-                        timeout_s=1.0, policy={}, status="ok", kernels=kernels)
+                        timeout_s=1.0, policy=policy or {}, status="ok", kernels=kernels)
 
 
 def test_kernel_records_are_checksummed_and_the_latest_time_wins(tmp_path):
     ks = KernelStore(Store(tmp_path))
-    ks.write(kernel_record("20261201T000000Z-a", times={"a": 1.0, "b": 2.0}))
-    ks.write(kernel_record("20261201T000001Z-b", times={"a": 3.0}))
+    ks.write(kernel_record("20261201T000000Z-a", times={"a": 1.0, "b": 2.0}))  # made before cold timing: warm
+    ks.write(kernel_record("20261201T000001Z-b", times={"a": 3.0}, policy={"cache": "cold"}))
     ks.write(kernel_record("20261201T000002Z-c", machine_id="other", times={"a": 9.0}))
     ks.write(kernel_record("20261201T000003Z-d", threads=1, times={"b": 9.0}))
+    ks.write(kernel_record("20261201T000004Z-e", device="cuda", times={"a": 0.1}, policy={"cache": "cold"}))
     latest = ks.latest_times("m1", "cpu", threads=2)
-    assert latest == {"torch": {"a": (3.0, "20261201T000001Z-b"), "b": (2.0, "20261201T000000Z-a")}}
+    assert latest == {"torch": {"a": (3.0, "20261201T000001Z-b", "cold"), "b": (2.0, "20261201T000000Z-a", "warm")}}
+    assert ks.latest_times("m1", "cuda") == {"torch": {"a": (0.1, "20261201T000004Z-e", "warm")}}  # never flushed
     path = tmp_path / "kernels" / "20261201T000000Z-a.json"
     data = json.loads(path.read_text())
     data["kernels"][0]["median_s"] = 0.5
     path.write_text(json.dumps(data))
     problems = []
-    assert ks.latest_times("m1", "cpu", 2, problems) == {"torch": {"a": (3.0, "20261201T000001Z-b")}}
+    assert ks.latest_times("m1", "cpu", 2, problems) == {"torch": {"a": (3.0, "20261201T000001Z-b", "cold")}}
     assert len(problems) == 1 and str(path) in problems[0] and "checksum" in problems[0]
 
 

@@ -13,6 +13,7 @@ from dlbench import performance_cli
 from dlbench.cli import app
 from dlbench.performance.kernel_suite import KernelStore
 from dlbench.performance.profile import ProfileStore
+from dlbench.reporting.charts import fmt
 from dlbench.store.store import Store
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -96,7 +97,7 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     code, _, err = invoke("report", "--store", str(store), "--out", str(tmp_path / "site"))
     assert code == 0, err
     page = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "runs" / f"{row['run_id']}.html").read_text()).split())
-    assert f"Predicted {row['predicted_s'] * 1e3:.4g} ms per iteration" in page
+    assert f"Predicted {fmt(row['predicted_s'] * 1e3, 4)} ms per iteration" in page  # as the page writes numbers
     assert f"(error {100 * row['error']:+.1f}% against the measured median)" in page
     assert f"machine profile {profile.ref}" in page
 

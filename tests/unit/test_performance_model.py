@@ -169,6 +169,29 @@ def test_a_compiled_step_pays_the_call_once():
         104e-9 + 24e-9 + 72e-9)
 
 
+def test_a_kernel_timed_cold_loses_the_cold_call_in_a_compiled_step_only():
+    """Timed cold, a kernel's call also found the framework's code and data evicted: a compiled step
+    takes off the smallest operation timed cold (0.5 ms), not warm (1 us); an eager step keeps the
+    measured time whole (its every operation is such a call); a warm kernel loses the warm call."""
+    net = tiny([{"type": "dense", "units": 3}])
+    key = "matmul m=2 n=3 k=4 float32"
+    cold = {key: KernelTime(median_s=2e-3, run_id="r", cache="cold")}
+    prof = profile(dispatch_s={"jax": 1e-6, "torch": 1e-6}, dispatch_cold_s={"jax": 5e-4, "torch": 5e-4},
+                   kernels={"jax": cold, "torch": cold})
+    elementwise = 24e-9 + 72e-9  # the bias and the loss's roofline (none of them measured)
+    assert predict(decompose(net.resolved, 2, "train"), "jax", prof).forward_s == pytest.approx(
+        2e-3 - 5e-4 + elementwise)
+    assert predict(decompose(net.resolved, 2, "train"), "torch", prof).forward_s == pytest.approx(
+        2e-3 + elementwise + 2 * 1e-6)  # the roofline operations pay torch's warm call each
+    warm = prof.model_copy(update={"kernels": {"jax": {key: KernelTime(median_s=2e-3, run_id="r", cache="warm")}}})
+    assert predict(decompose(net.resolved, 2, "train"), "jax", warm).forward_s == pytest.approx(
+        2e-3 - 1e-6 + elementwise)
+    # a profile without a cold call (made before it was measured) takes off the warm one
+    older = prof.model_copy(update={"dispatch_cold_s": {}})
+    assert predict(decompose(net.resolved, 2, "train"), "jax", older).forward_s == pytest.approx(
+        2e-3 - 1e-6 + elementwise)
+
+
 def test_bandwidth_follows_the_working_set():
     prof = profile(copy_bandwidth=[BandwidthPoint(bytes=1000, bytes_per_s=4e9, framework="t"),
                                    BandwidthPoint(bytes=100000, bytes_per_s=2e9, framework="t")])

@@ -392,19 +392,21 @@ class KernelStore:
                     problems.append(str(e))
 
     def latest_times(self, machine_id: str, device: str, threads: int | None = None,
-                     problems: list[str] | None = None) -> dict[str, dict[str, tuple[float, str]]]:
-        """framework -> kernel key -> (median seconds, run id): the latest ok measurement of each
-        kernel on this machine and device (and thread count, when given)."""
-        out: dict[str, dict[str, tuple[float, str]]] = {}
+                     problems: list[str] | None = None) -> dict[str, dict[str, tuple[float, str, str]]]:
+        """framework -> kernel key -> (median seconds, run id, "cold" | "warm"): the latest ok
+        measurement of each kernel on this machine and device (and thread count, when given)."""
+        out: dict[str, dict[str, tuple[float, str, str]]] = {}
         for rec in self.records(problems):  # oldest first (run ids sort by start time): later ones win
             if rec.machine.get("machine_id") != machine_id or rec.device != device:
                 continue
             if threads is not None and rec.threads_requested not in (None, threads):
                 continue
             framework = out.setdefault(str(rec.framework.get("name")), {})
+            # records made before cold timing say nothing: they were warm; a GPU is never flushed
+            cache = rec.policy.get("cache", "warm") if rec.device == "cpu" else "warm"
             for k in rec.kernels:
                 if k.status == "ok" and k.median_s is not None:
-                    framework[k.key] = (k.median_s, rec.run_id)
+                    framework[k.key] = (k.median_s, rec.run_id, cache)
         return out
 
 

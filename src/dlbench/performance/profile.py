@@ -21,7 +21,7 @@ import json
 import math
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -53,6 +53,9 @@ class BandwidthPoint(_Model):
 class KernelTime(_Model):
     median_s: float
     run_id: str  # the kernels-suite record it comes from
+    # how it was timed: "cold" (a CPU's caches flushed before each call, the kernels suite's
+    # default) or "warm" (calibrate's ceilings, a GPU, records made before cold timing); None: unknown
+    cache: Literal["cold", "warm"] | None = None
 
 
 class CommFit(_Model):
@@ -85,6 +88,7 @@ class MachineProfile(_Model):
     copy_bandwidth: list[BandwidthPoint] = []  # ascending bytes
     elementwise_bandwidth: dict[str, list[BandwidthPoint]] = {}  # framework -> its relu's, ascending bytes
     dispatch_s: dict[str, float] = {}  # framework -> time of its smallest operation
+    dispatch_cold_s: dict[str, float] = {}  # framework -> the same, its caches flushed before each call
     kernels: dict[str, dict[str, KernelTime]] = {}  # framework -> kernel key ->
     comm: list[CommFit] = []
     sources: dict[str, Any] = {}  # run ids and worker results the ceilings came from
