@@ -12,7 +12,10 @@ the framework's model zoo or examples write it (benchmarks/references/<fw>_refer
     mxnet       gluon model_zoo resnet50_v1, gluon rnn.LSTM, hybridised with static allocation
 
 Both sides run in the same framework environment (the venv dlbench builds), with the same batch,
-threads and OpenMP variables, and synchronise after every step. Rounds alternate the two sides so
+threads and OpenMP variables, train on the same data (one canonical batch drawn here, given to
+dlbench's worker as its `inputs` and to the reference as `--inputs`: measured on MXNet ResNet-50,
+one draw of labels ran some 30% slower than another in both models alike) and synchronise after
+every step. Rounds alternate the two sides so
 that this machine's drift hits both alike; the figure is the median of the paired ratios of mean
 step times. Target: >= 0.97 for every framework.
 
@@ -52,6 +55,20 @@ NETWORKS = {"resnet50": "cnn", "lstm32": "rnn"}
 TARGET = 0.97
 
 
+def write_inputs(path: Path, spec: dict, batch: int, seed: int = 0) -> None:
+    """One canonical batch for both sides: images NCHW float32 and int64 labels, or token ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if spec["kind"] == "tokens":
+        shape = (batch, spec["sequence_length"])
+        x, y = rng.integers(0, spec["vocabulary"], shape), rng.integers(0, spec["vocabulary"], shape)
+    else:
+        x = rng.standard_normal((batch, *spec["shape"]), dtype=np.float32)
+        y = rng.integers(0, spec["classes"], (batch,))
+    np.savez(path, x=x, y=y)
+
+
 def compare(framework: str, network: str, args, console: Console) -> dict:
     catalog = SuiteCatalog(paths.suites_dir())
     suite = catalog.load_suite(catalog.suite_path(NETWORKS[network]), "default", args.device, ("train",))
@@ -60,8 +77,10 @@ def compare(framework: str, network: str, args, console: Console) -> dict:
     runner = RunnerRegistry(paths.runners_dir()).get(framework)
     measure = bench.policy.measure
     with tempfile.TemporaryDirectory() as tmp:
+        inputs = Path(tmp) / "inputs.npz"
+        write_inputs(inputs, bench.network.resolved["input"], batch)
         options = RunOptions(device=args.device, env_backend="venv", threads=args.threads, repeats=1,
-                             timeout_s=1800, cache=paths.cache_dir())
+                             timeout_s=1800, cache=paths.cache_dir(), inputs=inputs)
         orch = Orchestrator(Store(Path(tmp)), options)
         env = orch.environment(runner)
         if isinstance(env, EnvironmentBuildError):
@@ -69,7 +88,8 @@ def compare(framework: str, network: str, args, console: Console) -> dict:
         command = [str(env.python), str(REFERENCES / f"{framework}_reference.py"), "--network", network,
                    "--batch", str(batch), "--threads", str(args.threads), "--device", args.device,
                    "--min-time", str(measure.min_time_s), "--min-iters", str(measure.min_iters),
-                   "--learning-rate", str(bench.learning_rate), "--momentum", str(bench.momentum)]
+                   "--learning-rate", str(bench.learning_rate), "--momentum", str(bench.momentum),
+                   "--inputs", str(inputs)]
         # the variables dlbench gives its workers, so both sides get the same OpenMP pools
         ref_env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")},
                    "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 from functools import partial
 
-from reference_loop import CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, parse_args, time_steps
+from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            time_steps)
 
 
 def main() -> None:
@@ -81,6 +82,9 @@ def main() -> None:
         model, source = LanguageModel(), "flax linen Embed + RNN(OptimizedLSTMCell) x2 + Dense"
         x = jax.random.randint(key, (args.batch, SEQUENCE), 0, VOCABULARY)
         y = jax.random.randint(key, (args.batch, SEQUENCE), 0, VOCABULARY)
+    given = canonical_inputs(args, channels_last=True)
+    if given is not None:  # the runner's batch, NHWC as flax's convolutions take it
+        x, y = jnp.asarray(given[0]), jnp.asarray(given[1].astype("int32"))
     variables = model.init(key, x, train=False)
     state = TrainState.create(apply_fn=model.apply, params=variables["params"],
                               batch_stats=variables.get("batch_stats", {}),

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 
-from reference_loop import CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, parse_args, time_steps
+from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            time_steps)
 
 
 def _stride_on_3x3(net) -> int:
@@ -60,6 +61,9 @@ def main() -> None:
         source = "gluon Embedding + rnn.LSTM(num_layers=2) + Dense"
         x = mx.nd.random.randint(0, VOCABULARY, shape=(args.batch, SEQUENCE), ctx=ctx).astype("float32")
         y = mx.nd.random.randint(0, VOCABULARY, shape=(args.batch, SEQUENCE), ctx=ctx).astype("float32")
+    given = canonical_inputs(args)
+    if given is not None:  # the runner's batch (Gluon's loss and embedding take indices as float32)
+        x, y = (mx.nd.array(a, ctx=ctx, dtype="float32") for a in given)
     net.initialize(mx.init.Xavier(), ctx=ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     trainer = gluon.Trainer(net.collect_params(), "sgd",

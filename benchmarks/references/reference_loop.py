@@ -25,7 +25,22 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--learning-rate", type=float, default=0.01)
     ap.add_argument("--momentum", type=float, default=0.9)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--inputs", help="a canonical .npz (x: images NCHW float32 or token ids; y: labels) to train on "
+                                     "instead of the framework's own random batch: the one dlbench's runner gets")
     return ap.parse_args()
+
+
+def canonical_inputs(args: argparse.Namespace, channels_last: bool = False):
+    """(x, y) numpy arrays from --inputs (images NHWC when `channels_last`), or None without it."""
+    if not args.inputs:
+        return None
+    import numpy as np  # every framework environment has it
+
+    with np.load(args.inputs) as data:
+        x, y = data["x"], data["y"]
+    if channels_last and x.ndim == 4:
+        x = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    return x, y
 
 
 # The shapes the suite's descriptions use (suites/networks/resnet50.yaml, lstm32.yaml).

@@ -8,7 +8,8 @@ carries its parameter count so the difference stays visible.
 
 from __future__ import annotations
 
-from reference_loop import CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, parse_args, time_steps
+from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            time_steps)
 
 
 def main() -> None:
@@ -37,6 +38,9 @@ def main() -> None:
         source = "keras Embedding + LSTM + LSTM + Dense"
         x = tf.random.uniform((args.batch, SEQUENCE), 0, VOCABULARY, dtype=tf.int32)
         y = tf.random.uniform((args.batch, SEQUENCE), 0, VOCABULARY, dtype=tf.int32)
+    given = canonical_inputs(args, channels_last=True)
+    if given is not None:  # the runner's batch, NHWC as keras' ResNet50 takes it
+        x, y = tf.constant(given[0]), tf.constant(given[1].astype("int32"))
     opt = keras.optimizers.SGD(learning_rate=args.learning_rate, momentum=args.momentum)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

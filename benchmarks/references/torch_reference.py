@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reference_loop import CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, parse_args, time_steps
+from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            time_steps)
 
 
 class Bottleneck(nn.Module):
@@ -95,6 +96,9 @@ def main() -> None:
         model, source = LanguageModel(), "torch.nn Embedding + LSTM(num_layers=2) + Linear"
         x = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
         y = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
+    given = canonical_inputs(args)
+    if given is not None:  # the runner's batch
+        x, y = (torch.from_numpy(a).to(device) for a in given)
     model = model.to(device).train()
     if args.device == "cuda":
         torch.backends.cudnn.benchmark = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -189,6 +190,9 @@ def test_build_request(suite, fake):
     assert req["policy"]["measure"] == b.policy.measure.model_dump()
     assert (req["learning_rate"], req["momentum"]) == (0.05, 0.9)
     assert os.environ.get("DLBENCH_FAKE_BEHAVIOUR") is None
+    assert "inputs" not in req  # each worker draws its own synthetic batch
+    given = build_request(plan([fake], [b])[0], dataclasses.replace(opts, inputs=Path("/data/batch.npz")))
+    assert given["inputs"] == "/data/batch.npz"  # unless told which batch (benchmarks/fairness.py)
 
 
 def test_worker_that_cannot_be_started_is_recorded_and_the_plan_goes_on(tmp_path, suite, fake):

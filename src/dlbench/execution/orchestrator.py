@@ -47,6 +47,9 @@ class RunOptions:
     # the performance model's prediction of a run (a dict of store.record.Prediction), made before
     # it runs and kept in its record (performance/runtime.py: RunPredictor); None: nothing predicted
     predictor: Callable[..., dict | None] | None = None
+    # a canonical (x, y) .npz every worker trains on instead of its own synthetic batch (the runners
+    # load it as `dlbench check` has them do); benchmarks/fairness.py gives both sides the same batch
+    inputs: Path | None = None
 
     def __post_init__(self):
         if (self.max_repeats is None) != (self.target_ci_pct is None):
@@ -124,6 +127,7 @@ def build_request(run: PlannedRun, options: RunOptions) -> dict:
         "momentum": b.momentum,
         "seed": options.seed,
         "policy": {"warmup": b.policy.warmup.model_dump(), "measure": b.policy.measure.model_dump()},
+        **({"inputs": str(options.inputs)} if options.inputs is not None else {}),
     }
 
 
