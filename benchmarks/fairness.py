@@ -13,9 +13,10 @@ the framework's model zoo or examples write it (benchmarks/references/<fw>_refer
 
 Both sides run in the same framework environment (the venv dlbench builds), with the same batch,
 threads and OpenMP variables, train on the same data (one canonical batch drawn here, given to
-dlbench's worker as its `inputs` and to the reference as `--inputs`: measured on MXNet ResNet-50,
-one draw of labels ran some 30% slower than another in both models alike) and synchronise after
-every step. Rounds alternate the two sides so
+dlbench's worker as its `inputs` and to the reference as `--inputs`: the step time can depend on
+the data; on MXNet ResNet-50 at batch 4 the reference trained on dlbench's draw of labels took
+807-826 ms/step, on its own draw 554-565, in the same quiet minutes) and synchronise after every
+step. Rounds alternate the two sides so
 that this machine's drift hits both alike; the figure is the median of the paired ratios of mean
 step times. Target: >= 0.97 for every framework.
 
