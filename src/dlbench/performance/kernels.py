@@ -85,12 +85,6 @@ class KernelSpec:
     def to_dict(self) -> dict:
         return {"kind": self.kind, "dtype": self.dtype, "shape": dict(self.shape)}
 
-    @classmethod
-    def from_key(cls, key: str) -> KernelSpec:
-        """The inverse of `key` (a machine profile keeps kernel times by key)."""
-        kind, *shape, dtype = key.split()
-        return cls.of(kind, dtype, **{n: int(v) for n, v in (item.split("=", 1) for item in shape)})
-
     @property
     def key(self) -> str:
         """`matmul m=64 n=2048 k=784 float32`: stable, readable, the same wherever it is made."""

@@ -7,10 +7,9 @@ dlbench's runners use is already on the device: t_io = t_h2d = 0.
 t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operation whose kernel
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
 (a whole LSTM layer; where only its step was measured, the step once per time step); any other
-operation takes its roofline
-time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), the bandwidth being what the
-framework's own element-wise operation (relu) reached at that size where calibrate measured it,
-else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
+operation takes its roofline time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set),
+the bandwidth being what the framework's own element-wise operation (relu) reached at that size
+where calibrate measured it, else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
 is reported beside it.
 
 What a framework spends on an operation besides the work (the call: dispatch, allocation, the
@@ -39,8 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .communication import AllReduceCost, Schedule, schedule
-from .profile import MachineProfile
 from .kernels import KernelSpec
+from .profile import MachineProfile
 from .workload import ELEMENT_BYTES, Op, Workload
 
 MODEL_VERSION = 1
