@@ -39,11 +39,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from dlbench import paths
 from dlbench.definitions.suite import SuiteCatalog
+from dlbench.equivalence import make_inputs
 from dlbench.execution.orchestrator import Orchestrator, PlannedRun, RunOptions
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.execution.environments import EnvironmentBuildError
@@ -56,20 +58,6 @@ NETWORKS = {"resnet50": "cnn", "lstm32": "rnn"}
 TARGET = 0.97
 
 
-def write_inputs(path: Path, spec: dict, batch: int, seed: int = 0) -> None:
-    """One canonical batch for both sides: images NCHW float32 and int64 labels, or token ids."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    if spec["kind"] == "tokens":
-        shape = (batch, spec["sequence_length"])
-        x, y = rng.integers(0, spec["vocabulary"], shape), rng.integers(0, spec["vocabulary"], shape)
-    else:
-        x = rng.standard_normal((batch, *spec["shape"]), dtype=np.float32)
-        y = rng.integers(0, spec["classes"], (batch,))
-    np.savez(path, x=x, y=y)
-
-
 def compare(framework: str, network: str, args, console: Console) -> dict:
     catalog = SuiteCatalog(paths.suites_dir())
     suite = catalog.load_suite(catalog.suite_path(NETWORKS[network]), "default", args.device, ("train",))
@@ -79,7 +67,7 @@ def compare(framework: str, network: str, args, console: Console) -> dict:
     measure = bench.policy.measure
     with tempfile.TemporaryDirectory() as tmp:
         inputs = Path(tmp) / "inputs.npz"
-        write_inputs(inputs, bench.network.resolved["input"], batch)
+        np.savez(inputs, **make_inputs(bench.network, batch))  # the canonical batch `dlbench check` uses
         options = RunOptions(device=args.device, env_backend="venv", threads=args.threads, repeats=1,
                              timeout_s=1800, cache=paths.cache_dir(), inputs=inputs)
         orch = Orchestrator(Store(Path(tmp)), options)
