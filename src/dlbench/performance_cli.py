@@ -311,7 +311,7 @@ def calibrate(*, names: list[str], registry, device: str, env: str, threads: int
         sources={"ceilings": {str(r.framework.get("name")): {"run_id": r.run_id, "status": r.status,
                                                              "version": r.framework.get("version")}
                               for r in records},
-                 "kernels": {fw: sorted({entry[1] for entry in times.values()}) for fw, times in latest.items()},
+                 "kernels": {fw: sorted({run_id for _, run_id, _ in times.values()}) for fw, times in latest.items()},
                  "comm": [run for f in fits for run in f.run_ids]},
         notes=notes)
     stored = ProfileStore(store).write(profile)

@@ -81,10 +81,9 @@ def ceilings(results: dict[str, list], dispatch_bytes: int):
             {fw: sorted(points, key=lambda p: p.bytes) for fw, points in elementwise.items()})
 
 
-def kernel_times(latest: dict[str, dict[str, tuple]]) -> dict[str, dict[str, KernelTime]]:
-    """KernelStore.latest_times as the profile keeps it: (median, run id[, cache]) per key."""
-    return {fw: {key: KernelTime(median_s=entry[0], run_id=entry[1], cache=entry[2] if len(entry) > 2 else None)
-                 for key, entry in times.items()}
+def kernel_times(latest: dict[str, dict[str, tuple[float, str, str]]]) -> dict[str, dict[str, KernelTime]]:
+    """KernelStore.latest_times as the profile keeps it: (median, run id, cache) per key."""
+    return {fw: {key: KernelTime(median_s=t, run_id=run_id, cache=cache) for key, (t, run_id, cache) in times.items()}
             for fw, times in latest.items()}
 
 

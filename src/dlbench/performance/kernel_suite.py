@@ -207,17 +207,19 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
         raise DefinitionError(path, f"benchmarks[{i}].workers",
                               f"worker counts apply to a distributed suite; {entry.suite!r} is not one")
     if distributed:
+        from ..execution.distributed import batches  # the per-worker batch the distributed runs use
+
         suite = catalog.load_multi_worker(suite_path, profile, device)
-        counts = entry.workers or [1]
         batches_of = {}
         for b in suite.benchmarks:
             sizes = []
-            for n in counts:
+            for n in entry.workers or [1]:
                 for batch in b.batch_sizes:
-                    if suite.scaling == "strong" and batch % n:
+                    try:
+                        sizes.append(batches(batch, n, suite.scaling)[0])
+                    except ValueError as e:
                         raise DefinitionError(path, f"benchmarks[{i}].workers",
-                                              f"{n} workers cannot split {b.network.name}'s global batch {batch}")
-                    sizes.append(batch // n if suite.scaling == "strong" else batch)
+                                              f"{n} workers cannot split {b.network.name}'s global batch: {e}") from None
             batches_of[b.network.name] = list(dict.fromkeys(sizes))
     else:
         # every mode's kernels: a training iteration's are a superset of inference's at the same batch
