@@ -41,25 +41,6 @@ def _lstm_cell(x, h, c, w_x, w_h, b):
     return jax.nn.sigmoid(o) * jnp.tanh(c1), c1
 
 
-def _lstm_layer(x, w_ih, w_hh, bias):
-    """The jax runner's LSTMLayer (time-major): every step's input projection in one matmul, then
-    lax.scan over the recurrence."""
-    import jax
-    import jax.numpy as jnp
-
-    xw = jnp.einsum("tbf,fg->tbg", x, w_ih) + bias
-
-    def cell(carry, xw_t):
-        h_prev, c_prev = carry
-        i, f, g, o = jnp.split(xw_t + h_prev @ w_hh, 4, axis=-1)
-        c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
-        h_new = jax.nn.sigmoid(o) * jnp.tanh(c)
-        return (h_new, c), h_new
-
-    zeros = jnp.zeros((x.shape[1], w_hh.shape[0]), x.dtype)
-    return jax.lax.scan(cell, (zeros, zeros), xw)[1]
-
-
 def prepare_kernel(spec: dict, device_name: str) -> Kernel:
     import jax
     import jax.numpy as jnp
@@ -112,11 +93,15 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         grads = (jnp.ones_like(h1), jnp.ones_like(c1))
         return ready(Kernel(jax.jit(lambda pb, g: pb(g)), (pullback, grads), {"backward": "jax.vjp pullback"}))
     if kind.startswith("lstm_layer"):
+        from jax_runner import _lstm_layer_class  # the runner's own layer: hoisted input projection, lax.scan
+
         b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
-        args = (rand(t, b, i), rand(i, 4 * h), rand(h, 4 * h), rand(4 * h))
+        layer = _lstm_layer_class()(hidden=h, dtype=dtype)
+        x = rand(t, b, i)  # time-major, as the runner's LSTM hands it to each layer
+        args = (jax.device_put(layer.init(next(keys), x), device), x)
         if kind == "lstm_layer_fwd":
-            return ready(Kernel(jax.jit(_lstm_layer), args, {"op": "the runner's LSTMLayer"}))
-        out, pullback = jax.vjp(_lstm_layer, *args)
+            return ready(Kernel(jax.jit(layer.apply), args, {"op": "the runner's LSTMLayer"}))
+        out, pullback = jax.vjp(layer.apply, *args)
         return ready(Kernel(jax.jit(lambda pb, g: pb(g)), (pullback, jnp.ones_like(out)),
                             {"backward": "jax.vjp pullback"}))
     if kind.startswith("softmax_xent"):
