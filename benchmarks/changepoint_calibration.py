@@ -17,7 +17,7 @@ import argparse
 
 import numpy as np
 
-from dlbench.history import detect_steps
+from dlbench.analysis.history import detect_steps
 
 
 def oracle_split(y: np.ndarray, min_size: int = 3) -> int:

@@ -44,11 +44,11 @@ from rich.console import Console
 from rich.table import Table
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.equivalence import make_inputs
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.execution.environments import EnvironmentBuildError
+from dlbench.execution.equivalence import make_inputs
 from dlbench.execution.orchestrator import Orchestrator, PlannedRun, RunOptions
 from dlbench.execution.registry import RunnerRegistry
-from dlbench.execution.environments import EnvironmentBuildError
 from dlbench.machine import available_cpus
 from dlbench.store.store import Store
 

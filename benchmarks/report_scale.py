@@ -34,7 +34,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from store_scale import synthetic_store  # noqa: E402 - the same synthetic store, one definition
 
-
 TARGET_S = 30.0
 
 

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.statistics import summarise
+from dlbench.analysis.statistics import summarise
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.store.index import INDEX_DIR, INDEX_FILE
 from dlbench.store.record import NetworkInfo, Record, Repeat, Workload, new_run_id
 from dlbench.store.store import Store

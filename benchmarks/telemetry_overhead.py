@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.orchestrator import Orchestrator, PlannedRun, RunOptions
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.machine import available_cpus

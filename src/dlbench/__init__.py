@@ -3,7 +3,7 @@
 The controller (this package) never imports a deep-learning framework.
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def load(store, iterations: bool = False):
@@ -13,3 +13,6 @@ def load(store, iterations: bool = False):
     from .store.frame import load as load_frame
 
     return load_frame(store, iterations=iterations)
+
+
+__all__ = ["__version__", "load"]

@@ -32,7 +32,7 @@ def gpus(nvml_module: str = "pynvml") -> dict:
     """{"driver", "cuda_driver", "gpus": [...]} with what NVML could not answer under "unsupported",
     or {"gpus": [], "unavailable": reason}. Each GPU: index, name, uuid, serial, memory_bytes,
     pci_bus_id (None where NVML cannot say, e.g. a consumer board has no serial)."""
-    from .telemetry.nvml import load, shutdown, system_versions, text  # telemetry imports this module
+    from .telemetry.nvml import load, shutdown, system_versions, text
 
     nvml, reason = load(nvml_module)
     if nvml is None:
@@ -121,8 +121,8 @@ def fingerprint(nvml_module: str = "pynvml") -> dict:
 
 @functools.lru_cache(maxsize=1)
 def dlbench_provenance() -> dict:
-    from . import __version__
     from .paths import project_root
+    from .version import __version__
 
     info = {"version": __version__, "commit": None, "dirty": None}
     try:
@@ -136,3 +136,133 @@ def dlbench_provenance() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return info
+
+
+# ---------------------------------------------------------------------------------------- device
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def dtype_support(device: str, flags: set[str] | None = None, capability: tuple[int, int] | None = None) -> dict:
+    """dtype -> None (the device computes in it) or why not. On a CPU: whether it has bfloat16 /
+    float16 arithmetic instructions (without them a framework would convert every element, which
+    measures the conversion, not the kernel); on a GPU: compute capability 5.3 (float16) and 8.0
+    (bfloat16); unknown capability: left to the framework."""
+    out: dict[str, str | None] = {"float32": None}
+    if device == "cuda":
+        if capability is None:
+            return {**out, "float16": None, "bfloat16": None}
+        out["float16"] = None if capability >= (5, 3) else f"compute capability {capability[0]}.{capability[1]} < 5.3"
+        out["bfloat16"] = None if capability >= (8, 0) else f"compute capability {capability[0]}.{capability[1]} < 8.0"
+        return out
+    flags = cpu_flags() if flags is None else flags
+    out["bfloat16"] = None if flags & {"avx512_bf16", "amx_bf16"} else \
+        "this CPU has no bfloat16 arithmetic (neither avx512_bf16 nor amx_bf16)"
+    out["float16"] = None if flags & {"avx512_fp16", "amx_fp16"} else \
+        "this CPU has no float16 arithmetic (neither avx512_fp16 nor amx_fp16)"
+    return out
+
+
+def gpu_capability(nvml_module: str = "pynvml") -> tuple[int, int] | None:
+    from .telemetry.nvml import load, shutdown
+
+    nvml, _ = load(nvml_module)
+    if nvml is None:
+        return None
+    try:
+        return tuple(nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(0)))
+    except Exception:  # noqa: BLE001 - no GPU, or a binding without the query: the framework decides
+        return None
+    finally:
+        shutdown(nvml)
+
+
+def last_level_cache_bytes(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache of CPU 0 (sysfs `size`, e.g. "307200K"), or None where it cannot be read."""
+    sizes = []
+    for index in sysfs.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
+
+
+# ---------------------------------------------------------------------------------------- capabilities
+def _gpu_capabilities(nvml_module: str) -> dict:
+    from .telemetry.nvml import GpuDevice, load, shutdown, system_versions
+
+    nvml, reason = load(nvml_module)
+    if nvml is None:
+        return {"available": False, "reason": reason, "devices": []}
+    try:
+        versions, unsupported = system_versions(nvml)
+        out = {"available": False, "reason": None, **versions, "unsupported": unsupported, "devices": []}
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as e:
+            return {**out, "reason": f"NVML: nvmlDeviceGetCount: {e}"}
+        for index in range(count):
+            device = GpuDevice(nvml, index, {})
+            if device.lost is not None:
+                out["devices"].append({"index": index, "unavailable": device.lost["reason"]})
+                continue
+            answers = device.probe()
+            out["devices"].append({
+                **device.static,
+                "supported": [name for name, why in answers.items() if why is None],
+                "unsupported": {**device.unsupported, **{name: why for name, why in answers.items() if why}},
+            })
+        out["available"] = bool(out["devices"])
+        out["reason"] = None if out["devices"] else "NVML sees no GPU"
+        return out
+    finally:
+        shutdown(nvml)
+
+
+def _rapl_capabilities(root: Path) -> dict:
+    from .telemetry.rapl import zones
+
+    found, reason = zones(root)
+    if reason is None and not any(z["readable"] for z in found):
+        reason = "no zone readable"
+    return {"available": reason is None, "reason": reason, "zones": found}
+
+
+def _cpu_capabilities() -> dict:
+    out = {"model": _cpu_model(), "logical_cores": psutil.cpu_count(logical=True),
+           "physical_cores": psutil.cpu_count(logical=False), "available_cores": available_cpus(),
+           "frequency_mhz": None, "frequency_reason": None}
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, NotImplementedError) as e:
+        freq, out["frequency_reason"] = None, str(e)
+    if freq is None:
+        out["frequency_reason"] = out["frequency_reason"] or "psutil reports no CPU frequency here"
+    else:
+        # a virtual machine often reports 0 for min and max: unknown, not zero
+        out["frequency_mhz"] = {k: (getattr(freq, k) or None) for k in ("current", "min", "max")}
+    return out
+
+
+def machine_capabilities(nvml_module: str = "pynvml", powercap_root: Path | str | None = None) -> dict:
+    """What telemetry this machine can give, for `dlbench info`: each GPU with the NVML queries it
+    answers (every query asked once), RAPL zones readable or not and why, and the CPU."""
+    from .telemetry.rapl import POWERCAP_ROOT
+
+    powercap_root = POWERCAP_ROOT if powercap_root is None else powercap_root
+    return {"gpu": _gpu_capabilities(nvml_module), "rapl": _rapl_capabilities(Path(powercap_root)),
+            "cpu": _cpu_capabilities()}

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.registry import RunnerRegistry
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.placement import hosts_placement, local_placement
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
@@ -32,13 +32,13 @@ def jax_runner():
 @pytest.fixture(scope="module")
 def suites():
     catalog = SuiteCatalog(paths.suites_dir())
-    dist = catalog.load_multi_worker(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
-    comm = catalog.load_multi_worker(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
+    dist = catalog.load_distributed_suite(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
+    comm = catalog.load_distributed_suite(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
     return dist.benchmarks[0], comm
 
 
 def options(tmp_path, placement=None, **changes):
-    return dataclasses.replace(MultiWorkerOptions(
+    return dataclasses.replace(DistributedOptions(
         device="cpu", env_backend="venv", placement=placement or local_placement(2, 2), threads=1, scaling="strong",
         timeout_s=300, cache=paths.cache_dir(), job_root=tmp_path / "jobs"), **changes)
 
@@ -50,7 +50,7 @@ def job_processes(tmp_path):
 
 def test_data_parallel_training_and_its_baseline(tmp_path, jax_runner, suites):
     bench, _ = suites
-    base, two = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(jax_runner, bench)
+    base, two = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(jax_runner, bench)
     assert base.status == two.status == "ok", (base.reason, two.reason)
     d = two.distributed
     assert d.backend == "gloo" and d.launch == "ranks" and d.workers == 2
@@ -69,7 +69,7 @@ def test_data_parallel_training_and_its_baseline(tmp_path, jax_runner, suites):
 
 def test_collectives_are_correct_at_every_size(tmp_path, jax_runner, suites):
     _, comm = suites
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(jax_runner, comm)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(jax_runner, comm)
     assert [r.status for r in records] == ["ok"] * 4, [r.reason for r in records]
     for r in records:
         ran = [s for s in r.comm.sizes if not s.skipped]
@@ -82,7 +82,7 @@ def test_a_rank_killed_mid_run(tmp_path, jax_runner, suites):
     bench, _ = suites
     # enough measured steps that the kill lands inside them
     slow = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"measure_iters": 400}))
-    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     box = {}
     thread = threading.Thread(target=lambda: box.update(
         record=orch._train_run(jax_runner, slow, local_placement(2, 2), 16, 32, None)))
@@ -114,7 +114,7 @@ def test_two_hosts_on_loopback_addresses(tmp_path, jax_runner, suites):
     _, comm = suites
     placement = hosts_placement("127.0.0.2,127.0.0.3", 2, cpus=2)
     small = dataclasses.replace(comm, collectives=("all_reduce",), sizes=(4096,))
-    (r,) = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+    (r,) = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
         jax_runner, small)
     assert r.status == "ok", r.reason
     assert r.distributed.hosts == ["127.0.0.2", "127.0.0.3"] and r.comm.sizes[0].correct

@@ -19,8 +19,8 @@ import pytest
 from dlbench import paths
 from dlbench.definitions.loader import load_network
 from dlbench.definitions.weights import random_weights
-from dlbench.equivalence import check_batch_size, check_network, make_inputs, relative_error, tolerance_for
 from dlbench.execution.environments import VenvBackend
+from dlbench.execution.equivalence import check_batch_size, check_network, make_inputs, relative_error, tolerance_for
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry

@@ -17,8 +17,8 @@ import yaml
 from dlbench import paths
 from dlbench.definitions.loader import load_network
 from dlbench.definitions.weights import random_weights
-from dlbench.equivalence import _probe, make_inputs, relative_error, tolerance_for
 from dlbench.execution.environments import VenvBackend
+from dlbench.execution.equivalence import _probe, make_inputs, relative_error, tolerance_for
 from dlbench.execution.registry import RunnerRegistry
 
 from . import numpy_reference

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.placement import hosts_placement, local_placement
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
@@ -33,13 +33,13 @@ def mxnet_runner():
 @pytest.fixture(scope="module")
 def suites():
     catalog = SuiteCatalog(paths.suites_dir())
-    dist = catalog.load_multi_worker(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
-    comm = catalog.load_multi_worker(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
+    dist = catalog.load_distributed_suite(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
+    comm = catalog.load_distributed_suite(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
     return dist.benchmarks[0], comm
 
 
 def options(tmp_path, placement=None, **changes):
-    return dataclasses.replace(MultiWorkerOptions(
+    return dataclasses.replace(DistributedOptions(
         device="cpu", env_backend="venv", placement=placement or local_placement(2, 2), threads=1, scaling="strong",
         timeout_s=300, cache=paths.cache_dir(), job_root=tmp_path / "jobs"), **changes)
 
@@ -51,7 +51,7 @@ def job_processes(tmp_path):
 
 def test_dist_sync_training_and_its_baseline(tmp_path, mxnet_runner, suites):
     bench, _ = suites
-    base, two = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(mxnet_runner, bench)
+    base, two = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(mxnet_runner, bench)
     assert base.status == two.status == "ok", (base.reason, two.reason)
     d = two.distributed
     assert d.backend.startswith("kvstore dist_sync") and d.launch == "ps-lite" and d.workers == 2
@@ -68,7 +68,7 @@ def test_dist_sync_training_and_its_baseline(tmp_path, mxnet_runner, suites):
 
 def test_collectives_are_correct_at_every_size(tmp_path, mxnet_runner, suites):
     _, comm = suites
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(mxnet_runner, comm)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(mxnet_runner, comm)
     assert [r.status for r in records] == ["ok"] * 4, [r.reason for r in records]
     for r in records:
         ran = [s for s in r.comm.sizes if not s.skipped]
@@ -80,7 +80,7 @@ def test_collectives_are_correct_at_every_size(tmp_path, mxnet_runner, suites):
 def _kill_mid_run(tmp_path, mxnet_runner, bench, victim):
     """Train with enough measured steps that the kill lands inside them; `victim(job_dir)` -> pid."""
     slow = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"measure_iters": 400}))
-    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     box = {}
     thread = threading.Thread(target=lambda: box.update(
         record=orch._train_run(mxnet_runner, slow, local_placement(2, 2), 16, 32, None)))
@@ -126,7 +126,7 @@ def test_two_hosts_on_loopback_addresses(tmp_path, mxnet_runner, suites):
     _, comm = suites
     placement = hosts_placement("127.0.0.2,127.0.0.3", 2, cpus=2)
     small = dataclasses.replace(comm, collectives=("all_reduce", "broadcast"), sizes=(4096,))
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
         mxnet_runner, small)
     for r in records:  # broadcast's root is ps-lite's rank 0: right only if the launcher numbered as ps-lite does
         assert r.status == "ok", r.reason
@@ -137,7 +137,7 @@ def test_two_hosts_on_loopback_addresses(tmp_path, mxnet_runner, suites):
 
 def test_a_device_it_does_not_run_on_is_skipped_and_the_servers_still_end(tmp_path, mxnet_runner, suites):
     bench, _ = suites
-    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     env = orch.environment(mxnet_runner)
     request = {"action": "data_parallel", "network": bench.network.resolved, "mode": "train", "batch_size": 16,
                "precision": "float32", "device": "cuda", "threads": 1, "learning_rate": 0.01, "momentum": 0.9,

@@ -9,8 +9,8 @@ import pytest
 
 from dlbench import paths
 from dlbench.definitions.loader import load_network
-from dlbench.equivalence import check_network
 from dlbench.execution.environments import VenvBackend
+from dlbench.execution.equivalence import check_network
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry

@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.placement import hosts_placement, local_placement
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
@@ -33,13 +33,13 @@ def tf_runner():
 @pytest.fixture(scope="module")
 def suites():
     catalog = SuiteCatalog(paths.suites_dir())
-    dist = catalog.load_multi_worker(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
-    comm = catalog.load_multi_worker(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
+    dist = catalog.load_distributed_suite(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
+    comm = catalog.load_distributed_suite(paths.suites_dir() / "comm.yaml", "smoke", "cpu").comm
     return dist.benchmarks[0], comm
 
 
 def options(tmp_path, placement=None, **changes):
-    return dataclasses.replace(MultiWorkerOptions(
+    return dataclasses.replace(DistributedOptions(
         device="cpu", env_backend="venv", placement=placement or local_placement(2, 2), threads=1, scaling="strong",
         timeout_s=300, cache=paths.cache_dir(), job_root=tmp_path / "jobs"), **changes)
 
@@ -51,7 +51,7 @@ def job_processes(tmp_path):
 
 def test_strategy_training_and_its_baseline(tmp_path, tf_runner, suites):
     bench, _ = suites
-    base, two = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(tf_runner, bench)
+    base, two = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(tf_runner, bench)
     assert base.status == two.status == "ok", (base.reason, two.reason, two.output_tail)
     d = two.distributed
     assert d.backend == "ring (gRPC)" and d.launch == "ranks" and d.workers == 2
@@ -75,13 +75,13 @@ def test_the_replicas_stay_equal_only_with_the_exchange(tmp_path, tf_runner, sui
     import numpy as np
 
     bench, _ = suites
-    probe = dataclasses.replace(tf_runner, multi_worker=dataclasses.replace(
-        tf_runner.multi_worker, worker=Path(__file__).with_name("tf_replica_probe_worker.py")))
+    probe = dataclasses.replace(tf_runner, distributed=dataclasses.replace(
+        tf_runner.distributed, worker=Path(__file__).with_name("tf_replica_probe_worker.py")))
     out = tmp_path / "weights"
     out.mkdir()
     monkeypatch.setenv("DLBENCH_TF_PROBE_OUT", str(out))
     brief = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"warmup_iters": 1, "measure_iters": 2}))
-    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     record = orch._train_run(probe, brief, local_placement(2, 2), 16, 32, None)
     assert record.status == "ok", (record.reason, record.output_tail)
 
@@ -100,7 +100,7 @@ def test_the_replicas_stay_equal_only_with_the_exchange(tmp_path, tf_runner, sui
 
 def test_collectives_are_correct_at_every_size(tmp_path, tf_runner, suites):
     _, comm = suites
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(tf_runner, comm)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(tf_runner, comm)
     by_op = {r.comm.collective if r.comm else r.benchmark: r for r in records}
     scatter = by_op.pop("reduce_scatter")
     # TensorFlow's reduce-scatter has an NCCL implementation only: not offered by the CPU ring
@@ -118,7 +118,7 @@ def test_a_rank_killed_mid_run(tmp_path, tf_runner, suites):
     bench, _ = suites
     # enough measured steps that the kill lands inside them
     slow = dataclasses.replace(bench, policy=bench.policy.model_copy(update={"measure_iters": 400}))
-    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     box = {}
     thread = threading.Thread(target=lambda: box.update(
         record=orch._train_run(tf_runner, slow, local_placement(2, 2), 16, 32, None)))
@@ -150,7 +150,7 @@ def test_two_hosts_on_loopback_addresses(tmp_path, tf_runner, suites):
     _, comm = suites
     placement = hosts_placement("127.0.0.2,127.0.0.3", 2, cpus=2)
     small = dataclasses.replace(comm, collectives=("all_reduce", "broadcast"), sizes=(4096,))
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
         tf_runner, small)
     for r in records:
         assert r.status == "ok", r.reason

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from dlbench import paths
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.definitions.loader import load_network
 from dlbench.execution.environments import VenvBackend
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
-from dlbench.definitions.loader import load_network
 
 pytestmark = pytest.mark.integration
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import pytest
 
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.registry import RunnerRegistry
 
 ROOT = Path(__file__).resolve().parents[2]

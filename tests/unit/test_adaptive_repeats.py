@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from dlbench.analysis.statistics import summarise
 from dlbench.cli import app
 from dlbench.execution import orchestrator as orch_mod
 from dlbench.execution.launcher import WorkerOutcome
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
-from dlbench.statistics import summarise
 from dlbench.store.store import Store
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dlbench.cli import app
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.store.rows import COLUMNS
 from dlbench.store.store import Store
 
@@ -289,7 +289,7 @@ def test_suite_all_runs_every_shipped_suite(project, tmp_path):
 
 
 def test_check_steps_with_each_networks_suite_hyperparameters(project, tmp_path, monkeypatch):
-    import dlbench.equivalence as equivalence
+    import dlbench.execution.equivalence as equivalence
 
     seen = {}
 

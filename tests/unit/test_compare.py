@@ -15,14 +15,22 @@ from datetime import datetime, timedelta, timezone
 import numpy as np
 import pytest
 from scipy import stats
+from store_records import record_from_times
 from typer.testing import CliRunner
 
+from dlbench.analysis.comparison import (
+    MIN_PROCESSES,
+    NothingToCompare,
+    SelectorError,
+    Side,
+    compare,
+    compare_sides,
+    holm_adjust,
+    parse_selector,
+)
 from dlbench.cli import app
-from dlbench.comparison import (MIN_PROCESSES, NothingToCompare, SelectorError, Side, compare, compare_sides,
-                                holm_adjust, parse_selector)
 from dlbench.store.record import Record
 from dlbench.store.store import Store
-from store_records import record_from_times
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)

@@ -21,9 +21,16 @@ from typer.testing import CliRunner
 
 from dlbench.cli import app
 from dlbench.execution.containers import (
-    STOP_GRACE_S, ContainerSpec, DockerBackend, gpu_request, image_key, image_tag, parse_tag,
+    STOP_GRACE_S,
+    ContainerSpec,
+    DockerBackend,
+    gpu_request,
+    image_key,
+    image_tag,
+    parse_tag,
 )
-from dlbench.execution.environments import EnvironmentBuildError, backend
+from dlbench.execution.backends import backend
+from dlbench.execution.environments import EnvironmentBuildError
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, build_request, plan
 from dlbench.execution.registry import RunnerRegistry

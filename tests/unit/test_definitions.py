@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlbench.definitions.analysis import definition_hash
 from dlbench.definitions.loader import DefinitionError, load_network
+from dlbench.definitions.network import definition_hash
 
 REPO = Path(__file__).resolve().parents[2]
 NETWORKS = REPO / "suites" / "networks"

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import yaml
 
-from dlbench import equivalence
-from dlbench.definitions.analysis import NetworkSummary
 from dlbench.definitions.loader import load_network
-from dlbench.definitions.weights import random_weights, weight_shapes
-from dlbench.equivalence import (CheckStore, FrameworkCheck, check_batch_size, check_network, make_inputs,
-                                 relative_error, tolerance_for)
+from dlbench.definitions.network import NetworkSummary
+from dlbench.definitions.weights import random_weights
+from dlbench.execution import equivalence
 from dlbench.execution.environments import Environment, EnvironmentBuildError
+from dlbench.execution.equivalence import check_batch_size, check_network, make_inputs, relative_error, tolerance_for
 from dlbench.execution.registry import RunnerRegistry
+from dlbench.store.checks import CheckStore, FrameworkCheck
 
 ROOT = Path(__file__).resolve().parents[2]
 NETWORKS = ROOT / "suites" / "networks"

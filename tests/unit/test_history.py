@@ -19,13 +19,13 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import pytest
+from store_records import record_from_times
 from typer.testing import CliRunner
 
+from dlbench.analysis.history import MIN_RUNS, build_history, detect_steps
 from dlbench.cli import app
-from dlbench.history import MIN_RUNS, build_history, detect_steps
 from dlbench.store.record import Record
 from dlbench.store.store import Store
-from store_records import record_from_times
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 T0 = datetime(2026, 10, 1, 3, 0, tzinfo=timezone.utc)

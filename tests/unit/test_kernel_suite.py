@@ -9,19 +9,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from store_records import make_record
 
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.definitions.loader import DefinitionError
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.execution.kernels import run_kernels
 from dlbench.execution.launcher import WorkerOutcome
-from dlbench.performance.calibration import (CalibrationError, calibration_specs, ceilings, comm_fits,
-                                             fit_all_reduce)
-from dlbench.performance.kernel_suite import (KernelPolicy, KernelRecord, KernelResult, KernelStore, dtype_support,
-                                              load_kernel_suite, run_kernels)
+from dlbench.machine import dtype_support
+from dlbench.performance.calibration import CalibrationError, calibration_specs, ceilings, comm_fits, fit_all_reduce
+from dlbench.performance.kernel_suite import KernelPolicy, load_kernel_suite
 from dlbench.performance.kernels import KernelSpec
+from dlbench.store.kernels import KernelRecord, KernelResult, KernelStore
 from dlbench.store.record import CommInfo, CommSize
 from dlbench.store.store import Store
-
-from store_records import make_record
 
 ROOT = Path(__file__).resolve().parents[2]
 CATALOG = SuiteCatalog(ROOT / "suites")
@@ -113,7 +113,8 @@ def test_reduced_precision_needs_the_arithmetic():
 
 
 def test_cold_kernels_flush_one_and_a_half_last_level_caches(tmp_path):
-    from dlbench.performance.kernel_suite import flush_bytes, last_level_cache_bytes
+    from dlbench.execution.kernels import flush_bytes
+    from dlbench.machine import last_level_cache_bytes
 
     for index, size in (("index0", "48K"), ("index2", "2048K"), ("index3", "300M")):
         (tmp_path / index).mkdir()

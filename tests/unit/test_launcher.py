@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution import launcher
 from dlbench.execution.launcher import killer, run_worker
 from dlbench.execution.orchestrator import PlannedRun, RunOptions, build_request

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.equivalence import CheckStore, FrameworkCheck
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, plan
 from dlbench.store import migrations
+from dlbench.store.checks import CheckStore, FrameworkCheck
 from dlbench.store.record import SCHEMA_VERSION
 from dlbench.store.rows import run_row
 from dlbench.store.store import Store, StoreError, checksum_of

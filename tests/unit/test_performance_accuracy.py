@@ -6,15 +6,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from store_records import make_record
 
 from dlbench.definitions.loader import load_network
-from dlbench.performance.profile import CommFit, MachineProfile, MatmulCeiling, BandwidthPoint, ProfileStore
+from dlbench.performance.accuracy import accuracy_table_rows, prediction_errors
 from dlbench.performance.runtime import RunPredictor, run_predictor
-from dlbench.performance_cli import accuracy_table_rows, prediction_errors
+from dlbench.store.profiles import BandwidthPoint, CommFit, MachineProfile, MatmulCeiling, ProfileStore
 from dlbench.store.record import DistributedInfo, Prediction
 from dlbench.store.store import Store
-
-from store_records import make_record
 
 NETWORKS = Path(__file__).resolve().parents[2] / "suites" / "networks"
 

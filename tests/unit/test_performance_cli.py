@@ -9,11 +9,11 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from dlbench import performance_cli
 from dlbench.cli import app
-from dlbench.performance.kernel_suite import KernelStore
-from dlbench.performance.profile import ProfileStore
+from dlbench.cli import performance as performance_cli
 from dlbench.reporting.charts import fmt
+from dlbench.store.kernels import KernelStore
+from dlbench.store.profiles import ProfileStore
 from dlbench.store.store import Store
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

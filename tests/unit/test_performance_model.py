@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.definitions.analysis import analyse
 from dlbench.definitions.loader import load_network
+from dlbench.definitions.network import analyse
 from dlbench.definitions.schema import Network
 from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
 from dlbench.performance.kernels import KernelSpec
-from dlbench.performance.model import DataPath, PredictionError, gradient_layers, LayerTimes, predict
-from dlbench.performance.profile import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
+from dlbench.performance.model import DataPath, LayerTimes, PredictionError, gradient_layers, predict
 from dlbench.performance.workload import decompose, kernel_specs
+from dlbench.store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
 
 NETWORKS = Path(__file__).resolve().parents[2] / "suites" / "networks"
 

@@ -7,9 +7,10 @@ from datetime import datetime, timezone
 
 import pytest
 
-from dlbench.performance.profile import MachineProfile, MatmulCeiling, ProfileError, ProfileStore, read_profile
 from dlbench.store.merge import merge
+from dlbench.store.profiles import MachineProfile, MatmulCeiling, ProfileError, ProfileStore, read_profile
 from dlbench.store.store import Store
+from dlbench.store.verify import verify
 
 
 def make(machine_id="a" * 64, hostname="box", peak=1e9) -> MachineProfile:
@@ -66,13 +67,14 @@ def test_machine_option_resolves_ids_hostnames_revisions_and_paths(tmp_path):
 
 def test_verify_and_merge_cover_profiles_and_kernel_records(tmp_path):
     from test_kernel_suite import kernel_record
-    from dlbench.performance.kernel_suite import KernelStore
+
+    from dlbench.store.kernels import KernelStore
 
     a, b = Store(tmp_path / "a"), Store(tmp_path / "b")
     ProfileStore(a).write(make())
     KernelStore(a).write(kernel_record("20261201T000000Z-a", times={"k": 1.0}))
     ProfileStore(b).write(make(peak=7e9))  # the same machine's revision 1, other content
-    report = a.verify()
+    report = verify(a)
     assert (report.kernels, report.profiles, report.problems) == (1, 1, [])
     merged = merge(b, [a.root])
     assert [p.relative_to(b.root).as_posix() for p in merged.added] == ["kernels/20261201T000000Z-a.json"]
@@ -82,6 +84,6 @@ def test_verify_and_merge_cover_profiles_and_kernel_records(tmp_path):
     assert len(again.duplicates) == 1 and not again.added
     kernel_file = a.root / "kernels" / "20261201T000000Z-a.json"
     kernel_file.write_text(kernel_file.read_text().replace('"median_s": 1.0', '"median_s": 2.0'))
-    report = a.verify()
+    report = verify(a)
     assert len(report.problems) == 1 and "checksum" in report.problems[0].reason
     assert merge(Store(tmp_path / "c"), [a.root]).unreadable[0][0] == kernel_file

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-from collections import defaultdict
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path

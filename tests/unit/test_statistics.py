@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dlbench import statistics as dstats
-from dlbench.statistics import median_interval, repeat_agreement, summarise
+from dlbench.analysis import statistics as dstats
+from dlbench.analysis.statistics import median_interval, repeat_agreement, summarise
 from dlbench.store.record import Repeat, Summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.statistics import summarise
-from dlbench.store.record import (SCHEMA_VERSION, NetworkInfo, Record, Repeat, Settings, Workload,
-                                  new_run_id)
+from dlbench.analysis.statistics import summarise
+from dlbench.store.record import SCHEMA_VERSION, NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
 from dlbench.store.rows import COLUMNS, run_row
 from dlbench.store.store import Store, StoreError, checksum_of
 

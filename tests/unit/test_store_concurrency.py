@@ -15,6 +15,7 @@ from test_store import make_record
 
 from dlbench.store.record import Repeat, new_run_id
 from dlbench.store.store import STALE_TEMP_AGE_S, Store, StoreError, _host_tag
+from dlbench.store.verify import verify
 
 SPAWN = multiprocessing.get_context("spawn")  # fresh interpreters, like two `dlbench run`s
 
@@ -43,7 +44,7 @@ def test_two_writing_processes_and_a_cleaner_at_once(tmp_path):
     cleaner.join(30)
     assert [p.exitcode for p in writers] == [0, 0] and cleaner.exitcode == 0
     store = Store(tmp_path)
-    report = store.verify()
+    report = verify(store)
     assert report.problems == [] and report.unverified == []
     assert len(report.verified) == 100
     assert sorted(r.benchmark for r in store.records()) == sorted(f"{t}-{i}" for t in "ab" for i in range(50))
@@ -123,7 +124,7 @@ def test_kill_9_mid_write_leaves_only_whole_records_and_loses_none(tmp_path):
         assert proc.exitcode == -9
         reported += log.read_text().split()[1:]
 
-        report = store.verify()
+        report = verify(store)
         assert report.problems == [], [p.reason for p in report.problems]  # nothing partial or damaged
         on_disk = {p.stem for p in report.verified}
         assert set(reported) <= on_disk  # nothing reported written is lost
@@ -134,7 +135,7 @@ def test_kill_9_mid_write_leaves_only_whole_records_and_loses_none(tmp_path):
         partial += sum(p.stat().st_size < full for p in leftovers)
         assert store.clean_incoming() == leftovers
         assert list(store.incoming.glob("*.tmp")) == []
-        assert store.verify().verified == report.verified
+        assert verify(store).verified == report.verified
     assert reported, "no record was written before the kills"
     print(f"{len(reported)} records reported written over 4 kills; {partial} kills left a half-written file")
 
@@ -166,7 +167,7 @@ def test_clean_incoming_removes_only_what_no_live_writer_owns(tmp_path):
     alive = temp(store, f"20260101T000000Z-bbbbbbbbbbbb.00aa11bb.{os.getpid()}.{host}.tmp")
     alive_but_old = temp(store, f"20260101T000000Z-cccccccccccc.00aa11bb.{os.getpid()}.{host}.tmp", age_s=old)
     elsewhere = temp(store, f"20260101T000000Z-dddddddddddd.00aa11bb.{_dead_pid()}.another-host.tmp")
-    elsewhere_old = temp(store, f"20260101T000000Z-eeeeeeeeeeee.00aa11bb.1.another-host.tmp", age_s=old)
+    elsewhere_old = temp(store, "20260101T000000Z-eeeeeeeeeeee.00aa11bb.1.another-host.tmp", age_s=old)
     unknown = temp(store, "20260101T000000Z-ffffffffffff.4242.tmp")
     unknown_old = temp(store, "20260101T000000Z-000000000000.4242.tmp", age_s=old)
     not_temp = store.incoming / "notes.txt"

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from dlbench.cli import app
 from dlbench.store.record import SCHEMA_VERSION
 from dlbench.store.store import CHECKSUM_PREFIX, Store, StoreError, canonical_json, checksum_of
+from dlbench.store.verify import verify
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -161,7 +162,7 @@ def test_store_verify_lists_every_problem_by_name(tmp_path):
     store.checks.mkdir()
     (store.checks / "fcn5--fake--0.0.json").write_text(json.dumps({"status": "equivalent"}))
     (store.checks / "fcn8--fake--0.0.json").write_text('{"status": "equiv')
-    report = store.verify()
+    report = verify(store)
     assert [p for p in report.verified] == [paths[4]]
     assert report.unverified == [(paths[3], 2)]
     assert {p.path for p in report.problems} == {paths[0], paths[1], renamed, store.checks / "fcn8--fake--0.0.json"}

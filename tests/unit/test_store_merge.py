@@ -16,6 +16,7 @@ from test_store_integrity import flip_a_digit, invoke
 from dlbench.store.merge import MergeError, merge
 from dlbench.store.record import SCHEMA_VERSION
 from dlbench.store.store import Store, checksum_of
+from dlbench.store.verify import verify
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "records"
 
@@ -51,7 +52,7 @@ def test_merging_two_machines_copies_everything_once(tmp_path):
     assert report.clean and len(report.added) == 3 + 2 + 2 and report.duplicates == []
     # byte for byte what the machines wrote, still verified
     assert contents(dest) == {**contents(a), **contents(b)}
-    verified = dest.verify()
+    verified = verify(dest)
     assert verified.problems == [] and len(verified.verified) == 5 and verified.checks == 2
     assert sorted(r.machine["hostname"] for r in dest.records()) == ["alpha"] * 3 + ["beta"] * 2
     assert list(dest.incoming.iterdir()) == []
@@ -108,7 +109,7 @@ def test_records_of_older_schemas_are_copied_as_they_are(tmp_path):
     assert report.clean and len(report.added) == SCHEMA_VERSION - 1
     assert contents(dest) == contents(src)
     # checksums came with schema 4: the records before it are the unverified ones
-    assert sorted(v for _, v in dest.verify().unverified) == [v for v in range(1, SCHEMA_VERSION) if v < 4]
+    assert sorted(v for _, v in verify(dest).unverified) == [v for v in range(1, SCHEMA_VERSION) if v < 4]
 
 
 def test_a_record_and_its_upgraded_copy_are_duplicates(tmp_path):
@@ -148,7 +149,7 @@ def test_an_interrupted_merge_is_finished_by_running_it_again(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         merge(dest, [src.root])
     monkeypatch.undo()
-    assert len(dest.paths()) == 2 and dest.verify().problems == []  # only whole records
+    assert len(dest.paths()) == 2 and verify(dest).problems == []  # only whole records
     assert list(dest.incoming.iterdir()) == []
     report = merge(dest, [src.root])
     assert len(report.added) == 3 and len(report.duplicates) == 2 and report.clean

@@ -17,6 +17,7 @@ from dlbench.store import migrations
 from dlbench.store.record import SCHEMA_VERSION
 from dlbench.store.rows import run_row
 from dlbench.store.store import Store, StoreError, checksum_of
+from dlbench.store.verify import verify
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "records"
 VERSIONS = list(range(1, SCHEMA_VERSION + 1))
@@ -146,7 +147,7 @@ def test_upgrade_rewrites_old_records_and_keeps_the_originals(tmp_path):
         else:
             assert path.read_bytes() == originals[v] and stored.upgraded_from is None
     assert list(store.incoming.iterdir()) == []
-    assert store.verify().problems == [] and len(store.verify().verified) == len(VERSIONS)
+    assert verify(store).problems == [] and len(verify(store).verified) == len(VERSIONS)
 
     again = store.upgrade()  # nothing left to do
     assert again.upgraded == [] and again.current == len(VERSIONS) and again.problems == []

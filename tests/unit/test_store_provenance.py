@@ -150,7 +150,7 @@ def test_a_run_record_carries_its_provenance(tmp_path, suite, fake, fast):
     assert rec.machine["machine_id"] == machine_id(rec.machine) == fingerprint()["machine_id"]
     assert "gpus" in rec.machine and ("driver" in rec.machine or "unavailable" in rec.machine)
     # dlbench and the network
-    from dlbench import __version__
+    from dlbench.version import __version__
     assert rec.dlbench["version"] == __version__ and "commit" in rec.dlbench
     assert rec.network.hash == fcn5[0].network.definition_hash
 

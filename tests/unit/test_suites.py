@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.definitions.loader import DefinitionError
-from dlbench.definitions.suite import PROFILES, SuiteCatalog
+from dlbench.definitions.suite import PROFILES
 
 REPO = Path(__file__).resolve().parents[2]
 SUITES = REPO / "suites"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dlbench.telemetry import TelemetryConfig, derive, machine_capabilities
+from dlbench.machine import machine_capabilities
+from dlbench.telemetry import TelemetryConfig, derive
 from dlbench.telemetry.nvml import GpuTelemetry, clock_event_bits
 from dlbench.telemetry.sampler import Collector
 

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dlbench.cli import app
-from dlbench.definitions.suite import SuiteCatalog
+from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, plan
 from dlbench.execution.registry import RunnerRegistry

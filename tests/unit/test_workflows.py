@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 import typer.main
 import yaml
-
-from dlbench.cli import app
-from dlbench.comparison import parse_selector
-from dlbench.definitions.suite import PROFILES, SuiteCatalog
-from dlbench.execution.environments import BACKENDS
-from dlbench.execution.registry import RunnerRegistry
-from dlbench.store.store import Store
 from store_records import record_from_times
 from test_dockerfiles import tool
+
+from dlbench.analysis.comparison import parse_selector
+from dlbench.cli import app
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.definitions.suite import PROFILES
+from dlbench.execution.backends import BACKENDS
+from dlbench.execution.registry import RunnerRegistry
+from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"

@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import schema
-from .analysis import NetworkSummary, ShapeError, analyse
+from .network import NetworkSummary, ShapeError, analyse
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,7 +40,7 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 _UNION_TAGS = {
     "dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu", "sigmoid",
     "tanh", "flatten", "dropout", "embedding", "lstm", "residual", "tensor", "tokens",
-    "list", "range",  # a comm suite's sizes (multiworker.py)
+    "list", "range",  # a comm suite's sizes (distributed.py)
     "matmul", "transpose", "layer_shapes",  # a kernels suite's benchmarks (performance/kernel_suite.py)
 }
 

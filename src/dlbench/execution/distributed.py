@@ -25,26 +25,39 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..definitions.multiworker import CommBenchmark, DistributedBenchmark
-from ..equivalence import CheckStore
+from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
+from ..analysis.statistics import summarise
+from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
 from ..machine import dlbench_provenance, fingerprint
-from ..multiworker_metrics import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
-from ..statistics import summarise
-from ..store.record import (CommInfo, CommSize, DistributedInfo, NetworkInfo, Prediction, Record, Repeat, RepeatPolicy,
-                            Scaling, Settings, Workload, new_run_id)
+from ..store.checks import CheckStore
+from ..store.record import (
+    CommInfo,
+    CommSize,
+    DistributedInfo,
+    NetworkInfo,
+    Prediction,
+    Record,
+    Repeat,
+    RepeatPolicy,
+    Scaling,
+    Settings,
+    Workload,
+    new_run_id,
+)
 from ..store.store import Store
-from .environments import Environment, EnvironmentBuildError, backend
+from .backends import backend
+from .environments import Environment, EnvironmentBuildError
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
 from .placement import Placement, free_port, free_ports
 from .registry import RunnerInfo
 
-NOT_SAMPLED = {"enabled": False, "reason": "telemetry is not sampled for multi-worker jobs yet"}
+NOT_SAMPLED = {"enabled": False, "reason": "telemetry is not sampled for distributed jobs yet"}
 EXPOSED_METHOD = "median step minus median step without the gradient exchange (slowest rank each)"
 
 
 @dataclass(frozen=True)
-class MultiWorkerOptions:
+class DistributedOptions:
     device: str  # cpu | cuda
     env_backend: str  # venv | current
     placement: Placement
@@ -59,14 +72,14 @@ class MultiWorkerOptions:
     predictor: Callable[..., dict | None] | None = None
 
 
-class MultiWorkerEvents(Protocol):
+class DistributedEvents(Protocol):
     def environment(self, framework: str, line: str) -> None: ...
     def run_started(self, label: str, repeats: int) -> None: ...
     def repeat_done(self, label: str, index: int, status: str) -> None: ...
     def run_done(self, label: str, record: Record) -> None: ...
 
 
-class SilentMultiWorkerEvents:
+class SilentDistributedEvents:
     def environment(self, framework, line): pass
     def run_started(self, label, repeats): pass
     def repeat_done(self, label, index, status): pass
@@ -74,19 +87,8 @@ class SilentMultiWorkerEvents:
 
 
 def not_ported(runner: RunnerInfo) -> str:
-    return (f"{runner.name} has no multi-worker runner yet ({runner.folder.name}/runner.toml has no [distributed] "
+    return (f"{runner.name} has no distributed runner yet ({runner.folder.name}/runner.toml has no [distributed] "
             "section; the contract is in docs/architecture.md)")
-
-
-def batches(batch: int, workers: int, scaling: str) -> tuple[int, int]:
-    """(per-worker batch, global batch) for a suite batch size; ValueError when strong scaling
-    cannot split it evenly."""
-    if scaling == "weak":
-        return batch, batch * workers
-    if batch % workers:
-        raise ValueError(f"strong scaling splits the global batch {batch} over {workers} workers: "
-                         "it must be a multiple of --workers (or use --scaling weak)")
-    return batch // workers, batch
 
 
 def planned_runs(benchmarks: list[DistributedBenchmark], comm: CommBenchmark | None, workers: int) -> int:
@@ -99,11 +101,11 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-class MultiWorkerOrchestrator:
-    def __init__(self, store: Store, options: MultiWorkerOptions, events: MultiWorkerEvents | None = None):
+class DistributedOrchestrator:
+    def __init__(self, store: Store, options: DistributedOptions, events: DistributedEvents | None = None):
         self.store = store
         self.options = options
-        self.events = events or SilentMultiWorkerEvents()
+        self.events = events or SilentDistributedEvents()
         self.backend = backend(options.env_backend, options.cache)
         self._envs: dict[str, Environment | EnvironmentBuildError] = {}
 
@@ -120,7 +122,7 @@ class MultiWorkerOrchestrator:
     # ------------------------------------------------------------------ one job
 
     def job(self, runner: RunnerInfo, env: Environment, request: dict, placement: Placement) -> JobOutcome:
-        assert runner.multi_worker is not None
+        assert runner.distributed is not None
         root = self.options.job_root
         if root is not None:
             root.mkdir(parents=True, exist_ok=True)
@@ -128,11 +130,11 @@ class MultiWorkerOrchestrator:
         try:
             request_path = job_dir / "request.json"
             request_path.write_text(json.dumps({"protocol": PROTOCOL_VERSION, **request}))
-            layout = JobLayout(python=env.python, worker=runner.multi_worker.worker.resolve(), request=request_path,
+            layout = JobLayout(python=env.python, worker=runner.distributed.worker.resolve(), request=request_path,
                                job_dir=job_dir, placement=placement, threads=self.options.threads,
                                coordinator_port=free_port(), worker_ports=tuple(free_ports(placement.workers)))
-            specs = STYLES[runner.multi_worker.launch](layout)
-            cwd = runner.multi_worker.worker.resolve().parent
+            specs = STYLES[runner.distributed.launch](layout)
+            cwd = runner.distributed.worker.resolve().parent
             return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
                            placement.workers, self.options.timeout_s, cwd)
         finally:
@@ -140,7 +142,7 @@ class MultiWorkerOrchestrator:
 
     def _common(self, runner: RunnerInfo) -> tuple[Environment | None, str, str | None, dict]:
         """(environment, status, reason, env_info) before any job runs."""
-        if runner.multi_worker is None:
+        if runner.distributed is None:
             return None, "skipped", not_ported(runner), {"backend": self.options.env_backend}
         env = self.environment(runner)
         if isinstance(env, EnvironmentBuildError):
@@ -194,7 +196,7 @@ class MultiWorkerOrchestrator:
         summary = summarise(repeats, global_batch) if status == "ok" else None
         info = DistributedInfo(
             workers=n, hosts=[h.address for h in placement.hosts], placement=placement.variant,
-            launch=runner.multi_worker.launch if runner.multi_worker else "none",
+            launch=runner.distributed.launch if runner.distributed else "none",
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
@@ -263,7 +265,7 @@ class MultiWorkerOrchestrator:
                 repeats, None, op_status, op_reason, tail if op_status != "ok" else "")
             record.distributed = DistributedInfo(
                 workers=n, hosts=[h.address for h in o.placement.hosts], placement=o.placement.variant,
-                launch=runner.multi_worker.launch if runner.multi_worker else "none",
+                launch=runner.distributed.launch if runner.distributed else "none",
                 backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads)
             record.comm = info
             record.equivalence = {"status": "unchecked",

@@ -25,12 +25,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from .registry import RunnerInfo
-
-if TYPE_CHECKING:
-    from .containers import ContainerSpec
 
 ENV_FORMAT = 1  # bump to invalidate every cached environment (layout of the env dir changed)
 MARKER = ".dlbench-env.json"
@@ -56,7 +53,9 @@ class Environment:
     path: Path | None = None
     packages: list[str] = field(default_factory=list)  # the lock: every name==version installed
     python_version: str | None = None
-    container: ContainerSpec | None = None  # docker: the worker runs in this image, `python` inside it
+    # docker: the worker runs in this image (a containers.ContainerSpec, which builds on this module),
+    # `python` inside it
+    container: Any = None
 
     def describe(self) -> dict:
         return {"backend": self.backend, "flavour": self.flavour, "python": str(self.python),
@@ -190,19 +189,3 @@ class CurrentBackend:
                 f"{runner.import_name} is not importable by {python}; install it there or use --env venv")
         return Environment(runner.name, self.name, flavour, python, "current", None, _packages(python),
                            platform.python_version())
-
-
-BACKENDS = ("venv", "current", "docker")
-
-
-def backend(name: str, cache: Path):
-    if name == "venv":
-        return VenvBackend(cache)
-    if name == "current":
-        return CurrentBackend()
-    if name == "docker":
-        from .. import paths
-        from .containers import DockerBackend
-
-        return DockerBackend(cache, paths.docker_dir(), paths.project_root())
-    raise ValueError(f"unknown environment backend {name!r}")

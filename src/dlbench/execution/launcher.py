@@ -173,3 +173,8 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
         if status not in ("ok", "failed", "skipped"):
             status, result["reason"] = "failed", f"worker reported unknown status {status!r}"
         return WorkerOutcome(status, result.get("reason"), result, tail, returncode, wall)
+
+
+def thread_env(threads: int | None) -> dict[str, str]:
+    # Set before the interpreter starts: OpenMP pools size themselves at load time.
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}

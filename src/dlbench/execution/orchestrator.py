@@ -17,18 +17,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
+from ..analysis.statistics import summarise
 from ..definitions.suite import Benchmark
-from ..equivalence import CheckStore
 from ..machine import dlbench_provenance, fingerprint
-from ..statistics import summarise
-from ..telemetry import Sampler, TelemetryConfig, derive
-from ..telemetry.summary import summarise_repeats
+from ..store.checks import CheckStore
 from ..store.record import NetworkInfo, Record, Repeat, RepeatPolicy, Settings, Workload, new_run_id
 from ..store.store import Store
-from .environments import Environment, EnvironmentBuildError, backend
-from .launcher import PROTOCOL_VERSION, run_worker
+from ..telemetry import Sampler, TelemetryConfig, derive
+from ..telemetry.summary import summarise_repeats
+from .backends import backend
+from .environments import Environment, EnvironmentBuildError
+from .launcher import PROTOCOL_VERSION, run_worker, thread_env
 from .registry import RunnerInfo
-
 
 
 @dataclass(frozen=True)
@@ -131,11 +131,6 @@ def build_request(run: PlannedRun, options: RunOptions) -> dict:
     }
 
 
-def _thread_env(threads: int | None) -> dict[str, str]:
-    # Set before the interpreter starts: OpenMP pools size themselves at load time.
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
-
-
 class Orchestrator:
     def __init__(self, store: Store, options: RunOptions, events: Events | None = None):
         self.store = store
@@ -194,7 +189,7 @@ class Orchestrator:
             for index in range(max_repeats):
                 sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
                 outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
-                                     _thread_env(opts.threads), sampler, container=env.container)
+                                     thread_env(opts.threads), sampler, container=env.container)
                 res = outcome.result or {}
                 series = sampler.result if sampler else None
                 window = res.get("window_monotonic_ns") or []

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from ..definitions.loader import DefinitionError
 
@@ -15,7 +16,7 @@ LAUNCH_STYLES = ("torchrun", "ranks", "ps-lite")  # launch_styles.STYLES; listed
 
 
 @dataclass(frozen=True)
-class MultiWorker:
+class DistributedLaunch:
     """runner.toml's [distributed]: the runner takes part in the distributed and comm suites."""
 
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
@@ -30,7 +31,7 @@ class RunnerInfo:
     folder: Path
     worker: Path
     requirements: dict[str, Path]  # flavour -> pinned requirements file
-    multi_worker: MultiWorker | None = None  # None: not ported to the multi-worker suites yet
+    distributed: DistributedLaunch | None = None  # None: not ported to the distributed suites yet
 
     def requirements_for(self, flavour: str) -> Path:
         return self.requirements[flavour]
@@ -59,10 +60,10 @@ def _load(folder: Path) -> RunnerInfo:
     if not worker.is_file():
         raise DefinitionError(path, "worker", f"file {data['worker']} does not exist")
     return RunnerInfo(data["name"], data.get("display_name", data["name"]), data["import_name"],
-                      folder, worker, reqs, _multi_worker(path, folder, data.get("distributed")))
+                      folder, worker, reqs, _distributed_launch(path, folder, data.get("distributed")))
 
 
-def _multi_worker(path: Path, folder: Path, section) -> MultiWorker | None:
+def _distributed_launch(path: Path, folder: Path, section) -> DistributedLaunch | None:
     if section is None:
         return None
     if not isinstance(section, dict):
@@ -79,7 +80,7 @@ def _multi_worker(path: Path, folder: Path, section) -> MultiWorker | None:
     worker = folder / section["worker"]
     if not worker.is_file():
         raise DefinitionError(path, "distributed.worker", f"file {section['worker']} does not exist")
-    return MultiWorker(worker, section["launch"])
+    return DistributedLaunch(worker, section["launch"])
 
 
 class RunnerRegistry:

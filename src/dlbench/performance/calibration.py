@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..store.profiles import BandwidthPoint, CommFit, KernelTime, MatmulCeiling
 from .communication import AllReduceCost
 from .kernels import KernelSpec
-from .profile import BandwidthPoint, CommFit, KernelTime, MatmulCeiling
 
 
 class CalibrationError(Exception):

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..store.profiles import MachineProfile
 from .communication import AllReduceCost, Schedule, schedule
 from .kernels import KernelSpec
-from .profile import MachineProfile
 from .workload import ELEMENT_BYTES, Op, Workload
 
 MODEL_VERSION = 1

@@ -3,9 +3,9 @@ it runs, and the prediction is kept in its record (store.record.Prediction)."""
 
 from __future__ import annotations
 
+from ..store.profiles import MachineProfile, ProfileError, ProfileStore
 from ..store.store import Store
 from .model import MODEL_VERSION, PredictionError, predict
-from .profile import MachineProfile, ProfileError, ProfileStore
 from .workload import decompose
 
 

@@ -1,11 +1,11 @@
-"""Change points on the history page, found as `dlbench history` finds them (dlbench.history:
+"""Change points on the history page, found as `dlbench history` finds them (dlbench.analysis.history:
 PELT on log throughput with a penalty from each series' own noise)."""
 
 from __future__ import annotations
 
 from markupsafe import Markup
 
-from ..history import MIN_RUNS, Point, SeriesKey, analyse
+from ..analysis.history import MIN_RUNS, Point, SeriesKey, analyse
 from .model import SiteModel
 
 METHOD = Markup(f"Change points are found as <code>dlbench history</code> finds them: PELT (ruptures) on the log of "

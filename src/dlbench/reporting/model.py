@@ -336,7 +336,9 @@ def _rank_entry(runs_by_framework: dict[str, list[RunView]]) -> list[Ranked]:
 
 
 def _scores(entries: list[Entry]) -> list[Score]:
-    from scipy.stats import gmean  # here: the processes that render run pages never need scipy
+    from scipy.stats import (
+        gmean,  # here: the processes that render run pages never need scipy
+    )
 
     frameworks = sorted({r.framework for e in entries for r in e.rows})
     total = sum(1 for e in entries if any(r.shown.ok for r in e.rows))

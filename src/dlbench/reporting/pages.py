@@ -90,7 +90,7 @@ KEY_LABELS = {"batch_size": "batch"}
 
 
 def compare_context(report, model: SiteModel) -> dict:
-    """Rows of `dlbench compare`'s table (dlbench.comparison.ComparisonReport) with links to the
+    """Rows of `dlbench compare`'s table (dlbench.analysis.comparison.ComparisonReport) with links to the
     runs on each side, and a chart of the ratios with their intervals."""
     pages_by_run = {v.run_id: v.page for v in model.runs}
     ordered = [f for f in ("suite", "benchmark", "framework", "batch_size", "precision", "device", "machine")

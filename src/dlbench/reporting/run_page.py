@@ -23,8 +23,8 @@ from markupsafe import Markup
 
 from ..store.record import Record
 from . import charts
+from .distributed_view import distributed_context
 from .model import benchmark_page_name, board_anchor, hardware_label, run_view, series_anchor
-from .multiworker_view import multi_worker_context
 
 MIB = 2**20
 GIB = 2**30
@@ -386,6 +386,6 @@ def run_context(record: Record, page: str | None = None) -> dict:
         "settings": flatten({**record.settings.model_dump(), **_repeat_policy(record)}),
         "equivalence_rows": flatten(record.equivalence),
         "telemetry": telemetry_section(record),
-        "multi_worker": multi_worker_context(record, flatten),  # distributed and comm runs (multiworker_view.py)
+        "distributed": distributed_context(record, flatten),  # distributed and comm runs (distributed_view.py)
         "prediction": prediction_context(record),
     }

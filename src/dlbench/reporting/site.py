@@ -52,9 +52,10 @@ from typing import Callable
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 
-from .. import __version__, paths
+from .. import paths
 from ..store.record import SCHEMA_VERSION
 from ..store.store import Store, StoreError
+from ..version import __version__
 from . import charts, pages
 from .model import RunView, SiteModel, build_model, run_page_name, slug
 from .run_page import network_definition, run_context
@@ -265,6 +266,7 @@ def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_c
             # every task is queued and the workers started: meanwhile, this otherwise idle process imports
             # what the aggregate pages need (scipy and ruptures: about a second, else spent after the workers)
             import scipy.stats  # noqa: F401 - model._scores
+
             from . import history_view  # noqa: F401 - ruptures
             for v, p in results:
                 new_views.extend(v)
@@ -363,8 +365,11 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
     generated_at = generated.strftime("%Y-%m-%d %H:%M UTC")
     request = None
     if comparison_args is not None:
-        from .comparison_view import parse_request
-        request = parse_request(*comparison_args)  # a bad selector fails before any work
+        from .comparison_view import ComparisonRequestError, parse_request
+        try:
+            request = parse_request(*comparison_args)  # a bad selector fails before any work
+        except ComparisonRequestError as e:
+            raise SiteError(str(e), e.code) from None
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     build_dir = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
     shutil.rmtree(build_dir, ignore_errors=True)
@@ -380,8 +385,11 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
         from .history_view import attach_change_points  # here: worker processes need no ruptures
         attach_change_points(model)
         if request is not None:
-            from .comparison_view import run_comparison
-            model.comparison = run_comparison(store, request)
+            from .comparison_view import ComparisonRequestError, run_comparison
+            try:
+                model.comparison = run_comparison(store, request)
+            except ComparisonRequestError as e:
+                raise SiteError(str(e), e.code) from None
 
         def write_manifest() -> None:
             (build_dir / SITE_MARKER).write_text(json.dumps(

@@ -27,7 +27,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .store import Store, StoreError, check_file_problem, performance_file_problems
+from .checks import check_file_problem
+from .store import Store, StoreError
+from .verify import performance_file_problems
 
 
 @dataclass

@@ -72,7 +72,7 @@ class Repeat(_Model):
     telemetry: dict[str, Any] | None = None  # the sampler's columnar series for this worker
     derived: dict[str, Any] | None = None  # figures for this repeat's measured window
     # multi-worker jobs: one entry per rank (rank, host, iter_s, local_iter_s, first_iter_s); the
-    # repeat's iter_s is then the slowest rank's per iteration (multiworker_metrics.py)
+    # repeat's iter_s is then the slowest rank's per iteration (analysis/distributed.py)
     ranks: list[dict[str, Any]] | None = None
 
 
@@ -163,7 +163,7 @@ class RepeatPolicy(_Model):
 
 
 class Scaling(_Model):
-    """Throughput with N workers against one worker (multiworker_metrics.py)."""
+    """Throughput with N workers against one worker (analysis/distributed.py)."""
 
     mode: Literal["strong", "weak"]  # strong: same global batch as the baseline; weak: same per-worker batch
     baseline_run_id: str | None = None  # the one-worker run it is measured against

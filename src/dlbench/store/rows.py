@@ -31,7 +31,7 @@ def _stability(s: Summary | None) -> str | None:
     return "stable" if s.stability.kruskal_p is not None else "untested"
 
 
-def _multi_worker_columns(r: Record) -> dict:
+def _distributed_columns(r: Record) -> dict:
     """Multi-worker runs (schema 5): workers, efficiency against one worker, exposed communication,
     and for a collective its highest bus bandwidth over the sizes (the whole curve: `dlbench results`
     prints it under the table, the report charts it)."""
@@ -83,7 +83,7 @@ def run_row(r: Record) -> dict:
         "params_described": r.network.params_described,
         "flops_per_sample": r.network.flops_per_sample,
         **_telemetry_columns(r),
-        **_multi_worker_columns(r),
+        **_distributed_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,

@@ -91,18 +91,6 @@ class StoredRecord:
 
 
 @dataclass
-class VerifyReport:
-    verified: list[Path] = field(default_factory=list)
-    unverified: list[tuple[Path, int]] = field(default_factory=list)  # (path, schema version)
-    problems: list[Unreadable] = field(default_factory=list)
-    checks: int = 0  # readable check files
-    kernels: int = 0  # readable kernel records (STORE/kernels/)
-    profiles: int = 0  # readable machine profiles (STORE/machines/)
-    leftovers: list[Path] = field(default_factory=list)  # temporary files in .incoming/
-    stale: list[Path] = field(default_factory=list)  # of those, the ones clean_incoming would remove
-
-
-@dataclass
 class UpgradeReport:
     upgraded: list[tuple[Path, int]] = field(default_factory=list)  # (path, old version)
     current: int = 0
@@ -357,45 +345,11 @@ class Store:
 
     # ------------------------------------------------------------------ maintenance
 
-    def verify(self) -> VerifyReport:
-        """Check every record (readable, valid, checksum, named after its run id) and check file;
-        changes nothing."""
-        report = VerifyReport()
-        for path in self.paths():
-            try:
-                stored = self.inspect(path)
-            except StoreError as e:
-                report.problems.append(Unreadable(path, str(e)))
-                continue
-            if stored.record.run_id != path.stem:
-                report.problems.append(Unreadable(
-                    path, f"{path}: run_id {stored.record.run_id!r} does not match the file name"))
-            elif stored.verified:
-                report.verified.append(path)
-            else:
-                report.unverified.append((path, stored.written_version))
-        for path in sorted(self.checks.glob("*.json")) if self.checks.is_dir() else []:
-            reason = check_file_problem(path)
-            if reason:
-                report.problems.append(Unreadable(path, reason))
-            else:
-                report.checks += 1
-        for path, reason in performance_file_problems(self.root):
-            if reason:
-                report.problems.append(Unreadable(path, reason))
-            elif path.parent.name == "kernels":
-                report.kernels += 1
-            else:
-                report.profiles += 1
-        if self.incoming.is_dir():
-            report.leftovers = sorted(self.incoming.glob("*.tmp"))
-            report.stale = self.clean_incoming(dry_run=True)
-        return report
 
     def upgrade(self, report: UpgradeReport | None = None) -> UpgradeReport:
         """Rewrite every record of an older schema at the current one (see the module docstring);
         `report`, filled as it goes, says what was done even if this is interrupted."""
-        from .. import __version__
+        from ..version import __version__
 
         self.clean_incoming()
         report = report if report is not None else UpgradeReport()
@@ -427,36 +381,3 @@ class Store:
             self._replace(content, path)
             report.upgraded.append((path, stored.written_version))
         return report
-
-
-def performance_files(root: Path) -> list[Path]:
-    """The performance model's files in a store: kernel records and machine profiles."""
-    kernels = sorted((root / "kernels").glob("*.json")) if (root / "kernels").is_dir() else []
-    machines = sorted((root / "machines").glob("*/profile-*.json")) if (root / "machines").is_dir() else []
-    return kernels + machines
-
-
-def performance_file_problems(root: Path) -> list[tuple[Path, str | None]]:
-    """(path, why it cannot be used, or None) for every kernel record and machine profile."""
-    from ..performance.kernel_suite import KernelStore
-    from ..performance.profile import ProfileError, read_profile
-
-    out: list[tuple[Path, str | None]] = []
-    for path in performance_files(root):
-        try:
-            KernelStore.read(path) if path.parent.name == "kernels" else read_profile(path)
-            out.append((path, None))
-        except (ValueError, ProfileError) as e:
-            out.append((path, str(e)))
-    return out
-
-
-def check_file_problem(path: Path) -> str | None:
-    """Why an equivalence check file cannot be used, or None (see equivalence.CheckStore)."""
-    try:
-        data = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError, RecursionError) as e:
-        return f"{path}: unreadable check: {e}"
-    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
-        return f"{path}: not an equivalence check (no status)"
-    return None

@@ -7,8 +7,7 @@ controller's side (it never imports a framework), and the figures derived for a 
     figures = derive(sampler.result, window_ns, iterations, batch_size)
 """
 
-from .capabilities import machine_capabilities
 from .derive import derive
 from .sampler import Sampler, TelemetryConfig
 
-__all__ = ["Sampler", "TelemetryConfig", "derive", "machine_capabilities"]
+__all__ = ["Sampler", "TelemetryConfig", "derive"]

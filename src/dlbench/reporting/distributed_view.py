@@ -23,7 +23,7 @@ def bandwidth_chart(record: Record) -> Markup | None:
                              "message size (bytes, log scale)", "GB/s", log_x=True)
 
 
-def multi_worker_context(record: Record, flatten) -> dict:
+def distributed_context(record: Record, flatten) -> dict:
     """What run.html.j2 shows of a multi-worker run (empty for a single-process one); `flatten`
     turns the job's facts into the page's key-value rows (run_page.flatten)."""
     if record.distributed is None:

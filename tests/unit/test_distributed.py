@@ -12,15 +12,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dlbench.analysis.distributed import (
+    bandwidths,
+    bus_factor,
+    exposed_communication_s,
+    scaling_efficiency,
+    slowest_rank,
+)
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.definitions.distributed import batches
 from dlbench.definitions.loader import DefinitionError
-from dlbench.definitions.suite import SuiteCatalog
 from dlbench.execution import placement as placement_mod
-from dlbench.execution.distributed import batches
 from dlbench.execution.launch_styles import JobLayout, rank_processes, torchrun_processes
 from dlbench.execution.placement import PlacementError, detect, free_ports, hosts_placement, local_placement
 from dlbench.execution.registry import RunnerRegistry
-from dlbench.multiworker_metrics import (bandwidths, bus_factor, exposed_communication_s, scaling_efficiency,
-                                        slowest_rank)
 
 ROOT = Path(__file__).resolve().parents[2]
 SUITES = ROOT / "suites"
@@ -38,9 +43,9 @@ def write(path: Path, data) -> Path:
 
 # ------------------------------------------------------------------ definitions
 
-def test_shipped_multi_worker_suites_are_listed_apart(catalog):
+def test_shipped_distributed_suites_are_listed_apart(catalog):
     assert catalog.suite_names() == ["cnn", "fcn", "rnn"]  # what --suite all runs
-    assert catalog.multi_worker_suite_names() == ["comm", "distributed"]
+    assert catalog.distributed_suite_names() == ["comm", "distributed"]
     assert catalog.suite_path("distributed") == SUITES / "distributed.yaml"
     assert catalog.suite_kind(SUITES / "comm.yaml") == "comm"
     assert catalog.suite_kind(SUITES / "fcn.yaml") == "benchmark"
@@ -49,7 +54,7 @@ def test_shipped_multi_worker_suites_are_listed_apart(catalog):
 @pytest.mark.parametrize("profile", ["smoke", "default", "paper"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_shipped_distributed_suite_resolves(catalog, profile, device):
-    suite = catalog.load_multi_worker(SUITES / "distributed.yaml", profile, device)
+    suite = catalog.load_distributed_suite(SUITES / "distributed.yaml", profile, device)
     names = [b.name for b in suite.benchmarks]
     assert names == (["fcn5-train", "lstm32-train"] if profile == "smoke" else
                      ["fcn5-train", "resnet56-train", "lstm32-train", "resnet50-train"])
@@ -61,12 +66,12 @@ def test_shipped_distributed_suite_resolves(catalog, profile, device):
 
 
 def test_shipped_comm_suite_sizes(catalog):
-    default = catalog.load_multi_worker(SUITES / "comm.yaml", "default", "cpu").comm
+    default = catalog.load_distributed_suite(SUITES / "comm.yaml", "default", "cpu").comm
     assert default.collectives == ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
     assert default.sizes[0] == 4 and default.sizes[-1] == 256 * 2**20
     assert all(b == 2 * a for a, b in zip(default.sizes, default.sizes[1:]))
     assert len(default.sizes) == 27
-    smoke = catalog.load_multi_worker(SUITES / "comm.yaml", "smoke", "cpu").comm
+    smoke = catalog.load_distributed_suite(SUITES / "comm.yaml", "smoke", "cpu").comm
     assert 1 < len(smoke.sizes) <= 6 and set(smoke.sizes) <= set(default.sizes)
 
 
@@ -104,11 +109,11 @@ def dist_doc(**changes):
      "benchmarks[0].modes", "unknown field"),
     (dist_doc(benchmarks=[{"network": "fcn5", "batch_sizes": {"default": [8]}}] * 2), "benchmarks[1]", "twice"),
 ])
-def test_malformed_multi_worker_suite_names_file_and_field(catalog, tmp_path, doc, field, words):
+def test_malformed_distributed_suite_names_file_and_field(catalog, tmp_path, doc, field, words):
     path = write(tmp_path / "mine.yaml", doc)
     with pytest.raises(DefinitionError) as info:
         catalog.suite_kind(path)
-        catalog.load_multi_worker(path, "smoke", "cpu")
+        catalog.load_distributed_suite(path, "smoke", "cpu")
     assert info.value.path == str(path) and info.value.field == field
     assert words in info.value.reason
 
@@ -117,9 +122,9 @@ def test_a_profile_left_out_skips_the_network(catalog, tmp_path):
     path = write(tmp_path / "d.yaml", dist_doc(benchmarks=[
         {"network": "fcn5", "batch_sizes": {"smoke": None, "default": {"cpu": [8], "cuda": [64]}}},
         {"network": "lstm32", "batch_sizes": {"smoke": [4], "default": [8]}}]))
-    assert [b.name for b in catalog.load_multi_worker(path, "smoke", "cpu").benchmarks] == ["lstm32-train"]
-    assert catalog.load_multi_worker(path, "default", "cuda").benchmarks[0].batch_sizes == (64,)
-    assert catalog.load_multi_worker(path, "paper", "cpu").benchmarks == ()
+    assert [b.name for b in catalog.load_distributed_suite(path, "smoke", "cpu").benchmarks] == ["lstm32-train"]
+    assert catalog.load_distributed_suite(path, "default", "cuda").benchmarks[0].batch_sizes == (64,)
+    assert catalog.load_distributed_suite(path, "paper", "cpu").benchmarks == ()
 
 
 def test_strong_scaling_splits_the_global_batch():
@@ -296,8 +301,8 @@ def runner_folder(tmp_path, distributed: str) -> Path:
 def test_runner_toml_distributed_section(tmp_path):
     folder = runner_folder(tmp_path, '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n')
     info = RunnerRegistry(folder.parent).get("r")
-    assert info.multi_worker.launch == "ranks" and info.multi_worker.worker == folder / "distributed_worker.py"
-    assert RunnerRegistry(ROOT / "runners").get("torch").multi_worker.launch == "torchrun"
+    assert info.distributed.launch == "ranks" and info.distributed.worker == folder / "distributed_worker.py"
+    assert RunnerRegistry(ROOT / "runners").get("torch").distributed.launch == "torchrun"
 
 
 @pytest.mark.parametrize("section, field, words", [

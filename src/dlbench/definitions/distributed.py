@@ -23,8 +23,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from .analysis import NetworkSummary
-from .loader import DefinitionError, load_network, read_yaml, validate
+from .loader import DefinitionError, load_network, validate
+from .network import NetworkSummary
 from .schema import PositiveInt, _Strict
 from .suite import BatchList, Device, Hyperparameters, PerDevice, Precision
 
@@ -149,7 +149,7 @@ class CommBenchmark:
 
 
 @dataclass(frozen=True)
-class MultiWorkerSuite:
+class DistributedSuite:
     name: str
     kind: Literal["distributed", "comm"]
     description: str
@@ -159,7 +159,7 @@ class MultiWorkerSuite:
     comm: CommBenchmark | None = None
 
 
-def load_distributed(path: Path, data: dict, profile: str, device: Device, network_path) -> MultiWorkerSuite:
+def load_distributed(path: Path, data: dict, profile: str, device: Device, network_path) -> DistributedSuite:
     """`network_path(ref, suite_path, field)`: the catalog's resolution of a network reference."""
     spec = validate(DistributedSuiteFile, data, path)
     policy = getattr(spec.policy, profile)
@@ -182,10 +182,10 @@ def load_distributed(path: Path, data: dict, profile: str, device: Device, netwo
             precision=entry.precision, learning_rate=entry.learning_rate or spec.defaults.learning_rate,
             momentum=entry.momentum if entry.momentum is not None else spec.defaults.momentum,
             profile=profile, policy=policy))
-    return MultiWorkerSuite(spec.name, "distributed", spec.description, path, spec.scaling, tuple(benchmarks))
+    return DistributedSuite(spec.name, "distributed", spec.description, path, spec.scaling, tuple(benchmarks))
 
 
-def load_comm(path: Path, data: dict, profile: str) -> MultiWorkerSuite:
+def load_comm(path: Path, data: dict, profile: str) -> DistributedSuite:
     spec = validate(CommSuiteFile, data, path)
     if len(set(spec.collectives)) != len(spec.collectives):
         raise DefinitionError(path, "collectives", "a collective is listed twice")
@@ -209,16 +209,15 @@ def load_comm(path: Path, data: dict, profile: str) -> MultiWorkerSuite:
     sizes = given.sizes() if isinstance(given, SizeRange) else list(given)
     comm = CommBenchmark(suite=spec.name, collectives=tuple(spec.collectives), dtype=spec.dtype, sizes=tuple(sizes),
                          profile=profile, policy=getattr(spec.policy, profile), suite_file=str(path))
-    return MultiWorkerSuite(spec.name, "comm", spec.description, path, "strong", (), comm)
+    return DistributedSuite(spec.name, "comm", spec.description, path, "strong", (), comm)
 
 
-def suite_kind(path: Path, data: Any) -> str:
-    """`benchmark` (the single-process suites, which carry no kind), `distributed`, `comm` or
-    `kernels` (performance/kernel_suite.py)."""
-    if not isinstance(data, dict) or "kind" not in data:
-        return "benchmark"
-    kind = data["kind"]
-    if kind not in ("distributed", "comm", "kernels"):
-        raise DefinitionError(path, "kind", f"unknown kind {kind!r}; expected distributed, comm or kernels "
-                                            "(or none, for a suite of single-process benchmarks)")
-    return kind
+def batches(batch: int, workers: int, scaling: str) -> tuple[int, int]:
+    """(per-worker batch, global batch) for a suite batch size; ValueError when strong scaling
+    cannot split it evenly."""
+    if scaling == "weak":
+        return batch, batch * workers
+    if batch % workers:
+        raise ValueError(f"strong scaling splits the global batch {batch} over {workers} workers: "
+                         "it must be a multiple of --workers (or use --scaling weak)")
+    return batch // workers, batch

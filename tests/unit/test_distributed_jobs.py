@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -23,8 +22,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dlbench.cli import app
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.jobs import run_job
 from dlbench.execution.launch_styles import ProcessSpec
 from dlbench.execution.placement import detect, hosts_placement, local_placement
@@ -43,8 +42,8 @@ def fake():
 @pytest.fixture(scope="module")
 def suites():
     catalog = SuiteCatalog(ROOT / "suites")
-    dist = catalog.load_multi_worker(ROOT / "suites" / "distributed.yaml", "smoke", "cpu")
-    comm = catalog.load_multi_worker(ROOT / "suites" / "comm.yaml", "smoke", "cpu").comm
+    dist = catalog.load_distributed_suite(ROOT / "suites" / "distributed.yaml", "smoke", "cpu")
+    comm = catalog.load_distributed_suite(ROOT / "suites" / "comm.yaml", "smoke", "cpu").comm
     return dist.benchmarks[0], comm  # fcn5-train at global batch 32
 
 
@@ -56,9 +55,9 @@ def behaviour(monkeypatch):
     monkeypatch.delenv("DLBENCH_FAKE_UNOFFERED", raising=False)
 
 
-def options(tmp_path, placement=None, **changes) -> MultiWorkerOptions:
+def options(tmp_path, placement=None, **changes) -> DistributedOptions:
     placement = placement or local_placement(2, cpus=2)
-    base = MultiWorkerOptions(device="cpu", env_backend="current", placement=placement, threads=1, scaling="strong",
+    base = DistributedOptions(device="cpu", env_backend="current", placement=placement, threads=1, scaling="strong",
                               timeout_s=60, cache=tmp_path / "cache", job_root=tmp_path / "jobs")
     return dataclasses.replace(base, **changes)
 
@@ -85,7 +84,7 @@ def alive(pid: int) -> bool:
 def test_distributed_training_records_baseline_and_scaling(tmp_path, fake, suites):
     bench, _ = suites
     store = Store(tmp_path / "store")
-    records = MultiWorkerOrchestrator(store, options(tmp_path)).run_distributed(fake, bench)
+    records = DistributedOrchestrator(store, options(tmp_path)).run_distributed(fake, bench)
     assert [r.benchmark for r in records] == ["fcn5-train-w1", "fcn5-train-w2"]
     base, two = records
     assert all(r.status == "ok" for r in records)
@@ -113,7 +112,7 @@ def test_distributed_training_records_baseline_and_scaling(tmp_path, fake, suite
 
 def test_weak_scaling_keeps_the_per_worker_batch(tmp_path, fake, suites):
     bench, _ = suites
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, scaling="weak")).run_distributed(
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, scaling="weak")).run_distributed(
         fake, bench)
     base, two = records
     assert (base.workload.batch_size, two.workload.batch_size, two.distributed.per_worker_batch) == (32, 64, 32)
@@ -122,7 +121,7 @@ def test_weak_scaling_keeps_the_per_worker_batch(tmp_path, fake, suites):
 
 def test_collectives_one_record_each_with_checked_bandwidths(tmp_path, fake, suites):
     _, comm = suites
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
     assert [r.benchmark for r in records] == [f"{c}-w2" for c in comm.collectives]
     for r in records:
         assert r.status == "ok" and r.workload.mode == "collective" and r.summary is None
@@ -143,7 +142,7 @@ def test_collectives_one_record_each_with_checked_bandwidths(tmp_path, fake, sui
 def test_a_wrong_result_fails_that_collectives_record(tmp_path, fake, suites, monkeypatch):
     _, comm = suites
     monkeypatch.setenv("DLBENCH_FAKE_DIST", "wrong:1")
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
     for r in records:
         assert r.status == "failed"
         assert "wrong result at" in r.reason and "rank 1: element 1" in r.reason
@@ -153,7 +152,7 @@ def test_a_wrong_result_fails_that_collectives_record(tmp_path, fake, suites, mo
 def test_a_collective_the_engine_does_not_offer_is_a_skipped_record(tmp_path, fake, suites, monkeypatch):
     _, comm = suites
     monkeypatch.setenv("DLBENCH_FAKE_UNOFFERED", "reduce_scatter")
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(fake, comm)
     by_op = {r.comm.collective: r for r in records}
     scatter = by_op.pop("reduce_scatter")
     assert scatter.status == "skipped" and scatter.reason.startswith("the fake engine does not offer reduce_scatter")
@@ -164,14 +163,14 @@ def test_a_collective_the_engine_does_not_offer_is_a_skipped_record(tmp_path, fa
 def test_every_rank_skipping_is_a_skipped_run(tmp_path, fake, suites, monkeypatch):
     bench, _ = suites
     monkeypatch.setenv("DLBENCH_FAKE_DIST", "skip:0")
-    base, two = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(fake, bench)
+    base, two = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_distributed(fake, bench)
     assert base.status == two.status == "skipped" and "skips on request" in two.reason
 
 
-def test_a_runner_without_a_multi_worker_part_is_skipped_saying_so(tmp_path, fake, suites):
+def test_a_runner_without_a_distributed_part_is_skipped_saying_so(tmp_path, fake, suites):
     _, comm = suites
-    unported = dataclasses.replace(fake, multi_worker=None)
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(unported, comm)
+    unported = dataclasses.replace(fake, distributed=None)
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(unported, comm)
     assert len(records) == 4
     assert all(r.status == "skipped" and "[distributed]" in r.reason for r in records)
 
@@ -198,7 +197,7 @@ def wait_for(predicate, within=30.0):
 def test_a_rank_killed_mid_run_tears_the_job_down(tmp_path, fake, suites, monkeypatch):
     bench, _ = suites
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.05")  # 10 measured steps: about half a second of them
-    orch = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))
+    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     thread, box = run_in_thread(lambda: orch._train_run(fake, bench, local_placement(2, 2), 16, 32, None))
     started = wait_for(lambda: next(iter((tmp_path / "jobs").glob("*/rank1.started")), None))
     rank1 = json.loads(started.read_text())["pid"]
@@ -221,7 +220,7 @@ def test_a_rank_killed_mid_run_tears_the_job_down(tmp_path, fake, suites, monkey
 def test_the_first_rank_to_fail_is_the_reason(tmp_path, fake, suites, monkeypatch, what, words):
     bench, _ = suites
     monkeypatch.setenv("DLBENCH_FAKE_DIST", f"{what}:1")
-    record = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
         fake, bench, local_placement(2, 2), 16, 32, None)
     # rank 0 fails too, on losing its peer, but later: the reason is rank 1's
     assert record.status == "failed" and record.reason.startswith("rank 1 ") and words in record.reason
@@ -231,7 +230,7 @@ def test_the_first_rank_to_fail_is_the_reason(tmp_path, fake, suites, monkeypatc
 def test_a_rank_that_exits_without_a_result(tmp_path, fake, suites, monkeypatch):
     bench, _ = suites
     monkeypatch.setenv("DLBENCH_FAKE_DIST", "exit0:1")
-    record = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
         fake, bench, local_placement(2, 2), 16, 32, None)
     assert record.status == "failed" and "rank 1" in record.reason
     assert not job_processes(tmp_path)
@@ -241,7 +240,7 @@ def test_a_hanging_rank_times_the_job_out(tmp_path, fake, suites, monkeypatch):
     bench, _ = suites
     monkeypatch.setenv("DLBENCH_FAKE_DIST", "hang:1")
     t0 = time.monotonic()
-    record = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, timeout_s=4))._train_run(
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, timeout_s=4))._train_run(
         fake, bench, local_placement(2, 2), 16, 32, None)
     assert time.monotonic() - t0 < 4 + 15  # the timeout, then a grace period and SIGKILL
     assert record.status == "timeout" and "timeout of 4 s" in record.reason and "[0, 1]" in record.reason
@@ -253,7 +252,7 @@ def test_a_ranks_orphan_in_a_session_of_its_own_is_found_by_its_job_tag(tmp_path
     pidfile = tmp_path / "orphan.pid"
     monkeypatch.setenv("DLBENCH_FAKE_DIST", "orphan:1")
     monkeypatch.setenv("DLBENCH_FAKE_PIDFILE", str(pidfile))
-    record = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
         fake, bench, local_placement(2, 2), 16, 32, None)
     assert record.status == "failed" and record.reason.startswith("rank 1 ")
     orphan = int(pidfile.read_text())
@@ -288,7 +287,7 @@ def test_ranks_abandoned_by_their_launcher_are_stopped_too(tmp_path, fake, suite
     master = port.getsockname()[1]
     port.close()
     spec = ProcessSpec(local_placement(2, 2).hosts[0],
-                       [sys.executable, "-c", ABANDONING_LAUNCHER, "2", sys.executable, str(fake.multi_worker.worker),
+                       [sys.executable, "-c", ABANDONING_LAUNCHER, "2", sys.executable, str(fake.distributed.worker),
                         str(job / "request.json"), str(job)],
                        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master)}, "abandoning launcher")
     outcome = run_job([spec], lambda s: s.argv, job, 2, timeout_s=4, cwd=tmp_path)
@@ -322,7 +321,7 @@ def test_a_launcher_failing_before_any_rank_says_so(tmp_path):
 def test_hosts_on_loopback_addresses(tmp_path, fake, suites):
     _, comm = suites
     placement = hosts_placement("127.0.0.2,127.0.0.3", 2, cpus=2)
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
         fake, dataclasses.replace(comm, collectives=("all_reduce",)))
     (r,) = records
     assert r.status == "ok" and r.distributed.placement == "hosts"
@@ -359,7 +358,7 @@ def test_under_slurm_every_command_is_a_job_step(tmp_path, fake, suites, monkeyp
     placement = detect(2, cpus=2, environ=env)
     assert placement.variant == "slurm"
     monkeypatch.setenv("PATH", env["PATH"])
-    records = MultiWorkerOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, placement=placement)).run_comm(
         fake, dataclasses.replace(comm, collectives=("broadcast",)))
     assert records[0].status == "ok" and records[0].distributed.placement == "slurm"
     steps = (tmp_path / "srun.log").read_text().splitlines()
@@ -393,7 +392,7 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
     assert code == 0, err
     assert "all_reduce-w2" in out and "busbw GB/s" in out and "correct" in out
     code, out, err = invoke("results", "--store", store)
-    assert code == 0 and "multi-worker training runs" in out and "all_reduce-w2: fake" in out
+    assert code == 0 and "distributed training runs" in out and "all_reduce-w2: fake" in out
     code, out, _ = invoke("results", "--store", store, "--format", "json")
     rows = json.loads(out)
     assert {r["benchmark"]: r["workers"] for r in rows} == {"fcn5-train-w1": 1, "fcn5-train-w2": 2,
@@ -403,18 +402,18 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--suite", "fcn", "--workers", "2"], "--workers is for the multi-worker suites"),
+    (["--suite", "fcn", "--workers", "2"], "--workers is for the distributed suites"),
     (["--suite", "comm", "--scaling", "weak"], "--scaling is for suite kind distributed"),
     (["--suite", "distributed", "--scaling", "diagonal"], "unknown scaling 'diagonal'"),
     (["--suite", "distributed", "--workers", "3"], "3 workers on 127.0.0.1 would oversubscribe"),
     (["--suite", "distributed", "--threads", "2"], "--threads 2 x 2 workers"),
     (["--suite", "distributed", "--mode", "infer"], "--mode is not taken"),
-    (["--suite", "distributed", "--env", "docker"], "--env docker does not run multi-worker jobs"),
+    (["--suite", "distributed", "--env", "docker"], "--env docker does not run distributed jobs"),
     (["--suite", "distributed", "--hosts", "127.0.0.2,127.0.0.2"], "listed twice"),
     (["--suite", "comm", "--benchmark", "alltoall"], "unknown benchmark 'alltoall'"),
 ])
-def test_cli_refuses_bad_multi_worker_input(cli_env, tmp_path, args, words, monkeypatch):
-    monkeypatch.setattr("dlbench.multiworker_cli.available_cpus", lambda: 2)
+def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monkeypatch):
+    monkeypatch.setattr("dlbench.cli.distributed.available_cpus", lambda: 2)
     code, _, err = invoke("run", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), *args)
     assert code == 2 and words in err
@@ -429,10 +428,10 @@ def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch):
     assert code == 2 and "global batch 33 over 2 workers" in err and "fcn5" in err
 
 
-def test_cli_lists_multi_worker_suites(cli_env):
+def test_cli_lists_distributed_suites(cli_env):
     code, out, _ = invoke("list", "--suite", "comm", "--profile", "smoke")
     assert code == 0 and "reduce_scatter" in out and "4 B .. 4 MiB (4 sizes)" in out
     code, out, _ = invoke("list", "--suite", "distributed", "--profile", "smoke")
     assert code == 0 and "fcn5-train" in out and "lstm32-train" in out and "resnet50" not in out
     code, out, _ = invoke("list", "--profile", "smoke")
-    assert code == 0 and "multi-worker suites (--workers): comm, distributed" in " ".join(out.split())
+    assert code == 0 and "distributed suites (--workers): comm, distributed" in " ".join(out.split())

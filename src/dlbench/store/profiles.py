@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..store.store import CHECKSUM_PREFIX, Store, checksum_of
+from .store import CHECKSUM_PREFIX, Store, checksum_of
 
 PROFILE_FORMAT = 1
 

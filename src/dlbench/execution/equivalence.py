@@ -29,20 +29,18 @@ atomically) so that every run record can carry the equivalence status of what it
 
 from __future__ import annotations
 
-import json
-import os
 import tempfile
-from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from .definitions.analysis import NetworkSummary
-from .definitions.weights import random_weights, trainable_count, weight_shapes
-from .execution.environments import Environment, EnvironmentBuildError
-from .execution.launcher import PROTOCOL_VERSION, run_worker
-from .execution.registry import RunnerInfo
+from ..definitions.network import NetworkSummary
+from ..definitions.weights import random_weights, trainable_count, weight_shapes
+from ..store.checks import FrameworkCheck
+from .environments import Environment, EnvironmentBuildError
+from .launcher import PROTOCOL_VERSION, run_worker
+from .registry import RunnerInfo
 
 TOLERANCE_PLAIN = 1e-4
 TOLERANCE_BATCH_NORM = 1e-3
@@ -129,26 +127,6 @@ def make_inputs(network: NetworkSummary, batch: int, seed: int = 0) -> dict[str,
                 "y": rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)}
     return {"x": rng.standard_normal((batch, *inp["shape"])).astype(np.float32),
             "y": rng.integers(0, inp["classes"], (batch,), dtype=np.int64)}
-
-
-@dataclass
-class FrameworkCheck:
-    network: str
-    framework: str
-    framework_version: str | None
-    status: str  # reference | equivalent | mismatch | failed | skipped
-    reason: str | None = None
-    params: int | None = None
-    params_described: int | None = None
-    tolerance: float | None = None
-    errors: dict[str, float] = field(default_factory=dict)  # logits, loss, update (worst), roundtrip
-    worst_tensor: str | None = None
-    network_hash: str | None = None
-    checked_at: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.status in ("reference", "equivalent", "skipped")
 
 
 def _probe(runner: RunnerInfo, env: Environment, network: NetworkSummary, workdir: Path, device: str,
@@ -274,35 +252,3 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
     return results
 
 
-class CheckStore:
-    """STORE/checks/<network>--<framework>--<version>.json: the latest check of each."""
-
-    def __init__(self, store_root: Path):
-        self.root = Path(store_root) / "checks"
-
-    def _path(self, network: str, framework: str, version: str | None) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._+-" else "_" for c in f"{network}--{framework}--{version}")
-        return self.root / f"{safe}.json"
-
-    def save(self, result: FrameworkCheck) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        path = self._path(result.network, result.framework, result.framework_version)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(result), indent=1))
-        os.replace(tmp, path)
-
-    def status(self, network: str, network_hash: str, framework: str, version: str | None) -> dict:
-        """What a run record says about equivalence: the status of the matching check, if any."""
-        path = self._path(network, framework, version)
-        if not path.is_file():
-            return {"status": "unchecked"}
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            data = None
-        if not isinstance(data, dict) or "status" not in data:
-            return {"status": "unchecked", "reason": f"unreadable check file {path.name}"}
-        if data.get("network_hash") != network_hash:
-            return {"status": "unchecked", "reason": "the last check was of another version of the network"}
-        return {"status": data["status"], "checked_at": data.get("checked_at"), "reason": data.get("reason"),
-                "errors": data.get("errors", {})}

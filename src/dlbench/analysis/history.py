@@ -31,7 +31,7 @@ import numpy as np
 import ruptures
 from scipy.stats import median_abs_deviation
 
-from .store.record import Record
+from ..store.record import Record
 
 MIN_SEGMENT = 3  # a level must hold for three runs to count as a step; a lone slow run does not
 MIN_RUNS = 10

@@ -14,21 +14,30 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
-from . import paths
-from .definitions.loader import DefinitionError, load_network
-from .definitions.suite import PROFILES, Benchmark, SuiteCatalog
-from .execution.environments import BACKENDS, EnvironmentBuildError, VenvBackend, backend
-from .execution.registry import RunnerRegistry
-from .machine import available_cpus, detect_device, fingerprint, gpus
-from .telemetry import TelemetryConfig
-from .store.rows import COLUMNS, run_row
-from .store.store import Store
+from .. import paths
+from ..definitions.catalog import SuiteCatalog
+from ..definitions.loader import DefinitionError, load_network
+from ..definitions.suite import PROFILES, Benchmark
+from ..execution.backends import BACKENDS, backend
+from ..execution.environments import EnvironmentBuildError, VenvBackend
+from ..execution.registry import RunnerRegistry
+from ..machine import available_cpus, detect_device, fingerprint, gpus
+from ..store.rows import COLUMNS, run_row
+from ..store.store import Store
+from ..telemetry import TelemetryConfig
 
 if TYPE_CHECKING:
-    from .execution.orchestrator import PlannedRun
+    from ..execution.orchestrator import PlannedRun
 
 app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -59,7 +68,7 @@ def _refresh_index(st: Store) -> None:
     """Bring the row index up to date after writing records, so that the next `results` reads it
     instead of parsing the new records (or, in a store without an index yet, all of them). The
     index is a cache: failing to update it here loses nothing, the next read rebuilds it."""
-    from .store.index import read_rows
+    from ..store.index import read_rows
 
     try:
         read_rows(st)
@@ -143,12 +152,12 @@ def list_(
         except DefinitionError as e:
             raise fail(str(e)) from None
         if kind in ("distributed", "comm"):
-            from .multiworker_cli import list_multi_worker
+            from .distributed import list_distributed
 
-            list_multi_worker(path, profile, _resolve_device(device))
+            list_distributed(path, profile, _resolve_device(device))
             return
         if kind == "kernels":
-            from .performance_cli import list_kernels
+            from .performance import list_kernels
 
             list_kernels(path, profile, _resolve_device(device))
             return
@@ -160,8 +169,8 @@ def list_(
         for b in s.benchmarks:
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
                           f"{b.network.params:,}", f"{b.network.flops_per_sample / 1e9:.4f}")
-    table.caption = (f"frameworks: {', '.join(_registry().names())}; multi-worker suites (--workers): "
-                     f"{', '.join(_catalog().multi_worker_suite_names())}; kernel suites: "
+    table.caption = (f"frameworks: {', '.join(_registry().names())}; distributed suites (--workers): "
+                     f"{', '.join(_catalog().distributed_suite_names())}; kernel suites: "
                      f"{', '.join(_catalog().kernel_suite_names())}")
     out.print(table)
 
@@ -247,7 +256,7 @@ def run(
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
-    from .execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
+    from ..execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
 
     _check_choice("profile", profile, list(PROFILES))
     _check_choice("device", device, ["auto", "cpu", "cuda"])
@@ -260,7 +269,7 @@ def run(
     except DefinitionError as e:
         raise fail(str(e)) from None
     if kind == "kernels":
-        from .performance_cli import run_kernel_suite
+        from .performance import run_kernel_suite
 
         run_kernel_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
                          device=_resolve_device(device), env=env, threads=threads, repeats=repeats,
@@ -268,16 +277,16 @@ def run(
                          workers=workers, scaling=scaling, hosts=hosts)
         return
     if kind != "benchmark":
-        from .multiworker_cli import run_multi_worker
+        from .distributed import run_distributed_suite
 
-        run_multi_worker(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
+        run_distributed_suite(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
                          device=_resolve_device(device), env=env, threads=threads, repeats=repeats,
                          max_repeats=max_repeats, target_ci=target_ci, store=_store(store), timeout=timeout,
                          workers=workers or 2, scaling=scaling, hosts=hosts)
         return
     for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
         if value is not None:
-            raise fail(f"{option} is for the multi-worker suites ({', '.join(_catalog().multi_worker_suite_names())}); "
+            raise fail(f"{option} is for the distributed suites ({', '.join(_catalog().distributed_suite_names())}); "
                        f"suite {suite!r} runs one process per run")
     for m in mode or []:
         _check_choice("mode", m, ["train", "infer"])
@@ -307,7 +316,7 @@ def run(
                          max_repeats=max_repeats, target_ci_pct=target_ci)
     runs = plan(runners, selected)
     st = _store(store)
-    from .performance.runtime import run_predictor
+    from ..performance.runtime import run_predictor
 
     predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads)
     options = dataclasses.replace(options, predictor=predictor)
@@ -381,8 +390,8 @@ def results(
     status: Annotated[Optional[list[str]], typer.Option(help="ok | failed | timeout | skipped; repeatable.")] = None,
 ) -> None:
     """One row per run in the store; filters combine with AND, repeated values of one filter with OR."""
-    from .store.index import INDEX_DIR, read_rows
-    from .store.selection import STATUSES, Selection, parse_since, split_values
+    from ..store.index import INDEX_DIR, read_rows
+    from ..store.selection import STATUSES, Selection, parse_since, split_values
 
     _check_choice("format", format, ["table", "csv", "json", "parquet"])
     statuses = split_values(status)
@@ -414,7 +423,7 @@ def results(
         err.print(f"[yellow]skipped[/] {escape(p.reason)}", highlight=False, soft_wrap=True)
     rows = selection.apply(snapshot.rows)
     if format == "parquet":
-        from .store.frame import runs_frame
+        from ..store.frame import runs_frame
 
         frame = runs_frame(rows)
         _write_output(out_file, lambda tmp: frame.to_parquet(tmp, index=False))
@@ -449,9 +458,9 @@ def results(
         t.add_row(*(escape(_cell(row[c])) for c in RESULTS_TABLE_COLUMNS))
     out.print(t)
     if any(row.get("workers") is not None for row in rows):
-        from .multiworker_cli import print_multi_worker_details
+        from .distributed import print_distributed_details
 
-        print_multi_worker_details(st, rows)
+        print_distributed_details(st, rows)
 
 
 EXIT_REGRESSION = 3  # `compare --fail-on-regression`: 1 stays "error", 2 "bad input"
@@ -480,8 +489,8 @@ def compare(
     format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
 ) -> None:
     """Candidate vs baseline per benchmark: throughput ratio with a bootstrap CI, Mann-Whitney U, Holm, geometric mean."""
-    from .comparison import NothingToCompare, SelectorError, comparison_table, parse_selector
-    from .comparison import compare as compare_runs
+    from ..analysis.comparison import NothingToCompare, SelectorError, comparison_table, parse_selector
+    from ..analysis.comparison import compare as compare_runs
 
     _check_choice("format", format, ["table", "json"])
     try:
@@ -522,8 +531,8 @@ def history(
     format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
 ) -> None:
     """Median throughput per benchmark, framework and machine over time and versions, with detected steps."""
-    from .history import build_history, history_table
-    from .store.selection import split_values
+    from ..analysis.history import build_history, history_table
+    from ..store.selection import split_values
 
     _check_choice("format", format, ["table", "json"])
     st = _store(store)
@@ -560,7 +569,7 @@ def report(
         help="Also write compare.html: the `dlbench compare` table of two selectors.")] = None,
 ) -> None:
     """Write the static site: leaderboards, benchmark, run, history (and comparison) pages."""
-    from .reporting.site import SiteError, build_site, open_in_browser
+    from ..reporting.site import SiteError, build_site, open_in_browser
 
     st = _store(store)
     try:
@@ -584,7 +593,8 @@ def check(
     timeout: Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")] = 900.0,
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
-    from .equivalence import CheckStore, check_network
+    from ..execution.equivalence import check_network
+    from ..store.checks import CheckStore
 
     _check_choice("device", device, ["auto", "cpu", "cuda"])
     _check_choice("environment backend", env, list(BACKENDS))
@@ -652,7 +662,7 @@ def kernels(
     format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
 ) -> None:
     """The kernel suite's results in the store: the latest run of each framework and kernel benchmark."""
-    from .performance_cli import show_kernels
+    from .performance import show_kernels
 
     _check_choice("format", format, ["table", "json"])
     show_kernels(_store(store), framework, benchmark, format)
@@ -671,7 +681,7 @@ def calibrate(
     store: StoreOpt = None,
 ) -> None:
     """Measure this machine's ceilings, gather its kernel times and all-reduce fits: a new machine profile."""
-    from .performance_cli import calibrate as run_calibration
+    from .performance import calibrate as run_calibration
 
     _check_choice("device", device, ["auto", "cpu", "cuda"])
     _check_choice("environment backend", env, list(BACKENDS))
@@ -709,8 +719,9 @@ def predict(
     store: StoreOpt = None,
 ) -> None:
     """Predict an iteration's time per phase from a machine profile (--accuracy: score stored predictions)."""
-    from .performance.communication import SCHEDULES
-    from .performance_cli import accuracy as prediction_accuracy, predict_command
+    from ..performance.communication import SCHEDULES
+    from .performance import accuracy as prediction_accuracy
+    from .performance import predict_command
 
     _check_choice("format", format, ["table", "json"])
     if accuracy:
@@ -743,7 +754,7 @@ def info(
     format: Annotated[str, typer.Option("--format", help="table | json")] = "table",
 ) -> None:
     """What this machine offers to measure with: CPU, GPUs and their NVML capabilities, RAPL domains."""
-    from .telemetry import machine_capabilities
+    from ..machine import machine_capabilities
 
     _check_choice("format", format, ["table", "json"])
     caps = machine_capabilities(os.environ.get("DLBENCH_NVML_MODULE", "pynvml"))
@@ -887,10 +898,12 @@ def _print_problems(label: str, problems) -> None:
 @store_app.command("verify")
 def store_verify(store: StoreOpt = None) -> None:
     """Check every record (schema, checksum, name) and check file; exit 1 if any is damaged."""
+    from ..store.verify import verify
+
     st = _store(store)
     if not st.root.is_dir():
         raise fail(f"no store at {st.root}")
-    report = st.verify()
+    report = verify(st)
     _print_problems("problem", [(p.path, p.reason) for p in report.problems])
     by_version: dict[int, int] = {}
     for _, version in report.unverified:
@@ -911,8 +924,8 @@ def store_verify(store: StoreOpt = None) -> None:
 @store_app.command("upgrade")
 def store_upgrade(store: StoreOpt = None) -> None:
     """Rewrite older records at the current schema, atomically; originals kept in STORE/.upgraded/."""
-    from .store.record import SCHEMA_VERSION
-    from .store.store import UpgradeReport
+    from ..store.record import SCHEMA_VERSION
+    from ..store.store import UpgradeReport
 
     st = _store(store)
     if not st.root.is_dir():
@@ -941,7 +954,7 @@ def store_merge(
     store: StoreOpt = None,
 ) -> None:
     """Copy other stores' records and checks in; duplicates skipped, conflicts and damage reported."""
-    from .store.merge import MergeError, MergeReport, check_sources, merge
+    from ..store.merge import MergeError, MergeReport, check_sources, merge
 
     st = _store(store)
     try:
@@ -966,6 +979,3 @@ def store_merge(
         raise fail(f"{len(report.conflicts)} conflicts and {len(report.unreadable)} unreadable files were not "
                    "merged (listed above)", 1)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    app()

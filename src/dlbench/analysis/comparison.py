@@ -54,7 +54,7 @@ from typing import Iterable
 import numpy as np
 from scipy import stats
 
-from .store.record import Record
+from ..store.record import Record
 
 MIN_PROCESSES = 5
 BOOTSTRAP_RESAMPLES = 4999

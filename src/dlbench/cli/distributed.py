@@ -11,14 +11,21 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from . import paths
-from .cli import _check_choice, _refresh_index, _runner, err, fail, out
-from .definitions.loader import DefinitionError
-from .definitions.suite import SuiteCatalog
-from .machine import available_cpus
-from .store.store import Store
+from .. import paths
+from ..definitions.catalog import SuiteCatalog
+from ..definitions.loader import DefinitionError
+from ..machine import available_cpus
+from ..store.store import Store
+from . import _check_choice, _refresh_index, _runner, err, fail, out
 
 
 class _Events:
@@ -44,26 +51,27 @@ class _Events:
                                         highlight=False, soft_wrap=True)
 
 
-def run_multi_worker(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, mode, profile: str,
+def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, mode, profile: str,
                      device: str, env: str, threads: int | None, repeats: int | None, max_repeats, target_ci,
                      store: Store, timeout: float, workers: int, scaling: str | None, hosts: str | None) -> None:
-    from .execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator, batches, planned_runs
-    from .execution.placement import PlacementError, detect
-    from .multiworker_tables import bandwidth_table, training_table
+    from ..definitions.distributed import batches
+    from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
+    from ..execution.placement import PlacementError, detect
+    from .distributed_tables import bandwidth_table, training_table
 
     for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
         if value:
-            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: multi-worker jobs train (or run "
+            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: distributed jobs train (or run "
                        "collectives) for a fixed number of iterations (see its `policy`)")
     if env == "docker":
-        raise fail("--env docker does not run multi-worker jobs yet; use --env venv or current")
+        raise fail("--env docker does not run distributed jobs yet; use --env venv or current")
     if scaling is not None:
         _check_choice("scaling", scaling, ["strong", "weak"])
         if kind == "comm":
             raise fail("--scaling is for suite kind distributed (training); collectives have no batch to scale")
     catalog = SuiteCatalog(paths.suites_dir())
     try:
-        suite = catalog.load_multi_worker(suite_path, profile, device)
+        suite = catalog.load_distributed_suite(suite_path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
@@ -91,11 +99,11 @@ def run_multi_worker(suite_path: Path, kind: str, names: list[str], registry, *,
                 raise fail(f"{suite_path}: benchmarks: {b.network.name}: {e}") from None
     runners = [_runner(registry, n) for n in names]
     remote = any(not h.local for h in placement.hosts)
-    from .machine import fingerprint
-    from .performance.runtime import run_predictor
+    from ..machine import fingerprint
+    from ..performance.runtime import run_predictor
 
     predictor, predicted_from = run_predictor(store, fingerprint()["machine_id"], device, per_worker_threads)
-    options = MultiWorkerOptions(device=device, env_backend=env, placement=placement, threads=per_worker_threads,
+    options = DistributedOptions(device=device, env_backend=env, placement=placement, threads=per_worker_threads,
                                  scaling=mode_of_scaling, timeout_s=timeout, cache=paths.cache_dir(),
                                  job_root=(store.root / ".jobs") if remote else None, repeats=repeats,
                                  predictor=predictor if kind == "distributed" else None)
@@ -111,7 +119,7 @@ def run_multi_worker(suite_path: Path, kind: str, names: list[str], registry, *,
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err, transient=False) as progress:
             task = progress.add_task("starting", total=total)
-            orch = MultiWorkerOrchestrator(store, options, _Events(progress, task))
+            orch = DistributedOrchestrator(store, options, _Events(progress, task))
             for runner in runners:
                 if kind == "distributed":
                     for b in chosen:
@@ -134,12 +142,12 @@ def run_multi_worker(suite_path: Path, kind: str, names: list[str], registry, *,
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
 
 
-def print_multi_worker_details(store: Store, rows: list[dict]) -> None:
+def print_distributed_details(store: Store, rows: list[dict]) -> None:
     """Under `dlbench results`' table: the multi-worker runs among `rows`, as tables of their own
     (training: workers, slowest rank, efficiency, exposed communication; collectives: bandwidth
     against message size). Reads just those records."""
-    from .multiworker_tables import bandwidth_table, training_table
-    from .store.store import StoreError
+    from ..store.store import StoreError
+    from .distributed_tables import bandwidth_table, training_table
 
     chosen = [row for row in rows if row.get("workers") is not None and row.get("status") == "ok"]
     records = []
@@ -150,20 +158,20 @@ def print_multi_worker_details(store: Store, rows: list[dict]) -> None:
             err.print(f"[yellow]skipped[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     training = [r for r in records if r.comm is None]
     if training:
-        out.print(training_table(training, "multi-worker training runs"))
+        out.print(training_table(training, "distributed training runs"))
     for r in records:
         if r.comm is not None:
             out.print(bandwidth_table(r))
 
 
-def list_multi_worker(path: Path, profile: str, device: str) -> None:
+def list_distributed(path: Path, profile: str, device: str) -> None:
     """`dlbench list --suite distributed|comm`: what the suite runs under this profile."""
     from rich.table import Table
 
-    from .multiworker_tables import human_bytes
+    from .distributed_tables import human_bytes
 
     try:
-        suite = SuiteCatalog(paths.suites_dir()).load_multi_worker(path, profile, device)
+        suite = SuiteCatalog(paths.suites_dir()).load_distributed_suite(path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     if suite.kind == "comm":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from .store.record import Record
+from ..store.record import Record
 
 
 def _fmt(value, spec: str) -> str:

@@ -15,7 +15,7 @@ Data-parallel training
 Collectives (nccl-tests' definitions, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md)
 - time: per iteration the slowest rank's, then the median over the measured iterations of every
   repeat (a collective has completed when its last rank has its result);
-- algorithm bandwidth = size / time, size being the largest buffer (multiworker.py);
+- algorithm bandwidth = size / time, size being the largest buffer (distributed.py);
 - bus bandwidth = algorithm bandwidth x factor: all-reduce 2(n-1)/n, all-gather and
   reduce-scatter (n-1)/n, broadcast 1. It is the rate each rank's busiest link carries with an
   optimal algorithm, so it can be compared with the hardware's link bandwidth whatever n is.

@@ -92,8 +92,8 @@ def test_runner_toml_accepts_the_style_and_mxnet_uses_it(tmp_path):
     (folder / "runner.toml").write_text('name = "r"\nimport_name = "json"\nworker = "worker.py"\n'
                                         '[requirements]\ncpu = "requirements-cpu.txt"\ncuda = "requirements-cuda.txt"\n'
                                         '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ps-lite"\n')
-    assert RunnerRegistry(folder.parent).get("r").multi_worker.launch == "ps-lite"
-    assert RunnerRegistry(ROOT / "runners").get("mxnet").multi_worker.launch == "ps-lite"
+    assert RunnerRegistry(folder.parent).get("r").distributed.launch == "ps-lite"
+    assert RunnerRegistry(ROOT / "runners").get("mxnet").distributed.launch == "ps-lite"
 
 
 # ------------------------------------------------------------------ harness: a size the runner declines

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse, stats
 
-from .store.record import MedianInterval, Repeat, Stability, Summary
+from ..store.record import MedianInterval, Repeat, Stability, Summary
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000  # Monte Carlo error of a 95% percentile end: about 1.5% of the interval's width

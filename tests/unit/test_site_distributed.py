@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.definitions.suite import SuiteCatalog
-from dlbench.execution.distributed import MultiWorkerOptions, MultiWorkerOrchestrator
+from dlbench.definitions.catalog import SuiteCatalog
+from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.placement import local_placement
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.reporting import site
@@ -27,9 +27,9 @@ def built(tmp_path_factory):
     try:
         fake = RunnerRegistry(ROOT / "tests" / "fixtures" / "runners").get("fake")
         catalog = SuiteCatalog(ROOT / "suites")
-        bench = catalog.load_multi_worker(ROOT / "suites" / "distributed.yaml", "smoke", "cpu").benchmarks[0]
-        comm = catalog.load_multi_worker(ROOT / "suites" / "comm.yaml", "smoke", "cpu").comm
-        orch = MultiWorkerOrchestrator(Store(tmp / "store"), MultiWorkerOptions(
+        bench = catalog.load_distributed_suite(ROOT / "suites" / "distributed.yaml", "smoke", "cpu").benchmarks[0]
+        comm = catalog.load_distributed_suite(ROOT / "suites" / "comm.yaml", "smoke", "cpu").comm
+        orch = DistributedOrchestrator(Store(tmp / "store"), DistributedOptions(
             device="cpu", env_backend="current", placement=local_placement(2, 2), threads=1, scaling="strong",
             timeout_s=60, cache=tmp / "cache", job_root=tmp / "jobs"))
         records = orch.run_distributed(fake, bench) + orch.run_comm(fake, comm)

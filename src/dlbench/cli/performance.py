@@ -13,18 +13,27 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
-from . import paths
-from .cli import _catalog, _check_choice, _runner, err, fail, out
-from .definitions.loader import DefinitionError
-from .machine import available_cpus, dlbench_provenance, fingerprint
-from .performance.kernel_suite import (KernelBenchmark, KernelRecord, KernelStore, PlannedKernelRun, dtype_support,
-                                       execute_kernel_run, gpu_capability, load_kernel_suite, plan_kernel_runs)
-from .performance.kernels import KernelSpec
-from .performance.profile import MachineProfile, ProfileError, ProfileStore
-from .store.store import Store
+from .. import paths
+from ..definitions.loader import DefinitionError
+from ..execution.kernels import PlannedKernelRun, execute_kernel_run, plan_kernel_runs
+from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
+from ..performance.accuracy import accuracy_table_rows, prediction_errors
+from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
+from ..performance.kernels import KernelSpec
+from ..store.kernels import KernelRecord, KernelStore
+from ..store.profiles import MachineProfile, ProfileError, ProfileStore
+from ..store.store import Store
+from . import _catalog, _check_choice, _runner, err, fail, out
 
 RICH_ROWS_MAX = 150  # more kernels than this: one summary row per run instead
 
@@ -42,7 +51,7 @@ def _machine_profile(store: Store, device: str, threads: int | None) -> MachineP
 
 
 def _orchestrator(store: Store, device: str, env: str, threads: int, timeout: float, events):
-    from .execution.orchestrator import Orchestrator, RunOptions
+    from ..execution.orchestrator import Orchestrator, RunOptions
 
     options = RunOptions(device=device, env_backend=env, threads=threads, repeats=None, timeout_s=timeout,
                          cache=paths.cache_dir(), telemetry=None)
@@ -228,7 +237,7 @@ def show_kernels(store: Store, frameworks: list[str] | None, benchmarks: list[st
 def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
     """A record that ran before its machine had a profile, with the fractions of the ceilings of the
     latest profile for its machine, device and threads (its `ceilings` names that profile)."""
-    from .performance.kernel_suite import ceiling_of
+    from ..performance.kernel_suite import ceiling_of
 
     if record.ceilings is not None:
         return record
@@ -251,9 +260,9 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 
 def calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
               store: Store, workers: int | None) -> None:
-    from .performance.calibration import calibration_specs, ceilings, comm_fits, kernel_times
-    from .performance.kernel_suite import KernelPolicy
-    from .performance.profile import MachineProfile
+    from ..performance.calibration import calibration_specs, ceilings, comm_fits, kernel_times
+    from ..performance.kernel_suite import KernelPolicy
+    from ..store.profiles import MachineProfile
 
     if env == "docker":
         raise fail("--env docker does not calibrate yet; use --env venv or current")
@@ -299,7 +308,7 @@ def calibrate(*, names: list[str], registry, device: str, env: str, threads: int
     latest = KernelStore(store).latest_times(machine["machine_id"], device, threads, problems)
     for p in problems:
         err.print(f"[red]unreadable[/] {escape(p)}", highlight=False, soft_wrap=True)
-    from .store.store import Unreadable
+    from ..store.store import Unreadable
 
     unreadable: list[Unreadable] = []
     fits, notes = comm_fits(store.records(unreadable), machine["machine_id"], device, workers)
@@ -352,7 +361,7 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
 # ---------------------------------------------------------------------------------------- predict
 
 def _network_summary(network: str):
-    from .definitions.loader import load_network
+    from ..definitions.loader import load_network
 
     catalog = _catalog()
     path = catalog.networks_dir / f"{network}.yaml"
@@ -372,8 +381,8 @@ def _network_summary(network: str):
 def predict_command(*, network: str, framework: str, batch: int, mode: str, workers: int, machine: str | None,
                     schedule: str | None, precision: str, threads: int | None, io_bandwidth: float | None,
                     store: Store, fmt: str, layers: bool) -> None:
-    from .performance.model import DataPath, PredictionError, predict
-    from .performance.workload import decompose
+    from ..performance.model import DataPath, PredictionError, predict
+    from ..performance.workload import decompose
 
     summary = _network_summary(network)
     try:
@@ -433,61 +442,10 @@ def predict_command(*, network: str, framework: str, batch: int, mode: str, work
 
 # ---------------------------------------------------------------------------------------- accuracy
 
-def prediction_errors(records, recompute_with: MachineProfile | None = None) -> list[dict]:
-    """One row per completed run with a prediction: suite, framework, benchmark, batch, measured and
-    predicted seconds per iteration, and the relative error (predicted / measured - 1). With
-    `recompute_with`, every run is predicted again from that profile instead of the stored prediction."""
-    from .performance.runtime import RunPredictor
-
-    predictor = RunPredictor(recompute_with) if recompute_with is not None else None
-    rows = []
-    for r in records:
-        if r.status != "ok" or r.summary is None or r.workload.mode not in ("train", "infer"):
-            continue
-        workers = r.distributed.workers if r.distributed else 1
-        if predictor is not None:
-            batch = (r.distributed.per_worker_batch if r.distributed and r.distributed.per_worker_batch
-                     else r.workload.batch_size)
-            predictor.threads = r.settings.threads_requested
-            pred = predictor(network=r.network.definition, batch=batch, mode=r.workload.mode,
-                             precision=r.workload.precision, framework=str(r.framework.get("name")), workers=workers)
-            predicted, profile = pred.get("iteration_s"), pred.get("profile")
-        elif r.prediction is not None:
-            predicted, profile = r.prediction.iteration_s, r.prediction.profile
-        else:
-            predicted = profile = None
-        measured = r.summary.median_s
-        rows.append({"run_id": r.run_id, "suite": r.suite, "framework": str(r.framework.get("name")),
-                     "benchmark": r.benchmark, "batch": r.workload.batch_size, "workers": workers,
-                     "measured_s": measured, "predicted_s": predicted, "profile": profile,
-                     "error": predicted / measured - 1 if predicted and measured else None})
-    return rows
-
-
-def accuracy_table_rows(rows: list[dict]) -> list[dict]:
-    """Per suite and framework (then per suite, then all): runs, predicted runs, median |error|,
-    share within 25%, median signed error."""
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for row in rows:
-        groups.setdefault((row["suite"], row["framework"]), []).append(row)
-        groups.setdefault((row["suite"], "all"), []).append(row)
-        groups.setdefault(("all", "all"), []).append(row)
-    out_rows = []
-    for (suite, framework), members in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", kv[0][0],
-                                                                              kv[0][1] == "all", kv[0][1])):
-        if framework == "all" and suite != "all" and len({m["framework"] for m in members}) < 2:
-            continue  # a suite's total is worth a row only over several frameworks
-        errors = [m["error"] for m in members if m["error"] is not None]
-        out_rows.append({"suite": suite, "framework": framework, "runs": len(members), "predicted": len(errors),
-                         "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
-                         "within_25": sum(abs(e) <= 0.25 for e in errors) / len(errors) if errors else None,
-                         "median_error": statistics.median(errors) if errors else None})
-    return out_rows
-
 
 def accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, recompute: bool,
              machine: str | None, fmt: str, runs: bool) -> None:
-    from .store.store import Unreadable
+    from ..store.store import Unreadable
 
     profile = None
     if recompute:

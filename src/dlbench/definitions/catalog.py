@@ -1,0 +1,134 @@
+"""The suites and networks under one definitions root (the repository's `suites/`), found by name
+and loaded by their kind. A suite file's `kind` picks its loader from SUITE_KINDS; a file without
+one is a suite of single-process benchmarks (suite.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .distributed import load_comm, load_distributed
+from .loader import DefinitionError, load_network, read_yaml, validate
+from .suite import Benchmark, Device, Mode, PerDevice, ProfilesFile, Suite, SuiteFile
+
+# kind -> how `dlbench run` treats its suites: "single" (`--suite all`, one process per repeat),
+# "distributed" (--workers: a job of ranks per repeat) or "kernels" (performance/kernel_suite.py,
+# loaded above this layer). A new kind is one entry here and its loader.
+SUITE_KINDS: dict[str, str] = {"benchmark": "single", "distributed": "distributed", "comm": "distributed",
+                               "kernels": "kernels"}
+
+
+class SuiteCatalog:
+    """The suites and networks under one definitions root (the repository's `suites/`)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.networks_dir = root / "networks"
+
+    def suite_names(self) -> list[str]:
+        """The single-process suites (what `--suite all` runs); see distributed_suite_names."""
+        return [name for name, kind in self._kinds() if SUITE_KINDS[kind] == "single"]
+
+    def distributed_suite_names(self) -> list[str]:
+        """Suites of `kind: distributed` or `kind: comm`: run with --workers."""
+        return [name for name, kind in self._kinds() if SUITE_KINDS[kind] == "distributed"]
+
+    def kernel_suite_names(self) -> list[str]:
+        """Suites of `kind: kernels` (performance/kernel_suite.py): kernels timed per framework."""
+        return [name for name, kind in self._kinds() if SUITE_KINDS[kind] == "kernels"]
+
+    def _kinds(self) -> list[tuple[str, str]]:
+        out = []
+        for p in sorted(self.root.glob("*.yaml")):
+            if p.stem == "profiles":
+                continue
+            try:
+                out.append((p.stem, suite_kind(p, read_yaml(p))))
+            except DefinitionError:
+                out.append((p.stem, "benchmark"))  # a broken file is reported when it is loaded
+        return out
+
+    def suite_kind(self, path: Path) -> str:
+        """`benchmark`, `distributed`, `comm` or `kernels` (DefinitionError for a file that cannot be read)."""
+        return suite_kind(path, read_yaml(path))
+
+    def load_distributed_suite(self, path: Path, profile: str, device: Device):
+        """A `kind: distributed` or `kind: comm` suite (definitions/distributed.py)."""
+        data = read_yaml(path)
+        if self.suite_kind(path) == "comm":
+            return load_comm(path, data, profile)
+        return load_distributed(path, data, profile, device, self._network_path)
+
+    def network_names(self) -> list[str]:
+        return sorted(p.stem for p in self.networks_dir.glob("*.yaml"))
+
+    def suite_path(self, name_or_path: str) -> Path | None:
+        """A suite by name, or a user's suite file by path; None when neither exists."""
+        if name_or_path in self.suite_names() + self.distributed_suite_names() + self.kernel_suite_names():
+            return self.root / f"{name_or_path}.yaml"
+        p = Path(name_or_path)
+        return p if p.suffix in (".yaml", ".yml") and p.is_file() else None
+
+    def profiles(self) -> ProfilesFile:
+        path = self.root / "profiles.yaml"
+        return validate(ProfilesFile, read_yaml(path), path)
+
+    def load_suite(self, path: Path, profile: str, device: Device, modes: tuple[Mode, ...] | None = None) -> Suite:
+        """Resolve a suite file; `modes`, when given, runs exactly those of each network's modes
+        (whatever the profile's modes_per_network says)."""
+        spec = validate(SuiteFile, read_yaml(path), path)
+        policy = getattr(self.profiles(), profile)
+        benchmarks = []
+        seen: set[str] = set()
+        for i, entry in enumerate(spec.benchmarks):
+            net_path = self._network_path(entry.network, path, f"benchmarks[{i}].network")
+            network = load_network(net_path)
+            sizes = getattr(entry.batch_sizes, profile)
+            if isinstance(sizes, PerDevice):
+                sizes = getattr(sizes, device)
+            for mode in entry.modes:  # every mode is checked, whichever this profile runs
+                name = f"{network.name}-{mode}"
+                if name in seen:
+                    raise DefinitionError(path, f"benchmarks[{i}]", f"benchmark {name} is defined twice")
+                seen.add(name)
+            if modes is not None:
+                chosen = [m for m in entry.modes if m in modes]
+            elif policy.modes_per_network:
+                chosen = entry.modes[: policy.modes_per_network]
+            else:
+                chosen = entry.modes
+            for mode in chosen:
+                name = f"{network.name}-{mode}"
+                benchmarks.append(Benchmark(
+                    suite=spec.name, name=name, network=network, network_file=str(net_path), mode=mode,
+                    batch_sizes=tuple(sizes), precision=entry.precision,
+                    learning_rate=entry.learning_rate or spec.defaults.learning_rate,
+                    momentum=entry.momentum if entry.momentum is not None else spec.defaults.momentum,
+                    profile=profile, policy=policy,
+                ))
+        return Suite(spec.name, spec.description, path, tuple(benchmarks))
+
+    def _network_path(self, ref: str, suite_path: Path, field: str) -> Path:
+        by_name = self.networks_dir / f"{ref}.yaml"
+        if by_name.is_file():
+            return by_name
+        relative = suite_path.parent / ref
+        if relative.suffix in (".yaml", ".yml") and relative.is_file():
+            return relative
+        raise DefinitionError(
+            suite_path, field,
+            f"unknown network {ref!r}; expected one of {', '.join(self.network_names())} or a path to a .yaml file",
+        )
+
+
+def suite_kind(path: Path, data: Any) -> str:
+    """`benchmark` (the single-process suites, which carry no kind), `distributed`, `comm` or
+    `kernels` (performance/kernel_suite.py)."""
+    if not isinstance(data, dict) or "kind" not in data:
+        return "benchmark"
+    kind = data["kind"]
+    if kind == "benchmark" or kind not in SUITE_KINDS:
+        named = ", ".join(k for k in SUITE_KINDS if k != "benchmark")
+        raise DefinitionError(path, "kind", f"unknown kind {kind!r}; expected {named} "
+                                            "(or none, for a suite of single-process benchmarks)")
+    return kind
