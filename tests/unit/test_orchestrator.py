@@ -204,7 +204,7 @@ def test_worker_that_cannot_be_started_is_recorded_and_the_plan_goes_on(tmp_path
             return Environment(runner.name, "venv", flavour, tmp_path / "gone" / "bin" / "python", "k", tmp_path / "gone")
 
     store, orch, _ = orchestrate(tmp_path)
-    orch.backend = GoneInterpreter()
+    orch.environments.backend = GoneInterpreter()
     records = orch.execute(plan([fake], list(suite.benchmarks[:2])))
     assert len(records) == 2 and len(list(store.records())) == 2
     for rec in records:

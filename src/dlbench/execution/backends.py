@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from .environments import Environment, EnvironmentBuildError
+from .registry import RunnerInfo
+
 
 def _venv(cache: Path):
     from .environments import VenvBackend
@@ -35,3 +38,24 @@ def backend(name: str, cache: Path):
         return BACKENDS[name](cache)
     except KeyError:
         raise ValueError(f"unknown environment backend {name!r}") from None
+
+
+class Environments:
+    """Each runner's environment for one command, made (or found) by `backend` on first use and
+    kept, a failure to build included: every run of that runner then reports the same reason.
+    `log(framework, line)` receives the build's output."""
+
+    def __init__(self, backend, device: str, log: Callable[[str, str], None]):
+        self.backend = backend
+        self.flavour = "cuda" if device == "cuda" else "cpu"
+        self.log = log
+        self._made: dict[str, Environment | EnvironmentBuildError] = {}
+
+    def get(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
+        if runner.name not in self._made:
+            try:
+                self._made[runner.name] = self.backend.ensure(runner, self.flavour,
+                                                              lambda line: self.log(runner.name, line))
+            except EnvironmentBuildError as e:
+                self._made[runner.name] = e
+        return self._made[runner.name]

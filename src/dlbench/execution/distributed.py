@@ -45,7 +45,7 @@ from ..store.record import (
     new_run_id,
 )
 from ..store.store import Store
-from .backends import backend
+from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
@@ -106,18 +106,11 @@ class DistributedOrchestrator:
         self.store = store
         self.options = options
         self.events = events or SilentDistributedEvents()
-        self.backend = backend(options.env_backend, options.cache)
-        self._envs: dict[str, Environment | EnvironmentBuildError] = {}
+        self.environments = Environments(backend(options.env_backend, options.cache), options.device,
+                                         self.events.environment)
 
     def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
-        if runner.name not in self._envs:
-            flavour = "cuda" if self.options.device == "cuda" else "cpu"
-            try:
-                self._envs[runner.name] = self.backend.ensure(
-                    runner, flavour, lambda line: self.events.environment(runner.name, line))
-            except EnvironmentBuildError as e:
-                self._envs[runner.name] = e
-        return self._envs[runner.name]
+        return self.environments.get(runner)
 
     # ------------------------------------------------------------------ one job
 

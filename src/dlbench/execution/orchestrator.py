@@ -25,7 +25,7 @@ from ..store.record import NetworkInfo, Record, Repeat, RepeatPolicy, Settings, 
 from ..store.store import Store
 from ..telemetry import Sampler, TelemetryConfig, derive
 from ..telemetry.summary import summarise_repeats
-from .backends import backend
+from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
 from .registry import RunnerInfo
@@ -136,18 +136,11 @@ class Orchestrator:
         self.store = store
         self.options = options
         self.events = events or SilentEvents()
-        self.backend = backend(options.env_backend, options.cache)
-        self._envs: dict[str, Environment | EnvironmentBuildError] = {}
+        self.environments = Environments(backend(options.env_backend, options.cache), options.device,
+                                         self.events.environment)
 
     def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
-        if runner.name not in self._envs:
-            flavour = "cuda" if self.options.device == "cuda" else "cpu"
-            try:
-                self._envs[runner.name] = self.backend.ensure(
-                    runner, flavour, lambda line: self.events.environment(runner.name, line))
-            except EnvironmentBuildError as e:
-                self._envs[runner.name] = e
-        return self._envs[runner.name]
+        return self.environments.get(runner)
 
     def _telemetry_summary(self, repeats: list[Repeat], batch_size: int) -> dict:
         if self.options.telemetry is None:
