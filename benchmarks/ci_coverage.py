@@ -1,4 +1,4 @@
-"""How often does the median's 95% interval (dlbench.analysis.statistics.median_interval) cover the truth?
+"""How often does the median's 95% interval (dlbench.analysis.timing.median_interval) cover the truth?
 
 Simulated runs with a known median: log iteration time = log(10 ms) + a + e, where a ~ N(0, tau^2)
 is one offset per worker process (layout, clocks, thread placement) and e is AR(1) noise with
@@ -21,7 +21,7 @@ import time
 import numpy as np
 from scipy.signal import lfilter
 
-from dlbench.analysis.statistics import median_interval, repeat_agreement
+from dlbench.analysis.timing import median_interval, repeat_agreement
 
 TRUE_MEDIAN_S = 0.010
 

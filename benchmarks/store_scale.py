@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlbench.analysis.statistics import summarise
+from dlbench.analysis.timing import summarise
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.store.index import INDEX_DIR, INDEX_FILE
 from dlbench.store.record import NetworkInfo, Record, Repeat, Workload, new_run_id

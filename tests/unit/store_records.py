@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from dlbench.analysis.statistics import summarise
+from dlbench.analysis.timing import summarise
 from dlbench.store.record import NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)

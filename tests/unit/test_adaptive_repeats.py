@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dlbench.analysis.statistics import summarise
+from dlbench.analysis.timing import summarise
 from dlbench.cli import app
 from dlbench.execution import orchestrator as orch_mod
 from dlbench.execution.launcher import WorkerOutcome

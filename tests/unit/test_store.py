@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.analysis.statistics import summarise
+from dlbench.analysis.timing import summarise
 from dlbench.store.record import SCHEMA_VERSION, NetworkInfo, Record, Repeat, Settings, Workload, new_run_id
 from dlbench.store.rows import COLUMNS, run_row
 from dlbench.store.store import Store, StoreError, checksum_of
@@ -146,7 +146,7 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     assert list((tmp_path / ".incoming").iterdir()) == []
 
 
-# ---------------------------------------------------------------- statistics.summarise
+# ---------------------------------------------------------------- timing.summarise
 
 
 def test_summarise_by_hand():

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
-from ..analysis.statistics import summarise
+from ..analysis.timing import summarise
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore

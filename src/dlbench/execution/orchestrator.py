@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..analysis.statistics import summarise
+from ..analysis.timing import summarise
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
