@@ -13,11 +13,13 @@ from dlbench.definitions.network import analyse
 from dlbench.definitions.schema import Network
 from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
 from dlbench.performance.kernels import KernelSpec
-from dlbench.performance.model import DataPath, LayerTimes, PredictionError, gradient_layers, predict
+from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, gradient_layers,
+                                      predict)
 from dlbench.performance.workload import decompose, kernel_specs
 from dlbench.store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
 
 NETWORKS = Path(__file__).resolve().parents[2] / "suites" / "networks"
+GRAPH = FrameworkFacts(step="graph", schedule="none")  # a compiled step (what jax's runner.toml states)
 
 
 def profile(**kw) -> MachineProfile:
@@ -157,7 +159,7 @@ def test_a_compiled_step_pays_the_call_once():
     net = tiny([{"type": "dense", "units": 3}])
     prof = profile(kernels={"jax": {"matmul m=2 n=3 k=4 float32": KernelTime(median_s=1e-3, run_id="r")}},
                    dispatch_s={"jax": 1e-6})
-    p = predict(decompose(net.resolved, 2, "train"), "jax", prof)
+    p = predict(decompose(net.resolved, 2, "train"), "jax", prof, facts=GRAPH)
     assert p.step_call_s == 1e-6
     assert p.forward_s == pytest.approx(1e-3 - 1e-6 + 24e-9 + 72e-9)
     assert p.backward_s == pytest.approx(104e-9 + 24e-9 + 48e-9)
@@ -165,7 +167,7 @@ def test_a_compiled_step_pays_the_call_once():
     # never below the kernel's roofline: a call that took no longer than the call itself
     fast = prof.model_copy(update={"kernels": {"jax": {"matmul m=2 n=3 k=4 float32": KernelTime(median_s=1e-6,
                                                                                                   run_id="r")}}})
-    assert predict(decompose(net.resolved, 2, "train"), "jax", fast).forward_s == pytest.approx(
+    assert predict(decompose(net.resolved, 2, "train"), "jax", fast, facts=GRAPH).forward_s == pytest.approx(
         104e-9 + 24e-9 + 72e-9)
 
 
@@ -179,16 +181,16 @@ def test_a_kernel_timed_cold_loses_the_cold_call_in_a_compiled_step_only():
     prof = profile(dispatch_s={"jax": 1e-6, "torch": 1e-6}, dispatch_cold_s={"jax": 5e-4, "torch": 5e-4},
                    kernels={"jax": cold, "torch": cold})
     elementwise = 24e-9 + 72e-9  # the bias and the loss's roofline (none of them measured)
-    assert predict(decompose(net.resolved, 2, "train"), "jax", prof).forward_s == pytest.approx(
+    assert predict(decompose(net.resolved, 2, "train"), "jax", prof, facts=GRAPH).forward_s == pytest.approx(
         2e-3 - 5e-4 + elementwise)
     assert predict(decompose(net.resolved, 2, "train"), "torch", prof).forward_s == pytest.approx(
         2e-3 + elementwise + 2 * 1e-6)  # the roofline operations pay torch's warm call each
     warm = prof.model_copy(update={"kernels": {"jax": {key: KernelTime(median_s=2e-3, run_id="r", cache="warm")}}})
-    assert predict(decompose(net.resolved, 2, "train"), "jax", warm).forward_s == pytest.approx(
+    assert predict(decompose(net.resolved, 2, "train"), "jax", warm, facts=GRAPH).forward_s == pytest.approx(
         2e-3 - 1e-6 + elementwise)
     # a profile without a cold call (made before it was measured) takes off the warm one
     older = prof.model_copy(update={"dispatch_cold_s": {}})
-    assert predict(decompose(net.resolved, 2, "train"), "jax", older).forward_s == pytest.approx(
+    assert predict(decompose(net.resolved, 2, "train"), "jax", older, facts=GRAPH).forward_s == pytest.approx(
         2e-3 - 1e-6 + elementwise)
 
 
@@ -204,7 +206,7 @@ def test_a_frameworks_own_elementwise_bandwidth_comes_first():
     prof = profile(elementwise_bandwidth={"jax": [BandwidthPoint(bytes=1000, bytes_per_s=5e8, framework="jax")]})
     assert prof.bandwidth(24, "jax") == 5e8 and prof.bandwidth(24, "torch") == 1e9 and prof.bandwidth(24) == 1e9
     net = tiny([{"type": "dense", "units": 3}])
-    p = predict(decompose(net.resolved, 2, "train"), "jax", prof)
+    p = predict(decompose(net.resolved, 2, "train"), "jax", prof, facts=GRAPH)
     assert p.update_s == pytest.approx(300 / 5e8)  # 15 parameters x 5 passes x 4 B, at jax's 0.5 GB/s
 
 
@@ -307,3 +309,71 @@ def test_data_parallel_prediction_adds_only_the_exposed_communication():
         predict(work, "torch", profile(), workers=2)
     with pytest.raises(PredictionError, match="--mode train"):
         predict(decompose(net.resolved, 2, "infer"), "torch", prof, workers=2)
+
+
+def test_the_default_schedule_is_the_frameworks_engines():
+    net = tiny([{"type": "dense", "units": 5}, {"type": "relu"}, {"type": "dense", "units": 3}])
+    fit = CommFit(framework="x", workers=2, startup_s=1e-3, per_byte_s=1e-6, alpha_s=5e-4, beta_s_per_byte=1e-6,
+                  r2=1.0, points=5, min_bytes=4, max_bytes=1 << 20, run_ids=["c"])
+    work = decompose(net.resolved, 2, "train")
+    for kind in ("none", "wfbp", "mgwfbp"):
+        p = predict(work, "x", profile(comm=[fit]), workers=2, facts=FrameworkFacts(schedule=kind))
+        assert p.schedule.kind == kind
+    # stated nothing: mgwfbp; --schedule overrides the framework's
+    assert predict(work, "x", profile(comm=[fit]), workers=2).schedule.kind == "mgwfbp"
+    assert predict(work, "x", profile(comm=[fit]), workers=2, schedule_kind="none",
+                   facts=FrameworkFacts(schedule="wfbp")).schedule.kind == "none"
+
+
+# ------------------------------------------------------------------ the framework facts, from runner.toml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_runners_state_what_the_model_assumed_of_them_before():
+    # the tables model.py held (DEFAULT_SCHEDULE, STEP_EXECUTION) before each runner's runner.toml said it
+    from dlbench.execution.registry import RunnerRegistry
+
+    facts = RunnerRegistry(ROOT / "runners").model_facts()
+    assert {name: facts[name] for name in ("torch", "tensorflow", "jax", "mxnet")} == {
+        "torch": FrameworkFacts("eager", "mgwfbp"), "tensorflow": FrameworkFacts("graph", "none"),
+        "jax": FrameworkFacts("graph", "none"), "mxnet": FrameworkFacts("graph", "wfbp")}
+    assert FrameworkFacts() == FrameworkFacts("eager", "mgwfbp")  # a framework that states nothing
+
+
+def runner_toml(tmp_path, model: str) -> Path:
+    folder = tmp_path / "runners" / "r"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("requirements-cpu.txt", "requirements-cuda.txt", "worker.py"):
+        (folder / name).write_text("")
+    top, tables = (model, "") if not model.startswith("[") else ("", model)  # a plain key goes above the tables
+    (folder / "runner.toml").write_text('name = "r"\nimport_name = "json"\nworker = "worker.py"\n' + top +
+                                        '[requirements]\ncpu = "requirements-cpu.txt"\ncuda = "requirements-cuda.txt"\n'
+                                        + tables)
+    return folder
+
+
+@pytest.mark.parametrize("model, field, reason", [
+    ('[model]\nstep = "lazy"\n', "model.step", "'lazy' is not one of eager, graph"),
+    ('[model]\nstep = "graph"\nschedule = "ring"\n', "model.schedule", "'ring' is not one of none, wfbp, mgwfbp"),
+    ('[model]\nsteps = "graph"\n', "model.steps", "unknown field"),
+    ('model = "graph"\n', "model", "must be a table"),
+])
+def test_a_bad_model_section_is_one_error_naming_the_file_and_field(tmp_path, model, field, reason):
+    from dlbench.definitions.loader import DefinitionError
+    from dlbench.execution.registry import RunnerRegistry
+
+    folder = runner_toml(tmp_path, model)
+    with pytest.raises(DefinitionError) as e:
+        RunnerRegistry(folder.parent).get("r")
+    assert str(e.value).startswith(f"{folder / 'runner.toml'}: {field}: ") and reason in str(e.value)
+
+
+def test_a_model_section_may_leave_fields_out(tmp_path):
+    from dlbench.execution.registry import RunnerRegistry
+
+    assert RunnerRegistry(runner_toml(tmp_path, "").parent).get("r").model == FrameworkFacts()
+    folder = runner_toml(tmp_path, '[model]\nstep = "graph"\n')
+    assert RunnerRegistry(folder.parent).model_facts() == {"r": FrameworkFacts("graph", "mgwfbp")}
+    with pytest.raises(ValueError, match="unknown step execution"):
+        FrameworkFacts(step="lazy")

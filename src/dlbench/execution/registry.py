@@ -8,6 +8,8 @@ from pathlib import Path
 import tomllib
 
 from ..definitions.loader import DefinitionError
+from ..performance.communication import SCHEDULES
+from ..performance.model import STEPS, FrameworkFacts
 
 FLAVOURS = ("cpu", "cuda")
 
@@ -32,6 +34,7 @@ class RunnerInfo:
     worker: Path
     requirements: dict[str, Path]  # flavour -> pinned requirements file
     distributed: DistributedLaunch | None = None  # None: not ported to the distributed suites yet
+    model: FrameworkFacts = FrameworkFacts()  # [model]: what the performance model assumes of it
 
     def requirements_for(self, flavour: str) -> Path:
         return self.requirements[flavour]
@@ -60,7 +63,28 @@ def _load(folder: Path) -> RunnerInfo:
     if not worker.is_file():
         raise DefinitionError(path, "worker", f"file {data['worker']} does not exist")
     return RunnerInfo(data["name"], data.get("display_name", data["name"]), data["import_name"],
-                      folder, worker, reqs, _distributed_launch(path, folder, data.get("distributed")))
+                      folder, worker, reqs, _distributed_launch(path, folder, data.get("distributed")),
+                      _model(path, data.get("model")))
+
+
+MODEL_FIELDS = {"step": STEPS, "schedule": SCHEDULES}
+
+
+def _model(path: Path, section) -> FrameworkFacts:
+    """[model]: how the runner executes a training step and how its engine sends gradients, as the
+    performance model needs them (performance/model.py: FrameworkFacts); a field left out takes
+    FrameworkFacts' default."""
+    if section is None:
+        return FrameworkFacts()
+    if not isinstance(section, dict):
+        raise DefinitionError(path, "model", "must be a table")
+    unknown = sorted(set(section) - set(MODEL_FIELDS))
+    if unknown:
+        raise DefinitionError(path, f"model.{unknown[0]}", f"unknown field; expected {', '.join(MODEL_FIELDS)}")
+    for key, choices in MODEL_FIELDS.items():
+        if key in section and section[key] not in choices:
+            raise DefinitionError(path, f"model.{key}", f"{section[key]!r} is not one of {', '.join(choices)}")
+    return FrameworkFacts(**section)
 
 
 def _distributed_launch(path: Path, folder: Path, section) -> DistributedLaunch | None:
@@ -92,4 +116,8 @@ class RunnerRegistry:
 
     def get(self, name: str) -> RunnerInfo:
         return _load(self.root / name)
+
+    def model_facts(self) -> dict[str, FrameworkFacts]:
+        """Every runner's [model] facts, by name: what the performance model's callers hand it."""
+        return {name: self.get(name).model for name in self.names()}
 

@@ -5,16 +5,20 @@ framework (`dlbench predict --accuracy`)."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 
 from ..store.profiles import MachineProfile
+from .model import FrameworkFacts
 from .runtime import RunPredictor
 
 
-def prediction_errors(records, recompute_with: MachineProfile | None = None) -> list[dict]:
+def prediction_errors(records, recompute_with: MachineProfile | None = None,
+                      frameworks: Mapping[str, FrameworkFacts] | None = None) -> list[dict]:
     """One row per completed run with a prediction: suite, framework, benchmark, batch, measured and
     predicted seconds per iteration, and the relative error (predicted / measured - 1). With
-    `recompute_with`, every run is predicted again from that profile instead of the stored prediction."""
-    predictor = RunPredictor(recompute_with) if recompute_with is not None else None
+    `recompute_with`, every run is predicted again from that profile instead of the stored prediction,
+    each framework with its `frameworks` facts (RunPredictor)."""
+    predictor = RunPredictor(recompute_with, frameworks=frameworks) if recompute_with is not None else None
     rows = []
     for r in records:
         if r.status != "ok" or r.summary is None or r.workload.mode not in ("train", "infer"):

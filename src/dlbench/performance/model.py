@@ -14,9 +14,9 @@ is reported beside it.
 
 What a framework spends on an operation besides the work (the call: dispatch, allocation, the
 autograd record) is its smallest-operation time d, measured by calibrate. How often it is paid
-depends on how the runner executes its step (STEP_EXECUTION): an eager step (PyTorch) calls every
-operation from Python, so each roofline operation adds d, and a kernel timed on its own paid it
-too, as it does in the step. A compiled step (a tf.function graph, one XLA executable, MXNet's
+depends on how the runner executes its step (FrameworkFacts.step: the runner's runner.toml says,
+under [model]): an eager step (PyTorch) calls every operation from Python, so each roofline
+operation adds d, and a kernel timed on its own paid it too, as it does in the step. A compiled step (a tf.function graph, one XLA executable, MXNet's
 cached graph) is one call: d is paid once per iteration (the `step call` phase), and a kernel timed
 on its own, which paid a whole call, counts as its time less that call (never below its roofline
 time): d for a kernel timed warm, and for one timed cold (a CPU's caches flushed before the call,
@@ -27,10 +27,11 @@ taken off.
 
 N workers, synchronous SGD on a per-worker batch: the same per-worker computation, plus gradient
 all-reduce from the profile's fitted α–β cost for that framework (`communication.py`), scheduled
-`none` (one all-reduce after the backward), `wfbp` or `mgwfbp`; only the communication the
-backward does not hide (t_c^no) adds to the iteration: t_f + t_b + t_c^no + t_u. Layers without
-parameters send nothing: their backward time counts towards the next layer (in backward order) that
-has parameters, whose gradient they delay.
+`none` (one all-reduce after the backward), `wfbp` or `mgwfbp` (by default the one its engine
+uses, FrameworkFacts.schedule, from runner.toml too); only the communication the backward does not
+hide (t_c^no) adds to the iteration: t_f + t_b + t_c^no + t_u. Layers without parameters send
+nothing: their backward time counts towards the next layer (in backward order) that has
+parameters, whose gradient they delay.
 """
 
 from __future__ import annotations
@@ -38,23 +39,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
-from .communication import AllReduceCost, Schedule, schedule
+from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
 from .kernels import KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
 
 MODEL_VERSION = 1
 
-# How each framework's data-parallel engine sends gradients by default (the schedule `predict`
-# assumes unless told otherwise): DistributedDataParallel all-reduces buckets of gradients while
-# the backward runs (merged messages, overlapped); MXNet's kvstore pushes each parameter's gradient
-# when its engine has computed it (per layer, overlapped); TensorFlow's MultiWorkerMirroredStrategy
-# and a sharded jax.jit reduce the gradients once they are all computed.
-DEFAULT_SCHEDULE = {"torch": "mgwfbp", "mxnet": "wfbp", "tensorflow": "none", "jax": "none"}
+STEPS = ("eager", "graph")
 
-# How each runner executes a training step (see the runners' module docstrings): PyTorch eagerly,
-# operation by operation; the others as one compiled call (tf.function, jax.jit, a hybridised
-# Gluon block). A framework not listed is taken to be eager.
-STEP_EXECUTION = {"torch": "eager", "tensorflow": "graph", "jax": "graph", "mxnet": "graph"}
+
+@dataclass(frozen=True)
+class FrameworkFacts:
+    """What the model takes from a framework's runner rather than from measurement: how the runner
+    executes a training step (`eager`: operation by operation from Python; `graph`: one compiled
+    call, d paid once) and the gradient schedule its data-parallel engine uses by default (one of
+    communication.SCHEDULES). Each runner states them, with its reasons, in its runner.toml's
+    [model] section (execution/registry.py reads and checks it); the model itself knows no
+    framework by name. The defaults are what a framework that states nothing is taken to do."""
+
+    step: str = "eager"
+    schedule: str = "mgwfbp"
+
+    def __post_init__(self):
+        if self.step not in STEPS:
+            raise ValueError(f"unknown step execution {self.step!r}; expected one of {', '.join(STEPS)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+
+    @property
+    def compiled(self) -> bool:
+        return self.step == "graph"
 
 
 class PredictionError(Exception):
@@ -111,7 +125,7 @@ class Prediction:
     forward_s: float
     backward_s: float
     update_s: float
-    step_call_s: float = 0.0  # a compiled step's one call (STEP_EXECUTION)
+    step_call_s: float = 0.0  # a compiled step's one call (FrameworkFacts.step graph)
     communication_s: float = 0.0
     communication_exposed_s: float = 0.0
     schedule: Schedule | None = None
@@ -164,10 +178,11 @@ def kernel_roofline(kernel: KernelSpec, profile: MachineProfile) -> float:
     return max(kernel.flops / peak if peak else 0.0, kernel.bytes / bandwidth if bandwidth else 0.0)
 
 
-def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> tuple[float, bool]:
-    """(seconds for all `op.repeat` executions, whether it was measured)."""
+def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
+            compiled: bool = False) -> tuple[float, bool]:
+    """(seconds for all `op.repeat` executions, whether it was measured); `compiled`: the framework's
+    step is one compiled call (FrameworkFacts.step graph)."""
     call = profile.dispatch_s.get(framework, 0.0)
-    compiled = STEP_EXECUTION.get(framework, "eager") == "graph"
     candidates = ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives)
     for kernel, count in candidates:
         if kernel.key in measured:
@@ -182,7 +197,10 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict) -> 
 
 def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,
             schedule_kind: str | None = None, data_path: DataPath | None = None,
-            threads: int | None = None) -> Prediction:
+            threads: int | None = None, facts: FrameworkFacts | None = None) -> Prediction:
+    """`facts`: how the framework's runner steps and sends gradients (the caller reads them from the
+    runner's runner.toml); None: FrameworkFacts()'s defaults."""
+    facts = facts or FrameworkFacts()
     measured = profile.kernels.get(framework, {})
     notes: list[str] = []
     if not measured:
@@ -197,7 +215,7 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         lt = LayerTimes(work.index, work.label, work.params)
         for phase, ops in (("forward_s", work.forward), ("backward_s", work.backward), ("update_s", work.update)):
             for op in ops:
-                seconds, was_measured = op_time(op, framework, profile, measured)
+                seconds, was_measured = op_time(op, framework, profile, measured, facts.compiled)
                 setattr(lt, phase, getattr(lt, phase) + seconds)
                 if was_measured:
                     lt.measured_s += seconds
@@ -214,7 +232,7 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
     t_io, t_h2d = path.times(workload.batch)
     if path.read_bytes_per_s is None:
         notes.append("synthetic data already on the device: no I/O time")
-    step_call = profile.dispatch_s.get(framework, 0.0) if STEP_EXECUTION.get(framework) == "graph" else 0.0
+    step_call = profile.dispatch_s.get(framework, 0.0) if facts.compiled else 0.0
     prediction = Prediction(
         workload.network, framework, workload.batch, workload.mode, workers, profile.ref, layers,
         io_s=t_io + t_h2d, io_exposed_s=path.exposed(workload.batch, step_call + forward + backward + update),
@@ -224,7 +242,7 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         if workload.mode != "train":
             raise PredictionError("only training exchanges gradients: --workers needs --mode train")
         cost = all_reduce_cost(profile, framework, workers, notes)
-        kind = schedule_kind or DEFAULT_SCHEDULE.get(framework, "mgwfbp")
+        kind = schedule_kind or facts.schedule
         t_b, p = gradient_layers(layers)
         sched = schedule(kind, t_b, p, cost)
         prediction.schedule = sched
