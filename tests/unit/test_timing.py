@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dlbench.analysis import statistics as dstats
-from dlbench.analysis.statistics import median_interval, repeat_agreement, summarise
+from dlbench.analysis import timing
+from dlbench.analysis.timing import median_interval, repeat_agreement, summarise
 from dlbench.store.record import Repeat, Summary
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -70,7 +70,7 @@ def test_one_repeat_is_a_block_bootstrap_over_its_iterations():
     iv = median_interval([0.01 * np.exp(rng.normal(0, 0.05, 60))])
     assert iv.method == "block bootstrap" and iv.level == "iterations"
     assert iv.units == 60 // math.floor(60 ** (1 / 3))  # blocks of floor(n^(1/3)) iterations
-    assert median_interval([np.full(5000, 0.01)]).units == dstats.MAX_BLOCKS_PER_REPEAT
+    assert median_interval([np.full(5000, 0.01)]).units == timing.MAX_BLOCKS_PER_REPEAT
     assert iv.low < 0.01 < iv.high
 
 
@@ -90,15 +90,15 @@ def test_interval_edges():
     assert same.low == same.high == 0.01
 
 
-@pytest.mark.parametrize("cells", [dstats.GRID_CELLS, 64])
+@pytest.mark.parametrize("cells", [timing.GRID_CELLS, 64])
 def test_resample_medians_match_numpy(monkeypatch, cells):
     """The pooled median of weighted blocks, read off the cell grid, equals numpy's median of the
     same iterations repeated by weight: exactly with one cell per time, within a cell otherwise."""
-    monkeypatch.setattr(dstats, "GRID_CELLS", cells)
+    monkeypatch.setattr(timing, "GRID_CELLS", cells)
     rng = np.random.default_rng(6)
     per_repeat = [np.round(rng.normal(10, 1, 90), 2) for _ in range(3)]
     blocks = 9
-    grid = dstats._BlockCells(per_repeat, blocks)
+    grid = timing._BlockCells(per_repeat, blocks)
     split = [b for x in per_repeat for b in np.array_split(x, blocks)]
     weights = rng.integers(0, 4, size=(50, len(split)))
     weights[:, 0] += 1  # never an empty resample
@@ -119,7 +119,7 @@ def test_planted_disagreement_is_flagged_with_a_reason():
     per_repeat = [0.010 * (1 + shift) * np.exp(rng.normal(0, 0.02, 200)) for shift in (0.0, 0.0, 0.15)]
     s = repeat_agreement(per_repeat)
     assert s.unstable
-    assert s.kruskal_p < dstats.KRUSKAL_ALPHA and s.spread_to_iqr > dstats.SPREAD_TO_IQR
+    assert s.kruskal_p < timing.KRUSKAL_ALPHA and s.spread_to_iqr > timing.SPREAD_TO_IQR
     assert s.reason.startswith("repeats disagree") and "Kruskal-Wallis" in s.reason and "\n" not in s.reason
 
 
@@ -135,7 +135,7 @@ def test_a_few_iterations_scattering_by_chance_are_not_flagged():
     # 4 iterations per repeat: medians span well over half an IQR by chance; the rank test stops it
     rng = np.random.default_rng(10)
     runs = [simulate_run(rng, 3, 4, 0.0, 0.05, 0.0) for _ in range(60)]
-    assert sum(repeat_agreement(r).spread_to_iqr > dstats.SPREAD_TO_IQR for r in runs) > 10
+    assert sum(repeat_agreement(r).spread_to_iqr > timing.SPREAD_TO_IQR for r in runs) > 10
     assert sum(repeat_agreement(r).unstable for r in runs) <= 2
 
 
