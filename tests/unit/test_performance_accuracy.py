@@ -81,14 +81,14 @@ def test_a_run_the_profile_cannot_predict_says_why():
 
 def test_run_prefers_the_profile_of_its_thread_count(tmp_path):
     store = Store(tmp_path)
-    assert run_predictor(store, "m" * 64, "cpu", 2)[0] is None
+    assert run_predictor(store, "m" * 64, "cpu", 2, {})[0] is None
     profiles = ProfileStore(store)
     profiles.write(profile(threads=1))
     profiles.write(profile(threads=2))
     profiles.write(profile(threads=2, device="cuda"))
-    predictor, said = run_predictor(store, "m" * 64, "cpu", 1)
+    predictor, said = run_predictor(store, "m" * 64, "cpu", 1, {})
     assert predictor.profile.revision == 1 and "(1 threads)" in said
-    assert run_predictor(store, "m" * 64, "cpu", 2)[0].profile.revision == 2
-    assert run_predictor(store, "m" * 64, "cpu", 8)[0].profile.revision == 2  # newest on the device
-    predictor, said = run_predictor(Store(tmp_path / "empty"), "m" * 64, "cpu", 2)
+    assert run_predictor(store, "m" * 64, "cpu", 2, {})[0].profile.revision == 2
+    assert run_predictor(store, "m" * 64, "cpu", 8, {})[0].profile.revision == 2  # newest on the device
+    predictor, said = run_predictor(Store(tmp_path / "empty"), "m" * 64, "cpu", 2, {})
     assert predictor is None and "dlbench calibrate" in said

@@ -318,7 +318,8 @@ def run(
     st = _store(store)
     from ..performance.runtime import run_predictor
 
-    predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads)
+    predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads,
+                                              {r.name: r.model for r in runners})
     options = dataclasses.replace(options, predictor=predictor)
     err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
               f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}; "
@@ -701,8 +702,8 @@ def predict(
         "Machine profile: a file, or a machine id or hostname with @REVISION for an older one "
         "(default: this machine's latest).")) ] = None,
     schedule: Annotated[Optional[str], typer.Option(help=(
-        "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine: "
-        "torch mgwfbp, mxnet wfbp, tensorflow and jax none).")) ] = None,
+        "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine, "
+        "as its runners/FW/runner.toml [model] states it).")) ] = None,
     precision: Annotated[str, typer.Option(help="float32 | amp_fp16 | amp_bf16")] = "float32",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
     io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(

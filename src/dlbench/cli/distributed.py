@@ -102,7 +102,8 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
     from ..machine import fingerprint
     from ..performance.runtime import run_predictor
 
-    predictor, predicted_from = run_predictor(store, fingerprint()["machine_id"], device, per_worker_threads)
+    predictor, predicted_from = run_predictor(store, fingerprint()["machine_id"], device, per_worker_threads,
+                                              {r.name: r.model for r in runners})
     options = DistributedOptions(device=device, env_backend=env, placement=placement, threads=per_worker_threads,
                                  scaling=mode_of_scaling, timeout_s=timeout, cache=paths.cache_dir(),
                                  job_root=(store.root / ".jobs") if remote else None, repeats=repeats,

@@ -36,9 +36,10 @@ class RunPredictor:
 
 
 def run_predictor(store: Store, machine_id: str, device: str, threads: int | None,
-                  frameworks: Mapping[str, FrameworkFacts] | None = None) -> tuple[RunPredictor | None, str]:
-    """(the predictor, what it predicts from) or (None, why nothing is predicted); `frameworks` as
-    for RunPredictor."""
+                  frameworks: Mapping[str, FrameworkFacts]) -> tuple[RunPredictor | None, str]:
+    """(the predictor, what it predicts from) or (None, why nothing is predicted). `frameworks`: the
+    runs' runners' facts, as for RunPredictor (required: a caller that forgot them would predict
+    every compiled step as an eager one)."""
     try:
         profile = ProfileStore(store).latest_matching(machine_id, device, threads)
     except ProfileError as e:
