@@ -1,9 +1,11 @@
-"""The GitHub workflows: they parse, cover every runner and suite, every `dlbench` command they call
-exists with the options given (resolved through the CLI's own click command), their shell steps pass
-shellcheck, and the nightly's publish steps (history, merge, comparison) work when run."""
+"""The GitHub workflows: they parse, cover every runner and suite (the nightly's matrix is listed by
+its start job, whose steps are run here), every `dlbench` command they call exists with the options
+given (resolved through the CLI's own click command), their shell steps pass shellcheck, and the
+nightly's publish steps (history, merge, comparison) work when run."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -11,6 +13,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -49,10 +52,70 @@ def steps(workflow: dict):
             yield job_id, job, step
 
 
-def matrix_combinations(job: dict) -> list[dict]:
-    matrix = job.get("strategy", {}).get("matrix", {})
-    keys = [k for k in matrix if k not in ("include", "exclude")]
-    return [dict(zip(keys, values)) for values in itertools.product(*(matrix[k] for k in keys))] or [{}]
+def stand_in_checkout(where: Path) -> Path:
+    """A checkout for running a job's steps here: its bin/dlbench and .venv/bin/python are this
+    interpreter with dlbench (as bin/dlbench would have set .venv up on the runner); which runners
+    and suites dlbench sees is DLBENCH_ROOT's."""
+    for name, command in (("bin/dlbench", "-m dlbench.cli"), (".venv/bin/python", "")):
+        path = where / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\nexec {sys.executable} {command} \"$@\"\n")
+        path.chmod(0o755)
+    return where
+
+
+def run_job_steps(workflow: dict, job_id: str, root: Path = ROOT) -> dict[str, str]:
+    """The job's `run` steps executed in order on this machine, as GitHub runs them (bash -e -o
+    pipefail, each step with its own $GITHUB_OUTPUT), in a stand-in checkout with DLBENCH_ROOT=root;
+    returns the job's `outputs`, their expressions filled in from the steps' outputs."""
+    job = workflow["jobs"][job_id]
+    outputs: dict[str, dict[str, str]] = {}
+    with tempfile.TemporaryDirectory(prefix="dlbench-job-") as tmp:
+        work = stand_in_checkout(Path(tmp) / "checkout")
+        for i, step in enumerate(job["steps"]):
+            if "run" not in step:
+                continue  # checkout and setup-python: the stand-in checkout is both
+            output = Path(tmp) / f"output-{i}"
+            output.write_text("")
+            env = {"PATH": os.environ["PATH"], "HOME": tmp, "DLBENCH_ROOT": str(root), "GITHUB_OUTPUT": str(output),
+                   **{k: str(v) for k, v in {**workflow.get("env", {}), **job.get("env", {}), **step.get("env", {})}.items()}}
+            done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=work,
+                                  env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, f"{job_id} {step.get('name', step.get('id'))}:\n{done.stdout}{done.stderr}"
+            if "id" in step:
+                outputs[step["id"]] = dict(line.split("=", 1) for line in output.read_text().splitlines() if "=" in line)
+
+    def fill(m):
+        step_id, key = re.fullmatch(r"steps\.([\w-]+)\.outputs\.([\w-]+)", m.group(1)).groups()
+        return outputs[step_id][key]
+
+    return {name: EXPRESSION.sub(fill, str(value)) for name, value in job.get("outputs", {}).items()}
+
+
+@functools.cache
+def job_outputs(name: str, job_id: str, root: Path = ROOT) -> dict[str, str]:
+    return run_job_steps(load(name), job_id, root)
+
+
+def matrix_values(name: str, job: dict, root: Path = ROOT) -> dict[str, list]:
+    """The job's matrix with `${{ fromJSON(needs.JOB.outputs.KEY) }}` values read from that job's
+    outputs, as GitHub fills them in (the job run here, with DLBENCH_ROOT=root)."""
+    matrix = {}
+    for key, value in job.get("strategy", {}).get("matrix", {}).items():
+        if key in ("include", "exclude"):
+            continue
+        generated = re.fullmatch(r"\$\{\{\s*fromJSON\(needs\.([\w-]+)\.outputs\.([\w-]+)\)\s*\}\}", str(value))
+        if generated:
+            needed, output = generated.groups()
+            assert needed in ([job["needs"]] if isinstance(job["needs"], str) else job["needs"])
+            value = json.loads(job_outputs(name, needed, root)[output])
+        matrix[key] = value
+    return matrix
+
+
+def matrix_combinations(name: str, job: dict) -> list[dict]:
+    matrix = matrix_values(name, job)
+    return [dict(zip(matrix, values)) for values in itertools.product(*matrix.values())] or [{}]
 
 
 def expand(script: str, workflow: dict, job: dict, step: dict, matrix: dict) -> str:
@@ -111,7 +174,7 @@ def all_calls() -> list[tuple[str, str, list[str]]]:
     for name, workflow in (("nightly.yml", NIGHTLY), ("ci.yml", CI)):
         for job_id, job, step in steps(workflow):
             if "run" in step:
-                for matrix in matrix_combinations(job):
+                for matrix in matrix_combinations(name, job):
                     for args in dlbench_calls(expand(step["run"], workflow, job, step, matrix)):
                         calls.append((f"{name}:{job_id}:{step.get('name', step['run'][:30])}", json.dumps(matrix), args))
     return calls
@@ -127,9 +190,14 @@ def test_the_nightly_runs_every_suite_on_every_runner_on_gpu_runners_in_containe
     bench = NIGHTLY["jobs"]["bench"]
     assert bench["runs-on"] == ["self-hosted", "linux", "x64", "dlbench-gpu"]
     assert bench["strategy"]["fail-fast"] is False
+    # the matrix is what dlbench finds, listed by the start job: no framework or suite is named here
     matrix = bench["strategy"]["matrix"]
-    assert sorted(matrix["framework"]) == RunnerRegistry(ROOT / "runners").names()
-    assert sorted(matrix["suite"]) == SuiteCatalog(ROOT / "suites").suite_names()
+    assert matrix["framework"] == "${{ fromJSON(needs.start.outputs.frameworks) }}"
+    assert matrix["suite"] == "${{ fromJSON(needs.start.outputs.suites) }}"
+    listed = matrix_values("nightly.yml", bench)
+    assert listed["framework"] == RunnerRegistry(ROOT / "runners").names()
+    assert listed["suite"] == SuiteCatalog(ROOT / "suites").suite_names()
+    assert NIGHTLY["jobs"]["start"]["steps"][0]["id"] == "clock"  # the night's start is read before the listing
     uploads = [s for _, _, s in steps({"jobs": {"bench": bench}}) if s.get("uses", "").startswith("actions/upload-artifact")]
     assert uploads and uploads[0]["if"] == "${{ !cancelled() }}"  # failed runs are published too
 
