@@ -53,7 +53,15 @@ from dlbench.machine import available_cpus
 from dlbench.store.store import Store
 
 REFERENCES = Path(__file__).resolve().parent / "references"
-FRAMEWORKS = ("torch", "tensorflow", "jax", "mxnet")
+
+
+def reference_frameworks() -> list[str]:
+    """The runners (runners/*/runner.toml) that have a reference script, references/<fw>_reference.py."""
+    scripts = {p.name.removesuffix("_reference.py") for p in REFERENCES.glob("*_reference.py")}
+    return [name for name in RunnerRegistry(paths.runners_dir()).names() if name in scripts]
+
+
+FRAMEWORKS = reference_frameworks()
 NETWORKS = {"resnet50": "cnn", "lstm32": "rnn"}
 TARGET = 0.97
 
@@ -115,11 +123,11 @@ def main() -> None:
                     help="batch size for a network (default: the default profile's for the device)")
     ap.add_argument("--json", type=Path, help="also write the table here as JSON")
     args = ap.parse_args()
-    frameworks = FRAMEWORKS if args.framework == "all" else tuple(args.framework.split(","))
+    frameworks = tuple(FRAMEWORKS) if args.framework == "all" else tuple(args.framework.split(","))
     networks = tuple(args.network.split(","))
     for name in frameworks:
         if name not in FRAMEWORKS:
-            ap.error(f"unknown framework {name!r}")
+            ap.error(f"unknown framework {name!r}; the runners with a reference script: {', '.join(FRAMEWORKS)}")
     for name in networks:
         if name not in NETWORKS:
             ap.error(f"unknown network {name!r}")
