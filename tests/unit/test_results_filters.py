@@ -15,8 +15,8 @@ from store_records import T0, make_record
 from typer.testing import CliRunner
 
 import dlbench
-from dlbench import cli
 from dlbench.cli import app
+from dlbench.cli import results as results_cli
 from dlbench.store.rows import COLUMNS
 from dlbench.store.store import Store
 
@@ -139,12 +139,12 @@ def test_csv_and_json_to_a_file(store, tmp_path):
 
 
 def test_many_rows_are_listed_as_plain_columns(store, monkeypatch):
-    monkeypatch.setattr(cli, "RICH_TABLE_MAX_ROWS", 3)
+    monkeypatch.setattr(results_cli, "RICH_TABLE_MAX_ROWS", 3)
     code, out, _ = invoke("results", "--store", str(store.root))
     assert code == 0
     lines = out.splitlines()
     assert lines[0] == f"6 runs in {store.root}"
-    assert lines[1].split() == list(cli.RESULTS_TABLE_COLUMNS)
+    assert lines[1].split() == list(results_cli.RESULTS_TABLE_COLUMNS)
     for path in store.paths():
         assert sum(line.startswith(path.stem) for line in lines) == 1
     assert "┃" not in out

@@ -11,21 +11,15 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 
 from .. import paths
-from ..definitions.catalog import SuiteCatalog
 from ..definitions.loader import DefinitionError
 from ..machine import available_cpus
 from ..store.store import Store
-from . import _check_choice, _refresh_index, _runner, err, fail, out
+from . import lookup
+from .console import err, fail, out, progress_bar
+from .options import check_choice
 
 
 class _Events:
@@ -66,12 +60,11 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
     if env == "docker":
         raise fail("--env docker does not run distributed jobs yet; use --env venv or current")
     if scaling is not None:
-        _check_choice("scaling", scaling, ["strong", "weak"])
+        check_choice("scaling", scaling, ["strong", "weak"])
         if kind == "comm":
             raise fail("--scaling is for suite kind distributed (training); collectives have no batch to scale")
-    catalog = SuiteCatalog(paths.suites_dir())
     try:
-        suite = catalog.load_distributed_suite(suite_path, profile, device)
+        suite = lookup.catalog().load_distributed_suite(suite_path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
@@ -79,7 +72,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
         valid = sorted({b.name for b in chosen} | {b.network.name for b in chosen}) if kind == "distributed" \
             else list(suite.comm.collectives)
         for name in benchmark:
-            _check_choice("benchmark", name, valid)
+            check_choice("benchmark", name, valid)
         if kind == "distributed":
             chosen = [b for b in chosen if b.name in benchmark or b.network.name in benchmark]
     comm = suite.comm
@@ -97,7 +90,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
                 batches(batch, placement.workers, mode_of_scaling)
             except ValueError as e:
                 raise fail(f"{suite_path}: benchmarks: {b.network.name}: {e}") from None
-    runners = [_runner(registry, n) for n in names]
+    runners = [lookup.runner(registry, n) for n in names]
     remote = any(not h.local for h in placement.hosts)
     from ..machine import fingerprint
     from ..performance.runtime import run_predictor
@@ -117,8 +110,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
               highlight=False)
     records = []
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err, transient=False) as progress:
+        with progress_bar() as progress:
             task = progress.add_task("starting", total=total)
             orch = DistributedOrchestrator(store, options, _Events(progress, task))
             for runner in runners:
@@ -131,7 +123,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
     except KeyboardInterrupt:
         err.print(f"interrupted: every job's processes stopped; {len(records)} complete runs are in the store, none partial")
         raise typer.Exit(130) from None
-    _refresh_index(store)
+    lookup.refresh_index(store)
     if kind == "distributed":
         out.print(training_table(records, f"dlbench run: {suite.name}"))
     else:
@@ -172,7 +164,7 @@ def list_distributed(path: Path, profile: str, device: str) -> None:
     from .distributed_tables import human_bytes
 
     try:
-        suite = SuiteCatalog(paths.suites_dir()).load_distributed_suite(path, profile, device)
+        suite = lookup.catalog().load_distributed_suite(path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     if suite.kind == "comm":

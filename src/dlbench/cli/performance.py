@@ -1,39 +1,45 @@
-"""The performance model's commands: `dlbench run --suite kernels`, `dlbench kernels`, `dlbench calibrate`
-and `dlbench predict` (with `--accuracy`). Input is checked before anything runs (exit 2, one
-message naming what is wrong); the model itself is src/dlbench/performance/."""
+"""The kernels suite and the machine profile: `dlbench run --suite kernels`, `dlbench kernels` and
+`dlbench calibrate`. Input is checked before anything runs (exit 2, one message naming what is
+wrong); the model itself is src/dlbench/performance/, `dlbench predict` is prediction.py."""
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress
 from rich.table import Table
 
 from .. import paths
 from ..definitions.loader import DefinitionError
-from ..execution.kernels import PlannedKernelRun, execute_kernel_run, plan_kernel_runs
+from ..execution.backends import BACKENDS
 from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
-from ..performance.accuracy import accuracy_table_rows, prediction_errors
-from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
-from ..performance.kernels import KernelSpec
-from ..store.kernels import KernelRecord, KernelStore
-from ..store.profiles import MachineProfile, ProfileError, ProfileStore
 from ..store.store import Store
-from . import _catalog, _check_choice, _runner, err, fail, out
+from . import lookup
+from .console import err, fail, out, progress_bar
+from .options import (
+    DEVICES,
+    DeviceOption,
+    FormatOption,
+    StoreOption,
+    ThreadsOption,
+    TimeoutOption,
+    check_choice,
+    check_format,
+    resolve_device,
+)
+
+if TYPE_CHECKING:
+    # imported where used: the kernel runs, stores and the model are for these commands only
+    from ..execution.kernels import PlannedKernelRun
+    from ..store.kernels import KernelRecord
+    from ..store.profiles import MachineProfile
 
 RICH_ROWS_MAX = 150  # more kernels than this: one summary row per run instead
 
@@ -43,6 +49,8 @@ def _support(device: str) -> dict:
 
 
 def _machine_profile(store: Store, device: str, threads: int | None) -> MachineProfile | None:
+    from ..store.profiles import ProfileError, ProfileStore
+
     try:
         return ProfileStore(store).latest_matching(fingerprint()["machine_id"], device, threads)
     except ProfileError as e:
@@ -77,6 +85,8 @@ def _shape(spec: dict) -> str:
 
 
 def kernel_table(records: list[KernelRecord], title: str) -> Table:
+    import statistics
+
     rows = sum(len(r.kernels) for r in records)
     t = Table(title=title)
     if rows > RICH_ROWS_MAX:
@@ -124,8 +134,11 @@ def _print_skips(records: list[KernelRecord]) -> None:
 # ---------------------------------------------------------------------------------------- list
 
 def list_kernels(path: Path, profile: str, device: str) -> None:
+    """`dlbench list --suite kernels`: the suite's benchmarks under this profile."""
+    from ..performance.kernel_suite import load_kernel_suite
+
     try:
-        suite = load_kernel_suite(path, _catalog(), profile, device)
+        suite = load_kernel_suite(path, lookup.catalog(), profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     t = Table(title=f"dlbench suite {suite.name} (kernels, profile {profile}, {device})")
@@ -146,6 +159,10 @@ def list_kernels(path: Path, profile: str, device: str) -> None:
 def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, mode, profile: str, device: str,
                      env: str, threads: int | None, repeats: int | None, max_repeats, target_ci, store: Store,
                      timeout: float, workers, scaling, hosts) -> None:
+    """`dlbench run --suite kernels`: each framework times the suite's kernels; one kernel record per run."""
+    from ..execution.kernels import plan_kernel_runs
+    from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
+
     for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci),
                           ("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
         if value:
@@ -154,20 +171,20 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
     if env == "docker":
         raise fail("--env docker does not run the kernels suite yet; use --env venv or current")
     try:
-        suite = load_kernel_suite(suite_path, _catalog(), profile, device)
+        suite = load_kernel_suite(suite_path, lookup.catalog(), profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
     if benchmark:
         valid = [b.name for b in suite.benchmarks]
         for name in benchmark:
-            _check_choice("benchmark", name, valid)
+            check_choice("benchmark", name, valid)
         chosen = [b for b in chosen if b.name in benchmark]
     if repeats:
         chosen = [KernelBenchmark(b.suite, b.name, b.specs, b.profile, b.policy.model_copy(update={"repeats": repeats}),
                                   b.source) for b in chosen]
     threads = threads or available_cpus()
-    runners = [_runner(registry, n) for n in names]
+    runners = [lookup.runner(registry, n) for n in names]
     runs = plan_kernel_runs(runners, chosen)
     support = _support(device)
     machine_profile = _machine_profile(store, device, threads)
@@ -187,11 +204,13 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
 
 def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, threads: int, timeout: float,
              support: dict, machine_profile: MachineProfile | None) -> list[KernelRecord]:
+    from ..execution.kernels import execute_kernel_run
+    from ..store.kernels import KernelStore
+
     kernel_store = KernelStore(store)
     records: list[KernelRecord] = []
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err, transient=False) as progress:
+        with progress_bar() as progress:
             task = progress.add_task("starting", total=len(runs))
             orch = _orchestrator(store, device, env, threads, timeout, _EnvEvents(progress, task))
             for run in runs:
@@ -212,24 +231,34 @@ def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, 
 
 # ---------------------------------------------------------------------------------------- kernels
 
-def show_kernels(store: Store, frameworks: list[str] | None, benchmarks: list[str] | None, fmt: str) -> None:
+def kernels(
+    store: StoreOption = None,
+    framework: Annotated[Optional[list[str]], typer.Option(help="Only these frameworks; repeatable.")] = None,
+    benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these kernel benchmarks; repeatable.")] = None,
+    format: FormatOption = "table",
+) -> None:
+    """The kernel suite's results in the store: the latest run of each framework and kernel benchmark."""
+    from ..store.kernels import KernelStore
+
+    check_format(format)
+    st, frameworks, benchmarks = lookup.open_store(store), framework, benchmark
     problems: list[str] = []
     latest: dict[tuple[str, str], KernelRecord] = {}
-    for r in KernelStore(store).records(problems):
+    for r in KernelStore(st).records(problems):
         latest[(str(r.framework.get("name")), r.benchmark)] = r  # oldest first: the latest wins
     for p in problems:
         err.print(f"[red]unreadable[/] {escape(p)}", highlight=False, soft_wrap=True)
     chosen = [r for (fw, b), r in sorted(latest.items())
               if (not frameworks or fw in frameworks) and (not benchmarks or b in benchmarks)]
     if not chosen:
-        raise fail(f"no kernel records{' matching' if frameworks or benchmarks else ''} in {store.root / 'kernels'} "
+        raise fail(f"no kernel records{' matching' if frameworks or benchmarks else ''} in {st.root / 'kernels'} "
                    "(`dlbench run --suite kernels` makes them)", 1)
-    chosen = [_with_ceilings(store, r) for r in chosen]
-    if fmt == "json":
+    chosen = [_with_ceilings(st, r) for r in chosen]
+    if format == "json":
         sys.stdout.write(json.dumps([json.loads(r.model_dump_json(exclude={"output_tail"})) for r in chosen],
                                     indent=1) + "\n")
         return
-    table = kernel_table(chosen, f"kernels in {store.root} (latest run of each framework and benchmark)")
+    table = kernel_table(chosen, f"kernels in {st.root} (latest run of each framework and benchmark)")
     out.print(table)
     _print_skips(chosen)
 
@@ -238,6 +267,8 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
     """A record that ran before its machine had a profile, with the fractions of the ceilings of the
     latest profile for its machine, device and threads (its `ceilings` names that profile)."""
     from ..performance.kernel_suite import ceiling_of
+    from ..performance.kernels import KernelSpec
+    from ..store.profiles import ProfileError, ProfileStore
 
     if record.ceilings is not None:
         return record
@@ -258,15 +289,37 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 
 # ---------------------------------------------------------------------------------------- calibrate
 
-def calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
-              store: Store, workers: int | None) -> None:
+def calibrate(
+    framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
+    workers: Annotated[Optional[int], typer.Option(min=2, help=(
+        "Fit the all-reduce of only this many workers from the comm suite's records (default: every "
+        "worker count found).")) ] = None,
+    device: DeviceOption = "auto",
+    env: Annotated[str, typer.Option(help="venv | current")] = "venv",
+    threads: ThreadsOption = None,
+    timeout: TimeoutOption = 900.0,
+    store: StoreOption = None,
+) -> None:
+    """Measure this machine's ceilings, gather its kernel times and all-reduce fits: a new machine profile."""
+    check_choice("device", device, DEVICES)
+    check_choice("environment backend", env, list(BACKENDS))
+    registry = lookup.registry()
+    _calibrate(names=lookup.framework_names(registry, framework), registry=registry, device=resolve_device(device),
+               env=env, threads=threads, timeout=timeout, store=lookup.open_store(store), workers=workers)
+
+
+def _calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
+               store: Store, workers: int | None) -> None:
+    from ..execution.kernels import plan_kernel_runs
     from ..performance.calibration import calibration_specs, ceilings, comm_fits, kernel_times
-    from ..performance.kernel_suite import KernelPolicy
-    from ..store.profiles import MachineProfile
+    from ..performance.kernel_suite import KernelBenchmark, KernelPolicy, load_kernel_suite
+    from ..performance.kernels import KernelSpec
+    from ..store.kernels import KernelStore
+    from ..store.profiles import MachineProfile, ProfileStore
 
     if env == "docker":
         raise fail("--env docker does not calibrate yet; use --env venv or current")
-    catalog = _catalog()
+    catalog = lookup.catalog()
     kernel_suites = catalog.kernel_suite_names()
     if not kernel_suites:
         raise fail(f"no suite of kind kernels in {catalog.root}: its `ceilings` say what to measure")
@@ -286,7 +339,7 @@ def calibrate(*, names: list[str], registry, device: str, env: str, threads: int
     smallest = KernelSpec.of("copy", "float32", elements=max(1, suite.ceilings.dispatch_bytes // 8))
     cold_bench = KernelBenchmark(suite.name, "smallest-cold", (smallest,), "calibrate",
                                  policy.model_copy(update={"cache": "cold"}), "the smallest operation, timed cold")
-    runners = [_runner(registry, n) for n in names]
+    runners = [lookup.runner(registry, n) for n in names]
     machine = fingerprint()
     err.print(f"dlbench calibrate: ceilings on {device} with {', '.join(names)} ({len(specs)} kernels each), "
               f"{threads} threads, store {store.root}", highlight=False)
@@ -358,133 +411,3 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
     out.print(t)
 
 
-# ---------------------------------------------------------------------------------------- predict
-
-def _network_summary(network: str):
-    from ..definitions.loader import load_network
-
-    catalog = _catalog()
-    path = catalog.networks_dir / f"{network}.yaml"
-    if not path.is_file():
-        candidate = Path(network)
-        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-            path = candidate
-        else:
-            raise fail(f"unknown network {network!r}; valid networks: {', '.join(catalog.network_names())} "
-                       "(or a path to a .yaml file)")
-    try:
-        return load_network(path)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
-
-
-def predict_command(*, network: str, framework: str, batch: int, mode: str, workers: int, machine: str | None,
-                    schedule: str | None, precision: str, threads: int | None, io_bandwidth: float | None,
-                    store: Store, fmt: str, layers: bool) -> None:
-    from ..performance.model import DataPath, PredictionError, predict
-    from ..performance.workload import decompose
-
-    summary = _network_summary(network)
-    try:
-        profile = ProfileStore(store).resolve(machine, fingerprint()["machine_id"])
-    except ProfileError as e:
-        raise fail(str(e)) from None
-    work = decompose(summary.resolved, batch, mode, precision)
-    path = DataPath(work.input_bytes_per_sample, read_bytes_per_s=io_bandwidth * 1e9 if io_bandwidth else None)
-    try:
-        p = predict(work, framework, profile, workers, schedule, data_path=path, threads=threads)
-    except PredictionError as e:
-        raise fail(str(e)) from None
-    if fmt == "json":
-        data = {"network": summary.name, "framework": framework, "batch_per_worker": batch, "mode": mode,
-                "precision": precision, **p.to_record(),
-                "layers": [{"index": l.index, "label": l.label, "params": l.params, "forward_s": l.forward_s,
-                            "backward_s": l.backward_s, "update_s": l.update_s, "measured_s": l.measured_s,
-                            "estimated_s": l.estimated_s} for l in p.layers],
-                "unmeasured": p.unmeasured}
-        if p.schedule is not None:
-            data["messages"] = p.schedule.groups
-        sys.stdout.write(json.dumps(data, indent=1) + "\n")
-        return
-    title = (f"predicted {summary.name} {mode}, {framework}, batch {batch}"
-             + (f" per worker x {workers} workers ({p.schedule.kind})" if workers > 1 else "")
-             + f"; machine profile {p.profile}")
-    t = Table(title=escape(title))
-    for col in ("phase", "ms", "share"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
-    total = p.iteration_s
-    rows = [("data path (not hidden)", p.io_exposed_s), ("step call", p.step_call_s), ("forward", p.forward_s),
-            ("backward", p.backward_s), ("update", p.update_s)]
-    if workers > 1:
-        rows.append(("communication (not hidden)", p.communication_exposed_s))
-    for name, seconds in rows:
-        t.add_row(name, f"{seconds * 1e3:.3f}", f"{100 * seconds / total:.1f}%" if total else "")
-    t.add_row("[bold]iteration[/]", f"[bold]{total * 1e3:.3f}[/]", "100%")
-    if workers > 1:
-        t.add_row("communication, all of it", f"{p.communication_s * 1e3:.3f}",
-                  f"{len(p.schedule.groups)} messages")
-    t.caption = (f"{100 * p.measured_share:.0f}% of the compute time from measured kernel times; "
-                 f"{len(p.unmeasured)} kernels estimated by the roofline; {total and batch * workers / total:,.1f} "
-                 "samples/s")
-    out.print(t)
-    if layers:
-        lt = Table(title="per layer (ms)")
-        for col in ("layer", "params", "forward", "backward", "update", "measured"):
-            lt.add_column(col, justify="left" if col == "layer" else "right")
-        for l in p.layers:
-            busy = l.measured_s + l.estimated_s
-            lt.add_row(escape(l.label), f"{l.params:,}", f"{l.forward_s * 1e3:.3f}", f"{l.backward_s * 1e3:.3f}",
-                       f"{l.update_s * 1e3:.3f}", f"{100 * l.measured_s / busy:.0f}%" if busy else "")
-        out.print(lt)
-    for n in p.notes:
-        err.print(f"note: {escape(n)}", highlight=False, soft_wrap=True)
-
-
-# ---------------------------------------------------------------------------------------- accuracy
-
-
-def accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, recompute: bool,
-             machine: str | None, fmt: str, runs: bool) -> None:
-    from ..store.store import Unreadable
-
-    profile = None
-    if recompute:
-        try:
-            profile = ProfileStore(store).resolve(machine, fingerprint()["machine_id"])
-        except ProfileError as e:
-            raise fail(str(e)) from None
-    unreadable: list[Unreadable] = []
-    records = [r for r in store.records(unreadable)
-               if (not suites or r.suite in suites) and (not frameworks or r.framework.get("name") in frameworks)]
-    for u in unreadable:
-        err.print(f"[red]unreadable[/] {escape(u.reason)}", highlight=False, soft_wrap=True)
-    rows = prediction_errors(records, profile)
-    if not rows:
-        raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
-    table_rows = accuracy_table_rows(rows)
-    if fmt == "json":
-        sys.stdout.write(json.dumps({"groups": table_rows, "runs": rows}, indent=1) + "\n")
-        return
-    how = f"predicted again from profile {profile.ref}" if profile else "as predicted before each run"
-    t = Table(title=f"prediction error in {store.root} ({how})")
-    for col in ("suite", "framework", "runs", "predicted", "median |error|", "within 25%", "median error"):
-        t.add_column(col, justify="left" if col in ("suite", "framework") else "right")
-    for g in table_rows:
-        style = "bold" if g["framework"] == "all" else ""
-        cells = [g["suite"], g["framework"], str(g["runs"]), str(g["predicted"]),
-                 f"{100 * g['median_abs_error']:.1f}%" if g["median_abs_error"] is not None else "",
-                 f"{100 * g['within_25']:.0f}%" if g["within_25"] is not None else "",
-                 f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else ""]
-        t.add_row(*(f"[{style}]{escape(c)}[/]" if style else escape(c) for c in cells))
-    t.caption = "error = predicted / measured median iteration time - 1; runs without a prediction are counted, not scored"
-    out.print(t)
-    if runs:
-        rt = Table(title="runs")
-        for col in ("suite", "benchmark", "framework", "batch", "workers", "measured ms", "predicted ms", "error"):
-            rt.add_column(col, justify="left" if col in ("suite", "benchmark", "framework") else "right")
-        for row in rows:
-            rt.add_row(escape(row["suite"]), escape(row["benchmark"]), escape(row["framework"]), str(row["batch"]),
-                       str(row["workers"]), f"{row['measured_s'] * 1e3:.2f}",
-                       f"{row['predicted_s'] * 1e3:.2f}" if row["predicted_s"] else "",
-                       f"{100 * row['error']:+.1f}%" if row["error"] is not None else "")
-        out.print(rt)

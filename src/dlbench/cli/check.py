@@ -1,0 +1,96 @@
+"""`dlbench check`: the frameworks build the same networks (shared weights and input, compared
+outputs and one update); each result is kept in the store's checks/."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .. import paths
+from ..definitions.loader import DefinitionError, load_network
+from ..execution.backends import BACKENDS, backend
+from ..execution.environments import EnvironmentBuildError
+from . import lookup
+from .console import err, fail, out
+from .options import (
+    DEVICES,
+    DeviceOption,
+    FrameworksOption,
+    StoreOption,
+    TimeoutOption,
+    check_choice,
+    resolve_device,
+)
+
+
+def check(
+    framework: FrameworksOption = ["all"],
+    network: Annotated[Optional[list[str]], typer.Option(help="Only these networks; repeatable (default: all).")] = None,
+    device: DeviceOption = "cpu",
+    env: Annotated[str, typer.Option(help="venv | current | docker")] = "venv",
+    store: StoreOption = None,
+    timeout: TimeoutOption = 900.0,
+) -> None:
+    """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
+    from ..execution.equivalence import check_network
+    from ..store.checks import CheckStore
+
+    check_choice("device", device, DEVICES)
+    check_choice("environment backend", env, list(BACKENDS))
+    registry = lookup.registry()
+    runners = [lookup.runner(registry, n) for n in lookup.framework_names(registry, framework)]
+    # torch is the reference when it is asked for: the others are compared against it.
+    runners.sort(key=lambda r: r.name != "torch")
+    catalog = lookup.catalog()
+    names = network or catalog.network_names()
+    for n in names:
+        check_choice("network", n, catalog.network_names())
+    try:
+        summaries = [load_network(catalog.networks_dir / f"{n}.yaml") for n in names]
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    resolved_device = resolve_device(device)
+    flavour = "cuda" if resolved_device == "cuda" else "cpu"
+    envs = []
+    chosen = backend(env, paths.cache_dir())
+    for r in runners:
+        with err.status(f"environment for {r.name}") as status:
+            try:
+                envs.append((r, chosen.ensure(r, flavour, lambda line, n=r.name: status.update(f"{n}: {escape(line[:90])}"))))
+            except EnvironmentBuildError as e:
+                envs.append((r, e))
+    # One step with the hyper-parameters each network trains with in its suite.
+    step = {}
+    for s in lookup.load_suites("all", "smoke", "cpu"):
+        for b in s.benchmarks:
+            if b.mode == "train":
+                step.setdefault(b.network.name, (b.learning_rate, b.momentum))
+    checks = CheckStore(lookup.open_store(store).root)
+    table = Table(title=f"dlbench check ({resolved_device}; reference: {runners[0].name})")
+    for col in ("network", "framework", "version", "params", "status", "logits", "loss", "weights", "update",
+                "worst tensor", "round trip"):
+        table.add_column(col, justify="right" if col in ("params", "logits", "loss", "weights", "update", "round trip")
+                         else "left")
+    bad = 0
+    for summary in summaries:
+        lr, momentum = step.get(summary.name, (0.01, 0.9))
+        with err.status(f"checking {summary.name}"):
+            results = check_network(summary, envs, resolved_device, timeout, learning_rate=lr, momentum=momentum)
+        for res in results:
+            checks.save(res)
+            bad += not res.ok
+            style = {"equivalent": "green", "reference": "cyan", "skipped": "yellow"}.get(res.status, "red")
+            e = res.errors
+            table.add_row(summary.name, res.framework, escape(res.framework_version or ""),
+                          f"{res.params:,}" if res.params is not None else "", f"[{style}]{res.status}[/]",
+                          *(f"{e[k]:.1e}" if k in e else "" for k in ("logits", "loss", "weights", "update")),
+                          escape(res.worst_tensor or ""), f"{e['roundtrip']:.0e}" if "roundtrip" in e else "")
+            if res.reason and res.status != "equivalent":
+                err.print(f"[{style}]{res.status}[/] {summary.name} on {res.framework}: {escape(res.reason)}",
+                          highlight=False, soft_wrap=True)
+    out.print(table)
+    if bad:
+        raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)

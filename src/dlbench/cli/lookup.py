@@ -1,0 +1,82 @@
+"""What the commands look up by name: the suites (catalog), the runners (registry), the results
+store; each unknown or invalid name is an error that exits 2 with the valid ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import paths
+from ..definitions.catalog import SuiteCatalog
+from ..definitions.loader import DefinitionError
+from ..execution.registry import RunnerRegistry
+from ..store.store import Store
+from .console import fail
+from .options import check_choice
+
+
+def open_store(store: Path | None) -> Store:
+    """`--store`, else $DLBENCH_STORE, else ./results."""
+    return Store(store or paths.default_store())
+
+
+def refresh_index(st: Store) -> None:
+    """Bring the row index up to date after writing records, so that the next `results` reads it
+    instead of parsing the new records (or, in a store without an index yet, all of them). The
+    index is a cache: failing to update it here loses nothing, the next read rebuilds it."""
+    from ..store.index import read_rows
+
+    try:
+        read_rows(st)
+    except Exception:  # noqa: BLE001 - a cache update must never fail the command that wrote the records
+        pass
+
+
+def catalog() -> SuiteCatalog:
+    return SuiteCatalog(paths.suites_dir())
+
+
+def registry() -> RunnerRegistry:
+    return RunnerRegistry(paths.runners_dir())
+
+
+def runner(registry: RunnerRegistry, name: str):
+    try:
+        return registry.get(name)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+
+
+def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
+    """`--framework` values: names, comma lists, or 'all' (the runners that exist), deduplicated."""
+    names = [n.strip() for item in given for n in item.split(",") if n.strip()]
+    if not names:
+        raise fail(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
+    for n in names:
+        check_choice("framework", n, registry.names() + ["all"])
+    return list(dict.fromkeys(registry.names() if "all" in names else names))
+
+
+def suite_kind(path: Path) -> str:
+    """The `kind` of a suite file (benchmark, distributed, comm, kernels)."""
+    try:
+        return catalog().suite_kind(path)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+
+
+def _load_suite(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None):
+    suites = catalog()
+    path = suites.suite_path(suite)
+    if path is None:
+        raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(suites.suite_names() + ['all'])} "
+                   "(or a path to a .yaml file)")
+    try:
+        return suites.load_suite(path, profile, device, modes)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+
+
+def load_suites(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None) -> list:
+    """`--suite`: a name, a path, or 'all' (every suite shipped in suites/)."""
+    names = catalog().suite_names() if suite == "all" else [suite]
+    return [_load_suite(n, profile, device, modes) for n in names]

@@ -1,0 +1,44 @@
+"""The options several commands share, declared once (typer `Annotated` aliases; each command gives
+its own default), the values they accept, and the checks of those values (exit 2, one message)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional, Sequence
+
+import typer
+
+from ..machine import detect_device
+from .console import fail
+
+DEVICES = ("auto", "cpu", "cuda")
+MODES = ("train", "infer")
+TABLE_OR_JSON = ("table", "json")
+
+StoreOption = Annotated[Optional[Path], typer.Option(
+    "--store", help="Results store (default: $DLBENCH_STORE, else ./results).")]
+FormatOption = Annotated[str, typer.Option("--format", help=" | ".join(TABLE_OR_JSON))]
+ProfileOption = Annotated[str, typer.Option(help="smoke | default | paper")]
+DeviceOption = Annotated[str, typer.Option(help=" | ".join(DEVICES))]
+FrameworksOption = Annotated[list[str], typer.Option(help="Framework name, 'all', or a comma list; repeatable.")]
+ThreadsOption = Annotated[Optional[int], typer.Option(
+    min=1, help="Threads per worker (default: all available cores).")]
+TimeoutOption = Annotated[float, typer.Option(min=1, help="Seconds before a worker process is killed.")]
+# the filters of `results` and `history`
+FrameworkFilter = Annotated[Optional[list[str]], typer.Option(help="Only these frameworks; repeatable, or a comma list.")]
+MachineFilter = Annotated[Optional[list[str]], typer.Option(help="Only these hostnames or machine ids; repeatable.")]
+
+
+def check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise fail(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(choices)}")
+
+
+def check_format(value: str, choices: Sequence[str] = TABLE_OR_JSON) -> None:
+    """`--format`: one of `choices` (table or json, unless the command writes more)."""
+    check_choice("format", value, choices)
+
+
+def resolve_device(device: str) -> str:
+    """`--device auto`: cuda where this machine has a usable GPU, else cpu."""
+    return detect_device() if device == "auto" else device

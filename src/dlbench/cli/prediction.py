@@ -1,0 +1,211 @@
+"""`dlbench predict`: an iteration's time per phase from a machine profile, and with `--accuracy`
+the prediction error of the runs in the store. The model is src/dlbench/performance/; input is
+checked here before anything is predicted (exit 2, one message)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from ..definitions.loader import DefinitionError
+from ..machine import fingerprint
+from ..store.store import Store
+from . import lookup
+from .console import err, fail, out
+from .options import MODES, FormatOption, StoreOption, check_choice, check_format
+
+
+def predict(
+    network: Annotated[Optional[str], typer.Option(help="A network of suites/networks, or a path to its .yaml.")] = None,
+    framework: Annotated[Optional[str], typer.Option(help="Whose measured kernel times to use.")] = None,
+    batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size (per worker).")] = None,
+    mode: Annotated[str, typer.Option(help="train | infer")] = "train",
+    workers: Annotated[int, typer.Option(min=1, help="Synchronous data-parallel workers.")] = 1,
+    machine: Annotated[Optional[str], typer.Option(help=(
+        "Machine profile: a file, or a machine id or hostname with @REVISION for an older one "
+        "(default: this machine's latest).")) ] = None,
+    schedule: Annotated[Optional[str], typer.Option(help=(
+        "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine, "
+        "as its runners/FW/runner.toml [model] states it).")) ] = None,
+    precision: Annotated[str, typer.Option(help="float32 | amp_fp16 | amp_bf16")] = "float32",
+    threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
+    io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(
+        "Read the data at this many GB/s (default: synthetic data already in memory).")) ] = None,
+    accuracy: Annotated[bool, typer.Option("--accuracy", help=(
+        "Instead: the prediction error of the runs in the store, per suite and framework.")) ] = False,
+    recompute: Annotated[bool, typer.Option("--recompute", help=(
+        "With --accuracy: predict every run again from the profile (--machine) instead of using the "
+        "prediction its record kept.")) ] = False,
+    suite: Annotated[Optional[list[str]], typer.Option(help="With --accuracy: only these suites; repeatable.")] = None,
+    runs: Annotated[bool, typer.Option("--runs", help="With --accuracy: list every run too.")] = False,
+    layers: Annotated[bool, typer.Option("--layers", help="The time of every layer too.")] = False,
+    format: FormatOption = "table",
+    store: StoreOption = None,
+) -> None:
+    """Predict an iteration's time per phase from a machine profile (--accuracy: score stored predictions)."""
+    from ..performance.communication import SCHEDULES
+
+    check_format(format)
+    if accuracy:
+        given = [o for o, v in (("--network", network), ("--batch", batch), ("--schedule", schedule),
+                                ("--io-bandwidth", io_bandwidth)) if v is not None]
+        if given or workers != 1:
+            raise fail(f"--accuracy scores the runs in the store; {', '.join(given) or '--workers'} is for one prediction")
+        _accuracy(store=lookup.open_store(store), suites=suite, frameworks=[framework] if framework else None,
+                  recompute=recompute, machine=machine, fmt=format, runs=runs)
+        return
+    if recompute or suite or runs:
+        raise fail("--recompute, --suite and --runs go with --accuracy")
+    missing = [o for o, v in (("--network", network), ("--framework", framework), ("--batch", batch)) if v is None]
+    if missing:
+        raise fail(f"predict needs {', '.join(missing)} (or --accuracy)")
+    check_choice("framework", framework, lookup.registry().names())
+    check_choice("mode", mode, MODES)
+    check_choice("precision", precision, ["float32", "amp_fp16", "amp_bf16"])
+    if schedule is not None:
+        check_choice("schedule", schedule, list(SCHEDULES))
+    if workers > 1 and mode != "train":
+        raise fail("--workers above 1 needs --mode train: only training exchanges gradients")
+    _predict(network=network, framework=framework, batch=batch, mode=mode, workers=workers, machine=machine,
+             schedule=schedule, precision=precision, threads=threads, io_bandwidth=io_bandwidth,
+             store=lookup.open_store(store), fmt=format, layers=layers)
+
+
+def _network_summary(network: str):
+    from ..definitions.loader import load_network
+
+    catalog = lookup.catalog()
+    path = catalog.networks_dir / f"{network}.yaml"
+    if not path.is_file():
+        candidate = Path(network)
+        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+            path = candidate
+        else:
+            raise fail(f"unknown network {network!r}; valid networks: {', '.join(catalog.network_names())} "
+                       "(or a path to a .yaml file)")
+    try:
+        return load_network(path)
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+
+
+def _predict(*, network: str, framework: str, batch: int, mode: str, workers: int, machine: str | None,
+             schedule: str | None, precision: str, threads: int | None, io_bandwidth: float | None,
+             store: Store, fmt: str, layers: bool) -> None:
+    from ..performance.model import DataPath, PredictionError
+    from ..performance.model import predict as predict_iteration
+    from ..performance.workload import decompose
+    from ..store.profiles import ProfileError, ProfileStore
+
+    summary = _network_summary(network)
+    try:
+        profile = ProfileStore(store).resolve(machine, fingerprint()["machine_id"])
+    except ProfileError as e:
+        raise fail(str(e)) from None
+    work = decompose(summary.resolved, batch, mode, precision)
+    path = DataPath(work.input_bytes_per_sample, read_bytes_per_s=io_bandwidth * 1e9 if io_bandwidth else None)
+    try:
+        p = predict_iteration(work, framework, profile, workers, schedule, data_path=path, threads=threads)
+    except PredictionError as e:
+        raise fail(str(e)) from None
+    if fmt == "json":
+        data = {"network": summary.name, "framework": framework, "batch_per_worker": batch, "mode": mode,
+                "precision": precision, **p.to_record(),
+                "layers": [{"index": l.index, "label": l.label, "params": l.params, "forward_s": l.forward_s,
+                            "backward_s": l.backward_s, "update_s": l.update_s, "measured_s": l.measured_s,
+                            "estimated_s": l.estimated_s} for l in p.layers],
+                "unmeasured": p.unmeasured}
+        if p.schedule is not None:
+            data["messages"] = p.schedule.groups
+        sys.stdout.write(json.dumps(data, indent=1) + "\n")
+        return
+    title = (f"predicted {summary.name} {mode}, {framework}, batch {batch}"
+             + (f" per worker x {workers} workers ({p.schedule.kind})" if workers > 1 else "")
+             + f"; machine profile {p.profile}")
+    t = Table(title=escape(title))
+    for col in ("phase", "ms", "share"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    total = p.iteration_s
+    rows = [("data path (not hidden)", p.io_exposed_s), ("step call", p.step_call_s), ("forward", p.forward_s),
+            ("backward", p.backward_s), ("update", p.update_s)]
+    if workers > 1:
+        rows.append(("communication (not hidden)", p.communication_exposed_s))
+    for name, seconds in rows:
+        t.add_row(name, f"{seconds * 1e3:.3f}", f"{100 * seconds / total:.1f}%" if total else "")
+    t.add_row("[bold]iteration[/]", f"[bold]{total * 1e3:.3f}[/]", "100%")
+    if workers > 1:
+        t.add_row("communication, all of it", f"{p.communication_s * 1e3:.3f}",
+                  f"{len(p.schedule.groups)} messages")
+    t.caption = (f"{100 * p.measured_share:.0f}% of the compute time from measured kernel times; "
+                 f"{len(p.unmeasured)} kernels estimated by the roofline; {total and batch * workers / total:,.1f} "
+                 "samples/s")
+    out.print(t)
+    if layers:
+        lt = Table(title="per layer (ms)")
+        for col in ("layer", "params", "forward", "backward", "update", "measured"):
+            lt.add_column(col, justify="left" if col == "layer" else "right")
+        for l in p.layers:
+            busy = l.measured_s + l.estimated_s
+            lt.add_row(escape(l.label), f"{l.params:,}", f"{l.forward_s * 1e3:.3f}", f"{l.backward_s * 1e3:.3f}",
+                       f"{l.update_s * 1e3:.3f}", f"{100 * l.measured_s / busy:.0f}%" if busy else "")
+        out.print(lt)
+    for n in p.notes:
+        err.print(f"note: {escape(n)}", highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------- accuracy
+
+
+def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, recompute: bool,
+              machine: str | None, fmt: str, runs: bool) -> None:
+    from ..performance.accuracy import accuracy_table_rows, prediction_errors
+    from ..store.profiles import ProfileError, ProfileStore
+    from ..store.store import Unreadable
+
+    profile = None
+    if recompute:
+        try:
+            profile = ProfileStore(store).resolve(machine, fingerprint()["machine_id"])
+        except ProfileError as e:
+            raise fail(str(e)) from None
+    unreadable: list[Unreadable] = []
+    records = [r for r in store.records(unreadable)
+               if (not suites or r.suite in suites) and (not frameworks or r.framework.get("name") in frameworks)]
+    for u in unreadable:
+        err.print(f"[red]unreadable[/] {escape(u.reason)}", highlight=False, soft_wrap=True)
+    rows = prediction_errors(records, profile)
+    if not rows:
+        raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
+    table_rows = accuracy_table_rows(rows)
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"groups": table_rows, "runs": rows}, indent=1) + "\n")
+        return
+    how = f"predicted again from profile {profile.ref}" if profile else "as predicted before each run"
+    t = Table(title=f"prediction error in {store.root} ({how})")
+    for col in ("suite", "framework", "runs", "predicted", "median |error|", "within 25%", "median error"):
+        t.add_column(col, justify="left" if col in ("suite", "framework") else "right")
+    for g in table_rows:
+        style = "bold" if g["framework"] == "all" else ""
+        cells = [g["suite"], g["framework"], str(g["runs"]), str(g["predicted"]),
+                 f"{100 * g['median_abs_error']:.1f}%" if g["median_abs_error"] is not None else "",
+                 f"{100 * g['within_25']:.0f}%" if g["within_25"] is not None else "",
+                 f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else ""]
+        t.add_row(*(f"[{style}]{escape(c)}[/]" if style else escape(c) for c in cells))
+    t.caption = "error = predicted / measured median iteration time - 1; runs without a prediction are counted, not scored"
+    out.print(t)
+    if runs:
+        rt = Table(title="runs")
+        for col in ("suite", "benchmark", "framework", "batch", "workers", "measured ms", "predicted ms", "error"):
+            rt.add_column(col, justify="left" if col in ("suite", "benchmark", "framework") else "right")
+        for row in rows:
+            rt.add_row(escape(row["suite"]), escape(row["benchmark"]), escape(row["framework"]), str(row["batch"]),
+                       str(row["workers"]), f"{row['measured_s'] * 1e3:.2f}",
+                       f"{row['predicted_s'] * 1e3:.2f}" if row["predicted_s"] else "",
+                       f"{100 * row['error']:+.1f}%" if row["error"] is not None else "")
+        out.print(rt)

@@ -1,0 +1,214 @@
+"""`dlbench run`: a suite on one or more frameworks, every run recorded in the store. Suites of
+kind distributed and comm go on to distributed.py, the kernels suite to performance.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+
+from .. import paths
+from ..definitions.suite import PROFILES, Benchmark
+from ..execution.backends import BACKENDS
+from ..machine import available_cpus, fingerprint, gpus
+from ..store.rows import run_row
+from ..telemetry import TelemetryConfig
+from . import lookup
+from .console import err, fail, out, progress_bar
+from .options import (
+    DEVICES,
+    MODES,
+    DeviceOption,
+    FrameworksOption,
+    ProfileOption,
+    StoreOption,
+    ThreadsOption,
+    TimeoutOption,
+    check_choice,
+    resolve_device,
+)
+
+if TYPE_CHECKING:
+    from ..execution.orchestrator import PlannedRun
+
+
+def run(
+    suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
+    framework: FrameworksOption = ["all"],
+    benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
+    mode: Annotated[Optional[list[str]], typer.Option(
+        help="train | infer; repeatable (default: the profile's choice, which is train only for smoke).")] = None,
+    profile: ProfileOption = "default",
+    device: DeviceOption = "auto",
+    env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter) | "
+                                          "docker (the framework's image; the worker runs in a container)")] = "venv",
+    threads: ThreadsOption = None,
+    repeats: Annotated[Optional[int], typer.Option(min=1, help="Worker processes per run (default: the profile's); "
+                                                               "with --target-ci, the repeats before the first check.")] = None,
+    max_repeats: Annotated[Optional[int], typer.Option(
+        "--max-repeats", help="Adaptive repeats: the most worker processes per run (needs --target-ci).")] = None,
+    target_ci: Annotated[Optional[float], typer.Option("--target-ci", metavar="PCT", help=(
+        "Adaptive repeats: add repeats until the 95% CI half-width of the median is under PCT percent of "
+        "it, or --max-repeats is reached."))] = None,
+    store: StoreOption = None,
+    timeout: TimeoutOption = 1800.0,
+    sample_interval: Annotated[float, typer.Option("--sample-interval", min=10, max=1000,
+                                                   help="Telemetry sampling interval in ms (10-1000).")] = 100.0,
+    no_telemetry: Annotated[bool, typer.Option("--no-telemetry", help="Do not sample power, clocks, CPU.")] = False,
+    workers: Annotated[Optional[int], typer.Option(
+        min=1, help="Suites distributed and comm: workers per job (default 2).")] = None,
+    scaling: Annotated[Optional[str], typer.Option(
+        help="Suite distributed: strong (the suite's batch is the global batch) | weak (it is each worker's).")] = None,
+    hosts: Annotated[Optional[str], typer.Option(
+        help="Suites distributed and comm: spread the workers over these hosts (comma list; default: this "
+             "machine, or the Slurm allocation inside one).")] = None,
+) -> None:
+    """Run a suite on one or more frameworks and record every run in the store."""
+    # imported here: the orchestrator brings statistics and scipy, which other commands need not load
+    from ..execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
+
+    check_choice("profile", profile, list(PROFILES))
+    check_choice("device", device, DEVICES)
+    check_choice("environment backend", env, list(BACKENDS))
+    registry = lookup.registry()
+    names = lookup.framework_names(registry, framework)
+    suite_path = lookup.catalog().suite_path(suite) if suite != "all" else None
+    kind = lookup.suite_kind(suite_path) if suite_path is not None else "benchmark"
+    if kind == "kernels":
+        from .performance import run_kernel_suite
+
+        run_kernel_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
+                         device=resolve_device(device), env=env, threads=threads, repeats=repeats,
+                         max_repeats=max_repeats, target_ci=target_ci, store=lookup.open_store(store),
+                         timeout=timeout, workers=workers, scaling=scaling, hosts=hosts)
+        return
+    if kind != "benchmark":
+        from .distributed import run_distributed_suite
+
+        run_distributed_suite(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
+                              device=resolve_device(device), env=env, threads=threads, repeats=repeats,
+                              max_repeats=max_repeats, target_ci=target_ci, store=lookup.open_store(store),
+                              timeout=timeout, workers=workers or 2, scaling=scaling, hosts=hosts)
+        return
+    for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
+        if value is not None:
+            raise fail(f"{option} is for the distributed suites ({', '.join(lookup.catalog().distributed_suite_names())}); "
+                       f"suite {suite!r} runs one process per run")
+    for m in mode or []:
+        check_choice("mode", m, MODES)
+    resolved_device = resolve_device(device)
+    suites = lookup.load_suites(suite, profile, resolved_device, tuple(mode) if mode else None)
+    available: list[Benchmark] = [b for s in suites for b in s.benchmarks]
+    selected = available
+    if benchmark:
+        # a benchmark named with its mode runs even where the profile would skip that mode
+        every_mode = [b for s in lookup.load_suites(suite, profile, resolved_device, tuple(mode or MODES))
+                      for b in s.benchmarks]
+        valid = sorted({b.name for b in every_mode} | {b.network.name for b in every_mode})
+        for name in benchmark:
+            check_choice("benchmark", name, valid)
+        chosen = {b.name for b in available}
+        selected = [b for b in every_mode
+                    if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
+    try:
+        check_repeat_options(repeats, max_repeats, target_ci, selected)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    runners = [lookup.runner(registry, n) for n in names]
+    options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
+                         repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),
+                         telemetry=None if no_telemetry else _telemetry_config(resolved_device, sample_interval),
+                         nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"),
+                         max_repeats=max_repeats, target_ci_pct=target_ci)
+    runs = plan(runners, selected)
+    st = lookup.open_store(store)
+    from ..performance.runtime import run_predictor
+
+    predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads,
+                                              {r.name: r.model for r in runners})
+    options = dataclasses.replace(options, predictor=predictor)
+    err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
+              f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}; "
+              f"predictions: {predicted_from if predictor else 'none, ' + predicted_from}", highlight=False)
+    records = []
+    try:
+        with progress_bar() as progress:
+            task = progress.add_task("starting", total=len(runs))
+            orch = Orchestrator(st, options, _ProgressEvents(progress, task))
+            for r in runs:
+                records.append(orch.execute_one(r))
+            progress.update(task, description="done")
+    except KeyboardInterrupt:
+        err.print(f"interrupted: workers stopped; {len(records)} complete runs are in the store, none partial")
+        raise typer.Exit(130) from None
+    lookup.refresh_index(st)
+    out.print(_summary_table(records))
+    for r in records:
+        if r.summary and r.summary.stability and r.summary.stability.unstable:
+            err.print(f"[yellow]unstable[/]: {escape(r.benchmark)} on {escape(str(r.framework.get('name')))} "
+                      f"b={r.workload.batch_size}: {escape(r.summary.stability.reason)}; with few processes the "
+                      "interval may understate where a rerun lands (add repeats: --max-repeats N --target-ci PCT)",
+                      highlight=False, soft_wrap=True)
+    bad = [r for r in records if r.status in ("failed", "timeout")]
+    if bad:
+        raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
+
+
+def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
+    """A cpu run samples no GPU where the host has some (they are not what is measured); on a host
+    without any it still asks NVML, so the record says why GPU telemetry is unavailable."""
+    host_has_gpus = bool(gpus()["gpus"])
+    indices = () if device == "cpu" and host_has_gpus else None
+    return TelemetryConfig(interval_s=interval_ms / 1000, gpu_indices=indices)
+
+
+class _ProgressEvents:
+    def __init__(self, progress: Progress, task):
+        self.progress, self.task = progress, task
+
+    def environment(self, framework, line):
+        self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+
+    def run_started(self, run: PlannedRun, repeats: int):
+        self._label = escape(f"{run.runner.name} {run.benchmark.name} b={run.batch_size}")
+        self.progress.update(self.task, description=f"{self._label} (repeat 1/{repeats})")
+        self._repeats = repeats
+
+    def repeat_done(self, run, repeat):
+        nxt = repeat.index + 2
+        if nxt <= self._repeats and repeat.status == "ok":
+            self.progress.update(self.task, description=f"{self._label} (repeat {nxt}/{self._repeats})")
+
+    def run_done(self, run, record):
+        self.progress.advance(self.task)
+        if record.status != "ok":
+            self.progress.console.print(f"[yellow]{record.status}[/]: {self._label}: {escape(str(record.reason))}",
+                                        highlight=False, soft_wrap=True)
+
+
+def _fmt(v, spec):
+    return "" if v is None else format(v, spec)
+
+
+def _summary_table(records) -> Table:
+    t = Table(title="dlbench run")
+    for col in ("benchmark", "framework", "batch", "status", "ms/iter", "95% CI ms", "samples/s", "IQR ms",
+                "repeats", "stability", "first iter ms"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "stability") else "right")
+    for r in records:
+        row = run_row(r)
+        style = {"ok": "green", "skipped": "yellow"}.get(r.status, "red")
+        ci = (f"{row['ci_low_ms']:.2f}-{row['ci_high_ms']:.2f} (±{row['ci_pct']:.1f}%)"
+              if row["ci_low_ms"] is not None else "")
+        stop = {"target_met": " (target met)", "cap_reached": " (cap)"}.get(row["repeat_stop"] or "", "")
+        t.add_row(escape(row["benchmark"]), escape(f"{row['framework']} {row['framework_version'] or ''}".strip()),
+                  str(row["batch_size"]), f"[{style}]{r.status}[/]", _fmt(row["ms_per_iter"], ".2f"), ci,
+                  _fmt(row["samples_per_s"], ".1f"), _fmt(row["iqr_ms"], ".2f"), f"{row['repeats']}{stop}",
+                  "[yellow]unstable[/]" if row["stability"] == "unstable" else (row["stability"] or ""),
+                  _fmt(row["first_iter_ms"], ".1f"))
+    return t
