@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dlbench.definitions.layers import network_model
 from dlbench.definitions.loader import load_network
 from dlbench.definitions.network import analyse
-from dlbench.definitions.schema import Network
 from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
 from dlbench.performance.kernels import KernelSpec
 from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, gradient_layers,
@@ -66,8 +66,8 @@ def test_kernel_spec_refuses_what_it_does_not_know():
 # ------------------------------------------------------------------ workload
 
 def tiny(layers, shape=(4,), classes=3):
-    return analyse(Network.model_validate({"name": "tiny", "input": {"kind": "tensor", "shape": list(shape),
-                                                                     "classes": classes}, "layers": layers}))
+    return analyse(network_model().model_validate({"name": "tiny", "input": {"kind": "tensor", "shape": list(shape),
+                                                                             "classes": classes}, "layers": layers}))
 
 
 @pytest.mark.parametrize("name", ["fcn5", "alexnet", "resnet56", "resnet50", "lstm32"])

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from . import schema
+from . import layers
 from .network import NetworkSummary, ShapeError, analyse
 
 M = TypeVar("M", bound=BaseModel)
@@ -24,25 +25,35 @@ class DefinitionError(Exception):
         super().__init__(f"{self.path}: {field}: {reason}" if field else f"{self.path}: {reason}")
 
 
-def _field_path(loc: tuple[Any, ...]) -> str:
+def _field_path(loc: tuple[Any, ...], tags: frozenset[str] = frozenset()) -> str:
     """Render a pydantic location as `layers[3].kernel`, dropping union-member tags."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and ("[" in part or part in _UNION_TAGS):
+        elif isinstance(part, str) and ("[" in part or part in tags):
             continue  # pydantic inserts the chosen union member's name; it is not a field
         else:
             out += f".{part}" if out else part
     return out or "(top level)"
 
 
-_UNION_TAGS = {
-    "dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu", "sigmoid",
-    "tanh", "flatten", "dropout", "embedding", "lstm", "residual", "tensor", "tokens",
-    "list", "range",  # a comm suite's sizes (distributed.py)
-    "matmul", "transpose", "layer_shapes",  # a kernels suite's benchmarks (performance/kernel_suite.py)
-}
+@functools.cache
+def union_tags(model: type[BaseModel]) -> frozenset[str]:
+    """The tags of every discriminated union in `model`'s schema, however deep (the layer types and
+    input kinds of a network, a comm suite's size forms, a kernels suite's benchmark kinds):
+    pydantic puts the chosen member's tag into an error's location."""
+    tags: set[str] = set()
+    stack: list[Any] = [model.__pydantic_core_schema__]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "tagged-union":
+                tags.update(k for k in node.get("choices", {}) if isinstance(k, str))
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+    return frozenset(tags)
 
 
 def read_yaml(path: Path) -> Any:
@@ -73,12 +84,12 @@ def validate(model: type[M], data: Any, path: Path) -> M:
         elif err["type"] == "union_tag_invalid":
             discriminator = err["ctx"]["discriminator"].strip("'")  # "type" for layers, "kind" for input
             msg = f"unknown {discriminator} {err['ctx']['tag']!r}; expected one of {err['ctx']['expected_tags']}"
-        raise DefinitionError(path, _field_path(err["loc"]), msg + extra) from None
+        raise DefinitionError(path, _field_path(err["loc"], union_tags(model)), msg + extra) from None
 
 
 def load_network(path: Path) -> NetworkSummary:
     """Load, validate and analyse one network description."""
-    network = validate(schema.Network, read_yaml(path), path)
+    network = validate(layers.network_model(), read_yaml(path), path)
     try:
         return analyse(network)
     except ShapeError as e:

@@ -22,6 +22,7 @@ Canonical forms where frameworks disagree (every runner must build exactly these
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -30,8 +31,14 @@ PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """The base of every model of the language: unknown fields refused, instances immutable. A layer
+    model is a Strict with a `type: Literal[...]` field (definitions/layers/ holds its functions)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_Strict = Strict  # the name the suite files' models import
 
 
 def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int) -> tuple[int, int]:
@@ -153,13 +160,6 @@ class Residual(_Strict):
     shortcut: Literal["option_a", "projection"] = "projection"
 
 
-Layer = Annotated[
-    Union[Dense, Conv2d, MaxPool, AvgPool, GlobalAvgPool, BatchNorm, Activation, Flatten, Dropout,
-          Embedding, LSTM, Residual],
-    Field(discriminator="type"),
-]
-
-
 class TensorInput(_Strict):
     """A dense float input of `shape` (no batch axis) labelled with one class per sample."""
 
@@ -185,9 +185,20 @@ class TokenInput(_Strict):
     dtype: Literal["int64"] = "int64"
 
 
-class Network(_Strict):
-    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
-    description: str = ""
-    input: Annotated[Union[TensorInput, TokenInput], Field(discriminator="kind")]
-    layers: Annotated[list[Layer], Field(min_length=1)]
-    loss: Literal["softmax_cross_entropy"] = "softmax_cross_entropy"
+@functools.cache
+def network_model(layer_models: tuple[type[Strict], ...]) -> type[Strict]:
+    """The Network model whose layers are one of `layer_models`, told apart by their `type`.
+
+    The layer table (definitions/layers/) calls it with every model it holds, in table order:
+    `layers.network_model()` is the model a network file is validated with.
+    """
+    Layer = Annotated[Union[layer_models], Field(discriminator="type")]  # used by the annotation below
+
+    class Network(Strict):
+        name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
+        description: str = ""
+        input: Annotated[Union[TensorInput, TokenInput], Field(discriminator="kind")]
+        layers: Annotated[list[Layer], Field(min_length=1)]
+        loss: Literal["softmax_cross_entropy"] = "softmax_cross_entropy"
+
+    return Network

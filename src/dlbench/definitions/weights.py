@@ -13,6 +13,9 @@ A weight set is a flat mapping name -> float32 array, stored as .npz. Names are
     residual     conv1/bn1, conv2/bn2 (basic) or conv1..3/bn1..3 (bottleneck) as above, no conv
                  bias; proj and proj_bn for a projection shortcut
 
+Each layer type names its own tensors, in the `weights` function of its module in
+definitions/layers/ (a type without one has none); this module collects them.
+
 Dense layers that follow a flatten take their input in C, H, W order (the canonical flatten), so a
 runner that computes in channels-last must permute those rows itself.
 
@@ -24,53 +27,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import layers
+
 STATE_PARTS = ("running_mean", "running_var")  # carried in the format, not trained, not counted
 
 
-def _bn(prefix: str, c: int) -> dict[str, tuple[int, ...]]:
-    return {f"{prefix}.gamma": (c,), f"{prefix}.beta": (c,), f"{prefix}.running_mean": (c,),
-            f"{prefix}.running_var": (c,)}
-
-
 def layer_shapes(index: int, layer: dict) -> dict[str, tuple[int, ...]]:
-    p = f"{index:03d}"
-    t = layer["type"]
-    ins = layer["in_shape"]
-    if t == "dense":
-        out = {f"{p}.weight": (layer["units"], ins[-1])}
-        if layer["bias"]:
-            out[f"{p}.bias"] = (layer["units"],)
-        return out
-    if t == "conv2d":
-        out = {f"{p}.weight": (layer["filters"], ins[0], *layer["kernel"])}
-        if layer["bias"]:
-            out[f"{p}.bias"] = (layer["filters"],)
-        return out
-    if t == "batch_norm":
-        return _bn(p, ins[0])
-    if t == "embedding":
-        return {f"{p}.weight": (layer["vocabulary"], layer["dim"])}
-    if t == "lstm":
-        out, fin, h = {}, ins[-1], layer["hidden"]
-        for k in range(layer["layers"]):
-            out.update({f"{p}.l{k}.w_ih": (4 * h, fin), f"{p}.l{k}.w_hh": (4 * h, h), f"{p}.l{k}.bias": (4 * h,)})
-            fin = h
-        return out
-    if t == "residual":
-        cin, cout, f = ins[0], layer["out_shape"][0], layer["filters"]
-        if layer["block"] == "basic":
-            convs = [(cin, f, 3), (f, f, 3)]
-        else:
-            convs = [(cin, f, 1), (f, f, 3), (f, cout, 1)]
-        out = {}
-        for i, (ci, co, k) in enumerate(convs, start=1):
-            out[f"{p}.conv{i}.weight"] = (co, ci, k, k)
-            out.update(_bn(f"{p}.bn{i}", co))
-        if layer["shortcut"] == "projection":
-            out[f"{p}.proj.weight"] = (cout, cin, 1, 1)
-            out.update(_bn(f"{p}.proj_bn", cout))
-        return out
-    return {}
+    """The canonical tensors of one resolved layer, by the `weights` of its type (definitions/layers/)."""
+    return layers.lookup(layer["type"]).weights(f"{index:03d}", layer)
 
 
 def weight_shapes(network: dict) -> dict[str, tuple[int, ...]]:

@@ -4,7 +4,7 @@ and backward operations, and the update.
 Each `Op` is either a kernel (`KernelSpec`: a GEMM, a convolution, an LSTM step) whose time a
 machine profile may hold as measured, or memory-bound element-wise work (activations, batch norm,
 pooling, the loss, the optimiser) that the model estimates from its bytes and FLOPs. Counts follow
-definitions/analysis.py (a multiply-add is 2 FLOPs); bytes are what each operation must read and
+definitions/network.py (a multiply-add is 2 FLOPs); bytes are what each operation must read and
 write at the least, `E` bytes per element (float32: 4):
 
 - dense on M = batch x positions rows, K inputs, N units: forward GEMM (M, N, K) plus the bias added
@@ -36,12 +36,17 @@ write at the least, `E` bytes per element (float32: 4):
 
 A layer computes the gradient of its input only when a trainable layer precedes it: the first
 convolution or dense layer of a network computes its weight gradient only, as every framework does.
+
+Each layer type's operations are the `work` function of its module in definitions/layers/, given
+this module's builder (`_Builder`, the `Work` protocol there); the list above is what they build.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..definitions import layers as layer_table
+from ..definitions.weights import layer_shapes, trainable_count
 from .kernels import KernelSpec
 
 ELEMENT_BYTES = 4  # activations, gradients and weights are float32 (mixed precision: see `dtype`)
@@ -98,10 +103,24 @@ def _passes(label: str, elements: int, passes: int, flops_per_element: float = 1
 
 
 class _Builder:
-    """Collects one layer's operations."""
+    """What a layer type's `work` function (definitions/layers/) builds its operations with: the
+    `Work` protocol of definitions/layers/base.py."""
+
+    element_bytes = ELEMENT_BYTES
 
     def __init__(self, batch: int, dtype: str, train: bool):
         self.batch, self.dtype, self.train = batch, dtype, train
+
+    def op(self, label: str, flops: float, bytes: float) -> Op:
+        return Op(label, flops, bytes)
+
+    def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0) -> Op:
+        return _passes(label, elements, passes, flops_per_element)
+
+    def kernel(self, label: str, kind: str, alternatives: tuple = (), **shape) -> Op:
+        spec = KernelSpec.of(kind, self.dtype, **shape)
+        others = tuple((KernelSpec.of(k, self.dtype, **s), count) for k, count, s in alternatives)
+        return Op(label, spec.flops, spec.bytes, spec, alternatives=others)
 
     def conv(self, work: LayerWork, name: str, in_shape, filters, kernel, stride, padding, input_grad, bias):
         c, h, w = in_shape
@@ -132,40 +151,10 @@ class _Builder:
             work.backward.append(_passes(name, n, 3))
 
 
-def _residual(b: _Builder, work: LayerWork, spec: dict, input_grad: bool) -> None:
-    cin, h, w = spec["in_shape"]
-    cout = spec["out_shape"][0]
-    f, s = spec["filters"], spec["stride"]
-    shape = (cin, h, w)
-    if spec["block"] == "basic":
-        plan = [(f, 3, s, 1, True), (f, 3, 1, 1, False)]
-    else:
-        plan = [(f, 1, 1, 0, True), (f, 3, s, 1, True), (cout, 1, 1, 0, False)]
-    for j, (filters, k, stride, pad, relu) in enumerate(plan, start=1):
-        # every convolution of a block needs its input gradient, except the first one's when the
-        # block's input needs none (never in the shipped networks: a block follows a convolution)
-        shape = b.conv(work, f"conv{j}", shape, filters, (k, k), (stride, stride), (pad, pad),
-                       input_grad or j > 1, bias=False)
-        b.batch_norm(work, f"bn{j}", shape)
-        if relu:
-            b.activation(work, f"relu{j}", shape)
-    n_out = b.batch * _numel(shape)
-    n_in = b.batch * cin * h * w
-    if spec["shortcut"] == "projection":
-        proj = b.conv(work, "projection", (cin, h, w), cout, (1, 1), (s, s), (0, 0), input_grad, bias=False)
-        b.batch_norm(work, "projection", proj)
-    elif spec["shortcut"] == "option_a":
-        work.forward.append(_passes("option-A shortcut", n_out, 2, 0))
-        if b.train and input_grad:
-            work.backward.append(Op("option-A shortcut", 0, ELEMENT_BYTES * (n_in + n_out)))
-    work.forward.append(_passes("join", n_out, 3))
-    b.activation(work, "relu", shape)
-    if b.train and input_grad:
-        work.backward.append(_passes("join gradient", n_in, 3))
-
-
 def decompose(network: dict, batch: int, mode: str, precision: str = "float32") -> Workload:
-    """The work of one iteration of `network` (resolved, see definitions/analysis.py) at `batch`."""
+    """The work of one iteration of `network` (resolved, see definitions/network.py) at `batch`: each
+    layer's operations by the `work` of its type in the layer table (definitions/layers/), its
+    trainable parameters (and so its update) from its canonical weights (definitions/weights.py)."""
     dtype = {"amp_fp16": "float16", "amp_bf16": "bfloat16"}.get(precision, "float32")
     train = mode == "train"
     b = _Builder(batch, dtype, train)
@@ -173,91 +162,12 @@ def decompose(network: dict, batch: int, mode: str, precision: str = "float32") 
     trainable_before = False
     for i, spec in enumerate(network["layers"]):
         t = spec["type"]
-        in_shape = tuple(spec["in_shape"])
-        out_shape = tuple(spec["out_shape"])
-        work = LayerWork(i, f"{i:03d} {t}", 0)
-        input_grad = trainable_before
-        if t == "dense":
-            positions = in_shape[0] if len(in_shape) == 2 else 1
-            m, k, n = batch * positions, in_shape[-1], spec["units"]
-            work.params = k * n + (n if spec["bias"] else 0)
-            fwd = KernelSpec.of("matmul", dtype, m=m, n=n, k=k)
-            work.forward.append(Op("matmul", fwd.flops, fwd.bytes, fwd))
-            if spec["bias"]:
-                work.forward.append(_passes("bias", m * n, 1))
-            if train:
-                if input_grad:
-                    dx = KernelSpec.of("matmul", dtype, m=m, n=k, k=n)
-                    work.backward.append(Op("input gradient", dx.flops, dx.bytes, dx))
-                dw = KernelSpec.of("matmul", dtype, m=k, n=n, k=m)
-                work.backward.append(Op("weight gradient", dw.flops, dw.bytes, dw))
-                if spec["bias"]:
-                    work.backward.append(_passes("bias gradient", m * n, 1))
-        elif t == "conv2d":
-            c = in_shape[0]
-            kh, kw = spec["kernel"]
-            work.params = kh * kw * c * spec["filters"] + (spec["filters"] if spec["bias"] else 0)
-            b.conv(work, "", in_shape, spec["filters"], spec["kernel"], spec["stride"], spec["padding"],
-                   input_grad, spec["bias"])
-        elif t in ("max_pool", "avg_pool", "global_avg_pool"):
-            n_in, n_out = batch * _numel(in_shape), batch * _numel(out_shape)
-            window = spec["size"][0] * spec["size"][1] if t != "global_avg_pool" else 1
-            work.forward.append(Op(t, window * n_out if t != "global_avg_pool" else n_in,
-                                   ELEMENT_BYTES * (n_in + n_out)))
-            if train and input_grad:
-                work.backward.append(Op(t, n_in, ELEMENT_BYTES * (n_out + 2 * n_in)))
-        elif t == "batch_norm":
-            work.params = 2 * in_shape[0]
-            b.batch_norm(work, "", in_shape)
-        elif t in ("relu", "sigmoid", "tanh"):
-            work.forward.append(_passes(t, batch * _numel(in_shape), 2))
-            if train and input_grad:
-                work.backward.append(_passes(t, batch * _numel(in_shape), 3))
-        elif t == "dropout":
-            if train:
-                n = batch * _numel(in_shape)
-                work.forward.append(_passes("dropout", n, 3))
-                if input_grad:
-                    work.backward.append(_passes("dropout", n, 3))
-        elif t == "flatten":
-            pass
-        elif t == "embedding":
-            work.params = spec["vocabulary"] * spec["dim"]
-            rows = batch * _numel(out_shape[:-1])
-            work.forward.append(_passes("gather", rows * spec["dim"], 2, 0))
-            if train:
-                table = spec["vocabulary"] * spec["dim"]
-                work.backward.append(Op("scatter-add", rows * spec["dim"],
-                                        ELEMENT_BYTES * (table + 2 * rows * spec["dim"])))
-        elif t == "lstm":
-            steps, fin = in_shape
-            h = spec["hidden"]
-            for k in range(spec["layers"]):
-                layer_in = fin if k == 0 else h
-                work.params += 4 * h * (layer_in + h) + 4 * h
-                for phase, ops in (("fwd", work.forward), ("bwd", work.backward if train else None)):
-                    if ops is None:
-                        continue
-                    whole = KernelSpec.of(f"lstm_layer_{phase}", dtype, batch=batch, steps=steps, input=layer_in,
-                                          hidden=h)
-                    step = KernelSpec.of(f"lstm_step_{phase}", dtype, batch=batch, input=layer_in, hidden=h)
-                    ops.append(Op(f"layer {k}", whole.flops, whole.bytes, whole, alternatives=((step, steps),)))
-        elif t == "residual":
-            work.label = f"{i:03d} residual {spec['block']} {spec['filters']}/{spec['stride']}"
-            cin, cout, f = spec["in_shape"][0], spec["out_shape"][0], spec["filters"]
-            if spec["block"] == "basic":
-                convs = 9 * cin * f + 9 * f * f
-                bns = 2 * f + 2 * f
-            else:
-                convs = cin * f + 9 * f * f + f * cout
-                bns = 2 * f + 2 * f + 2 * cout
-            if spec["shortcut"] == "projection":
-                convs += cin * cout
-                bns += 2 * cout
-            work.params = convs + bns
-            _residual(b, work, spec, input_grad)
-        else:
-            raise ValueError(f"the performance model does not know layer type {t!r}")
+        try:
+            entry = layer_table.lookup(t)
+        except ValueError:
+            raise ValueError(f"the performance model does not know layer type {t!r}") from None
+        work = LayerWork(i, f"{i:03d} {t}", trainable_count(layer_shapes(i, spec)))
+        entry.work(b, work, spec, trainable_before)
         if train and work.params:
             update = KernelSpec.of("sgd_momentum", "float32", elements=work.params)
             work.update.append(Op("SGD momentum", update.flops, update.bytes, update))

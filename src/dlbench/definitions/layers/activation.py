@@ -1,0 +1,20 @@
+"""relu, sigmoid, tanh: element-wise, one FLOP per element."""
+
+from __future__ import annotations
+
+from .. import schema
+from .base import Inferred, LayerType, Site, numel
+
+
+def infer(layer: schema.Activation, site: Site) -> Inferred:
+    return Inferred(site.shape, 0, numel(site.shape))
+
+
+def work(b, layer, entry: dict, input_grad: bool) -> None:
+    n = b.batch * numel(entry["in_shape"])
+    layer.forward.append(b.passes(entry["type"], n, 2))
+    if b.train and input_grad:
+        layer.backward.append(b.passes(entry["type"], n, 3))
+
+
+LAYER = LayerType(schema.Activation, infer, work)

@@ -1,0 +1,31 @@
+"""embedding: token ids (T,) -> (T, dim) rows of a (vocabulary, dim) table; the first layer of a
+token-input network."""
+
+from __future__ import annotations
+
+from .. import schema
+from .base import Inferred, LayerType, Site, numel
+
+
+def infer(layer: schema.Embedding, site: Site) -> Inferred:
+    if not site.tokens or site.index != 0:
+        raise site.error("embedding must be the first layer of a token-input network")
+    if layer.vocabulary != site.input.vocabulary:
+        raise site.error(f"embedding vocabulary {layer.vocabulary} != input vocabulary {site.input.vocabulary}")
+    return Inferred((site.shape[0], layer.dim), layer.vocabulary * layer.dim, 0)
+
+
+def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
+    return {f"{prefix}.weight": (entry["vocabulary"], entry["dim"])}
+
+
+def work(b, layer, entry: dict, input_grad: bool) -> None:
+    rows = b.batch * numel(entry["out_shape"][:-1])
+    layer.forward.append(b.passes("gather", rows * entry["dim"], 2, 0))
+    if b.train:
+        table = entry["vocabulary"] * entry["dim"]
+        layer.backward.append(b.op("scatter-add", rows * entry["dim"],
+                                   b.element_bytes * (table + 2 * rows * entry["dim"])))
+
+
+LAYER = LayerType(schema.Embedding, infer, work, weights)
