@@ -19,7 +19,8 @@ from dlbench.definitions.network import definition_hash
 
 REPO = Path(__file__).resolve().parents[2]
 NETWORKS = REPO / "suites" / "networks"
-SHIPPED = ["alexnet", "alexnet_r", "fcn5", "fcn8", "lstm32", "lstm64", "resnet50", "resnet56"]
+SEED = ["alexnet", "alexnet_r", "fcn5", "fcn8", "lstm32", "lstm64", "resnet50", "resnet56"]  # of the seed suite
+SHIPPED = sorted(p.stem for p in NETWORKS.glob("*.yaml"))  # a network added is checked with them
 
 
 # --------------------------------------------------------------------------- helpers
@@ -64,7 +65,7 @@ def lstm_layer(fin: int, h: int) -> int:
 # --------------------------------------------------------------------------- shipped networks
 
 def test_all_eight_networks_are_shipped():
-    assert sorted(p.stem for p in NETWORKS.glob("*.yaml")) == SHIPPED
+    assert set(SEED) <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

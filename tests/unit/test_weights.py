@@ -17,7 +17,8 @@ from dlbench.definitions.weights import is_state, random_weights, trainable_coun
 
 REPO = Path(__file__).resolve().parents[2]
 NETWORKS = REPO / "suites" / "networks"
-SHIPPED = ["alexnet", "alexnet_r", "fcn5", "fcn8", "lstm32", "lstm64", "resnet50", "resnet56"]
+SEED = ["alexnet", "alexnet_r", "fcn5", "fcn8", "lstm32", "lstm64", "resnet50", "resnet56"]  # of the seed suite
+SHIPPED = sorted(p.stem for p in NETWORKS.glob("*.yaml"))  # a network added is checked with them
 
 
 def tiny(tmp_path: Path, input_: dict, layers: list[dict], name: str = "tiny"):
@@ -35,7 +36,7 @@ def bn(prefix: str, c: int) -> dict[str, tuple[int, ...]]:
 
 
 def test_all_eight_networks_are_there():
-    assert sorted(p.stem for p in NETWORKS.glob("*.yaml")) == SHIPPED
+    assert set(SEED) <= set(SHIPPED)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
