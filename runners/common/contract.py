@@ -1,0 +1,221 @@
+"""The runner contract in code: what a runner object is (`Runner`, `DistributedRunner`), and the
+objects it hands the harnesses (`Prepared`, `Kernel`, `DataParallel`, `Collective`). Standard library
+only: every runner imports this inside its framework's environment.
+
+The protocols are structural (typing.Protocol): a runner class satisfies them by having the members,
+without inheriting. `Prepared`, `Kernel` and `DataParallel` are concrete base classes that every
+runner uses as they are or subclasses: a runner builds the callables (its step, its device
+synchronisation, its weight export and import) and the base class holds them under the names the
+harnesses read. `step` and `synchronize` are stored as plain attributes (a subclass passes its
+own bound methods), so the timed loop calls the runner's function directly, through no extra layer.
+`LayerTable` is the table of layer builders each runner builds its network from
+(runners/<fw>/<fw>_network.py).
+
+The measurement and the protocol around these objects are runners/common/harness.py (one process),
+runners/common/distributed_harness.py (a multi-worker job) and runners/common/protocol.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+Arrays = dict  # canonical weight name (src/dlbench/definitions/weights.py) -> numpy.ndarray, float32
+
+
+# ------------------------------------------------------------------ what the harnesses are handed
+
+
+class Prepared:
+    """One network, its optimiser and its data on the device, ready to be timed (`prepare`).
+
+    params: trainable parameters as the framework built them; output_shape: the per-sample output
+    shape; settings: what the runner chose (layout, fused kernels, ...); step(): one iteration (it
+    may return before the device has finished); synchronize(): wait for all queued device work.
+
+    For `dlbench check`: export_weights() -> every canonical tensor, float32, running statistics
+    included; load_weights(arrays) -> the inverse, after which the optimiser state is fresh (zero
+    momentum); forward_loss() -> (logits ndarray in the canonical layout, loss float) of the step's
+    mode on the prepared data. The runner gives `export_weights`, `load_weights`, `reset_optimizer`
+    and `forward_loss` as callables; the device is synchronised before weights are read or written.
+    """
+
+    def __init__(self, step: Callable[[], Any], synchronize: Callable[[], Any], params: int, output_shape,
+                 settings: dict, *, export_weights: Callable[[], Arrays] | None = None,
+                 load_weights: Callable[[Arrays], None] | None = None,
+                 reset_optimizer: Callable[[], None] | None = None,
+                 forward_loss: Callable[[], tuple[Any, float]] | None = None):
+        self.step = step
+        self.synchronize = synchronize
+        self.params = params
+        self.output_shape = output_shape
+        self.settings = settings
+        self._export, self._load, self._reset_optimizer = export_weights, load_weights, reset_optimizer
+        self._forward_loss = forward_loss
+
+    def _needs(self, what: str, fn):
+        if fn is None:
+            raise NotImplementedError(f"this Prepared was built without {what} (needed by `dlbench check`)")
+        return fn
+
+    def export_weights(self) -> Arrays:
+        export = self._needs("export_weights", self._export)
+        self.synchronize()  # a step may still be writing the weights
+        return export()
+
+    def load_weights(self, arrays: Arrays) -> None:
+        load = self._needs("load_weights", self._load)
+        reset = self._needs("reset_optimizer", self._reset_optimizer)
+        self.synchronize()
+        load(arrays)
+        reset()
+
+    def forward_loss(self) -> tuple[Any, float]:
+        return self._needs("forward_loss", self._forward_loss)()
+
+
+class Kernel:
+    """One kernel of the kernels suite (src/dlbench/performance/kernels.py) on its operands on the
+    device (`prepare_kernel`): step() runs it once, synchronize() waits for it, settings says how it
+    is done, and includes_forward that step() also runs the matching forward kernel (a framework
+    that offers no backward alone): the harness then times the forward too and keeps the difference."""
+
+    def __init__(self, step: Callable[[], Any], synchronize: Callable[[], Any], settings: dict | None = None,
+                 includes_forward: bool = False):
+        self.step = step
+        self.synchronize = synchronize
+        self.settings = settings or {}
+        self.includes_forward = includes_forward
+
+
+class DataParallel:
+    """One synchronous data-parallel training job's rank, ready to be timed (`prepare_data_parallel`).
+
+    params, output_shape, settings as Prepared; grad_bytes: gradient bytes exchanged per iteration;
+    step(): one step, the gradient exchange included; synchronize(); step_without_sync: the same step
+    without the exchange, or None where the framework cannot leave it out (the exposed
+    communication is then not measured)."""
+
+    def __init__(self, step: Callable[[], Any], step_without_sync: Callable[[], Any] | None,
+                 synchronize: Callable[[], Any], params: int, output_shape, settings: dict, grad_bytes: int):
+        self.step = step
+        self.step_without_sync = step_without_sync
+        self.synchronize = synchronize
+        self.params = params
+        self.output_shape = output_shape
+        self.settings = settings
+        self.grad_bytes = grad_bytes
+
+
+@runtime_checkable
+class Collective(Protocol):
+    """One collective of the comm suite over buffers made once. Counts are float32 elements:
+    all_reduce and broadcast (root 0) send and receive `count` in one buffer, in place; all_gather
+    sends count/n and receives count; reduce_scatter sends count and receives block `rank` of the sum."""
+
+    def load(self, array) -> None:
+        """Fill this rank's send buffer from a numpy array."""
+
+    def run(self) -> None:
+        """Issue the collective once (it may return before it has finished)."""
+
+    def synchronize(self) -> None:
+        """Wait until every issued run has finished."""
+
+    def result(self):
+        """This rank's receive buffer as a numpy array."""
+
+
+# ------------------------------------------------------------------ building a network
+
+
+class LayerTable(dict):
+    """A runner's layer builders: the `type` of a resolved layer (src/dlbench/definitions/schema.py)
+    -> the function that builds it the framework's way. A new layer type is one builder and one
+    entry; `builder` refuses a type the runner has no builder for, naming it."""
+
+    def __init__(self, runner: str, builders: dict[str, Callable]):
+        super().__init__(builders)
+        self.runner = runner
+
+    def builder(self, layer_type: str) -> Callable:
+        try:
+            return self[layer_type]
+        except KeyError:
+            raise ValueError(f"{self.runner} runner: unsupported layer type {layer_type!r} "
+                             f"(it builds {', '.join(sorted(self))})") from None
+
+
+# ------------------------------------------------------------------ the runner objects
+
+
+@runtime_checkable
+class Framework(Protocol):
+    """What every runner object has, in one process or as a rank of a job."""
+
+    name: str
+
+    def configure_threads(self, threads: int | None) -> dict:
+        """Apply --threads the framework's way (before it starts its pools); the effective setting."""
+
+    def framework_info(self, device: str) -> dict:
+        """Version and build (CUDA, cuDNN, MKL, ...), devices."""
+
+    def device_available(self, device: str) -> str | None:
+        """None, or why the device cannot be used (the run is then `skipped`)."""
+
+
+@runtime_checkable
+class Runner(Framework, Protocol):
+    """The runner object of `worker.py` (runners/common/harness.py)."""
+
+    def prepare(self, request: dict) -> Prepared:
+        """The resolved network built idiomatically, SGD with momentum, data on the device. Honours
+        `inputs` (an .npz with `x` in the canonical layout and `y`, instead of synthetic data) and
+        `deterministic` (dropout as the identity)."""
+
+    def prepare_kernel(self, spec: dict, device: str) -> Kernel:
+        """One kernel of the kernels suite, called the way the runner's own step calls it."""
+
+
+@runtime_checkable
+class DistributedRunner(Framework, Protocol):
+    """The runner object of `distributed_worker.py` (runners/common/distributed_harness.py); it may
+    also have the members of `CollectiveLimits`."""
+
+    def join(self, cluster) -> dict:
+        """Join the job's process group (distributed_harness.Cluster); at least {"backend": ...}."""
+
+    def barrier(self) -> None:
+        """Every rank waits for every other."""
+
+    def leave(self) -> None:
+        """Leave the process group, after a successful job."""
+
+    def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        """Action `data_parallel`: this rank's part of a synchronous data-parallel training job."""
+
+    def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
+        """Action `collectives`: one collective over buffers of these float32 counts."""
+
+
+class CollectiveLimits(Protocol):
+    """What a DistributedRunner may add: where its engine offers less (the harness asks each, if present)."""
+
+    def collective_unavailable(self, op: str) -> str | None:
+        """None, or why this engine offers no such collective on this device (TensorFlow's
+        reduce-scatter is NCCL-only): every size of it is skipped with that reason, no rank runs it."""
+
+    def collective_size_unavailable(self, op: str, size_bytes: int, runs: int) -> str | None:
+        """None, or why this one size is not run, knowing it would be issued `runs` times (MXNet's
+        broadcast keeps a kvstore key per call); every rank must decide alike."""
+
+
+def members(protocol: type) -> frozenset[str]:
+    """The names a class must have to satisfy `protocol` (its own and its protocol bases')."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls in (Protocol, object) or not getattr(cls, "_is_protocol", False):
+            continue
+        names.update(getattr(cls, "__annotations__", {}))
+        names.update(k for k, v in vars(cls).items() if callable(v) and not k.startswith("_"))
+    return frozenset(names)
