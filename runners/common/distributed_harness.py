@@ -15,37 +15,13 @@ frameworks that name every worker up front (TF_CONFIG). JOB_DIR is shared by eve
     rank<R>.started   {"pid", "host", "started_at"} once the rank runs (the controller watches the pid)
     rank<R>.json      the result, written atomically (a rank that dies leaves none)
 
-A multi-worker runner object provides (runners/torch/torch_distributed.py is the first):
-    name: str
-    configure_threads(n) -> dict        as for single-process runs (threads of this rank)
-    framework_info(device) -> dict
-    device_available(device) -> str|None   None, or why not (every rank skips)
-    join(cluster) -> dict               join the job's process group; returns at least {"backend": ...}
-    barrier() -> None                   every rank waits for every other
-    leave() -> None                     leave the process group (after a successful job)
-    prepare_data_parallel(request, cluster) -> DataParallel (action "data_parallel")
-    collective(op, send_count, recv_count) -> Collective (action "collectives")
-    collective_unavailable(op) -> str|None   optional: why this engine offers no such collective on
-                                        this device (e.g. TensorFlow's reduce-scatter is NCCL-only); every
-                                        size of it is then skipped with that reason, and no rank runs it
-    collective_size_unavailable(op, size_bytes, runs) -> str|None   optional: why this one size is not
-                                        run, knowing it would be issued `runs` times (e.g. MXNet's
-                                        broadcast takes a kvstore key per call that is never freed:
-                                        sizes past a memory budget); every rank must decide alike
-DataParallel: params, output_shape, settings (as Prepared), grad_bytes (bytes of gradient reduced
-per iteration), step() (one synchronous data-parallel step, gradient exchange included),
-synchronize(), and step_without_sync: a step that skips the gradient exchange, or None where the
-framework cannot do that (then the exposed communication time is not measured).
-Collective: load(numpy array) fills this rank's send buffer; run() issues the collective once;
-synchronize() waits for it; result() -> numpy array of this rank's receive buffer. Counts are
-float32 elements: all_reduce and broadcast send and receive `count` in one buffer (in place, root
-0 for broadcast), all_gather sends count/n and receives count, reduce_scatter sends count and
-receives count/n (rank k gets block k of the sum).
+What a multi-worker runner object, its DataParallel and its Collective provide is
+runners/common/contract.py (the `DistributedRunner` and `Collective` protocols, the DataParallel base
+class); runners/torch/torch_distributed.py is the first port.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -54,11 +30,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-PROTOCOL_VERSION = 1  # must match src/dlbench/execution/jobs.py
-
-
-class Skip(Exception):
-    """Raised by a runner when the job cannot run here (not an error)."""
+from protocol import PROTOCOL_VERSION, Skip, classify, read_request, write_atomically
 
 
 @dataclass(frozen=True)
@@ -221,23 +193,7 @@ def measure_collectives(runner, cluster: Cluster, ops: list[str], sizes: list[in
     return {"collectives": out}
 
 
-# ------------------------------------------------------------------ protocol
-
-def _write_atomically(path: str, payload: dict) -> None:
-    tmp = f"{path}.partial"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _classify(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "OutOfMemory" in text:
-        return f"out of memory: {text}"
-    return text
-
+# ------------------------------------------------------------------ the rank
 
 def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
     """(result, joined): whether the rank is in the process group (and should leave it)."""
@@ -267,7 +223,7 @@ def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
     except Skip as e:
         result.update(status="skipped", reason=str(e))
     except BaseException as e:  # noqa: BLE001 - the rank reports everything it can
-        result.update(status="failed", reason=_classify(e), traceback=traceback.format_exc())
+        result.update(status="failed", reason=classify(e), traceback=traceback.format_exc())
     result["finished_at"] = time.time()  # the controller orders the ranks' failures by it
     return result, joined
 
@@ -287,17 +243,16 @@ def main(runner) -> int:
         print("usage: distributed_worker.py REQUEST.json JOB_DIR", file=sys.stderr)
         return 2
     request_path, job_dir = sys.argv[1], sys.argv[2]
-    with open(request_path) as f:
-        request = json.load(f)
-    if request.get("protocol") != PROTOCOL_VERSION:
-        print(f"protocol {request.get('protocol')} not understood (worker speaks {PROTOCOL_VERSION})", file=sys.stderr)
+    request, why_not = read_request(request_path)
+    if request is None:
+        print(why_not, file=sys.stderr)
         return 2
     cluster = cluster_from_env(request)
     _redirect_output(job_dir, cluster.rank)
-    _write_atomically(os.path.join(job_dir, f"rank{cluster.rank}.started"),
+    write_atomically(os.path.join(job_dir, f"rank{cluster.rank}.started"),
                       {"pid": os.getpid(), "host": socket.gethostname(), "started_at": time.time()})
     result, joined = run_request(runner, request, cluster)
-    _write_atomically(os.path.join(job_dir, f"rank{cluster.rank}.json"), result)
+    write_atomically(os.path.join(job_dir, f"rank{cluster.rank}.json"), result)
     sys.stdout.flush()
     sys.stderr.flush()
     if result["status"] == "failed":

@@ -11,29 +11,13 @@ or none. Anything that goes wrong inside the worker becomes a result with status
 traceback; a worker that dies without a result is classified by the controller from its exit
 status and stderr.
 
-A runner object provides (see runners/torch/torch_runner.py for the first one):
-    name: str
-    configure_threads(n) -> dict       called before the framework is imported where that matters
-    framework_info(device) -> dict      version, build (CUDA, cuDNN, MKL...), devices, threads
-    device_available(device) -> str|None   None, or why the device cannot be used (-> "skipped")
-    prepare(request) -> Prepared        network, optimiser and synthetic data on the device
-and Prepared provides:
-    params: int                         trainable parameters as the framework built them
-    output_shape: list[int]             per-sample output shape
-    step() -> None                      one iteration (may return before the device finishes)
-    synchronize() -> None               block until the device has finished all queued work
-    settings: dict                      what the runner chose (layout, fused kernels, ...)
-For the `kernels` action (the kernels suite) the runner object also provides
-    prepare_kernel(spec, device) -> Kernel   one kernel (src/dlbench/performance/kernels.py) on its
-                                        operands: step() runs it once, synchronize() waits for it,
-                                        `includes_forward` says that step() also runs the matching
-                                        forward kernel (a framework that offers no backward alone),
-                                        `settings` how it is done
+What the runner object and its Prepared and Kernel provide is runners/common/contract.py (the
+`Runner` protocol and the Prepared and Kernel base classes the runners use); the request and result
+files' protocol is runners/common/protocol.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -41,11 +25,11 @@ import time
 import traceback
 from typing import Callable
 
+from protocol import Skip, classify, read_request, write_atomically
+
+# protocol.PROTOCOL_VERSION, spelled out: tests/unit/test_no_framework_import.py compares this file's
+# literal with the controller's (tests/unit/test_runner_contract.py keeps the two equal)
 PROTOCOL_VERSION = 1
-
-
-class Skip(Exception):
-    """Raised by a runner when the benchmark cannot run here (not an error)."""
 
 
 def measure(prepared, warmup: dict, measure: dict,
@@ -175,7 +159,7 @@ def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_
         except Exception as e:  # noqa: BLE001 - one kernel's failure must not end the others
             reduced = spec.get("dtype", "float32") != "float32"
             entry.update(status="skipped" if reduced else "failed",
-                         reason=(f"not available in {spec['dtype']}: " if reduced else "") + _classify(e))
+                         reason=(f"not available in {spec['dtype']}: " if reduced else "") + classify(e))
             if not reduced:
                 entry["traceback"] = traceback.format_exc()
         out.append(entry)
@@ -207,22 +191,6 @@ def check(prepared, request: dict) -> dict:
     return {"outputs": request["outputs"]}
 
 
-def _write_atomically(path: str, payload: dict) -> None:
-    tmp = f"{path}.partial"
-    with open(tmp, "w") as f:
-        json.dump(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _classify(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, MemoryError) or "out of memory" in text.lower() or "OutOfMemory" in text:
-        return f"out of memory: {text}"
-    return text
-
-
 def run_request(runner, request: dict) -> dict:
     result: dict = {"protocol": PROTOCOL_VERSION, "framework": {"name": runner.name}}
     device = request["device"]
@@ -247,7 +215,7 @@ def run_request(runner, request: dict) -> dict:
     except Skip as e:
         result.update(status="skipped", reason=str(e))
     except BaseException as e:  # noqa: BLE001 - the worker reports everything it can
-        result.update(status="failed", reason=_classify(e), traceback=traceback.format_exc())
+        result.update(status="failed", reason=classify(e), traceback=traceback.format_exc())
     return result
 
 
@@ -255,12 +223,10 @@ def main(runner) -> int:
     if len(sys.argv) != 3:
         print("usage: worker.py REQUEST.json RESULT.json", file=sys.stderr)
         return 2
-    with open(sys.argv[1]) as f:
-        request = json.load(f)
-    if request.get("protocol") != PROTOCOL_VERSION:
-        print(f"protocol {request.get('protocol')} not understood (worker speaks {PROTOCOL_VERSION})",
-              file=sys.stderr)
+    request, why_not = read_request(sys.argv[1])
+    if request is None:
+        print(why_not, file=sys.stderr)
         return 2
     result = run_request(runner, request)
-    _write_atomically(sys.argv[2], result)
+    write_atomically(sys.argv[2], result)
     return 0 if result["status"] in ("ok", "skipped") else 1
