@@ -12,21 +12,14 @@ momentum over a parameter with a gradient, as the runner's optimiser makes it.
 
 from __future__ import annotations
 
+from contract import Kernel
+from torch_network import load_torch, lstm_layer
+
 DTYPES = ("float32", "float16", "bfloat16")
 
 
-class Kernel:
-    includes_forward = False
-
-    def __init__(self, step, synchronize, settings=None):
-        self.step = step
-        self.synchronize = synchronize
-        self.settings = settings or {}
-
-
 def prepare_kernel(spec: dict, device_name: str) -> Kernel:
-    import torch
-
+    torch = load_torch()
     kind, shape = spec["kind"], spec["shape"]
     dtype = getattr(torch, spec["dtype"])
     device = torch.device(device_name)
@@ -91,10 +84,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
         return Kernel(backward, sync, {"op": "autograd.grad of torch._VF.lstm_cell"})
     if kind.startswith("lstm_layer"):
-        from torch_runner import _lstm  # the runner's own layer: nn.LSTM, one frozen zero bias
-
         b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
-        layer = _lstm(i, h, 1).to(device=device, dtype=dtype)
+        layer = lstm_layer(i, h, 1).to(device=device, dtype=dtype)  # the runner's own: nn.LSTM, one frozen zero bias
         x = rand(b, t, i, requires_grad=kind == "lstm_layer_bwd")
         if kind == "lstm_layer_fwd":
             def forward():

@@ -1,0 +1,359 @@
+"""The torch runner's building blocks: the network from a resolved dlbench description (one builder
+per layer type, in LAYERS), canonical weights in and out, the data, the loss, the optimiser and
+the training step. torch_runner.py, torch_kernels.py and torch_distributed.py all build from here.
+
+torch itself is imported on first use (`load_torch()`), never at module level: the runner sets the
+OpenMP variables that torch reads at import first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from contract import LayerTable
+
+
+def load_torch():
+    """The torch module (imported on first use)."""
+    import torch
+
+    return torch
+
+
+# ------------------------------------------------------------------ layers: type -> builder
+
+
+def _dense(spec: dict):
+    return load_torch().nn.Linear(spec["in_shape"][-1], spec["units"], bias=spec["bias"])
+
+
+def _conv2d(spec: dict):
+    return load_torch().nn.Conv2d(spec["in_shape"][0], spec["filters"], tuple(spec["kernel"]), tuple(spec["stride"]),
+                             tuple(spec["padding"]), bias=spec["bias"])
+
+
+def _max_pool(spec: dict):
+    return load_torch().nn.MaxPool2d(tuple(spec["size"]), tuple(spec["stride"]), tuple(spec["padding"]))
+
+
+def _avg_pool(spec: dict):
+    return load_torch().nn.AvgPool2d(tuple(spec["size"]), tuple(spec["stride"]))
+
+
+def _global_avg_pool(spec: dict):
+    nn = load_torch().nn
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+def _batch_norm(spec: dict):
+    nn = load_torch().nn
+    cls = nn.BatchNorm2d if len(spec["in_shape"]) == 3 else nn.BatchNorm1d
+    return cls(spec["in_shape"][0], eps=spec["eps"], momentum=spec["momentum"])
+
+
+def _relu(spec: dict):
+    return load_torch().nn.ReLU(inplace=True)
+
+
+def _sigmoid(spec: dict):
+    return load_torch().nn.Sigmoid()
+
+
+def _tanh(spec: dict):
+    return load_torch().nn.Tanh()
+
+
+def _flatten(spec: dict):
+    return load_torch().nn.Flatten()
+
+
+def _dropout(spec: dict):
+    return load_torch().nn.Dropout(spec["rate"])
+
+
+def _embedding(spec: dict):
+    return load_torch().nn.Embedding(spec["vocabulary"], spec["dim"])
+
+
+def _lstm(spec: dict):
+    return lstm_layer(spec["in_shape"][-1], spec["hidden"], spec["layers"])
+
+
+def _residual(spec: dict):
+    torch = load_torch()
+    nn = torch.nn
+    cin = spec["in_shape"][0]
+    cout = spec["out_shape"][0]
+    f, s = spec["filters"], spec["stride"]
+
+    def conv_bn(ci, co, k, stride, relu):
+        layers = [nn.Conv2d(ci, co, k, stride, k // 2, bias=False), nn.BatchNorm2d(co)]
+        return layers + ([nn.ReLU(inplace=True)] if relu else [])
+
+    if spec["block"] == "basic":
+        body = conv_bn(cin, f, 3, s, True) + conv_bn(f, f, 3, 1, False)
+    else:
+        body = conv_bn(cin, f, 1, 1, True) + conv_bn(f, f, 3, s, True) + conv_bn(f, cout, 1, 1, False)
+
+    class OptionA(nn.Module):
+        def forward(self, x):
+            if s > 1:
+                x = x[:, :, ::s, ::s]
+            return torch.nn.functional.pad(x, (0, 0, 0, 0, 0, cout - cin))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(*body)
+            if spec["shortcut"] == "projection":
+                self.shortcut = nn.Sequential(*conv_bn(cin, cout, 1, s, False))
+            elif spec["shortcut"] == "option_a":
+                self.shortcut = OptionA()
+            else:
+                self.shortcut = nn.Identity()
+
+        def forward(self, x):
+            return torch.relu(self.body(x) + self.shortcut(x))
+
+    return Block()
+
+
+LAYERS = LayerTable("torch", {
+    "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
+    "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _relu, "sigmoid": _sigmoid,
+    "tanh": _tanh, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
+    "residual": _residual,
+})
+
+
+def lstm_layer(features: int, hidden: int, layers: int):
+    """The runner's LSTM (also what the kernels suite times as `lstm_layer`): nn.LSTM, cuDNN's fused
+    kernel on GPU, returning the output sequence."""
+    torch = load_torch()
+
+    class SequenceLSTM(torch.nn.Module):
+        """nn.LSTM (cuDNN's fused kernel on GPU) returning the output sequence.
+
+        The canonical LSTM has one bias vector per layer; torch has two, so the hidden-to-hidden
+        bias is zeroed and frozen, which keeps the trainable parameter count canonical.
+        """
+
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(features, hidden, layers, batch_first=True)
+            for name, p in self.lstm.named_parameters():
+                if name.startswith("bias_hh"):
+                    torch.nn.init.zeros_(p)
+                    p.requires_grad_(False)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    return SequenceLSTM()
+
+
+def build_module(spec: dict):
+    """One resolved layer (see dlbench.definitions.analysis) as a torch module."""
+    return LAYERS.builder(spec["type"])(spec)
+
+
+def build_network(network: dict, deterministic: bool = False):
+    nn = load_torch().nn
+    return nn.Sequential(*(nn.Identity() if deterministic and layer["type"] == "dropout" else build_module(layer)
+                           for layer in network["layers"]))
+
+
+def is_images(network: dict) -> bool:
+    inp = network["input"]
+    return inp["kind"] == "tensor" and len(inp["shape"]) == 3
+
+
+def place(model, network: dict, device, settings: dict):
+    """(model on the device in its memory format, that format): channels-last for images on CUDA,
+    where cuDNN is fastest in it; with cuDNN's autotuner on. Says both in `settings`."""
+    torch = load_torch()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.backends.cudnn.benchmark = True  # pick the fastest algorithm per shape, once
+        settings["cudnn_benchmark"] = True
+    model = model.to(device)
+    memory_format = torch.channels_last if (cuda and is_images(network)) else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
+    settings["memory_format"] = "channels_last" if memory_format is torch.channels_last else "contiguous"
+    return model, memory_format
+
+
+def trainable_params(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+# ------------------------------------------------------------------ data, loss, optimiser, step
+
+
+def synthetic_batch(network: dict, batch: int, device, memory_format, generator=None):
+    """(x, y) drawn by torch: on the device from torch's global generator, or, with `generator`, on
+    the host from that generator and then moved to the device."""
+    torch = load_torch()
+    where = {"device": device} if generator is None else {"generator": generator}
+    inp = network["input"]
+    if inp["kind"] == "tokens":
+        x = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), **where)
+        y = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), **where)
+    else:
+        x = torch.randn(batch, *inp["shape"], **where)
+        y = torch.randint(0, inp["classes"], (batch,), **where)
+    x, y = x.to(device), y.to(device)
+    if is_images(network):
+        x = x.contiguous(memory_format=memory_format)
+    return x, y
+
+
+def loaded_batch(network: dict, path: str, device, memory_format):
+    """(x, y) from an .npz in the canonical layout (`inputs` of the request), on the device."""
+    import numpy as np
+
+    torch = load_torch()
+    with np.load(path) as data:
+        x = torch.from_numpy(data["x"]).to(device)
+        y = torch.from_numpy(data["y"]).to(device)
+    if is_images(network):
+        x = x.contiguous(memory_format=memory_format)
+    return x, y
+
+
+def loss(out, y):
+    """Mean cross-entropy over the batch (and the steps of a language model)."""
+    return load_torch().nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def mixed_precision(precision: str, device, train: bool):
+    """(autocast() context factory, GradScaler or None) for the request's precision."""
+    torch = load_torch()
+    amp_dtype = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(precision)
+
+    def autocast():
+        if amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=amp_dtype)
+
+    fp16_on_cuda = amp_dtype is torch.float16 and device.type == "cuda"
+    scaler = torch.amp.GradScaler(device.type) if (train and fp16_on_cuda) else None
+    return autocast, scaler
+
+
+def sgd(params, request: dict):
+    return load_torch().optim.SGD(params, lr=request["learning_rate"], momentum=request["momentum"])
+
+
+def train_step(model, x, y, make_optimizer, autocast, scaler):
+    """(step, reset_optimizer): one training iteration (zero_grad, forward, loss, backward, update,
+    through the GradScaler where there is one) and a fresh optimiser (zero momentum) for it."""
+    opt = make_optimizer()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with autocast():
+            out = model(x)
+            value = loss(out, y)
+        if scaler is None:
+            value.backward()
+            opt.step()
+        else:
+            scaler.scale(value).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    def reset_optimizer():
+        nonlocal opt
+        opt = make_optimizer()
+
+    return step, reset_optimizer
+
+
+def output_shape(model, x, train: bool) -> list[int]:
+    """Per-sample output shape, from one sample in eval mode (the model is left in the step's mode)."""
+    torch = load_torch()
+    with torch.inference_mode():
+        model.eval()
+        shape = list(model(x[:1]).shape[1:])
+        if train:
+            model.train()
+    return shape
+
+
+def synchronizer(device):
+    torch = load_torch()
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+# ------------------------------------------------------------------ canonical weights
+# Canonical weights (see src/dlbench/definitions/weights.py) <-> torch tensors. torch's own layouts
+# are the canonical ones (OIHW, out x in, gates i f g o), so only the LSTM's two biases need care.
+
+
+def _bn_tensors(prefix: str, bn) -> dict:
+    return {f"{prefix}.gamma": bn.weight, f"{prefix}.beta": bn.bias,
+            f"{prefix}.running_mean": bn.running_mean, f"{prefix}.running_var": bn.running_var}
+
+
+def canonical_tensors(model, network: dict) -> dict:
+    """name -> torch tensor (parameter or buffer) for every canonical weight except LSTM biases."""
+    nn = load_torch().nn
+    out = {}
+    for i, (layer, module) in enumerate(zip(network["layers"], model)):
+        p, t = f"{i:03d}", layer["type"]
+        if t in ("dense", "conv2d"):
+            out[f"{p}.weight"] = module.weight
+            if module.bias is not None:
+                out[f"{p}.bias"] = module.bias
+        elif t == "batch_norm":
+            out.update(_bn_tensors(p, module))
+        elif t == "embedding":
+            out[f"{p}.weight"] = module.weight
+        elif t == "lstm":
+            for k in range(layer["layers"]):
+                out[f"{p}.l{k}.w_ih"] = getattr(module.lstm, f"weight_ih_l{k}")
+                out[f"{p}.l{k}.w_hh"] = getattr(module.lstm, f"weight_hh_l{k}")
+        elif t == "residual":
+            convs = [m for m in module.body if isinstance(m, nn.Conv2d)]
+            bns = [m for m in module.body if isinstance(m, nn.BatchNorm2d)]
+            for j, (c, b) in enumerate(zip(convs, bns), start=1):
+                out[f"{p}.conv{j}.weight"] = c.weight
+                out.update(_bn_tensors(f"{p}.bn{j}", b))
+            if layer["shortcut"] == "projection":
+                out[f"{p}.proj.weight"] = module.shortcut[0].weight
+                out.update(_bn_tensors(f"{p}.proj_bn", module.shortcut[1]))
+    return out
+
+
+def _lstm_biases(model, network: dict):
+    for i, (layer, module) in enumerate(zip(network["layers"], model)):
+        if layer["type"] == "lstm":
+            for k in range(layer["layers"]):
+                yield f"{i:03d}.l{k}.bias", getattr(module.lstm, f"bias_ih_l{k}"), getattr(module.lstm, f"bias_hh_l{k}")
+
+
+def export_weights(model, network: dict) -> dict:
+    out = {n: t.detach().float().cpu().numpy().copy() for n, t in canonical_tensors(model, network).items()}
+    for name, b_ih, b_hh in _lstm_biases(model, network):
+        out[name] = (b_ih + b_hh).detach().float().cpu().numpy().copy()
+    return out
+
+
+def load_weights(model, network: dict, arrays: dict) -> None:
+    torch = load_torch()
+    tensors = canonical_tensors(model, network)
+    biases = {name: (b_ih, b_hh) for name, b_ih, b_hh in _lstm_biases(model, network)}
+    expected = set(tensors) | set(biases)
+    if set(arrays) != expected:
+        raise ValueError(f"weight set mismatch: missing {sorted(expected - set(arrays))[:5]}, "
+                         f"unexpected {sorted(set(arrays) - expected)[:5]}")
+    with torch.no_grad():
+        for name, t in tensors.items():
+            src = torch.from_numpy(arrays[name])
+            if tuple(src.shape) != tuple(t.shape):
+                raise ValueError(f"{name}: shape {tuple(src.shape)}, torch expects {tuple(t.shape)}")
+            t.copy_(src)
+        for name, (b_ih, b_hh) in biases.items():
+            b_ih.copy_(torch.from_numpy(arrays[name]))
+            b_hh.zero_()
