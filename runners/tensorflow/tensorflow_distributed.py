@@ -36,23 +36,20 @@ import json
 import os
 import sys
 
-from tensorflow_runner import TensorFlowRunner, _classes, _describe_flatten, _keras, _tf, build_network
+import contract
+import tensorflow_network as tn
+from tensorflow_network import load_keras, load_tf
+from tensorflow_runner import TensorFlowRunner
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
 GRADIENT_COLLECTIVE = "CollectiveReduceV2"
 
 
-class DataParallel:
+class DataParallel(contract.DataParallel):
     def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes,
                  trainable=()):
-        self.step = step
-        self.step_without_sync = step_without_sync
-        self.synchronize = synchronize
-        self.params = params
-        self.output_shape = output_shape
-        self.settings = settings
-        self.grad_bytes = grad_bytes
+        super().__init__(step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes)
         self._trainable = list(trainable)
 
     def weights(self) -> list:
@@ -71,7 +68,7 @@ class Collective:
         self._fn = runner._collective_function(op, recv_count)
 
     def load(self, array) -> None:
-        tf = _tf()
+        tf = load_tf()
         with tf.device(self.runner.device):
             self.send = tf.identity(tf.constant(array))
 
@@ -91,7 +88,7 @@ def _optimizer_class():
     Keras 3's TensorFlow optimizer all-reduces in `_all_reduce_sum_gradients` (called from
     `_backend_update_step` under a replica context); None when this Keras has no such method,
     in which case the exposed communication is not measured."""
-    keras = _keras()
+    keras = load_keras()
     base = keras.optimizers.SGD
     if not callable(getattr(base, "_all_reduce_sum_gradients", None)):
         return None
@@ -135,7 +132,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     # ------------------------------------------------------------------ the job
 
     def join(self, cluster) -> dict:
-        tf = _tf()
+        tf = load_tf()
         self.cluster = cluster
         os.environ["TF_CONFIG"] = json.dumps(tf_config(cluster))  # read by the strategy's cluster resolver
         implementations = tf.distribute.experimental.CommunicationImplementation
@@ -165,7 +162,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     def barrier(self) -> None:
         """An all-reduce of one float between every worker, waited for (how the strategy itself
         waits for the cluster before it checks the workers' health)."""
-        tf = _tf()
+        tf = load_tf()
         if self._barrier_fn is None:
             ctx = tf.distribute.get_replica_context
             with tf.device(self.device):
@@ -204,7 +201,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         # would visit every worker's devices, which a worker cannot run ops on); on CPU a call
         # returns finished tensors
         if ":GPU:" in self.device.upper():
-            tf = _tf()
+            tf = load_tf()
             with tf.device(self.device):
                 tf.raw_ops.SyncDevice()
 
@@ -213,29 +210,24 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
         import numpy as np
 
-        tf, keras = _tf(), _keras()
+        tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = cluster.device == "cuda"
-        precision = request.get("precision", "float32")
-        if precision != "float32":
-            raise ValueError(f"tensorflow runner: precision {precision!r} is not supported (float32 only)")
+        precision = tn.check_precision(request)
         strategy = self.strategy
         workers = strategy.num_replicas_in_sync
         keras.utils.set_random_seed(request.get("seed", 0))  # the strategy broadcasts worker 0's initial values anyway
         inp = network["input"]
-        tokens = inp["kind"] == "tokens"
-        images = not tokens and len(inp["shape"]) == 3
-        has_lstm = any(layer["type"] == "lstm" for layer in network["layers"])
-        C = _classes()
-        C.state["bn_floor"] = 1.001e-5 if cuda else None  # cuDNN's minimum epsilon
+        tokens, images, has_lstm = tn.input_kind(network)
+        bn_floor = tn.set_batch_norm_floor(cuda)
         optimizer_class = _optimizer_class()
         with strategy.scope():
-            model, per_layer, flatten_modes, permuted = build_network(network)
+            model, per_layer, flatten_modes, permuted = tn.build_network(network)
             trainable = model.trainable_variables
             optimizer = (optimizer_class or keras.optimizers.SGD)(
                 learning_rate=request["learning_rate"], momentum=request["momentum"])
             optimizer.build(trainable)
-        params = int(sum(int(np.prod(v.shape)) for v in trainable))
+        params = tn.count_params(trainable)
         grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in trainable))
 
         # each worker trains on its own synthetic batch (as a sharded data set would give it)
@@ -246,8 +238,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             x_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
             y_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
         else:
-            shape = (batch, *inp["shape"][1:], inp["shape"][0]) if images else (batch, *inp["shape"])
-            x_np = rng.standard_normal(shape, dtype=np.float32)
+            x_np = rng.standard_normal(tn.sample_shape(network, batch), dtype=np.float32)
             y_np = rng.integers(0, inp["classes"], (batch,), dtype=np.int64)
         with tf.device(self.device):
             x, y = tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
@@ -311,12 +302,11 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             "optimizer": "keras.optimizers.SGD(momentum)",
             "step": "tf.function around strategy.run",
             "input_transpose": "synthetic inputs made in NHWC" if images else None,
-            "flatten": _describe_flatten(network["layers"], flatten_modes, permuted),
+            "flatten": tn.describe_flatten(network["layers"], flatten_modes, permuted),
             "batch_norm_statistics": "local to each worker (not synchronised)",
-            "batch_norm_epsilon_floor": C.state["bn_floor"],
-            "lstm": ("keras.layers.LSTM, " + ("cuDNN kernel" if cuda else "while-loop kernel")) if has_lstm else None,
-            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads(),
-            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "batch_norm_epsilon_floor": bn_floor,
+            "lstm": tn.lstm_setting(has_lstm, cuda),
+            **tn.thread_settings(),
         }
         output_shape = [int(d) for d in model.output_shape[1:]]
         return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, output_shape, settings,
@@ -331,13 +321,13 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         return None
 
     def _instance_key(self):
-        tf = _tf()
+        tf = load_tf()
         key = self.strategy.extended._collective_keys.get_instance_key(self._group_key, self.device)
         with tf.device("CPU:0"):
             return tf.constant(key, dtype=tf.int32)
 
     def _collective_function(self, op: str, recv_count: int):
-        tf = _tf()
+        tf = load_tf()
         raw = tf.raw_ops
         n, group, device = self.cluster.world_size, self._group_key, self.device
         common = {"group_size": n, "group_key": group, "communication_hint": self.implementation.value,

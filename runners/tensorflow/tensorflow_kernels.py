@@ -13,28 +13,27 @@ momentum applying a gradient to one variable, in a tf.function as the runner's s
 
 from __future__ import annotations
 
+from contract import Kernel
+from tensorflow_network import load_keras, load_tf, lstm_layer, padding_plan
 
-class Kernel:
+
+class GraphKernel(Kernel):
+    """A tf.function on its arguments, called on the kernel's device; synchronize() is sync_devices."""
+
     def __init__(self, fn, args, device, includes_forward=False, settings=None):
-        import tensorflow as tf
-
         self._fn, self._args, self._device = fn, args, device
-        self._sync = tf.test.experimental.sync_devices
-        self.includes_forward = includes_forward
-        self.settings = settings or {}
+        self._out = None
+        super().__init__(self._call, load_tf().test.experimental.sync_devices, settings, includes_forward)
 
-    def step(self):
+    def _call(self):
         import tensorflow as tf
 
         with tf.device(self._device):
             self._out = self._fn(*self._args)
 
-    def synchronize(self):
-        self._sync()
-
 
 def prepare_kernel(spec: dict, device_name: str) -> Kernel:
-    import tensorflow as tf
+    tf = load_tf()
 
     kind, shape = spec["kind"], spec["shape"]
     dtype = getattr(tf, spec["dtype"])
@@ -45,8 +44,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         with tf.device(device):
             return tf.identity(tf.cast(tf.random.normal(dims), dtype))
 
-    def make(fn, args, **kw) -> Kernel:
-        kernel = Kernel(tf.function(fn), args, device, **kw)
+    def make(fn, args, **kw) -> GraphKernel:
+        kernel = GraphKernel(tf.function(fn), args, device, **kw)
         kernel.step()  # trace and build the graph outside the timed calls
         kernel.synchronize()
         return kernel
@@ -60,8 +59,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
     if kind == "relu":
         return make(tf.nn.relu, (rand(shape["elements"]),))
     if kind.startswith("conv2d"):
-        from tensorflow_runner import padding_plan  # the runner's own choice of SAME, VALID or pad + VALID
-
+        # the runner's own choice of SAME, VALID or pad + VALID (padding_plan)
         n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
         kernel_hw, stride_hw = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
         mode, pads = padding_plan((h, w), kernel_hw, stride_hw, (shape["ph"], shape["pw"]))
@@ -90,7 +88,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
         return make(backward, (x, k, dy), settings={**settings, "ops": "Conv2DBackpropFilter/Input"})
     if kind.startswith("lstm_step"):
-        import keras
+        keras = load_keras()
 
         b, i, h = shape["batch"], shape["input"], shape["hidden"]
         with tf.device(device):
@@ -109,14 +107,9 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
         return make(forward_backward, (x, hx, cx), includes_forward=True, settings={"cell": "keras.layers.LSTMCell"})
     if kind.startswith("lstm_layer"):
-        import keras
-
         b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
         with tf.device(device):
-            # the runner's configuration (Keras' cuDNN-compatible LSTM)
-            layer = keras.layers.LSTM(h, activation="tanh", recurrent_activation="sigmoid", use_bias=True,
-                                      dropout=0.0, recurrent_dropout=0.0, unroll=False, return_sequences=True,
-                                      dtype=spec["dtype"])
+            layer = lstm_layer(h, dtype=spec["dtype"])  # the runner's configuration (Keras' cuDNN-compatible LSTM)
             layer.build((b, t, i))
         x = rand(b, t, i)
         settings = {"layer": "keras.layers.LSTM, as the runner configures it"}
@@ -149,7 +142,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
         return make(forward_backward, (logits,), includes_forward=True)
     if kind == "sgd_momentum":
-        import keras
+        keras = load_keras()
 
         with tf.device(device):
             variable = tf.Variable(rand(shape["elements"]))
