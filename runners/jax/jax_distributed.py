@@ -49,7 +49,10 @@ import os
 import re
 import time
 
-from jax_runner import JaxRunner, TrainingModel, _jax
+import jax_network as jn
+from contract import DataParallel
+from jax_network import load_jax
+from jax_runner import JaxRunner
 
 AXIS = "data"
 # jax.distributed's defaults are 300 s to connect and 100 s without a heartbeat; stated here so
@@ -92,17 +95,6 @@ def _env_cluster():
     rank = int(os.environ.get("RANK", "0"))
     addresses = tuple(a for a in os.environ.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
     return rank, int(os.environ.get("LOCAL_RANK", rank)), addresses
-
-
-class DataParallel:
-    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes):
-        self.step = step
-        self.step_without_sync = step_without_sync
-        self.synchronize = synchronize
-        self.params = params
-        self.output_shape = output_shape
-        self.settings = settings
-        self.grad_bytes = grad_bytes
 
 
 class Collective:
@@ -226,20 +218,20 @@ class JaxDistributedRunner(JaxRunner):
         multihost_utils.sync_global_devices(f"dlbench-barrier-{self._barriers}")
 
     def leave(self) -> None:
-        _jax().distributed.shutdown()
+        load_jax().distributed.shutdown()
 
     # ------------------------------------------------------------------ data-parallel training
 
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
         import numpy as np
 
-        jax = _jax()
+        jax = load_jax()
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
         mesh = self._mesh
         replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-        tm = TrainingModel({**request, "mode": "train"})
+        tm = jn.TrainingModel({**request, "mode": "train"})
         seed = request.get("seed", 0)
         # every rank the same initial weights, its own synthetic batch (as a sharded data set gives it)
         x_np, y_np = tm.host_batch(request["batch_size"], np.random.default_rng(seed * 1000 + cluster.rank + 1))
@@ -256,9 +248,11 @@ class JaxDistributedRunner(JaxRunner):
 
         params = replicate(host["params"])
         stats = per_rank(host.get("batch_stats", {}))
-        state = {"params": params, "batch_stats": stats, "opt_state": replicate(tm.host_opt_state(host["params"])),
-                 "key": replicate(tm.host_key(seed + 1)),
-                 "x": global_array(sharded, x_np), "y": global_array(sharded, y_np)}
+        device_state = jn.DeviceState({"params": params, "batch_stats": stats,
+                                       "opt_state": replicate(tm.host_opt_state(host["params"])),
+                                       "key": replicate(tm.host_key(seed + 1)),
+                                       "x": global_array(sharded, x_np), "y": global_array(sharded, y_np)})
+        state = device_state.state
 
         def make_step(exchange: bool):
             def local_step(p, stats, opt_state, key, x, y):
@@ -285,21 +279,6 @@ class JaxDistributedRunner(JaxRunner):
         if cluster.world_size > 1 and (all_reduces[0] == 0 or all_reduces[1] != 0):
             raise RuntimeError(f"the compiled step has {all_reduces[0]} all-reduce(s) with the gradient exchange "
                                f"and {all_reduces[1]} without: expected some and none")
-        last: list = []
-
-        def run(compiled):
-            def step():
-                s = state
-                p, st, opt, key, loss = compiled(s["params"], s["batch_stats"], s["opt_state"], s["key"],
-                                                 s["x"], s["y"])
-                s.update(params=p, batch_stats=st, opt_state=opt, key=key)
-                last[:] = [p, st, opt, key, loss]
-            return step
-
-        def synchronize():
-            if last:
-                jax.block_until_ready(last)
-
         n_params = tm.count_params(params)
         sample = jax.ShapeDtypeStruct((1, *x_np.shape[1:]), x_np.dtype)
         settings = tm.settings(self._device_kind, request)
@@ -314,14 +293,15 @@ class JaxDistributedRunner(JaxRunner):
             "exposed_communication": "median step time minus median step time of the same program without the pmean",
         })
         grad_bytes = int(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(host["params"])))
-        return DataParallel(run(synced), run(unsynced), synchronize, n_params,
+        return DataParallel(device_state.train_step(synced), device_state.train_step(unsynced),
+                            device_state.synchronize, n_params,
                             tm.output_shape(params, jax.tree.map(lambda s: s[0], host.get("batch_stats", {})), sample),
                             settings, grad_bytes)
 
     # ------------------------------------------------------------------ collectives
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
-        jax = _jax()
+        jax = load_jax()
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
