@@ -637,3 +637,29 @@ def test_error_bad_network_name(tmp_path):
 def test_error_missing_file(tmp_path):
     path = tmp_path / "nowhere" / "missing.yaml"
     assert_error(path, "", "cannot read")
+
+
+# --------------------------------------------------------------------------- the layer table
+
+def test_the_layer_table_holds_every_layer_model_of_the_schema_in_its_order():
+    """Every model of schema.py with a `type` field is one entry of definitions/layers/ (a model left
+    out of BUILTIN would be one nobody can use), and an unknown type's message lists them in the
+    table's order, which is the schema's."""
+    from dlbench.definitions import layers, schema
+
+    models = [m for m in vars(schema).values()
+              if isinstance(m, type) and issubclass(m, schema.Strict) and "type" in m.model_fields]
+    assert [entry.model for entry in layers.BUILTIN] == models
+    assert layers.names() == ("dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu",
+                              "sigmoid", "tanh", "flatten", "dropout", "embedding", "lstm", "residual")
+    for name in layers.names():
+        assert name in layers.lookup(name).names
+
+
+def test_the_loader_reads_the_union_tags_from_the_model():
+    """The tags pydantic puts into an error's location come from the model validated (no list of
+    them by hand): a network's layer types and input kinds."""
+    from dlbench.definitions import layers
+    from dlbench.definitions.loader import union_tags
+
+    assert union_tags(layers.network_model()) == frozenset(layers.names()) | {"tensor", "tokens"}
