@@ -44,28 +44,20 @@ from __future__ import annotations
 import gc
 import os
 
-from mxnet_runner import MXNetRunner, _mxnet, build_network
+import mxnet_network as mn
+from contract import DataParallel
+from mxnet_network import load_mxnet
+from mxnet_runner import MXNetRunner
 
 # The servers and workers keep every broadcast key (and its buffers) until the job ends.
 BROADCAST_KEY_BUDGET_BYTES = 2 * 1024 ** 3
-
-
-class DataParallel:
-    def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes):
-        self.step = step
-        self.step_without_sync = step_without_sync
-        self.synchronize = synchronize
-        self.params = params
-        self.output_shape = output_shape
-        self.settings = settings
-        self.grad_bytes = grad_bytes
 
 
 class Collective:
     """One collective over buffers made once; `run` issues it on the engine, `synchronize` waits."""
 
     def __init__(self, runner, op: str, send_count: int, recv_count: int):
-        mx = _mxnet()
+        mx = load_mxnet()
         import numpy as np
 
         self.runner, self.op, self.kv = runner, op, runner.kv
@@ -94,7 +86,7 @@ class Collective:
         self.recv = mx.nd.sparse.zeros("row_sparse", self.shape)
 
     def load(self, array) -> None:
-        mx = _mxnet()
+        mx = load_mxnet()
         if self.op in ("all_reduce", "broadcast"):
             self.buf[:] = mx.nd.array(array)
             return
@@ -112,7 +104,7 @@ class Collective:
             self.kv.row_sparse_pull(self.key, out=self.recv, row_ids=self.pull_rows)
 
     def synchronize(self) -> None:
-        _mxnet().nd.waitall()
+        load_mxnet().nd.waitall()
 
     def result(self):
         if self.op in ("all_reduce", "broadcast"):
@@ -135,14 +127,14 @@ class MXNetDistributedRunner(MXNetRunner):
             # servers) is not wired in; every rank skips, saying so
             if os.environ.get("DMLC_ROLE") == "worker":
                 # the scheduler and the servers end once every worker has registered and left
-                kv = _mxnet().kv.create("dist_sync")
+                kv = load_mxnet().kv.create("dist_sync")
                 del kv
                 gc.collect()
             return f"the mxnet multi-worker runner runs on cpu only (kvstore dist_sync), not {device!r}"
         return super().device_available(device)
 
     def join(self, cluster) -> dict:
-        mx = _mxnet()
+        mx = load_mxnet()
         role = os.environ.get("DMLC_ROLE")
         if role is None:
             if cluster.world_size != 1:
@@ -173,14 +165,14 @@ class MXNetDistributedRunner(MXNetRunner):
     def leave(self) -> None:
         """Free the kvstore: its destructor waits for every worker, then rank 0 stops the servers
         and the scheduler, which end their processes. Nothing else may still hold it."""
-        _mxnet().nd.waitall()
+        load_mxnet().nd.waitall()
         self.kv = None
         gc.collect()
 
     # ------------------------------------------------------------------ training
 
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
-        mx = _mxnet()
+        mx = load_mxnet()
         import numpy as np
 
         precision = request.get("precision", "float32")
@@ -191,25 +183,15 @@ class MXNetDistributedRunner(MXNetRunner):
         mx.random.seed(seed)  # every worker builds the same weights (the Trainer broadcasts rank 0's anyway)
         np.random.seed(seed)
         ctx = mx.cpu()
-        net, _blocks, classes = build_network(network)
-        net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctx)
-        model = classes["WithLoss"](net)
-        model.hybridize(static_alloc=True, static_shape=True)
+        net, _, model = mn.build_model(network, ctx)
 
         # each rank trains on its own synthetic batch (as a sharded data set would give it)
-        batch, inp = request["batch_size"], network["input"]
-        rng = np.random.default_rng(seed * 1000 + cluster.rank + 1)
-        if inp["kind"] == "tokens":
-            shape = (batch, inp["sequence_length"])
-            x_np, y_np = rng.integers(0, inp["vocabulary"], shape), rng.integers(0, inp["vocabulary"], shape)
-        else:
-            x_np = rng.standard_normal((batch, *inp["shape"]), dtype=np.float32)
-            y_np = rng.integers(0, inp["classes"], (batch,))
-        x = mx.nd.array(x_np, ctx=ctx, dtype="float32")  # token ids as float32, as the single-process runner
-        y = mx.nd.array(y_np, ctx=ctx, dtype="float32")
+        x_np, y_np = mn.synthetic_batch(network, request["batch_size"],
+                                        np.random.default_rng(seed * 1000 + cluster.rank + 1))
+        x, y = mn.to_device(x_np, y_np, ctx)  # token ids as float32, as the single-process runner
 
-        trainable = [p for p in net.collect_params().values() if p.grad_req != "null"]
-        params = int(sum(int(np.prod(p.shape)) for p in trainable))
+        trainable = mn.trainable_params(net)
+        params = mn.count_params(trainable)
         grad_bytes = params * 4
         world = cluster.world_size
         trainer = mx.gluon.Trainer(trainable, "sgd", {"learning_rate": request["learning_rate"],
@@ -229,8 +211,6 @@ class MXNetDistributedRunner(MXNetRunner):
             forward_backward()
             trainer.update(world)  # the same update on this worker's own gradient: no exchange
 
-        sym = net(mx.sym.var("data"))
-        _, out_shapes, _ = sym.infer_shape(data=(1, *x.shape[1:]))
         settings = {"layout": "NCHW", "hybridize": {"static_alloc": True, "static_shape": True},
                     "precision": precision, "onednn": mx.runtime.Features().is_enabled("MKLDNN"),
                     "kvstore": self.kv.type if self.kv is not None else None,
@@ -240,7 +220,7 @@ class MXNetDistributedRunner(MXNetRunner):
                     "engine_cpu_worker_threads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
                     "exposed_communication": "median step time minus median step time with trainer.update() "
                                              "in place of trainer.step() (no allreduce_grads)"}
-        return DataParallel(step, step_without_sync, mx.nd.waitall, params, list(out_shapes[0][1:]), settings,
+        return DataParallel(step, step_without_sync, mx.nd.waitall, params, mn.output_shape(net, x), settings,
                             grad_bytes)
 
     # ------------------------------------------------------------------ collectives
@@ -259,5 +239,5 @@ class MXNetDistributedRunner(MXNetRunner):
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         if self.kv is None:
             # one worker: a local kvstore does the same calls within this process
-            self.kv = _mxnet().kv.create("local")
+            self.kv = load_mxnet().kv.create("local")
         return Collective(self, op, send_count, recv_count)

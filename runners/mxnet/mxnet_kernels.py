@@ -14,19 +14,15 @@ runner's Trainer (which aggregates it over tensors).
 
 from __future__ import annotations
 
-
-class Kernel:
-    def __init__(self, step, includes_forward=False, settings=None):
-        import mxnet as mx
-
-        self.step = step
-        self.synchronize = mx.nd.waitall
-        self.includes_forward = includes_forward
-        self.settings = settings or {}
+import contract
+from mxnet_network import block_classes, load_mxnet
 
 
-def prepare_kernel(spec: dict, device_name: str) -> Kernel:
-    import mxnet as mx
+def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
+    mx = load_mxnet()
+
+    def kernel(step, includes_forward=False, settings=None) -> contract.Kernel:  # waited for with waitall
+        return contract.Kernel(step, mx.nd.waitall, settings, includes_forward)
 
     kind, shape, dtype = spec["kind"], spec["shape"], spec["dtype"]
     ctx = mx.gpu(0) if device_name == "cuda" else mx.cpu()
@@ -38,24 +34,24 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
     if kind == "matmul":
         a, weight = rand(shape["m"], shape["k"]), rand(shape["n"], shape["k"])  # weight = B^T, as Dense keeps it
-        return Kernel(lambda: mx.nd.FullyConnected(data=a, weight=weight, no_bias=True, num_hidden=shape["n"]),
+        return kernel(lambda: mx.nd.FullyConnected(data=a, weight=weight, no_bias=True, num_hidden=shape["n"]),
                       settings={"op": "FullyConnected"})
     if kind == "transpose":
         a = rand(shape["rows"], shape["cols"])
-        return Kernel(lambda: mx.nd.transpose(a))
+        return kernel(lambda: mx.nd.transpose(a))
     if kind == "copy":
         src, dst = rand(shape["elements"]), rand(shape["elements"])
-        return Kernel(lambda: src.copyto(dst))
+        return kernel(lambda: src.copyto(dst))
     if kind == "relu":
         x = rand(shape["elements"])
-        return Kernel(lambda: mx.nd.Activation(x, act_type="relu"), settings={"op": "Activation(relu)"})
+        return kernel(lambda: mx.nd.Activation(x, act_type="relu"), settings={"op": "Activation(relu)"})
     if kind.startswith("conv2d"):
         x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
         w = rand(shape["filters"], shape["channels"], shape["kh"], shape["kw"])
         options = dict(no_bias=True, kernel=(shape["kh"], shape["kw"]), stride=(shape["sh"], shape["sw"]),
                        pad=(shape["ph"], shape["pw"]), num_filter=shape["filters"], layout="NCHW")
         if kind == "conv2d_fwd":
-            return Kernel(lambda: mx.nd.Convolution(data=x, weight=w, **options), settings={"layout": "NCHW"})
+            return kernel(lambda: mx.nd.Convolution(data=x, weight=w, **options), settings={"layout": "NCHW"})
         if shape["input_grad"]:
             x.attach_grad()
         w.attach_grad()
@@ -66,7 +62,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
                 y = mx.nd.Convolution(data=x, weight=w, **options)
             y.backward(dy)
 
-        return Kernel(forward_backward, includes_forward=True, settings={"layout": "NCHW"})
+        return kernel(forward_backward, includes_forward=True, settings={"layout": "NCHW"})
     if kind.startswith("lstm_step"):
         b, i, h = shape["batch"], shape["input"], shape["hidden"]
         cell = mx.gluon.rnn.LSTMCell(h, input_size=i)
@@ -77,7 +73,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         x, hx, cx = rand(b, i), rand(b, h), rand(b, h)
         settings = {"cell": "gluon.rnn.LSTMCell, hybridised"}
         if kind == "lstm_step_fwd":
-            return Kernel(lambda: cell(x, [hx, cx]), settings=settings)
+            return kernel(lambda: cell(x, [hx, cx]), settings=settings)
         for a in (x, hx, cx):
             a.attach_grad()
         dh, dc = mx.nd.ones_like(hx), mx.nd.ones_like(cx)
@@ -87,12 +83,10 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
                 out, (h1, c1) = cell(x, [hx, cx])
             mx.autograd.backward([out, c1], [dh, dc])
 
-        return Kernel(forward_backward, includes_forward=True, settings=settings)
+        return kernel(forward_backward, includes_forward=True, settings=settings)
     if kind.startswith("lstm_layer"):
-        from mxnet_runner import _blocks  # the runner's own layer: gluon.rnn.LSTM, the fused RNN operator
-
         b, t, i, h = shape["batch"], shape["steps"], shape["input"], shape["hidden"]
-        layer = _blocks()["SequenceLSTM"](i, h, 1)
+        layer = block_classes()["SequenceLSTM"](i, h, 1)  # the runner's own layer: gluon.rnn.LSTM, fused RNN op
         layer.initialize(ctx=ctx)
         if dtype != "float32":
             layer.cast(dtype)
@@ -100,7 +94,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         x = rand(b, t, i)
         settings = {"layer": "gluon.rnn.LSTM (fused RNN operator), hybridised"}
         if kind == "lstm_layer_fwd":
-            return Kernel(lambda: layer(x), settings=settings)
+            return kernel(lambda: layer(x), settings=settings)
         x.attach_grad()
         dy = mx.nd.ones((b, t, h), ctx=ctx, dtype=x.dtype)
 
@@ -109,13 +103,13 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
                 out = layer(x)
             out.backward(dy)
 
-        return Kernel(forward_backward, includes_forward=True, settings=settings)
+        return kernel(forward_backward, includes_forward=True, settings=settings)
     if kind.startswith("softmax_xent"):
         logits = rand(shape["rows"], shape["classes"])
         labels = mx.nd.random.randint(0, shape["classes"], shape=(shape["rows"],), ctx=ctx).astype("float32")
         loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()
         if kind == "softmax_xent_fwd":
-            return Kernel(lambda: loss(logits, labels).mean())
+            return kernel(lambda: loss(logits, labels).mean())
         logits.attach_grad()
 
         def forward_backward():
@@ -123,9 +117,9 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
                 value = loss(logits, labels).mean()
             value.backward()
 
-        return Kernel(forward_backward, includes_forward=True)
+        return kernel(forward_backward, includes_forward=True)
     if kind == "sgd_momentum":
         weight, grad, mom = rand(shape["elements"]), rand(shape["elements"]), rand(shape["elements"])
-        return Kernel(lambda: mx.nd.sgd_mom_update(weight, grad, mom, lr=0.01, momentum=0.9, out=weight),
+        return kernel(lambda: mx.nd.sgd_mom_update(weight, grad, mom, lr=0.01, momentum=0.9, out=weight),
                       settings={"op": "sgd_mom_update, in place"})
     raise ValueError(f"mxnet runner: unknown kernel kind {kind!r}")

@@ -1,0 +1,351 @@
+"""The MXNet runner's building blocks: the Gluon network from a resolved dlbench description (one
+builder per layer type, in LAYERS), its canonical weights in and out, and what the single-process
+and the multi-worker steps share (initialisation, the loss block, data, output shape).
+mxnet_runner.py, mxnet_kernels.py and mxnet_distributed.py all build from here.
+
+mxnet is imported on first use (`load_mxnet()`), after the runner has set the OpenMP variables
+that its engine reads when the library loads. The semantics (batch-norm momentum, the LSTM's two
+biases, the Trainer's rescaling) are described in mxnet_runner.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from contract import LayerTable
+
+_mx = None
+
+
+def load_mxnet():
+    """The mxnet module (imported on first use, its import-time warnings silenced)."""
+    global _mx
+    if _mx is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            # mxnet 1.9.1 warns on import (numpy aliases, distutils); nothing the user can act on.
+            warnings.simplefilter("ignore")
+            import mxnet
+
+        _mx = mxnet
+    return _mx
+
+
+def mxnet_loaded() -> bool:
+    """Whether load_mxnet() has imported mxnet already."""
+    return _mx is not None
+
+
+@functools.lru_cache(maxsize=None)
+def block_classes() -> dict:
+    """Gluon block classes that need the framework (defined once, lazily)."""
+    mx = load_mxnet()
+    nn = mx.gluon.nn
+
+    class SequenceLSTM(mx.gluon.HybridBlock):
+        """gluon.rnn.LSTM (the fused RNN operator), batch-major, returning the output sequence."""
+
+        def __init__(self, features: int, hidden: int, layers: int, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.lstm = mx.gluon.rnn.LSTM(hidden, num_layers=layers, layout="NTC", input_size=features,
+                                              h2h_bias_initializer="zeros", i2h_bias_initializer="zeros")
+            for k in range(layers):
+                getattr(self.lstm, f"l{k}_h2h_bias").grad_req = "null"  # canonical: one bias per layer
+
+        def hybrid_forward(self, F, x):
+            return self.lstm(x)  # no states given: zero initial state, output sequence only
+
+    class OptionA(mx.gluon.HybridBlock):
+        """Every stride-th pixel from (0, 0), then zero channels appended after the existing ones."""
+
+        def __init__(self, stride: int, extra: int, **kwargs):
+            super().__init__(**kwargs)
+            self.stride, self.extra = stride, extra
+
+        def hybrid_forward(self, F, x):
+            s = self.stride
+            if s > 1:
+                x = F.slice(x, begin=(None, None, None, None), end=(None, None, None, None), step=(1, 1, s, s))
+            if self.extra:
+                zero = F.zeros_like(F.slice_axis(x, axis=1, begin=0, end=1))
+                x = F.concat(x, F.broadcast_axis(zero, axis=1, size=self.extra), dim=1)
+            return x
+
+    class Residual(mx.gluon.HybridBlock):
+        """conv-bn-relu-conv-bn (basic) or 1x1-3x3(stride)-1x1 (bottleneck), + shortcut, then relu."""
+
+        def __init__(self, spec: dict, **kwargs):
+            super().__init__(**kwargs)
+            cin, cout = spec["in_shape"][0], spec["out_shape"][0]
+            f, s = spec["filters"], spec["stride"]
+            if spec["block"] == "basic":
+                convs = [(cin, f, 3, s, True), (f, f, 3, 1, False)]
+            else:
+                convs = [(cin, f, 1, 1, True), (f, f, 3, s, True), (f, cout, 1, 1, False)]
+            self.kind = spec["shortcut"]
+            with self.name_scope():
+                self.body = nn.HybridSequential(prefix="body_")
+                self.conv_bn = []  # (conv, bn) positions in body, for the canonical weight names
+                with self.body.name_scope():
+                    for ci, co, k, stride, relu in convs:
+                        self.conv_bn.append((len(self.body), len(self.body) + 1))
+                        self.body.add(nn.Conv2D(co, k, stride, k // 2, in_channels=ci, use_bias=False),
+                                      nn.BatchNorm(momentum=0.9, epsilon=1e-5, in_channels=co))
+                        if relu:
+                            self.body.add(nn.Activation("relu"))
+                if self.kind == "projection":
+                    self.proj = nn.Conv2D(cout, 1, s, 0, in_channels=cin, use_bias=False)
+                    self.proj_bn = nn.BatchNorm(momentum=0.9, epsilon=1e-5, in_channels=cout)
+                elif self.kind == "option_a":
+                    self.option_a = OptionA(s, cout - cin)
+
+        def hybrid_forward(self, F, x):
+            if self.kind == "projection":
+                short = self.proj_bn(self.proj(x))
+            elif self.kind == "option_a":
+                short = self.option_a(x)
+            else:
+                short = x
+            # Activation, not F.relu: on CPU only Activation is a oneDNN primitive; the plain relu
+            # operator forces oneDNN-layout tensors back to NCHW around it, forward and backward
+            # (measured on ResNet-50 training, b4: 10-25% of the step).
+            return F.Activation(self.body(x) + short, act_type="relu")
+
+    class WithLoss(mx.gluon.HybridBlock):
+        """The network and its mean softmax cross-entropy (over the batch, and the steps of an LM)."""
+
+        def __init__(self, net, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.net = net
+                self.loss = mx.gluon.loss.SoftmaxCrossEntropyLoss(axis=-1, sparse_label=True)
+
+        def hybrid_forward(self, F, x, y):
+            out = self.net(x)
+            # per sample the loss is already the mean over the steps (of an LM); then the batch mean
+            return out, F.mean(self.loss(out, y))
+
+    return {"SequenceLSTM": SequenceLSTM, "OptionA": OptionA, "Residual": Residual, "WithLoss": WithLoss}
+
+
+# ------------------------------------------------------------------ layers: type -> builder(spec, classes)
+
+
+def _nn():
+    return load_mxnet().gluon.nn
+
+
+def _dense(spec, classes):
+    # flatten=False keeps a (batch, steps, features) input and applies the weights at every step
+    in_shape = spec["in_shape"]
+    return _nn().Dense(spec["units"], use_bias=spec["bias"], flatten=len(in_shape) != 2, in_units=in_shape[-1])
+
+
+def _conv2d(spec, classes):
+    return _nn().Conv2D(spec["filters"], tuple(spec["kernel"]), tuple(spec["stride"]), tuple(spec["padding"]),
+                        in_channels=spec["in_shape"][0], use_bias=spec["bias"], layout="NCHW")
+
+
+def _max_pool(spec, classes):
+    # pooling_convention "valid" (ceil_mode False) is the canonical floor; padded cells never win
+    return _nn().MaxPool2D(tuple(spec["size"]), tuple(spec["stride"]), tuple(spec["padding"]), ceil_mode=False)
+
+
+def _avg_pool(spec, classes):
+    return _nn().AvgPool2D(tuple(spec["size"]), tuple(spec["stride"]), 0, ceil_mode=False)
+
+
+def _global_avg_pool(spec, classes):
+    nn = _nn()
+    seq = nn.HybridSequential()
+    seq.add(nn.GlobalAvgPool2D(), nn.Flatten())
+    return seq
+
+
+def _batch_norm(spec, classes):
+    return _nn().BatchNorm(axis=1, momentum=1.0 - spec["momentum"], epsilon=spec["eps"],
+                           in_channels=spec["in_shape"][0])
+
+
+def _activation(spec, classes):  # relu, sigmoid, tanh: MXNet's own names
+    return _nn().Activation(spec["type"])
+
+
+def _flatten(spec, classes):
+    return _nn().Flatten()  # (C, H, W) row-major: the canonical order for NCHW
+
+
+def _dropout(spec, classes):
+    return _nn().Dropout(spec["rate"])
+
+
+def _embedding(spec, classes):
+    return _nn().Embedding(spec["vocabulary"], spec["dim"])
+
+
+def _lstm(spec, classes):
+    return classes["SequenceLSTM"](spec["in_shape"][-1], spec["hidden"], spec["layers"])
+
+
+def _residual(spec, classes):
+    return classes["Residual"](spec)
+
+
+LAYERS = LayerTable("mxnet", {
+    "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
+    "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _activation, "sigmoid": _activation,
+    "tanh": _activation, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
+    "residual": _residual,
+})
+
+
+def build_block(spec: dict, classes: dict):
+    """One resolved layer (see dlbench.definitions.analysis) as a Gluon HybridBlock."""
+    return LAYERS.builder(spec["type"])(spec, classes)
+
+
+def build_network(network: dict, deterministic: bool = False):
+    """(HybridSequential, [block per resolved layer, None where the layer is dropped])."""
+    mx = load_mxnet()
+    classes = block_classes()
+    net = mx.gluon.nn.HybridSequential(prefix="net_")
+    blocks = []
+    with net.name_scope():
+        for layer in network["layers"]:
+            if deterministic and layer["type"] == "dropout":
+                blocks.append(None)  # dropout as the identity: simply not in the graph
+                continue
+            block = build_block(layer, classes)
+            net.add(block)
+            blocks.append(block)
+    return net, blocks, classes
+
+
+# ---------------------------------------------------------------------------------------------
+# Canonical weights (see src/dlbench/definitions/weights.py) <-> Gluon parameters. Gluon's layouts
+# are the canonical ones (OIHW, out x in, LSTM gates i f g o), so only the LSTM's biases need care.
+
+
+def _bn_params(prefix: str, bn) -> dict:
+    return {f"{prefix}.gamma": bn.gamma, f"{prefix}.beta": bn.beta,
+            f"{prefix}.running_mean": bn.running_mean, f"{prefix}.running_var": bn.running_var}
+
+
+def canonical_params(blocks: list, network: dict) -> dict:
+    """name -> gluon Parameter for every canonical weight except LSTM biases."""
+    out = {}
+    for i, (layer, block) in enumerate(zip(network["layers"], blocks)):
+        p, t = f"{i:03d}", layer["type"]
+        if block is None:
+            continue
+        if t in ("dense", "conv2d"):
+            out[f"{p}.weight"] = block.weight
+            if block.bias is not None:
+                out[f"{p}.bias"] = block.bias
+        elif t == "batch_norm":
+            out.update(_bn_params(p, block))
+        elif t == "embedding":
+            out[f"{p}.weight"] = block.weight
+        elif t == "lstm":
+            for k in range(layer["layers"]):
+                out[f"{p}.l{k}.w_ih"] = getattr(block.lstm, f"l{k}_i2h_weight")
+                out[f"{p}.l{k}.w_hh"] = getattr(block.lstm, f"l{k}_h2h_weight")
+        elif t == "residual":
+            for j, (c, b) in enumerate(block.conv_bn, start=1):
+                out[f"{p}.conv{j}.weight"] = block.body[c].weight
+                out.update(_bn_params(f"{p}.bn{j}", block.body[b]))
+            if layer["shortcut"] == "projection":
+                out[f"{p}.proj.weight"] = block.proj.weight
+                out.update(_bn_params(f"{p}.proj_bn", block.proj_bn))
+    return out
+
+
+def _lstm_biases(blocks: list, network: dict):
+    for i, (layer, block) in enumerate(zip(network["layers"], blocks)):
+        if layer["type"] == "lstm":
+            for k in range(layer["layers"]):
+                yield (f"{i:03d}.l{k}.bias", getattr(block.lstm, f"l{k}_i2h_bias"),
+                       getattr(block.lstm, f"l{k}_h2h_bias"))
+
+
+def export_weights(blocks: list, network: dict) -> dict:
+    import numpy as np
+
+    out = {n: p.data().asnumpy().astype(np.float32, copy=True) for n, p in canonical_params(blocks, network).items()}
+    for name, b_i2h, b_h2h in _lstm_biases(blocks, network):
+        out[name] = (b_i2h.data() + b_h2h.data()).asnumpy().astype(np.float32, copy=True)
+    return out
+
+
+def load_weights(blocks: list, network: dict, arrays: dict) -> None:
+    mx = load_mxnet()
+    params = canonical_params(blocks, network)
+    biases = {name: (b_i2h, b_h2h) for name, b_i2h, b_h2h in _lstm_biases(blocks, network)}
+    expected = set(params) | set(biases)
+    if set(arrays) != expected:
+        raise ValueError(f"weight set mismatch: missing {sorted(expected - set(arrays))[:5]}, "
+                         f"unexpected {sorted(set(arrays) - set(expected))[:5]}")
+    for name, p in params.items():
+        src = arrays[name]
+        if tuple(src.shape) != tuple(p.shape):
+            raise ValueError(f"{name}: shape {tuple(src.shape)}, mxnet expects {tuple(p.shape)}")
+        p.set_data(mx.nd.array(src, dtype="float32"))
+    for name, (b_i2h, b_h2h) in biases.items():
+        b_i2h.set_data(mx.nd.array(arrays[name], dtype="float32"))
+        b_h2h.set_data(mx.nd.zeros(b_h2h.shape))
+    mx.nd.waitall()
+
+
+# ---------------------------------------------------------------------------------------------
+# what the single-process and the multi-worker steps share
+
+
+def build_model(network: dict, ctx, deterministic: bool = False):
+    """(net, blocks, model): the network initialised on `ctx` (He-normal weights, fan-in; biases,
+    batch norms and LSTM biases keep their own initialisers) and, around it, the hybridised block of
+    the network and its loss (one cached graph per mode, memory planned once)."""
+    mx = load_mxnet()
+    net, blocks, classes = build_network(network, deterministic)
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctx)
+    model = classes["WithLoss"](net)
+    model.hybridize(static_alloc=True, static_shape=True)  # also hybridises `net` (infer)
+    return net, blocks, model
+
+
+def synthetic_batch(network: dict, batch: int, rng):
+    """(x, y) as numpy arrays drawn from `rng` (numpy.random.Generator), channels-first images."""
+    import numpy as np
+
+    inp = network["input"]
+    if inp["kind"] == "tokens":
+        shape = (batch, inp["sequence_length"])
+        return rng.integers(0, inp["vocabulary"], shape), rng.integers(0, inp["vocabulary"], shape)
+    x_np = rng.standard_normal((batch, *inp["shape"]), dtype=np.float32)
+    return x_np, rng.integers(0, inp["classes"], (batch,))
+
+
+def to_device(x_np, y_np, ctx):
+    """x and y as float32 NDArrays on `ctx`: Gluon's Embedding and the sparse-label loss take indices
+    as float32 (exact below 2**24)."""
+    mx = load_mxnet()
+    return mx.nd.array(x_np, ctx=ctx, dtype="float32"), mx.nd.array(y_np, ctx=ctx, dtype="float32")
+
+
+def trainable_params(net) -> list:
+    return [p for p in net.collect_params().values() if p.grad_req != "null"]
+
+
+def count_params(params: list) -> int:
+    import numpy as np
+
+    return int(sum(int(np.prod(p.shape)) for p in params))
+
+
+def output_shape(net, x) -> list[int]:
+    """The per-sample output shape as the framework infers it (no computation, no rebinding)."""
+    mx = load_mxnet()
+    sym = net(mx.sym.var("data"))
+    _, out_shapes, _ = sym.infer_shape(data=(1, *x.shape[1:]))
+    return list(out_shapes[0][1:])
