@@ -111,7 +111,8 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
     work = decompose(summary.resolved, batch, mode, precision)
     path = DataPath(work.input_bytes_per_sample, read_bytes_per_s=io_bandwidth * 1e9 if io_bandwidth else None)
     try:
-        p = predict_iteration(work, framework, profile, workers, schedule, data_path=path, threads=threads)
+        p = predict_iteration(work, framework, profile, workers, schedule, data_path=path, threads=threads,
+                              facts=lookup.runner(lookup.registry(), framework).model)
     except PredictionError as e:
         raise fail(str(e)) from None
     if fmt == "json":
@@ -179,7 +180,9 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
                if (not suites or r.suite in suites) and (not frameworks or r.framework.get("name") in frameworks)]
     for u in unreadable:
         err.print(f"[red]unreadable[/] {escape(u.reason)}", highlight=False, soft_wrap=True)
-    rows = prediction_errors(records, profile)
+    registry = lookup.registry()
+    rows = prediction_errors(records, profile, {n: lookup.runner(registry, n).model for n in registry.names()}
+                             if profile else None)
     if not rows:
         raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
     table_rows = accuracy_table_rows(rows)
