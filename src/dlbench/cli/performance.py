@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -311,11 +310,10 @@ def calibrate(
 def _calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
                store: Store, workers: int | None) -> None:
     from ..execution.kernels import plan_kernel_runs
-    from ..performance.calibration import calibration_specs, ceilings, comm_fits, kernel_times
-    from ..performance.kernel_suite import KernelBenchmark, KernelPolicy, load_kernel_suite
-    from ..performance.kernels import KernelSpec
+    from ..performance.calibration import build_profile, calibration_benchmarks, comm_fits
+    from ..performance.kernel_suite import load_kernel_suite
     from ..store.kernels import KernelStore
-    from ..store.profiles import MachineProfile, ProfileStore
+    from ..store.profiles import ProfileStore
 
     if env == "docker":
         raise fail("--env docker does not calibrate yet; use --env venv or current")
@@ -330,15 +328,8 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
         raise fail(str(e)) from None
     threads = threads or available_cpus()
     support = _support(device)
-    specs = calibration_specs(suite.ceilings, support)
-    policy = KernelPolicy(**suite.ceilings.policy.model_dump())
-    bench = KernelBenchmark(suite.name, "ceilings", tuple(specs), "calibrate", policy,
-                            f"ceilings of {suite_path.name}")
-    # the smallest operation again, timed cold as the kernels suite times kernels: what a call costs
-    # a framework whose code and data were evicted with the operands (model.op_time takes it off)
-    smallest = KernelSpec.of("copy", "float32", elements=max(1, suite.ceilings.dispatch_bytes // 8))
-    cold_bench = KernelBenchmark(suite.name, "smallest-cold", (smallest,), "calibrate",
-                                 policy.model_copy(update={"cache": "cold"}), "the smallest operation, timed cold")
+    bench, cold_bench = calibration_benchmarks(suite, suite_path, support)
+    specs = bench.specs
     runners = [lookup.runner(registry, n) for n in names]
     machine = fingerprint()
     err.print(f"dlbench calibrate: ceilings on {device} with {', '.join(names)} ({len(specs)} kernels each), "
@@ -346,9 +337,6 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
     every = _execute(plan_kernel_runs(runners, [bench, cold_bench]), store, device, env, threads, timeout, support,
                      None)
     records = [r for r in every if r.benchmark == bench.name]
-    dispatch_cold = {str(r.framework.get("name")): k.median_s for r in every
-                     if r.benchmark == cold_bench.name and r.status == "ok"
-                     for k in r.kernels if k.status == "ok" and k.median_s}
     results = {str(r.framework.get("name")): r.kernels for r in records if r.status == "ok"}
     for r in records:
         if r.status != "ok":
@@ -356,7 +344,6 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
                       highlight=False, soft_wrap=True)
     if not results:
         raise fail("no framework could measure the ceilings (reasons above); nothing stored", 1)
-    peak, bandwidth, dispatch, elementwise = ceilings(results, suite.ceilings.dispatch_bytes)
     problems: list[str] = []
     latest = KernelStore(store).latest_times(machine["machine_id"], device, threads, problems)
     for p in problems:
@@ -365,17 +352,9 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
 
     unreadable: list[Unreadable] = []
     fits, notes = comm_fits(store.records(unreadable), machine["machine_id"], device, workers)
-    profile = MachineProfile(
-        machine_id=machine["machine_id"], created_at=datetime.now(timezone.utc), dlbench=dlbench_provenance(),
-        machine=machine, device=device, threads=threads, matmul_peak=peak, copy_bandwidth=bandwidth,
-        dispatch_s=dispatch, dispatch_cold_s=dispatch_cold, elementwise_bandwidth=elementwise,
-        kernels=kernel_times(latest), comm=fits,
-        sources={"ceilings": {str(r.framework.get("name")): {"run_id": r.run_id, "status": r.status,
-                                                             "version": r.framework.get("version")}
-                              for r in records},
-                 "kernels": {fw: sorted({run_id for _, run_id, _ in times.values()}) for fw, times in latest.items()},
-                 "comm": [run for f in fits for run in f.run_ids]},
-        notes=notes)
+    profile = build_profile(machine=machine, provenance=dlbench_provenance(), device=device, threads=threads,
+                            ceiling_records=records, cold_records=[r for r in every if r.benchmark == cold_bench.name],
+                            dispatch_bytes=suite.ceilings.dispatch_bytes, latest=latest, fits=fits, notes=notes)
     stored = ProfileStore(store).write(profile)
     _print_profile(stored, ProfileStore(store).path(stored.machine_id, stored.revision))
     for n in notes:

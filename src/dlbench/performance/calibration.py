@@ -20,10 +20,13 @@ the ring model (communication.AllReduceCost.link). R² is that of the times them
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import numpy as np
 
-from ..store.profiles import BandwidthPoint, CommFit, KernelTime, MatmulCeiling
+from ..store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
 from .communication import AllReduceCost
+from .kernel_suite import KernelBenchmark, KernelPolicy
 from .kernels import KernelSpec
 
 
@@ -136,3 +139,39 @@ def comm_fits(records, machine_id: str, device: str, workers: int | None = None)
         notes.append(f"no all-reduce records for {workers} workers of this machine in the store: "
                      f"run `dlbench run --suite comm --workers {workers}` first")
     return fits, notes
+
+
+def calibration_benchmarks(suite, suite_path, support: dict) -> tuple[KernelBenchmark, KernelBenchmark]:
+    """What `dlbench calibrate` times in each framework: the kernel suite's `ceilings`, and the
+    smallest operation again, timed cold as the kernels suite times kernels: what a call costs a
+    framework whose code and data were evicted with the operands (model.op_time takes it off)."""
+    policy = KernelPolicy(**suite.ceilings.policy.model_dump())
+    bench = KernelBenchmark(suite.name, "ceilings", tuple(calibration_specs(suite.ceilings, support)), "calibrate",
+                            policy, f"ceilings of {suite_path.name}")
+    smallest = KernelSpec.of("copy", "float32", elements=max(1, suite.ceilings.dispatch_bytes // 8))
+    cold = KernelBenchmark(suite.name, "smallest-cold", (smallest,), "calibrate",
+                           policy.model_copy(update={"cache": "cold"}), "the smallest operation, timed cold")
+    return bench, cold
+
+
+def build_profile(*, machine: dict, provenance: dict, device: str, threads: int, ceiling_records: list,
+                  cold_records: list, dispatch_bytes: int, latest: dict, fits: list[CommFit],
+                  notes: list[str]) -> MachineProfile:
+    """The machine profile from the ceilings' kernel records (one per framework), the cold smallest
+    operation's, the latest kernel times of this machine (store.kernels.KernelStore.latest_times)
+    and the all-reduce fits, each figure's sources kept."""
+    results = {str(r.framework.get("name")): r.kernels for r in ceiling_records if r.status == "ok"}
+    peak, bandwidth, dispatch, elementwise = ceilings(results, dispatch_bytes)
+    dispatch_cold = {str(r.framework.get("name")): k.median_s for r in cold_records if r.status == "ok"
+                     for k in r.kernels if k.status == "ok" and k.median_s}
+    return MachineProfile(
+        machine_id=machine["machine_id"], created_at=datetime.now(timezone.utc), dlbench=provenance,
+        machine=machine, device=device, threads=threads, matmul_peak=peak, copy_bandwidth=bandwidth,
+        dispatch_s=dispatch, dispatch_cold_s=dispatch_cold, elementwise_bandwidth=elementwise,
+        kernels=kernel_times(latest), comm=fits,
+        sources={"ceilings": {str(r.framework.get("name")): {"run_id": r.run_id, "status": r.status,
+                                                             "version": r.framework.get("version")}
+                              for r in ceiling_records},
+                 "kernels": {fw: sorted({run_id for _, run_id, _ in times.values()}) for fw, times in latest.items()},
+                 "comm": [run for f in fits for run in f.run_ids]},
+        notes=notes)
