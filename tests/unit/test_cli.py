@@ -134,7 +134,7 @@ def test_list_shows_every_suite_and_parameter_counts():
     code, out, _ = invoke("list", "--device", "cpu")
     assert code == 0
     catalog = SuiteCatalog(ROOT / "suites")
-    assert catalog.suite_names() == ["cnn", "fcn", "rnn"]
+    assert {"cnn", "fcn", "rnn"} <= set(catalog.suite_names())  # the seed suites; a new suite is a file
     for name in catalog.suite_names():
         suite = catalog.load_suite(catalog.suite_path(name), "default", "cpu")
         for b in suite.benchmarks:
@@ -284,7 +284,8 @@ def test_suite_all_runs_every_shipped_suite(project, tmp_path):
     catalog = SuiteCatalog(ROOT / "suites")
     expected = sorted(b.name for s in catalog.suite_names()
                       for b in catalog.load_suite(catalog.suite_path(s), "smoke", "cpu").benchmarks)
-    assert len(expected) == 8  # one run per network: smoke trains each of the eight seed networks
+    # one run per network: smoke trains each network of every suite once (the seed suites: eight)
+    assert len(expected) == len({b.split("-")[0] for b in expected}) >= 8
     assert sorted(r.benchmark for r in Store(store).records()) == expected
 
 

@@ -44,8 +44,9 @@ def write(path: Path, data) -> Path:
 # ------------------------------------------------------------------ definitions
 
 def test_shipped_distributed_suites_are_listed_apart(catalog):
-    assert catalog.suite_names() == ["cnn", "fcn", "rnn"]  # what --suite all runs
-    assert catalog.distributed_suite_names() == ["comm", "distributed"]
+    assert {"cnn", "fcn", "rnn"} <= set(catalog.suite_names())  # what --suite all runs
+    assert {"comm", "distributed"} <= set(catalog.distributed_suite_names())
+    assert not set(catalog.suite_names()) & set(catalog.distributed_suite_names())
     assert catalog.suite_path("distributed") == SUITES / "distributed.yaml"
     assert catalog.suite_kind(SUITES / "comm.yaml") == "comm"
     assert catalog.suite_kind(SUITES / "fcn.yaml") == "benchmark"
