@@ -231,6 +231,8 @@ class JaxDistributedRunner(JaxRunner):
 
         mesh = self._mesh
         replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+        if request.get("precision") == "float64":  # the equivalence check's precision, single-process only
+            raise ValueError("the jax distributed runner does not train in float64 (float32 and amp_bf16 only)")
         tm = jn.TrainingModel({**request, "mode": "train"})
         seed = request.get("seed", 0)
         # every rank the same initial weights, its own synthetic batch (as a sharded data set gives it)

@@ -404,8 +404,16 @@ def export_weights(variables: dict, network: dict, plan: list[dict]) -> dict:
 
     jax = load_jax()
     host = jax.device_get(variables)
-    return {name: _to_canonical(np.asarray(_get(host[coll], path), dtype=np.float32), kind, perm)
+    return {name: _to_canonical(_host_float(_get(host[coll], path)), kind, perm)
             for name, coll, path, kind, perm in _entries(network, plan)}
+
+
+def _host_float(value):
+    """A variable as numpy: float64 stays float64 (the check's precision), anything else float32."""
+    import numpy as np
+
+    value = np.asarray(value)
+    return value.astype(np.float64 if value.dtype == np.float64 else np.float32)
 
 
 def canonical_to_variables(arrays: dict, network: dict, plan: list[dict], like: dict) -> dict:
@@ -419,8 +427,10 @@ def canonical_to_variables(arrays: dict, network: dict, plan: list[dict], like: 
                          f"unexpected {sorted(set(arrays) - expected)[:5]}")
     out: dict = {coll: {} for coll in like}
     for name, coll, path, kind, perm in entries:
-        value = _to_internal(np.asarray(arrays[name], dtype=np.float32), kind, perm)
-        want = tuple(_get(like[coll], path).shape)
+        target = _get(like[coll], path)
+        dtype = np.float64 if target.dtype == np.float64 else np.float32  # float32 converts to float64 exactly
+        value = _to_internal(np.asarray(arrays[name], dtype=dtype), kind, perm)
+        want = tuple(target.shape)
         if value.shape != want:
             raise ValueError(f"{name}: shape {tuple(arrays[name].shape)} gives {value.shape} in flax, "
                              f"which expects {want}")
@@ -463,17 +473,25 @@ class TrainingModel:
 
     def __init__(self, request: dict):
         import jax.numpy as jnp
+        import numpy as np
         import optax
 
         network = request["network"]
         precision = request.get("precision", "float32")
         if precision == "float32":
             dtype = jnp.float32
+        elif precision == "float64":
+            # The equivalence check's precision (one step of a ReLU network is not decided by
+            # rounding there). jax computes in float32 unless x64 is on; parameters, batch
+            # statistics, the optimiser's trace and the input are then float64 too (host_*).
+            load_jax().config.update("jax_enable_x64", True)
+            dtype = jnp.float64
         elif precision == "amp_bf16":
             dtype = jnp.bfloat16  # flax mixed precision: float32 parameters, bfloat16 computation
         else:
             raise ValueError(f"precision {precision!r} is not supported by the jax runner "
-                             f"(float32 and amp_bf16 are; float16 would need loss scaling)")
+                             f"(float32, float64 and amp_bf16 are; float16 would need loss scaling)")
+        self.storage = np.float64 if precision == "float64" else np.float32
         self.network = network
         self.precision = precision
         self.deterministic = bool(request.get("deterministic", False))
@@ -509,7 +527,7 @@ class TrainingModel:
             shape = (batch, *inp["shape"][1:], inp["shape"][0]) if self.images else (batch, *inp["shape"])
             x_np = rng.standard_normal(shape, dtype=np.float32)
             y_np = rng.integers(0, inp["classes"], (batch,))
-        return (np.ascontiguousarray(x_np, dtype=np.int32 if self.tokens else np.float32),
+        return (np.ascontiguousarray(x_np, dtype=np.int32 if self.tokens else self.storage),
                 np.ascontiguousarray(y_np, dtype=np.int32))
 
     def host_variables(self, sample_shape, dtype, rng) -> dict:
@@ -517,7 +535,7 @@ class TrainingModel:
         jax = load_jax()
         abstract = jax.eval_shape(functools.partial(self.model.init, train=False), {"params": jax.random.PRNGKey(0)},
                                   jax.ShapeDtypeStruct((1, *sample_shape), dtype))
-        return host_init(abstract, rng)
+        return jax.tree.map(lambda v: v.astype(self.storage), host_init(abstract, rng))
 
     def host_opt_state(self, params):
         """optax.sgd's state is the momentum trace (zeros) and empty states: built on the host."""
@@ -558,7 +576,7 @@ class TrainingModel:
         import jax.numpy as jnp
         import optax
 
-        logits = logits.astype(jnp.float32)
+        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # bfloat16 up, float64 kept
         return optax.softmax_cross_entropy_with_integer_labels(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
 

@@ -153,7 +153,7 @@ class JaxRunner:
 
         def forward_loss_fn(p, stats, key, x, y):
             logits, _ = apply(p, stats, key, x, train)  # train mode: batch statistics, no state change
-            return logits.astype(np.float32), loss_of(logits, y)
+            return logits.astype(jax.numpy.promote_types(logits.dtype, np.float32)), loss_of(logits, y)
 
         device_state = jn.DeviceState({"params": params, "batch_stats": batch_stats,
                                        "opt_state": make_opt_state(params),
@@ -183,7 +183,7 @@ class JaxRunner:
 
         def forward_loss():
             logits, loss = forward_loss_jit(state["params"], state["batch_stats"], state["key"], state["x"], state["y"])
-            return np.asarray(logits, dtype=np.float32), float(loss)
+            return np.asarray(logits), float(loss)
 
         settings = tm.settings(dev.platform, request)
         settings["compiled_step"] = "jax.jit, one executable per iteration"

@@ -107,6 +107,8 @@ class TorchDistributedRunner(TorchRunner):
         x, y = tn.synthetic_batch(network, request["batch_size"], device, memory_format,
                                   torch.Generator(device="cpu").manual_seed(seed))
         precision = request.get("precision", "float32")
+        if precision == "float64":  # the equivalence check's precision, single-process only
+            raise ValueError("the torch distributed runner does not train in float64 (float32 and AMP only)")
         settings["precision"] = precision
         autocast, scaler = tn.mixed_precision(precision, device, train=True)
         step, _ = tn.train_step(ddp, x, y, lambda: tn.sgd(tn.trainable_params(ddp), request), autocast, scaler)

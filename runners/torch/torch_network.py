@@ -226,9 +226,26 @@ def loss(out, y):
     return load_torch().nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
+# float64 is the equivalence check's precision: one step of a ReLU network is not decided by
+# rounding there (in float32 a pre-activation within rounding of zero can flip a ReLU).
+PRECISIONS = ("float32", "float64", "amp_fp16", "amp_bf16")
+
+
+def in_precision(model, x, precision: str):
+    """(model, x) in the request's storage precision: float64 casts parameters, buffers and a
+    floating input (the canonical float32 weights and input convert exactly); the rest stay float32."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not supported by the torch runner ({', '.join(PRECISIONS)} are)")
+    if precision != "float64":
+        return model, x
+    return model.double(), (x.double() if x.is_floating_point() else x)
+
+
 def mixed_precision(precision: str, device, train: bool):
     """(autocast() context factory, GradScaler or None) for the request's precision."""
     torch = load_torch()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not supported by the torch runner ({', '.join(PRECISIONS)} are)")
     amp_dtype = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(precision)
 
     def autocast():
@@ -333,10 +350,16 @@ def _lstm_biases(model, network: dict):
                 yield f"{i:03d}.l{k}.bias", getattr(module.lstm, f"bias_ih_l{k}"), getattr(module.lstm, f"bias_hh_l{k}")
 
 
+def _host(t):
+    """A tensor as numpy: float64 stays float64 (the check's precision), anything else float32."""
+    torch = load_torch()
+    return t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32).cpu().numpy().copy()
+
+
 def export_weights(model, network: dict) -> dict:
-    out = {n: t.detach().float().cpu().numpy().copy() for n, t in canonical_tensors(model, network).items()}
+    out = {n: _host(t) for n, t in canonical_tensors(model, network).items()}
     for name, b_ih, b_hh in _lstm_biases(model, network):
-        out[name] = (b_ih + b_hh).detach().float().cpu().numpy().copy()
+        out[name] = _host(b_ih + b_hh)
     return out
 
 

@@ -76,6 +76,7 @@ class TorchRunner:
             x, y = tn.synthetic_batch(network, request["batch_size"], device, memory_format)
 
         precision = request.get("precision", "float32")
+        model, x = tn.in_precision(model, x, precision)
         settings["precision"] = precision
         train = request["mode"] == "train"
         autocast, scaler = tn.mixed_precision(precision, device, train)
@@ -86,7 +87,7 @@ class TorchRunner:
             with grad, autocast():
                 out = model(x)
                 loss = tn.loss(out, y)
-            return out.detach().float().cpu().numpy(), float(loss)
+            return out.detach().to(torch.float64 if out.dtype == torch.float64 else torch.float32).cpu().numpy(), float(loss)
 
         train_step, reset_optimizer = tn.train_step(model, x, y, lambda: tn.sgd(tn.trainable_params(model), request),
                                                     autocast, scaler)

@@ -3,6 +3,7 @@ check_network (with the worker probe replaced by synthetic outputs) and the chec
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from dataclasses import replace
@@ -186,10 +187,11 @@ class FakeProbe:
         self.calls = []
 
     def __call__(self, runner, env, network, workdir, device, timeout_s, weights_path, inputs_path, batch,
-                 threads=None, learning_rate=0.1, momentum=0.9):
+                 threads=None, learning_rate=0.1, momentum=0.9, precision="float64"):
         with np.load(weights_path) as wf, np.load(inputs_path) as xf:
             self.calls.append({"runner": runner.name, "env": env, "device": device, "timeout_s": timeout_s,
-                               "batch": batch, "weights": {k: wf[k] for k in wf.files},
+                               "batch": batch, "precision": precision, "threads": threads,
+                               "weights": {k: wf[k] for k in wf.files},
                                "inputs": {k: xf[k] for k in xf.files}})
         answer = self.answers[runner.name]
         if isinstance(answer, tuple):
@@ -202,6 +204,9 @@ def env_for(name: str) -> Environment:
 
 
 def run_check(monkeypatch, fake, net, answers: dict, envs: dict | None = None, **kwargs):
+    """check_network through FakeProbe; in float32 unless `precision` says otherwise (most tests
+    here are about float32's tolerances and its spread; the float64 ones say so)."""
+    kwargs.setdefault("precision", "float32")
     probe = FakeProbe(answers)
     monkeypatch.setattr(equivalence, "_probe", probe)
     envs = envs or {}
@@ -537,7 +542,8 @@ def test_check_store_save_then_status(tmp_path, status):
     store.save(check)
     got = store.status("fcn5", "h1", "torch", "2.1.0+cpu")
     assert got == {"status": status, "checked_at": "2026-11-29T10:00:00+00:00", "reason": check.reason,
-                   "errors": {"logits": 2e-6, "loss": 1e-7, "update": 3e-5, "roundtrip": 0.0}}
+                   "errors": {"logits": 2e-6, "loss": 1e-7, "update": 3e-5, "roundtrip": 0.0},
+                   "precision": "float32"}
     assert [p.name for p in (tmp_path / "checks").iterdir()] == ["fcn5--torch--2.1.0+cpu.json"]
 
 
@@ -589,3 +595,74 @@ def test_check_store_file_is_plain_json(tmp_path):
     CheckStore(tmp_path).save(saved())
     data = json.loads((tmp_path / "checks" / "fcn5--torch--2.1.0+cpu.json").read_text())
     assert data["status"] == "equivalent" and data["network_hash"] == "h1" and data["worst_tensor"] == "000.weight"
+
+
+# --- float64, the check's default precision ---------------------------------------------------
+
+def outputs64(net: NetworkSummary, lr: float = 0.1) -> dict:
+    """What a correct framework reports in float64: the float32 canonical weights as loaded (exact
+    in float64), one SGD step of a fixed fake gradient computed in float64."""
+    out = outputs(net, lr=lr)
+    w = random_weights(net.resolved, 0)
+    rng = np.random.default_rng(99)
+    for name, a in w.items():
+        loaded = a.astype(np.float64)
+        out[f"init/{name}"] = out[f"loaded/{name}"] = loaded
+        out[f"after/{name}"] = loaded - lr * rng.standard_normal(a.shape)
+    out["logits"] = out["logits"].astype(np.float64)
+    return out
+
+
+def test_float64_is_the_default_and_every_probe_asks_for_it(monkeypatch, fake, bn_net):
+    results, probe = run_check(monkeypatch, fake, bn_net, {"a": outputs64(bn_net), "b": outputs64(bn_net)},
+                               precision="float64")
+    a, b = results
+    assert (a.status, b.status) == ("reference", "equivalent")
+    assert [c["precision"] for c in probe.calls] == ["float64", "float64"]  # no second reference run
+    assert a.precision == b.precision == "float64" and a.tolerance == b.tolerance == 1e-9
+    assert "self_spread_weights" not in a.errors
+    assert inspect.signature(check_network).parameters["precision"].default == "float64"
+
+
+def test_float64_gates_the_update_on_batch_norm_networks(monkeypatch, fake, bn_net):
+    # a 1e-6 error in one tensor's update: rounding in float32 (reported, not gated, with batch
+    # norm), a difference of definition in float64
+    def bumped(o):
+        loaded = o["loaded/000.weight"]
+        o["after/000.weight"] = loaded + (o["after/000.weight"] - loaded) * (1 + 1e-6)
+        return o
+
+    _, b32 = run_check(monkeypatch, fake, bn_net, {"ref": outputs(bn_net), "other": bumped(outputs(bn_net))})[0]
+    assert b32.status == "equivalent" and b32.precision == "float32"
+    _, b64 = run_check(monkeypatch, fake, bn_net, {"ref": outputs64(bn_net), "other": bumped(outputs64(bn_net))},
+                       precision="float64")[0]
+    assert b64.status == "mismatch" and "update" in b64.reason and b64.worst_tensor == "000.weight"
+    assert 1e-9 < b64.errors["update"] < 1e-6
+
+
+def test_float64_one_ulp_is_allowed_and_float32_rounding_is_not(monkeypatch, fake, plain_net):
+    ulp, rounded = outputs64(plain_net), outputs64(plain_net)
+    ulp["after/002.weight"] = np.nextafter(ulp["after/002.weight"], np.inf)
+    _, b = run_check(monkeypatch, fake, plain_net, {"ref": outputs64(plain_net), "other": ulp}, precision="float64")[0]
+    assert b.status == "equivalent" and b.errors["update"] == 0.0
+    # a framework that computed in float32 and reported float64 arrays: caught
+    rounded.update({k: v.astype(np.float32).astype(np.float64) for k, v in rounded.items() if k.startswith("after/")})
+    _, b = run_check(monkeypatch, fake, plain_net, {"ref": outputs64(plain_net), "other": rounded},
+                     precision="float64")[0]
+    assert b.status == "mismatch" and b.errors["weights"] > 1e-9
+
+
+def test_unknown_check_precision_is_refused(monkeypatch, fake, plain_net):
+    with pytest.raises(ValueError, match="bfloat16"):
+        run_check(monkeypatch, fake, plain_net, {"a": outputs(plain_net)}, precision="bfloat16")
+
+
+def test_check_store_reports_the_precision_and_old_files_are_float32(tmp_path):
+    store = CheckStore(tmp_path)
+    store.save(replace(saved(), precision="float64"))
+    assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["precision"] == "float64"
+    path = tmp_path / "checks" / "fcn5--torch--2.1.0+cpu.json"
+    data = json.loads(path.read_text())
+    del data["precision"]
+    path.write_text(json.dumps(data))
+    assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["precision"] == "float32"

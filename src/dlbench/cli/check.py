@@ -33,12 +33,15 @@ def check(
     env: Annotated[str, typer.Option(help="venv | current | docker")] = "venv",
     store: StoreOption = None,
     timeout: TimeoutOption = 900.0,
+    precision: Annotated[str, typer.Option(
+        help="float64 (where rounding decides no ReLU or max-pool: every tensor gated to 1e-9) | float32")] = "float64",
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
-    from ..execution.equivalence import check_network
+    from ..execution.equivalence import PRECISIONS, check_network
     from ..store.checks import CheckStore
 
     check_choice("device", device, DEVICES)
+    check_choice("precision", precision, list(PRECISIONS))
     check_choice("environment backend", env, list(BACKENDS))
     registry = lookup.registry()
     runners = [lookup.runner(registry, n) for n in lookup.framework_names(registry, framework)]
@@ -69,7 +72,7 @@ def check(
             if b.mode == "train":
                 step.setdefault(b.network.name, (b.learning_rate, b.momentum))
     checks = CheckStore(lookup.open_store(store).root)
-    table = Table(title=f"dlbench check ({resolved_device}; reference: {runners[0].name})")
+    table = Table(title=f"dlbench check ({resolved_device}, {precision}; reference: {runners[0].name})")
     for col in ("network", "framework", "version", "params", "status", "logits", "loss", "weights", "update",
                 "worst tensor", "round trip"):
         table.add_column(col, justify="right" if col in ("params", "logits", "loss", "weights", "update", "round trip")
@@ -78,7 +81,8 @@ def check(
     for summary in summaries:
         lr, momentum = step.get(summary.name, (0.01, 0.9))
         with err.status(f"checking {summary.name}"):
-            results = check_network(summary, envs, resolved_device, timeout, learning_rate=lr, momentum=momentum)
+            results = check_network(summary, envs, resolved_device, timeout, learning_rate=lr, momentum=momentum,
+                                    precision=precision)
         for res in results:
             checks.save(res)
             bad += not res.ok
