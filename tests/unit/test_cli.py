@@ -294,15 +294,26 @@ def test_check_steps_with_each_networks_suite_hyperparameters(project, tmp_path,
 
     seen = {}
 
-    def fake_check(summary, envs, device, timeout, learning_rate, momentum):
-        seen[summary.name] = (learning_rate, momentum)
+    def fake_check(summary, envs, device, timeout, learning_rate, momentum, precision):
+        seen[summary.name] = (learning_rate, momentum, precision)
         return []
 
     monkeypatch.setattr(equivalence, "check_network", fake_check)
     code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "resnet50",
                           "--network", "fcn5", "--network", "lstm32", "--store", str(tmp_path / "s"))
     assert code == 0, err
-    assert seen == {"resnet50": (0.01, 0.9), "fcn5": (0.05, 0.9), "lstm32": (0.1, 0.9)}
+    assert seen == {"resnet50": (0.01, 0.9, "float64"), "fcn5": (0.05, 0.9, "float64"), "lstm32": (0.1, 0.9, "float64")}
+    seen.clear()
+    code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "fcn5",
+                          "--precision", "float32", "--store", str(tmp_path / "s"))
+    assert code == 0 and seen == {"fcn5": (0.05, 0.9, "float32")}, err
+
+
+def test_check_refuses_an_unknown_precision(project, tmp_path):
+    code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--precision", "bf16",
+                          "--store", str(tmp_path / "s"))
+    assert code != 0 and "unknown precision 'bf16'" in err and "float64" in err
+    assert not (tmp_path / "s" / "checks").exists()
 
 
 def test_run_leaves_the_row_index_current(project, tmp_path, monkeypatch):
