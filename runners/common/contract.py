@@ -21,6 +21,17 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 Arrays = dict  # canonical weight name (src/dlbench/definitions/weights.py) -> numpy.ndarray, float32
 
+# The request's `precision` (src/dlbench/definitions/suite.py says the same):
+#   fp32      IEEE float32 everywhere: TF32 and reduced-precision reductions pinned off;
+#   tf32      float32 storage, TF32 tensor-core math allowed (skipped where the device has none);
+#   amp_bf16  float32 weights, bfloat16 compute, the framework's own mixed-precision mechanism;
+#   amp_fp16  float16 compute with dynamic loss scaling;
+#   float64   `dlbench check` only: everything in float64, where rounding decides no branch.
+PRECISIONS = ("fp32", "tf32", "amp_bf16", "amp_fp16")
+CHECK_PRECISION = "float64"
+# The request's `compile`: the framework's eager (or default graph) execution, or its compiler.
+COMPILE_MODES = ("eager", "compiled")
+
 
 # ------------------------------------------------------------------ what the harnesses are handed
 
@@ -32,8 +43,13 @@ class Prepared:
     shape; settings: what the runner chose (layout, fused kernels, ...); step(): one iteration (it
     may return before the device has finished); synchronize(): wait for all queued device work.
 
-    For `dlbench check`: export_weights() -> every canonical tensor, float32, running statistics
-    included; load_weights(arrays) -> the inverse, after which the optimiser state is fresh (zero
+    After the measured iterations the harness asks, where the runner gave them: memory() -> the
+    framework allocator's peak device memory ({"peak_allocated_bytes", "peak_reserved_bytes",
+    "source"}, or {"unavailable": why}); compile_stats() -> what the compiler reports
+    ({"graph_breaks", "recompiles", ...}, the framework's own counters).
+
+    For `dlbench check`: export_weights() -> every canonical tensor, float32 (float64 when the
+    request's precision is float64), running statistics included; load_weights(arrays) -> the inverse, after which the optimiser state is fresh (zero
     momentum); forward_loss() -> (logits ndarray in the canonical layout, loss float) of the step's
     mode on the prepared data. The runner gives `export_weights`, `load_weights`, `reset_optimizer`
     and `forward_loss` as callables; the device is synchronised before weights are read or written.
@@ -43,7 +59,8 @@ class Prepared:
                  settings: dict, *, export_weights: Callable[[], Arrays] | None = None,
                  load_weights: Callable[[Arrays], None] | None = None,
                  reset_optimizer: Callable[[], None] | None = None,
-                 forward_loss: Callable[[], tuple[Any, float]] | None = None):
+                 forward_loss: Callable[[], tuple[Any, float]] | None = None,
+                 memory: Callable[[], dict] | None = None, compile_stats: Callable[[], dict] | None = None):
         self.step = step
         self.synchronize = synchronize
         self.params = params
@@ -51,6 +68,8 @@ class Prepared:
         self.settings = settings
         self._export, self._load, self._reset_optimizer = export_weights, load_weights, reset_optimizer
         self._forward_loss = forward_loss
+        self.memory = memory
+        self.compile_stats = compile_stats
 
     def _needs(self, what: str, fn):
         if fn is None:

@@ -210,6 +210,12 @@ def run_request(runner, request: dict) -> dict:
                       settings=prepared.settings)
         if request["action"] == "benchmark":
             result.update(measure(prepared, request["policy"]["warmup"], request["policy"]["measure"]))
+            # after the measured window: the allocator's peak over the whole process, the compiler's counters
+            memory, compile_stats = getattr(prepared, "memory", None), getattr(prepared, "compile_stats", None)
+            if memory is not None:
+                result["memory"] = memory()
+            if compile_stats is not None:
+                result["compile"] = compile_stats()
         elif request["action"] == "check":
             result.update(check(prepared, request))
         result["status"] = "ok"

@@ -375,3 +375,26 @@ def test_kernels_are_timed_after_a_cache_flush_when_asked():
     flush()
     flush()
     assert flush._value == 2 and harness.CacheFlush(0)() is None
+
+
+def test_run_request_reports_the_allocator_peak_and_compiler_counters_after_the_window():
+    runner = Runner()
+    prepared = runner.prepared
+    steps_when_asked = []
+
+    def memory():
+        steps_when_asked.append(prepared.steps)
+        return {"peak_allocated_bytes": 123, "peak_reserved_bytes": 456, "source": "fake allocator"}
+
+    prepared.memory = memory
+    prepared.compile_stats = lambda: {"graph_breaks": 2, "recompiles": 0}
+    res = harness.run_request(runner, request())
+    assert res["status"] == "ok", res
+    assert res["memory"] == {"peak_allocated_bytes": 123, "peak_reserved_bytes": 456, "source": "fake allocator"}
+    assert res["compile"] == {"graph_breaks": 2, "recompiles": 0}
+    assert steps_when_asked == [prepared.steps] and prepared.steps > 0  # once, after every step
+
+
+def test_run_request_without_memory_or_compile_hooks_reports_neither():
+    res = harness.run_request(Runner(), request())
+    assert res["status"] == "ok" and "memory" not in res and "compile" not in res
