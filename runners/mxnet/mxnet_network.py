@@ -270,12 +270,12 @@ def _lstm_biases(blocks: list, network: dict):
                        getattr(block.lstm, f"l{k}_h2h_bias"))
 
 
-def export_weights(blocks: list, network: dict) -> dict:
-    import numpy as np
-
-    out = {n: p.data().asnumpy().astype(np.float32, copy=True) for n, p in canonical_params(blocks, network).items()}
+def export_weights(blocks: list, network: dict, dtype: str = "float32") -> dict:
+    """name -> numpy array in `dtype`, the precision the network computes in (float32 or float64):
+    a float64 network's weights are exported whole, not rounded to float32."""
+    out = {n: p.data().asnumpy().astype(dtype, copy=True) for n, p in canonical_params(blocks, network).items()}
     for name, b_i2h, b_h2h in _lstm_biases(blocks, network):
-        out[name] = (b_i2h.data() + b_h2h.data()).asnumpy().astype(np.float32, copy=True)
+        out[name] = (b_i2h.data() + b_h2h.data()).asnumpy().astype(dtype, copy=True)  # h2h is zero: exact
     return out
 
 
@@ -291,10 +291,11 @@ def load_weights(blocks: list, network: dict, arrays: dict) -> None:
         src = arrays[name]
         if tuple(src.shape) != tuple(p.shape):
             raise ValueError(f"{name}: shape {tuple(src.shape)}, mxnet expects {tuple(p.shape)}")
-        p.set_data(mx.nd.array(src, dtype="float32"))
+        # in the parameter's own dtype: float32 canonical weights into a float64 network are exact
+        p.set_data(mx.nd.array(src, dtype=p.dtype))
     for name, (b_i2h, b_h2h) in biases.items():
-        b_i2h.set_data(mx.nd.array(arrays[name], dtype="float32"))
-        b_h2h.set_data(mx.nd.zeros(b_h2h.shape))
+        b_i2h.set_data(mx.nd.array(arrays[name], dtype=b_i2h.dtype))
+        b_h2h.set_data(mx.nd.zeros(b_h2h.shape, dtype=b_h2h.dtype))
     mx.nd.waitall()
 
 
@@ -302,12 +303,20 @@ def load_weights(blocks: list, network: dict, arrays: dict) -> None:
 # what the single-process and the multi-worker steps share
 
 
-def build_model(network: dict, ctx, deterministic: bool = False):
+def build_model(network: dict, ctx, deterministic: bool = False, dtype: str = "float32"):
     """(net, blocks, model): the network initialised on `ctx` (He-normal weights, fan-in; biases,
     batch norms and LSTM biases keep their own initialisers) and, around it, the hybridised block of
-    the network and its loss (one cached graph per mode, memory planned once)."""
+    the network and its loss (one cached graph per mode, memory planned once).
+
+    `dtype` "float64": Gluon's own mechanism, Block.cast, before initialisation, so that every
+    parameter and batch-norm statistic is created in float64 (Gluon's BatchNorm keeps float32
+    statistics only under float16); the LSTM layer's cast also makes its zero initial states
+    float64. Activations, gradients and the loss then follow the parameters' and the input's dtype.
+    """
     mx = load_mxnet()
     net, blocks, classes = build_network(network, deterministic)
+    if dtype != "float32":
+        net.cast(dtype)  # the Embedding operator takes its dtype from the (now float64) weight
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctx)
     model = classes["WithLoss"](net)
     model.hybridize(static_alloc=True, static_shape=True)  # also hybridises `net` (infer)
@@ -326,11 +335,76 @@ def synthetic_batch(network: dict, batch: int, rng):
     return x_np, rng.integers(0, inp["classes"], (batch,))
 
 
-def to_device(x_np, y_np, ctx):
-    """x and y as float32 NDArrays on `ctx`: Gluon's Embedding and the sparse-label loss take indices
-    as float32 (exact below 2**24)."""
+def to_device(x_np, y_np, ctx, dtype: str = "float32"):
+    """x and y as NDArrays on `ctx`: images in `dtype` (the network's precision); token ids and
+    labels as float32 in every precision, as Gluon's Embedding and the sparse-label loss take
+    indices (exact below 2**24; they are only indices, with any weight dtype)."""
     mx = load_mxnet()
-    return mx.nd.array(x_np, ctx=ctx, dtype="float32"), mx.nd.array(y_np, ctx=ctx, dtype="float32")
+    x_dtype = "float32" if x_np.dtype.kind in "iub" else dtype
+    return mx.nd.array(x_np, ctx=ctx, dtype=x_dtype), mx.nd.array(y_np, ctx=ctx, dtype="float32")
+
+
+@functools.lru_cache(maxsize=None)
+def _sgd_float64_class():
+    mx = load_mxnet()
+
+    class SGDMomentumFloat64(mx.optimizer.Optimizer):
+        """MXNet's SGD-momentum rule (mom = momentum * mom - lr * (rescale_grad * grad + wd * weight);
+        weight += mom) in NDArray arithmetic, whose scalar operands are doubles. MXNet's fused update
+        operators (sgd_mom_update, multi_sgd_mom_update) take lr, momentum and wd as float32
+        parameters: lr 0.01 is applied as 0.0099999997765 (measured), a 2e-8 error in every float64
+        update. The momentum state has the weight's dtype; there is no float32 master copy."""
+
+        def __init__(self, momentum: float = 0.0, **kwargs):
+            super().__init__(**kwargs)
+            self.momentum = float(momentum)
+
+        def create_state(self, index, weight):
+            return mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype) if self.momentum else None
+
+        def update(self, index, weight, grad, state):
+            if self.clip_gradient is not None:
+                raise NotImplementedError("SGDMomentumFloat64: clip_gradient is not supported")
+            self._update_count(index)
+            lr, wd = self._get_lr(index), self._get_wd(index)
+            step = grad if self.rescale_grad == 1.0 else grad * self.rescale_grad
+            if wd:
+                step = step + wd * weight
+            if state is None:
+                weight -= lr * step
+            else:
+                state[:] = self.momentum * state - lr * step
+                weight += state
+
+    return SGDMomentumFloat64
+
+
+def float32_operator_parameters(network: dict, deterministic: bool) -> list[str]:
+    """What a float64 network still passes through a float32 operator parameter (MXNet declares
+    BatchNorm's momentum and Dropout's p as float32; eps, the scalar arithmetic and every tensor are
+    float64), where float32 does not hold the value exactly."""
+    import numpy as np
+
+    notes = {}
+    for layer in network["layers"]:
+        if layer["type"] in ("batch_norm", "residual"):
+            m = 1.0 - layer["momentum"] if layer["type"] == "batch_norm" else 0.9  # Residual: canonical 0.1
+            if float(np.float32(m)) != m:
+                notes[f"bn{m}"] = (f"BatchNorm momentum {m} enters as {float(np.float32(m))!r} (a float32 operator "
+                                   "parameter): only the float64 running statistics' update, not the normalisation, "
+                                   "the gradients or the step")
+        elif layer["type"] == "dropout" and not deterministic and float(np.float32(layer["rate"])) != layer["rate"]:
+            notes[f"do{layer['rate']}"] = (f"Dropout p {layer['rate']} enters as {float(np.float32(layer['rate']))!r} "
+                                           "(a float32 operator parameter)")
+    return list(notes.values())
+
+
+def sgd_momentum(learning_rate: float, momentum: float, dtype: str = "float32"):
+    """(optimizer, optimizer_params) for gluon.Trainer: MXNet's aggregated multi-tensor SGD-momentum
+    update in float32; in float64 the same rule in float64 arithmetic (see SGDMomentumFloat64)."""
+    if dtype == "float32":
+        return "sgd", {"learning_rate": learning_rate, "momentum": momentum, "wd": 0.0}
+    return _sgd_float64_class()(learning_rate=learning_rate, momentum=momentum, wd=0.0), None
 
 
 def trainable_params(net) -> list:

@@ -12,6 +12,18 @@ Not used: gluon.nn.BatchNormReLU (1.9.1's fused batch norm + relu returns wrong 
 gradients, measured) and the MKLDNN subgraph backend for inference (it folds batch norm into the
 convolution weights once and does not see weights loaded afterwards).
 
+Precision: float32, or float64 (what `dlbench check` compares in). float64 is Gluon's own
+Block.cast before initialisation (every parameter and batch-norm statistic float64, the LSTM's zero
+states too), images as float64 NDArrays, so activations, gradients and the loss are float64; token
+ids and labels stay float32 indices. oneDNN has no float64 kernels, so every operator runs MXNet's
+native implementation (measured: DNNL_VERBOSE shows no oneDNN primitive in a float64 step; the fused
+RNN operator has a native float64 CPU path). MXNet's fused SGD update operators take lr and
+momentum as float32 parameters (lr 0.01 is applied as 0.0099999998), so in float64 the same
+momentum rule runs in NDArray arithmetic (scalars are doubles), with float64 momentum states.
+Left in float32: BatchNorm's momentum and Dropout's p are float32 operator parameters; the first
+only touches the running statistics' update, and settings["float64_float32_parameters"] names
+every such value that float32 does not hold exactly.
+
 Semantics (see src/dlbench/definitions/schema.py):
 - Gluon's BatchNorm momentum is the weight of the *old* running value: momentum_mx = 1 - canonical.
   Two differences remain in the running statistics (which `dlbench check` does not compare): MXNet
@@ -61,6 +73,17 @@ def _cuda_from_distribution(name: str | None) -> str | None:
         return None
     digits = "".join(c for c in name.lower().split("-cu", 1)[1] if c.isdigit())
     return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 else None
+
+
+PRECISIONS = ("float32", "float64")
+
+# What float64 means for the operators (measured: DNNL_VERBOSE shows no oneDNN primitive executed in
+# a float64 check; the logits agree with a float64 numpy forward to ~1e-15)
+FLOAT64_CPU = ("every parameter, activation, gradient, batch-norm statistic, SGD-momentum state and the loss in "
+               "float64; MXNet's native CPU operators (oneDNN has no float64 kernels): im2col + BLAS gemm "
+               "convolution and dense, native pooling, batch norm, activations, fused RNN and softmax")
+FLOAT64_CUDA = ("every parameter, activation, gradient, batch-norm statistic, SGD-momentum state and the loss in "
+                "float64 (MXNet's CUDA and cuDNN operators in double)")
 
 
 class MXNetRunner:
@@ -162,9 +185,10 @@ class MXNetRunner:
         import numpy as np
 
         precision = request.get("precision", "float32")
-        if precision != "float32":
-            raise NotImplementedError(f"the mxnet runner supports float32 only, not {precision!r} "
-                                      "(mxnet.contrib.amp is not wired in)")
+        if precision not in PRECISIONS:
+            raise NotImplementedError(f"the mxnet runner supports precision {' or '.join(PRECISIONS)}, "
+                                      f"not {precision!r} (mxnet.contrib.amp is not wired in)")
+        float64 = precision == "float64"
         network = request["network"]
         seed = request.get("seed", 0)
         mx.random.seed(seed)
@@ -173,12 +197,23 @@ class MXNetRunner:
         ctx = mx.gpu(0) if cuda else mx.cpu()
         deterministic = bool(request.get("deterministic", False))
 
-        net, blocks, model = mn.build_model(network, ctx, deterministic)
+        net, blocks, model = mn.build_model(network, ctx, deterministic, dtype=precision)
+        fused_lstm = any(l["type"] == "lstm" for l in network["layers"])
         settings = {"layout": "NCHW", "hybridize": {"static_alloc": True, "static_shape": True},
-                    "precision": precision, "fused_lstm": any(l["type"] == "lstm" for l in network["layers"]),
-                    "onednn": mx.runtime.Features().is_enabled("MKLDNN") and not cuda,
-                    "optimizer": "gluon.Trainer sgd(momentum), step(1) on the mean loss",
+                    "precision": precision, "fused_lstm": fused_lstm,
+                    # oneDNN has float32 (and bf16) kernels only: float64 runs MXNet's native operators
+                    "onednn": mx.runtime.Features().is_enabled("MKLDNN") and not cuda and not float64,
+                    "optimizer": "gluon.Trainer sgd(momentum), step(1) on the mean loss" if not float64 else
+                    "gluon.Trainer, SGD momentum in float64 NDArray arithmetic (MXNet's fused sgd_mom_update "
+                    "takes lr and momentum as float32), step(1) on the mean loss",
                     "deterministic": deterministic}
+        if float64:
+            settings["float64"] = FLOAT64_CPU if not cuda else FLOAT64_CUDA
+            settings["float64_float32_parameters"] = mn.float32_operator_parameters(network, deterministic)
+            if fused_lstm:
+                settings["lstm_kernel"] = ("fused RNN operator, MXNet's native CPU implementation in float64 "
+                                           "(oneDNN's RNN primitive is float32-only)") if not cuda else \
+                    "fused RNN operator, cuDNN in float64"
         if cuda:
             settings["cudnn_autotune"] = os.environ.get("MXNET_CUDNN_AUTOTUNE_DEFAULT", "1")
 
@@ -190,16 +225,15 @@ class MXNetRunner:
             x_np, y_np = mn.synthetic_batch(network, request["batch_size"], np.random.default_rng(seed))
         if inp["kind"] == "tokens" and inp["vocabulary"] > 2 ** 24:
             raise ValueError("the mxnet runner passes token ids as float32: vocabulary must be <= 2**24")
-        x, y = mn.to_device(x_np, y_np, ctx)
+        x, y = mn.to_device(x_np, y_np, ctx, dtype=precision)
 
         trainable = mn.trainable_params(net)
         params = mn.count_params(trainable)
         train = request["mode"] == "train"
 
         def make_trainer():
-            return mx.gluon.Trainer(trainable, "sgd", {"learning_rate": request["learning_rate"],
-                                                       "momentum": request["momentum"], "wd": 0.0},
-                                    kvstore=None)
+            optimizer, optimizer_params = mn.sgd_momentum(request["learning_rate"], request["momentum"], precision)
+            return mx.gluon.Trainer(trainable, optimizer, optimizer_params, kvstore=None)
 
         trainer = make_trainer()
 
@@ -214,7 +248,7 @@ class MXNetRunner:
             else:
                 with mx.autograd.predict_mode():
                     out, loss = model(x, y)
-            return out.asnumpy().astype(np.float32), float(loss.asscalar())
+            return out.asnumpy().astype(precision), float(loss.asscalar())
 
         if train:
             def step():
@@ -227,6 +261,6 @@ class MXNetRunner:
                 net(x)  # not recording: predict mode (running statistics, no dropout)
 
         return Prepared(step, mx.nd.waitall, params, mn.output_shape(net, x), settings,
-                        export_weights=lambda: mn.export_weights(blocks, network),
+                        export_weights=lambda: mn.export_weights(blocks, network, precision),
                         load_weights=lambda arrays: mn.load_weights(blocks, network, arrays),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss)

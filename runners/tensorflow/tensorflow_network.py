@@ -25,6 +25,13 @@ Choices (all recorded in the result's `settings`):
   kernel (FusedBatchNormV3: oneDNN on CPU, cuDNN on GPU), the running statistics updated by the
   kernel itself (exponential_avg_factor = canonical momentum, unbiased batch variance as in the
   canonical/PyTorch convention). Keras 3's own call is unfused (moments + batch_normalization).
+- precision float64 (single-process `prepare` only, for `dlbench check`): the model and the
+  optimiser are built under Keras' own dtype mechanism (`precision_scope`: the global dtype policy
+  and floatx set to float64, restored afterwards), so every variable (parameters, running
+  statistics, SGD momentum slots, the learning rate), activation, gradient and the loss are float64.
+  The one exception is the fused batch-norm kernel: FusedBatchNormV3 has no float64 kernel (T is
+  half, bfloat16 or float), so a float64 batch norm computes the same arithmetic with unfused TF ops
+  (tf.nn.moments + tf.nn.batch_normalization, running statistics as the kernel updates them).
 - LSTM: keras.layers.LSTM in its cuDNN-compatible configuration (tanh/sigmoid, no recurrent
   dropout, not unrolled, one bias vector: the canonical form); Keras runs the cuDNN kernel on GPU
   and its while-loop kernel on CPU.
@@ -32,6 +39,7 @@ Choices (all recorded in the result's `settings`):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import types
@@ -137,6 +145,9 @@ def layer_classes():
         def call(self, inputs, training=None, mask=None):
             flat = len(inputs.shape) == 2
             x = tf.reshape(inputs, [-1, 1, 1, inputs.shape[-1]]) if flat else inputs
+            if self.compute_dtype == "float64":
+                y = self._unfused(x, training)
+                return tf.reshape(y, tf.shape(inputs)) if flat else y
             common = dict(x=x, scale=tf.convert_to_tensor(self.gamma), offset=tf.convert_to_tensor(self.beta),
                           mean=tf.convert_to_tensor(self.moving_mean),
                           variance=tf.convert_to_tensor(self.moving_variance),
@@ -149,6 +160,25 @@ def layer_classes():
             else:
                 y = tf.raw_ops.FusedBatchNormV3(exponential_avg_factor=1.0, is_training=False, **common)[0]
             return tf.reshape(y, tf.shape(inputs)) if flat else y
+
+        def _unfused(self, x, training):
+            """float64 only: FusedBatchNormV3 has no float64 kernel (its T is half, bfloat16 or float),
+            so the kernel's arithmetic in plain TF ops, every tensor float64: normalise by the batch
+            mean and biased variance (training) or the running statistics, and update the running
+            statistics as (1 - f) * running + f * batch with the unbiased batch variance."""
+            gamma, beta = tf.convert_to_tensor(self.gamma), tf.convert_to_tensor(self.beta)
+            if training and self.trainable:
+                mean, variance = tf.nn.moments(x, axes=[0, 1, 2])
+                y = tf.nn.batch_normalization(x, mean, variance, beta, gamma, self.kernel_epsilon)
+                n = tf.cast(tf.size(x) // tf.shape(x)[-1], x.dtype)
+                unbiased = variance * (n / tf.maximum(n - 1, 1))  # as the kernel: n / max(n - 1, 1)
+                f = self.canonical_momentum
+                self.moving_mean.assign((1.0 - f) * tf.convert_to_tensor(self.moving_mean) + f * mean)
+                self.moving_variance.assign((1.0 - f) * tf.convert_to_tensor(self.moving_variance) + f * unbiased)
+                return y
+            return tf.nn.batch_normalization(x, tf.convert_to_tensor(self.moving_mean),
+                                             tf.convert_to_tensor(self.moving_variance), beta, gamma,
+                                             self.kernel_epsilon)
 
     class OptionAShortcut(keras.layers.Layer):
         """Every stride-th pixel from (0, 0), then zero channels appended after the existing ones."""
@@ -375,8 +405,34 @@ def build_layer(spec: dict, plan: LayerPlan) -> list:
     return LAYERS.builder(spec["type"])(spec, plan)
 
 
-def build_network(network: dict, deterministic: bool = False):
-    """A keras.Sequential for the resolved network and, per resolved layer, its Keras layers."""
+@contextlib.contextmanager
+def precision_scope(precision: str):
+    """Keras' own dtype mechanism for what is built inside: float32 leaves Keras as it is; float64
+    sets the global dtype policy (every layer's variables and computation) and floatx (keras.Input's
+    default, the optimiser's learning-rate variable; its slots follow their variables) to float64,
+    and restores both on exit (a layer keeps the policy it was built with)."""
+    if precision == "float32":
+        yield
+        return
+    keras = load_keras()
+    policy, floatx = keras.config.dtype_policy(), keras.config.floatx()
+    keras.config.set_dtype_policy(precision)
+    keras.config.set_floatx(precision)
+    try:
+        yield
+    finally:
+        keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
+
+
+def build_network(network: dict, deterministic: bool = False, precision: str = "float32"):
+    """A keras.Sequential for the resolved network and, per resolved layer, its Keras layers, in
+    `precision` (see `precision_scope`)."""
+    with precision_scope(precision):
+        return _build_network(network, deterministic, precision)
+
+
+def _build_network(network: dict, deterministic: bool, precision: str):
     keras = load_keras()
     layers = network["layers"]
     flatten_modes, permuted = _flatten_plan(layers)
@@ -391,9 +447,9 @@ def build_network(network: dict, deterministic: bool = False):
         first = keras.Input(shape=(inp["sequence_length"],), dtype="int64")
     elif len(inp["shape"]) == 3:
         c, h, w = inp["shape"]
-        first = keras.Input(shape=(h, w, c))
+        first = keras.Input(shape=(h, w, c), dtype=precision)
     else:
-        first = keras.Input(shape=tuple(inp["shape"]))
+        first = keras.Input(shape=tuple(inp["shape"]), dtype=precision)
     model = keras.Sequential([first] + [layer for made in per_layer for layer in made], name=network["name"])
     return model, per_layer, flatten_modes, permuted
 
@@ -462,21 +518,25 @@ def canonical_variables(network: dict, per_layer: list, permuted: dict) -> dict:
     return out
 
 
-def export_weights(variables: dict) -> dict:
+def export_weights(variables: dict, precision: str = "float32") -> dict:
+    """Every canonical tensor, in `precision` (float32, or float64 for a float64 network)."""
     import numpy as np
 
-    return {name: np.ascontiguousarray(to_canonical(np.array(var.numpy(), dtype=np.float32)))
+    dtype = np.dtype(precision)
+    return {name: np.ascontiguousarray(to_canonical(np.array(var.numpy(), dtype=dtype)))
             for name, (var, _, to_canonical) in variables.items()}
 
 
-def load_weights(variables: dict, arrays: dict) -> None:
+def load_weights(variables: dict, arrays: dict, precision: str = "float32") -> None:
+    """The canonical arrays into the variables, as `precision` (float32 -> float64 is exact)."""
     import numpy as np
 
+    dtype = np.dtype(precision)
     if set(arrays) != set(variables):
         raise ValueError(f"weight set mismatch: missing {sorted(set(variables) - set(arrays))[:5]}, "
                          f"unexpected {sorted(set(arrays) - set(variables))[:5]}")
     for name, (var, to_framework, _) in variables.items():
-        value = np.ascontiguousarray(to_framework(np.asarray(arrays[name], dtype=np.float32)))
+        value = np.ascontiguousarray(to_framework(np.asarray(arrays[name], dtype=dtype)))
         if tuple(value.shape) != tuple(var.shape):
             raise ValueError(f"{name}: shape {tuple(arrays[name].shape)} gives {tuple(value.shape)}, "
                              f"keras expects {tuple(var.shape)}")
@@ -502,10 +562,13 @@ def describe_flatten(layers, modes, permuted):
 # what the single-process and the multi-worker steps share
 
 
-def check_precision(request: dict) -> str:
+def check_precision(request: dict, supported: tuple[str, ...] = ("float32",)) -> str:
+    """The request's precision, or one clear error if it is not among `supported` (the single-process
+    `prepare` supports float32 and float64, the multi-worker step float32 only)."""
     precision = request.get("precision", "float32")
-    if precision != "float32":
-        raise ValueError(f"tensorflow runner: precision {precision!r} is not supported (float32 only)")
+    if precision not in supported:
+        raise ValueError(f"tensorflow runner: precision {precision!r} is not supported here "
+                         f"({' or '.join(supported)} only)")
     return precision
 
 

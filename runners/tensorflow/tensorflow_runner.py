@@ -5,6 +5,8 @@ TF_CPP_MIN_LOG_LEVEL is set (tensorflow_network.py, imported first), and its thr
 there, before any op runs. The choices (layout, padding, flatten, batch norm, LSTM) are
 tensorflow_network.py's, where the network is built; the train step is one tf.function (forward,
 sparse softmax cross-entropy, gradient, Keras SGD update), XLA (jit_compile) when the request asks.
+Precision float32, or float64 (for `dlbench check`): model and optimiser built under
+`tn.precision_scope`, inputs cast to float64 once in prepare, weights exported as float64.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from contract import Kernel, Prepared
 from tensorflow_network import load_keras, load_tf
 
 INTER_OP_MAX = 2  # inter-op pool: min(threads, this)
+PRECISIONS = ("float32", "float64")  # what `prepare` builds (the multi-worker step: float32 only)
 
 
 def _default_parallelism() -> int:
@@ -99,7 +102,8 @@ class TensorFlowRunner:
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = request["device"] == "cuda"
-        precision = tn.check_precision(request)
+        precision = tn.check_precision(request, PRECISIONS)
+        float_dtype = getattr(tf, precision)
         keras.utils.set_random_seed(request.get("seed", 0))
         inp = network["input"]
         tokens, images, has_lstm = tn.input_kind(network)
@@ -112,8 +116,9 @@ class TensorFlowRunner:
         bn_floor = tn.set_batch_norm_floor(cuda)
         device = "/GPU:0" if cuda else "/CPU:0"
 
-        with tf.device(device):
-            model, per_layer, flatten_modes, permuted = tn.build_network(network, request.get("deterministic", False))
+        with tf.device(device), tn.precision_scope(precision):
+            model, per_layer, flatten_modes, permuted = tn.build_network(
+                network, request.get("deterministic", False), precision)
             variables = tn.canonical_variables(network, per_layer, permuted)
 
             batch = request["batch_size"]
@@ -122,6 +127,8 @@ class TensorFlowRunner:
                     x_np, y_np = data["x"], data["y"]
                 if images:  # canonical NCHW -> NHWC, once, outside the timed step
                     x_np = np.ascontiguousarray(x_np.transpose(0, 2, 3, 1))
+                if not tokens and precision != "float32":  # float32 -> float64 is exact
+                    x_np = x_np.astype(precision)
                 x = tf.identity(tf.constant(x_np))
                 y = tf.identity(tf.constant(y_np))
             elif tokens:
@@ -129,7 +136,7 @@ class TensorFlowRunner:
                 x = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
                 y = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
             else:
-                x = tf.random.normal(tn.sample_shape(network, batch))
+                x = tf.random.normal(tn.sample_shape(network, batch), dtype=float_dtype)
                 y = tf.random.uniform((batch,), 0, inp["classes"], dtype=tf.int64)
 
             def loss_of(labels, logits):
@@ -186,15 +193,22 @@ class TensorFlowRunner:
             "flatten": tn.describe_flatten(network["layers"], flatten_modes, permuted),
             "step": "tf.function" + (" (XLA)" if jit else ""),
             "jit_compile": jit,
-            "batch_norm": "keras BatchNormalization via FusedBatchNormV3" + (" (oneDNN)" if not cuda else " (cuDNN)"),
+            "batch_norm": (("keras BatchNormalization via FusedBatchNormV3" + (" (oneDNN)" if not cuda else " (cuDNN)"))
+                           if precision == "float32" else
+                           "keras BatchNormalization variables, unfused tf.nn.moments + tf.nn.batch_normalization "
+                           "(FusedBatchNormV3 has no float64 kernel), running variance unbiased as the kernel's"),
             "batch_norm_epsilon_floor": bn_floor,
             "lstm": tn.lstm_setting(has_lstm, cuda),
             "loss": "sparse_softmax_cross_entropy_with_logits, mean",
             "optimizer": "keras.optimizers.SGD(momentum)",
+            **({} if precision == "float32" else {
+                "dtype_policy": f"keras.config.set_dtype_policy({precision!r}) + set_floatx({precision!r}) while "
+                                "model and optimiser are built: variables, activations, gradients, running "
+                                "statistics, momentum slots, learning rate and loss all " + precision}),
             **tn.thread_settings(),
         })
         output_shape = [int(d) for d in model.output_shape[1:]]
         return Prepared(step, synchronize, params, output_shape, settings,
-                        export_weights=lambda: tn.export_weights(variables),
-                        load_weights=lambda arrays: tn.load_weights(variables, arrays),
+                        export_weights=lambda: tn.export_weights(variables, precision),
+                        load_weights=lambda arrays: tn.load_weights(variables, arrays, precision),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss)
