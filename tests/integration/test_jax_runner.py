@@ -8,6 +8,8 @@ time, heaviest first; the tests then read their results. Most of the time is XLA
 from __future__ import annotations
 
 import functools
+import json
+import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -100,17 +102,77 @@ def _summary(name: str):
     return load_network(paths.suites_dir() / "networks" / f"{name}.yaml")
 
 
-def _request(network: dict, action: str, mode: str = "train", batch: int = 2) -> dict:
-    return {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
-            "batch_size": batch, "precision": "float32", "device": "cpu", "threads": 1,
-            "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+def _request(network: dict, action: str, mode: str = "train", batch: int = 2, precision: str = "fp32",
+             compile: str | None = None) -> dict:
+    req = {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
+           "batch_size": batch, "precision": precision, "device": "cpu", "threads": 1,
+           "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+    if compile is not None:
+        req["compile"] = compile
+    return req
+
+
+PRECISIONS = ["fp32", "tf32", "amp_bf16", "amp_fp16"]
+COMPILE_MODES = ["compiled", "eager"]
+TF32_ON_CPU = ("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+               "this run is on the CPU")
+COMPUTE_DTYPE = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16"}
+
+# amp_fp16's dynamic loss scale, driven directly (TrainingModel.update and train_step, jitted):
+# a non-finite gradient leaves the weights and halves the scale, LOSS_SCALE_GROWTH_INTERVAL finite
+# steps double it, and the gradients come back unscaled.
+LOSS_SCALE_PROBE = """
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import jax
+jax.config.update("jax_platforms", "cpu")
+import numpy as np, jax.numpy as jnp
+import jax_network as jn
+net = {"input": {"kind": "tensor", "shape": [3], "classes": 2},
+       "layers": [{"type": "dense", "units": 2, "bias": True, "in_shape": [3], "out_shape": [2]}]}
+tm = jn.TrainingModel({"network": net, "precision": "amp_fp16", "device": "cpu", "mode": "train",
+                       "learning_rate": 0.1, "momentum": 0.9})
+rng = np.random.default_rng(0)
+x, y = tm.host_batch(2, rng)
+p = tm.host_variables(x.shape[1:], x.dtype, rng)["params"]
+opt = tm.host_opt_state(p)
+update = jax.jit(tm.update)
+leaves = jax.tree.leaves
+inf = jax.tree.map(lambda a: np.full(a.shape, np.inf, np.float32), p)
+p_inf, o_inf = update(p, inf, opt)
+ones = jax.tree.map(lambda a: np.ones(a.shape, np.float32), p)
+due = {**opt, "loss_scale": {"scale": np.float32(8.0), "finite_steps": np.int32(jn.LOSS_SCALE_GROWTH_INTERVAL - 1)}}
+p_ok, o_ok = update(p, ones, due)
+r = jax.jit(tm.train_step)(p, {}, opt, jnp.asarray(tm.host_key(1)), x, y)
+grads = jax.jit(tm.gradients)
+g1, g2 = (grads(p, {}, None, x, y, jnp.float32(s))[2] for s in (1.0, 1024.0))
+print(json.dumps({
+    "initial": float(opt["loss_scale"]["scale"]), "interval": jn.LOSS_SCALE_GROWTH_INTERVAL,
+    "inf_kept_weights": all(np.array_equal(a, b) for a, b in zip(leaves(p), leaves(p_inf))),
+    "inf_kept_momentum": all(np.array_equal(a, b) for a, b in zip(leaves(opt["sgd"]), leaves(o_inf["sgd"]))),
+    "scale_after_inf": float(o_inf["loss_scale"]["scale"]), "steps_after_inf": int(o_inf["loss_scale"]["finite_steps"]),
+    "finite_updated": not all(np.array_equal(a, b) for a, b in zip(leaves(p), leaves(p_ok))),
+    "scale_after_interval": float(o_ok["loss_scale"]["scale"]), "steps_after_interval": int(o_ok["loss_scale"]["finite_steps"]),
+    "step_scale": float(r[2]["loss_scale"]["scale"]), "step_finite_steps": int(r[2]["loss_scale"]["finite_steps"]),
+    "step_loss": float(r[4]),
+    "unscaled_difference": max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(leaves(g1), leaves(g2))),
+}))
+"""
+
+
+def _loss_scale_probe(python: Path) -> dict:
+    runners = paths.runners_dir()
+    out = subprocess.run([str(python), "-c", LOSS_SCALE_PROBE, str(runners / "jax"), str(runners / "common")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _probe(env_pair, summary, work: Path, lr: float) -> dict:
     runner, env = env_pair
     out = work / f"{runner.name}.npz"
     req = {"protocol": PROTOCOL_VERSION, "action": "check", "network": summary.resolved, "mode": "train",
-           "batch_size": check_batch_size(summary), "precision": "float32", "device": "cpu", "threads": None,
+           "batch_size": check_batch_size(summary), "precision": "fp32", "device": "cpu", "threads": None,
            "learning_rate": lr, "momentum": 0.9, "seed": 0, "deterministic": True,
            "inputs": str(work / "inputs.npz"), "weights_in": str(work / "weights.npz"), "outputs": str(out)}
     outcome = run_worker(env.python, runner.worker, req, timeout_s=600)
@@ -169,6 +231,17 @@ def results(envs):
     jobs.update({("inspect", n): (lambda n=n: worker(_request(_summary(n).resolved, "inspect")))
                  for n in HEAVIEST_FIRST})
     jobs[("cuda",)] = lambda: worker(cuda_request())
+    # issue 16: every precision x compile mode on the smallest image network (batch 2), an amp_bf16
+    # forward, amp_fp16 through the LSTM, an old precision name, and the loss scale driven directly
+    alexnet_r = _summary("alexnet_r").resolved
+    jobs.update({("precision", p, c): (lambda p=p, c=c: worker(_request(alexnet_r, "benchmark", "train", 2, p, c)))
+                 for p in PRECISIONS for c in COMPILE_MODES})
+    jobs[("precision", "amp_bf16", "infer")] = lambda: worker(_request(alexnet_r, "benchmark", "infer", 2, "amp_bf16"))
+    jobs[("precision", "amp_fp16", "lstm")] = lambda: worker(
+        _request(_summary("zoo_sequence").resolved, "benchmark", "train", 2, "amp_fp16", "compiled"))
+    jobs[("precision", "float32")] = lambda: worker(_request(alexnet_r, "benchmark", "train", 2, "float32"))
+    jobs[("compile", "unknown")] = lambda: worker(_request(alexnet_r, "benchmark", "train", 2, "fp32", "jit"))
+    jobs[("loss_scale",)] = lambda: _loss_scale_probe(jax_env[1].python)
 
     def run(key):
         try:
@@ -257,3 +330,87 @@ def test_every_layer_type_matches_torch(results, name):
     errors = _get(results, "zoo", name)
     assert errors["roundtrip"] == 0.0
     assert max(errors.values()) <= tolerance_for(_summary(name)), errors
+
+
+# ------------------------------------------------------------------ issue 16: precision and compile mode
+
+
+def _ok(results, *key):
+    outcome = _get(results, *key)
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    return outcome.result
+
+
+@pytest.mark.parametrize("compile_mode", COMPILE_MODES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_precision_and_compile_mode_runs_or_says_why(results, precision, compile_mode):
+    outcome = _get(results, "precision", precision, compile_mode)
+    if compile_mode == "eager":
+        assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+        assert outcome.reason.startswith("jax: training steps run under jax.jit") and "eager" in outcome.reason
+        return
+    if precision == "tf32":
+        assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+        assert outcome.reason == TF32_ON_CPU
+        return
+    res = _ok(results, "precision", precision, compile_mode)
+    settings, eff = res["settings"], res["settings"]["precision_effective"]
+    assert settings["precision"] == precision and settings["compile"] == "compiled"
+    assert settings["compile_api"].startswith("jax.jit(train_step")
+    # read back from jax: no TF32 (XLA's float32 dots and convolutions at full precision)
+    assert eff["jax_default_matmul_precision"] == "highest" and eff["jax_enable_x64"] is False
+    assert eff["tf32_override"]["when"].startswith("cpu")
+    assert eff["param_dtype"] == "float32" and eff["compute_dtype"] == COMPUTE_DTYPE[precision]
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == COMPUTE_DTYPE[precision]
+    if precision == "amp_fp16":
+        assert eff["loss_scale"] == 2.0 ** 15 and eff["loss_scaling"].startswith("dynamic")
+        assert "loss_scale" in settings["donated"]
+    else:
+        assert eff["loss_scale"] is None
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    # after the measured window: XLA:CPU reports no allocator statistics; jax's own compile counters
+    assert "memory_stats() returns None" in res["memory"]["unavailable"]
+    assert res["compile"]["step_compiles"] == 1 and res["compile"]["step_traces"] == 1
+    assert res["compile"]["step_cache_entries"] == 1
+
+
+def test_the_default_compile_mode_is_jit_and_recorded(results):
+    res = _ok(results, "benchmark", "train")  # a request without `compile`
+    assert res["settings"]["compile"] == "compiled"
+    assert res["settings"]["precision"] == "fp32"
+    assert res["settings"]["precision_effective"]["jax_default_matmul_precision"] == "highest"
+    assert res["compile"]["step_compiles"] == 1
+
+
+def test_amp_bf16_forward_computes_in_bfloat16(results):
+    res = _ok(results, "precision", "amp_bf16", "infer")
+    eff = res["settings"]["precision_effective"]
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == "bfloat16"
+    assert eff["param_dtype"] == "float32" and "dtype=bfloat16" in res["settings"]["mixed_precision"]
+    assert res["settings"]["compile_api"].startswith("jax.jit(infer_step")
+
+
+def test_amp_fp16_trains_an_lstm(results):
+    res = _ok(results, "precision", "amp_fp16", "lstm")
+    eff = res["settings"]["precision_effective"]
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == "float16"  # embedding ... dense
+    assert eff["loss_scale"] == 2.0 ** 15
+
+
+def test_an_unknown_precision_or_compile_mode_is_refused_by_name(results):
+    outcome = _get(results, "precision", "float32")
+    assert outcome.status == "failed"
+    assert "'float32'" in outcome.reason and "fp32, tf32, amp_bf16, amp_fp16, float64" in outcome.reason
+    outcome = _get(results, "compile", "unknown")
+    assert outcome.status == "failed"
+    assert "'jit'" in outcome.reason and "eager, compiled" in outcome.reason
+
+
+def test_dynamic_loss_scaling_skips_non_finite_steps_and_grows(results):
+    probe = _get(results, "loss_scale")
+    assert probe["initial"] == 2.0 ** 15
+    assert probe["inf_kept_weights"] and probe["inf_kept_momentum"]
+    assert probe["scale_after_inf"] == 2.0 ** 14 and probe["steps_after_inf"] == 0
+    assert probe["finite_updated"] and probe["scale_after_interval"] == 16.0 and probe["steps_after_interval"] == 0
+    assert probe["step_scale"] == 2.0 ** 15 and probe["step_finite_steps"] == 1 and np.isfinite(probe["step_loss"])
+    assert probe["unscaled_difference"] == 0.0  # powers of two: scaling and unscaling are exact

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,10 +33,26 @@ def torch_env():
     return runner, VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
 
 
-def _request(network: dict, action: str, mode: str = "train", batch: int = 2) -> dict:
-    return {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
-            "batch_size": batch, "precision": "float32", "device": "cpu", "threads": 1,
-            "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+def _request(network: dict, action: str, mode: str = "train", batch: int = 2, precision: str = "fp32",
+             compile: str | None = None) -> dict:
+    req = {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
+           "batch_size": batch, "precision": precision, "device": "cpu", "threads": 1,
+           "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+    if compile is not None:
+        req["compile"] = compile
+    return req
+
+
+def _assert_fp32_pinned(eff: dict, reductions_pinned: bool = True):
+    """TF32 off on every backend torch has, as torch reads it back (the same code runs on the GPU)."""
+    assert eff["torch.backends.cuda.matmul.allow_tf32"] is False
+    assert eff["torch.backends.cudnn.allow_tf32"] is False
+    assert eff["torch.get_float32_matmul_precision()"] == "highest"
+    knobs = {k: v for k, v in eff.items() if k.endswith(".fp32_precision")}
+    assert "torch.backends.cuda.matmul.fp32_precision" in knobs  # torch 2.13 has the per-backend knobs
+    assert set(knobs.values()) == {"ieee"}, knobs
+    reductions = [v for k, v in eff.items() if k.endswith("_reduced_precision_reduction")]
+    assert len(reductions) == 2 and (not reductions_pinned or not any(reductions))
 
 
 def test_environment_is_isolated_and_pinned(torch_env):
@@ -65,6 +84,16 @@ def test_worker_measures_and_applies_threads(torch_env, mode):
     assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
     assert res["first_iter_s"] > 0
     assert res["threads"]["intra_op"] == 1
+    # fp32 eager, the runner's default compile mode: read back and recorded
+    settings = res["settings"]
+    assert settings["precision"] == "fp32"
+    eff = settings["precision_effective"]
+    _assert_fp32_pinned(eff)
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == "float32"
+    assert eff["autocast"] is None and eff["loss_scale"] is None
+    assert settings["compile"]["mode"] == "eager" and settings["compile"]["requested"] is None
+    assert res["memory"] == {"unavailable": "torch keeps no allocator statistics for the CPU"}
+    assert "compile" not in res  # no compiler ran, no counters
     start, end = res["window_monotonic_ns"]
     assert end - start >= int(sum(res["iter_s"]) * 1e9 * 0.99)
 
@@ -103,3 +132,149 @@ def test_cli_runs_suite_records_and_reports(torch_env, tmp_path, suite):
     html = (site / "index.html").read_text()
     for b in benchmarks:
         assert b.name in html
+
+
+# ------------------------------------------------------------------ precision x compile mode
+# Tiny networks: a conv first layer (autocast runs it in the AMP dtype), a dense-only one for the one
+# torch.compile of this module (inductor's C++ build of a small graph: ~25-45 s on 2 cores), an LSTM.
+ZOO = {
+    "zoo_image": """
+input: {kind: tensor, shape: [3, 8, 8], classes: 5}
+layers:
+  - {type: conv2d, filters: 4, kernel: 3, padding: 1}
+  - {type: relu}
+  - {type: max_pool, size: 2, stride: 2}
+  - {type: flatten}
+  - {type: dense, units: 5}
+""",
+    "zoo_dense": """
+input: {kind: tensor, shape: [16], classes: 5}
+layers:
+  - {type: dense, units: 8}
+  - {type: relu}
+  - {type: dense, units: 5}
+""",
+    "zoo_sequence": """
+input: {kind: tokens, vocabulary: 20, sequence_length: 4}
+layers:
+  - {type: embedding, vocabulary: 20, dim: 8}
+  - {type: lstm, hidden: 8, layers: 1}
+  - {type: dense, units: 20}
+""",
+}
+TF32_ON_CPU = ("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+               "this run is on the CPU")
+# (network, mode, precision, compile): the compiled ok run is the only torch.compile here, amp_fp16
+# (autocast, GradScaler and inductor together); it starts first, the eager ones run beside it.
+RUNS = [
+    ("zoo_dense", "train", "amp_fp16", "compiled"),
+    ("zoo_dense", "train", "tf32", "compiled"),
+    ("zoo_image", "train", "tf32", "eager"),
+    ("zoo_image", "train", "amp_bf16", "eager"),
+    ("zoo_image", "train", "amp_fp16", "eager"),
+    ("zoo_image", "infer", "amp_bf16", "eager"),
+    ("zoo_sequence", "train", "amp_fp16", "eager"),
+    ("zoo_image", "train", "float32", "eager"),  # the old name: refused
+]
+
+
+@functools.lru_cache(maxsize=None)
+def _zoo(name: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dlbench-torch-zoo-") as tmp:
+        path = Path(tmp) / f"{name}.yaml"
+        path.write_text(f"name: {name}\n" + ZOO[name])
+        return load_network(path).resolved
+
+
+@pytest.fixture(scope="module")
+def precision_runs(torch_env):
+    """Every run of RUNS, two at a time: key -> outcome (or the exception)."""
+    runner, env = torch_env
+
+    def run(key):
+        name, mode, precision, compile = key
+        try:
+            return run_worker(env.python, runner.worker, _request(_zoo(name), "benchmark", mode, 2, precision, compile),
+                              timeout_s=600)
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            return e
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(RUNS, pool.map(run, RUNS)))
+
+
+def _outcome(runs, *key):
+    outcome = runs[key]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+@pytest.mark.parametrize("compile", ["eager", "compiled"])
+def test_tf32_is_skipped_on_the_cpu(precision_runs, compile):
+    network = "zoo_image" if compile == "eager" else "zoo_dense"
+    outcome = _outcome(precision_runs, network, "train", "tf32", compile)
+    assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+    assert outcome.reason == TF32_ON_CPU
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_amp_bf16_runs_the_network_in_bfloat16(precision_runs, mode):
+    outcome = _outcome(precision_runs, "zoo_image", mode, "amp_bf16", "eager")
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    assert len(res["iter_s"]) == 5
+    eff = res["settings"]["precision_effective"]
+    assert res["settings"]["precision"] == "amp_bf16"
+    assert eff["autocast"] == "torch.autocast(device_type='cpu', dtype=torch.bfloat16)"
+    assert eff["first_layer_output_dtype"] == "bfloat16"  # the convolution, autocast to bfloat16
+    assert eff["logits_dtype"] == "bfloat16"  # the last dense layer's output
+    assert eff["grad_scaler"] is None and eff["loss_scale"] is None
+    _assert_fp32_pinned(eff, reductions_pinned=False)  # what autocast keeps in float32 stays IEEE
+    assert res["settings"]["compile"]["mode"] == "eager"
+
+
+def test_amp_fp16_trains_with_dynamic_loss_scaling_on_the_cpu(precision_runs):
+    outcome = _outcome(precision_runs, "zoo_image", "train", "amp_fp16", "eager")
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    eff = outcome.result["settings"]["precision_effective"]
+    assert eff["autocast"] == "torch.autocast(device_type='cpu', dtype=torch.float16)"
+    assert eff["grad_scaler"] == "torch.amp.GradScaler('cpu')"
+    assert eff["loss_scale"] == 65536.0  # GradScaler's initial scale
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == "float16"
+
+
+def test_amp_on_a_layer_torch_cannot_run_in_it_is_skipped_naming_it(precision_runs):
+    outcome = _outcome(precision_runs, "zoo_sequence", "train", "amp_fp16", "eager")
+    # this CPU's oneDNN has no float16 LSTM (AVX2 host); on one that has, the run is ok in float16
+    if outcome.status == "ok":
+        assert outcome.result["settings"]["precision_effective"]["logits_dtype"] == "float16"
+        return
+    assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+    assert outcome.reason.startswith("amp_fp16: torch 2.13.0")
+    assert "layer 1 (lstm, SequenceLSTM)" in outcome.reason and "(it runs in float32)" in outcome.reason
+
+
+def test_compiled_runs_torch_compile_and_reports_its_counters(precision_runs):
+    outcome = _outcome(precision_runs, "zoo_dense", "train", "amp_fp16", "compiled")
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    settings = res["settings"]
+    assert settings["compile"]["mode"] == "compiled" and settings["compile"]["requested"] == "compiled"
+    assert settings["compile"]["framework"] == "torch.compile(mode='default', backend='inductor')"
+    assert settings["compile"]["suppress_errors"] is False  # a compile error fails the run, never eager
+    eff = settings["precision_effective"]
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == "float16" and eff["loss_scale"] == 65536.0
+    stats = res["compile"]
+    assert stats["graph_breaks"] == 0 and stats["recompiles"] == 0
+    assert stats["unique_graphs"] == 1 and stats["frames"]["ok"] >= 1
+    assert stats["compilations"] == {"forward": 1, "backward": 1}  # AOTAutograd compiled the backward too
+    assert res["first_iter_s"] > 10 * max(res["iter_s"])  # the first iteration paid the compilation
+    assert res["memory"] == {"unavailable": "torch keeps no allocator statistics for the CPU"}
+
+
+def test_the_old_precision_name_is_refused_naming_the_accepted_ones(precision_runs):
+    outcome = _outcome(precision_runs, "zoo_image", "train", "float32", "eager")
+    assert outcome.status == "failed"
+    assert "ValueError: precision 'float32' is not one the torch runner accepts (fp32, tf32, amp_bf16, amp_fp16" \
+        in outcome.reason

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from dlbench.cli import app
 from dlbench.definitions.catalog import SuiteCatalog
-from dlbench.store.rows import COLUMNS
+from dlbench.store.rows import COLUMNS, run_row
 from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -305,8 +305,8 @@ def test_check_steps_with_each_networks_suite_hyperparameters(project, tmp_path,
     assert seen == {"resnet50": (0.01, 0.9, "float64"), "fcn5": (0.05, 0.9, "float64"), "lstm32": (0.1, 0.9, "float64")}
     seen.clear()
     code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "fcn5",
-                          "--precision", "float32", "--store", str(tmp_path / "s"))
-    assert code == 0 and seen == {"fcn5": (0.05, 0.9, "float32")}, err
+                          "--precision", "fp32", "--store", str(tmp_path / "s"))
+    assert code == 0 and seen == {"fcn5": (0.05, 0.9, "fp32")}, err
 
 
 def test_check_refuses_an_unknown_precision(project, tmp_path):
@@ -327,3 +327,44 @@ def test_run_leaves_the_row_index_current(project, tmp_path, monkeypatch):
     monkeypatch.setattr(Store, "read", lambda self, path: parsed.append(path) or original(self, path))
     rows = read_rows(Store(tmp_path / "store")).rows
     assert len(rows) == 2 and parsed == []
+
+
+def test_precision_and_compile_axes_run_every_combination_and_record_it(project, tmp_path):
+    store = tmp_path / "axes"
+    code, _, err = run_fcn(store, "--repeats", "1", "--benchmark", "fcn5-train", "--precision", "all",
+                           "--compile", "all", modes=())
+    # tf32 is skipped by the fake runner (no tensor cores): a skip is not a failure
+    assert code == 0, err
+    records = list(Store(store).records())
+    got = {(r.workload.precision, r.workload.compile): r for r in records}
+    assert set(got) == {(p, c) for p in ("fp32", "tf32", "amp_bf16", "amp_fp16") for c in ("eager", "compiled")}
+    for (p, c), r in got.items():
+        assert r.status == ("skipped" if p == "tf32" else "ok"), (p, c, r.reason)
+        if r.status != "ok":
+            assert "tensor cores" in r.reason
+            continue
+        assert r.settings.runner["precision"] == p and r.settings.runner["compile"] == c
+        assert r.workload.compile_mode == ("default" if c == "compiled" else None)
+        assert r.repeats[0].memory == {"unavailable": "the fake runner allocates nothing"}
+        assert (r.repeats[0].compile is not None) == (c == "compiled")
+        assert r.summary.compile_s is not None
+    # the fake's compiled first step takes 20 steps: the compile time shows it, eager's does not
+    assert got[("fp32", "compiled")].summary.compile_s > 5 * max(got[("fp32", "eager")].summary.compile_s, 0.0005)
+    rows = {(row["precision"], row["compile"]) for row in map(run_row, records)}
+    assert rows == set(got)
+
+
+def test_compile_default_is_the_runners_own_and_runs_once(project, tmp_path):
+    store = tmp_path / "default"
+    code, _, err = run_fcn(store, "--repeats", "1", "--benchmark", "fcn5-train", "--compile", "default,eager",
+                           modes=())
+    assert code == 0, err
+    assert [r.workload.compile for r in Store(store).records()] == ["eager"]  # the fake runner's default
+
+
+@pytest.mark.parametrize("option,value", [("--precision", "float32"), ("--precision", "fp32,bf16"),
+                                          ("--compile", "jit"), ("--compile-mode", "reduce-overhead")])
+def test_unknown_precision_or_compile_values_are_refused(project, tmp_path, option, value):
+    code, _, err = run_fcn(tmp_path / "s", "--repeats", "1", option, value, modes=())
+    assert code != 0 and "unknown" in err and value.split(",")[-1] in err
+    assert not (tmp_path / "s" / "runs").exists() or not list((tmp_path / "s" / "runs").iterdir())

@@ -204,9 +204,9 @@ def env_for(name: str) -> Environment:
 
 
 def run_check(monkeypatch, fake, net, answers: dict, envs: dict | None = None, **kwargs):
-    """check_network through FakeProbe; in float32 unless `precision` says otherwise (most tests
+    """check_network through FakeProbe; in fp32 unless `precision` says otherwise (most tests
     here are about float32's tolerances and its spread; the float64 ones say so)."""
-    kwargs.setdefault("precision", "float32")
+    kwargs.setdefault("precision", "fp32")
     probe = FakeProbe(answers)
     monkeypatch.setattr(equivalence, "_probe", probe)
     envs = envs or {}
@@ -543,7 +543,7 @@ def test_check_store_save_then_status(tmp_path, status):
     got = store.status("fcn5", "h1", "torch", "2.1.0+cpu")
     assert got == {"status": status, "checked_at": "2026-11-29T10:00:00+00:00", "reason": check.reason,
                    "errors": {"logits": 2e-6, "loss": 1e-7, "update": 3e-5, "roundtrip": 0.0},
-                   "precision": "float32"}
+                   "precision": "fp32"}
     assert [p.name for p in (tmp_path / "checks").iterdir()] == ["fcn5--torch--2.1.0+cpu.json"]
 
 
@@ -633,7 +633,7 @@ def test_float64_gates_the_update_on_batch_norm_networks(monkeypatch, fake, bn_n
         return o
 
     _, b32 = run_check(monkeypatch, fake, bn_net, {"ref": outputs(bn_net), "other": bumped(outputs(bn_net))})[0]
-    assert b32.status == "equivalent" and b32.precision == "float32"
+    assert b32.status == "equivalent" and b32.precision == "fp32"
     _, b64 = run_check(monkeypatch, fake, bn_net, {"ref": outputs64(bn_net), "other": bumped(outputs64(bn_net))},
                        precision="float64")[0]
     assert b64.status == "mismatch" and "update" in b64.reason and b64.worst_tensor == "000.weight"
@@ -657,7 +657,7 @@ def test_unknown_check_precision_is_refused(monkeypatch, fake, plain_net):
         run_check(monkeypatch, fake, plain_net, {"a": outputs(plain_net)}, precision="bfloat16")
 
 
-def test_check_store_reports_the_precision_and_old_files_are_float32(tmp_path):
+def test_check_store_reports_the_precision_and_old_files_are_fp32(tmp_path):
     store = CheckStore(tmp_path)
     store.save(replace(saved(), precision="float64"))
     assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["precision"] == "float64"
@@ -665,4 +665,4 @@ def test_check_store_reports_the_precision_and_old_files_are_float32(tmp_path):
     data = json.loads(path.read_text())
     del data["precision"]
     path.write_text(json.dumps(data))
-    assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["precision"] == "float32"
+    assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["precision"] == "fp32"

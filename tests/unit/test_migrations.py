@@ -12,7 +12,7 @@ import pytest
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, plan
 from dlbench.store import migrations
 from dlbench.store.checks import CheckStore, FrameworkCheck
-from dlbench.store.record import SCHEMA_VERSION
+from dlbench.store.record import SCHEMA_VERSION, Record
 from dlbench.store.rows import run_row
 from dlbench.store.store import Store, StoreError, checksum_of
 
@@ -221,7 +221,7 @@ def test_records_carry_the_equivalence_status(tmp_path, suite, fake):
         seen.add(rec.network.name)
         if rec.network.name == "fcn5":
             assert rec.equivalence == {"status": "equivalent", "checked_at": "2026-11-29T12:00:00+00:00",
-                                       "reason": None, "errors": {"logits": 1e-6}}
+                                       "reason": None, "errors": {"logits": 1e-6}, "precision": "fp32"}
         else:
             assert rec.network.name == "fcn8"
             assert rec.equivalence == {"status": "unchecked"}
@@ -245,3 +245,35 @@ def test_records_carry_a_mismatch_and_ignore_a_check_of_another_network_version(
     assert r8.equivalence["status"] == "unchecked" and "another version" in r8.equivalence["reason"]
     stored = {r.run_id: r.equivalence["status"] for r in store.records()}
     assert stored == {r5.run_id: "mismatch", r8.run_id: "unchecked"}
+
+
+def _v5(device="cpu", framework="torch", precision="float32", mode="train", runner_settings=None) -> dict:
+    return {"schema_version": 5, "workload": {"mode": mode, "batch_size": 4, "precision": precision,
+                                              "learning_rate": 0.01, "momentum": 0.9, "device": device},
+            "framework": {"name": framework}, "settings": {"runner": runner_settings or {}}}
+
+
+@pytest.mark.parametrize("device,expected", [("cpu", "fp32"), ("cuda", "float32 (TF32 not pinned)")])
+def test_update_to_6_names_float32_by_what_it_was(device, expected):
+    assert migrations.update_to_6(_v5(device))["workload"]["precision"] == expected
+
+
+def test_update_to_6_keeps_mixed_precision_and_collective_dtypes():
+    assert migrations.update_to_6(_v5(precision="amp_bf16"))["workload"]["precision"] == "amp_bf16"
+    assert migrations.update_to_6(_v5(precision="float32", mode="collective"))["workload"]["precision"] == "float32"
+
+
+@pytest.mark.parametrize("framework,runner,expected", [
+    ("torch", {}, "eager"), ("jax", {}, "compiled"), ("mxnet", {}, "compiled"), ("tensorflow", {}, "eager"),
+    ("tensorflow", {"jit_compile_requested": True}, "compiled"), ("someother", {}, "eager")])
+def test_update_to_6_gives_the_compile_mode_the_runner_ran(framework, runner, expected):
+    data = migrations.update_to_6(_v5(framework=framework, runner_settings=runner))
+    assert data["workload"]["compile"] == expected
+    assert migrations.update_to_6(data)["workload"]["compile"] == expected  # deterministic, idempotent
+
+
+def test_a_version_5_record_reads_as_a_version_6_record(tmp_path):
+    data = migrations.upgrade(v1_data(), SCHEMA_VERSION)
+    rec = Record.model_validate(data)
+    assert rec.workload.compile in ("eager", "compiled") and rec.workload.precision != "float32"
+    assert rec.summary is None or rec.summary.compile_s is None

@@ -61,10 +61,10 @@ def test_recomputed_predictions_use_the_per_worker_batch():
     fit = CommFit(framework="torch", workers=2, startup_s=1e-4, per_byte_s=1e-9, alpha_s=5e-5, beta_s_per_byte=1e-9,
                   r2=1.0, points=4, min_bytes=4, max_bytes=1 << 20, run_ids=["c"])
     rows = prediction_errors([single, double], recompute_with=profile(comm=[fit]))
-    one = RunPredictor(profile())(network=fcn5.resolved, batch=64, mode="train", precision="float32",
+    one = RunPredictor(profile())(network=fcn5.resolved, batch=64, mode="train", precision="fp32",
                                   framework="torch")
     assert rows[0]["predicted_s"] == pytest.approx(one["iteration_s"])
-    two = RunPredictor(profile(comm=[fit]))(network=fcn5.resolved, batch=32, mode="train", precision="float32",
+    two = RunPredictor(profile(comm=[fit]))(network=fcn5.resolved, batch=32, mode="train", precision="fp32",
                                             framework="torch", workers=2)
     assert rows[1]["predicted_s"] == pytest.approx(two["iteration_s"]) and rows[1]["workers"] == 2
     assert two["phases"]["communication"] > 0 and two["schedule"] == "mgwfbp"
@@ -72,7 +72,7 @@ def test_recomputed_predictions_use_the_per_worker_batch():
 
 def test_a_run_the_profile_cannot_predict_says_why():
     fcn5 = load_network(NETWORKS / "fcn5.yaml")
-    out = RunPredictor(profile())(network=fcn5.resolved, batch=8, mode="train", precision="float32",
+    out = RunPredictor(profile())(network=fcn5.resolved, batch=8, mode="train", precision="fp32",
                                   framework="torch", workers=4)
     assert out.get("iteration_s") is None
     assert "no all-reduce fit" in out["error"]

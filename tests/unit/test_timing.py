@@ -192,3 +192,14 @@ def test_summary_of_an_older_record_reads_without_the_new_fields():
              "first_iter_s": None, "ms_per_iter": 10.0, "samples_per_s": 100.0}
     s = Summary.model_validate(older)
     assert s.ci is None and s.stability is None
+
+
+def test_compile_time_is_the_median_first_iteration_beyond_each_repeats_median():
+    from dlbench.analysis.timing import compile_time
+
+    reps = [Repeat(index=0, status="ok", iter_s=[0.010, 0.012, 0.011], first_iter_s=2.011),
+            Repeat(index=1, status="ok", iter_s=[0.020, 0.020, 0.020], first_iter_s=3.020),
+            Repeat(index=2, status="ok", iter_s=[0.010, 0.010, 0.010], first_iter_s=4.010)]
+    assert compile_time(reps) == pytest.approx(3.0)
+    assert summarise(reps, batch_size=2).compile_s == pytest.approx(3.0)
+    assert compile_time([Repeat(index=0, status="ok", iter_s=[0.01])]) is None  # no first iteration timed

@@ -9,7 +9,8 @@ Selectors
 
 Pairing
     A run is identified by its workload and where it ran: suite, benchmark (which includes the mode),
-    batch size, device, precision, framework and machine (hostname). Those fields are the pairing key,
+    batch size, device, precision, compile mode, framework and machine (hostname). Those fields are
+    the pairing key,
     except the ones the two selectors set to different values: `--baseline framework=torch
     --candidate framework=jax` pairs torch with jax per benchmark, `machine=a` vs `machine=b` pairs
     machines. Framework version, date and run id are never part of the key: they are what a
@@ -63,11 +64,11 @@ BOOTSTRAP_BATCH = 500  # resamples evaluated at once: bounds the memory of the c
 # Identity of a run: selector key -> attribute of the pairing key.
 IDENTITY_KEYS = {
     "suite": "suite", "benchmark": "benchmark", "batch": "batch_size", "device": "device",
-    "precision": "precision", "framework": "framework", "machine": "machine",
+    "precision": "precision", "compile": "compile", "framework": "framework", "machine": "machine",
 }
-KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "framework", "machine")
+KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "compile", "framework", "machine")
 SELECTOR_KEYS = ("run", "framework", "version", "machine", "since", "until",
-                 "benchmark", "suite", "device", "batch", "precision")
+                 "benchmark", "suite", "device", "batch", "precision", "compile")
 
 
 class SelectorError(ValueError):
@@ -81,7 +82,7 @@ class NothingToCompare(LookupError):
 
 def record_identity(r: Record) -> dict:
     return {"suite": r.suite, "benchmark": r.benchmark, "batch_size": r.workload.batch_size,
-            "device": r.workload.device, "precision": r.workload.precision,
+            "device": r.workload.device, "precision": r.workload.precision, "compile": r.workload.compile,
             "framework": r.framework.get("name"), "machine": r.machine.get("hostname")}
 
 

@@ -1,7 +1,7 @@
 """`dlbench history`: per series, median throughput over time and versions, with its steps found.
 
 A series is one workload on one framework on one machine: (benchmark, framework, machine) as asked,
-plus batch size, device and precision, since throughput at another batch size is another quantity.
+plus batch size, device, precision and compile mode, since throughput at another batch size is another quantity.
 Its points are the completed runs in start order, each valued at its `samples_per_s` (batch size /
 median iteration time).
 
@@ -65,11 +65,12 @@ class SeriesKey:
     batch_size: int
     device: str
     precision: str
+    compile: str = "eager"
 
     @classmethod
     def of(cls, r: Record) -> "SeriesKey":
         return cls(r.benchmark, str(r.framework.get("name")), str(r.machine.get("hostname")),
-                   r.workload.batch_size, r.workload.device, r.workload.precision)
+                   r.workload.batch_size, r.workload.device, r.workload.precision, r.workload.compile)
 
 
 @dataclass(frozen=True)

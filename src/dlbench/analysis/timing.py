@@ -234,7 +234,15 @@ def summarise(repeats: list[Repeat], batch_size: int) -> Summary | None:
         ms_per_iter=median * 1e3, samples_per_s=batch_size / median,
         ci=_median_interval_record(interval, median, batch_size) if interval and interval.low > 0 else None,
         stability=repeat_agreement(per_repeat),
+        compile_s=compile_time(good),
     )
+
+
+def compile_time(repeats: list[Repeat]) -> float | None:
+    """Median over repeats of (first iteration - that repeat's median iteration): the one-off cost
+    of the first step (tracing, compiling, autotuning, first allocations) beyond a steady one."""
+    extra = [r.first_iter_s - st.median(r.iter_s) for r in repeats if r.first_iter_s is not None and r.iter_s]
+    return st.median(extra) if extra else None
 
 
 def _median_interval_record(interval: Interval, median: float, batch_size: int) -> MedianInterval:

@@ -39,6 +39,17 @@ def check_format(value: str, choices: Sequence[str] = TABLE_OR_JSON) -> None:
     check_choice("format", value, choices)
 
 
+def listed_choices(kind: str, given: list[str] | None, valid: Sequence[str]) -> list[str] | None:
+    """A list option's values (repeatable, comma lists, 'all' = every valid one), checked and
+    deduplicated in order; None where the option was not given."""
+    if not given:
+        return None
+    names = [n.strip() for item in given for n in item.split(",") if n.strip()]
+    for n in names:
+        check_choice(kind, n, [*valid, "all"])
+    return list(dict.fromkeys(valid if "all" in names else names))
+
+
 def resolve_device(device: str) -> str:
     """`--device auto`: cuda where this machine has a usable GPU, else cpu."""
     return detect_device() if device == "auto" else device

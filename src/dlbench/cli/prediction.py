@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..definitions.loader import DefinitionError
+from ..definitions.suite import PRECISIONS
 from ..machine import fingerprint
 from ..store.store import Store
 from . import lookup
@@ -33,7 +34,7 @@ def predict(
     schedule: Annotated[Optional[str], typer.Option(help=(
         "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine, "
         "as its runners/FW/runner.toml [model] states it).")) ] = None,
-    precision: Annotated[str, typer.Option(help="float32 | amp_fp16 | amp_bf16")] = "float32",
+    precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
     io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(
         "Read the data at this many GB/s (default: synthetic data already in memory).")) ] = None,
@@ -67,7 +68,7 @@ def predict(
         raise fail(f"predict needs {', '.join(missing)} (or --accuracy)")
     check_choice("framework", framework, lookup.registry().names())
     check_choice("mode", mode, MODES)
-    check_choice("precision", precision, ["float32", "amp_fp16", "amp_bf16"])
+    check_choice("precision", precision, list(PRECISIONS))
     if schedule is not None:
         check_choice("schedule", schedule, list(SCHEDULES))
     if workers > 1 and mode != "train":

@@ -13,7 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .. import paths
-from ..definitions.suite import PROFILES, Benchmark
+from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, Benchmark
 from ..execution.backends import BACKENDS
 from ..machine import available_cpus, fingerprint, gpus
 from ..store.rows import run_row
@@ -30,8 +30,12 @@ from .options import (
     ThreadsOption,
     TimeoutOption,
     check_choice,
+    listed_choices,
     resolve_device,
 )
+
+COMPILE_CHOICES = ("default", *COMPILE_MODES)
+TORCH_COMPILE_MODES = ("default", "max-autotune")
 
 if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun
@@ -67,6 +71,13 @@ def run(
     hosts: Annotated[Optional[str], typer.Option(
         help="Suites distributed and comm: spread the workers over these hosts (comma list; default: this "
              "machine, or the Slurm allocation inside one).")] = None,
+    precision: Annotated[Optional[list[str]], typer.Option(
+        help=f"{' | '.join(PRECISIONS)}; a comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
+    compile: Annotated[Optional[list[str]], typer.Option(
+        "--compile", help="eager | compiled | default (the framework's own); a comma list or 'all' (eager and "
+                          "compiled, run side by side), repeatable (default: each benchmark's, default).")] = None,
+    compile_mode: Annotated[str, typer.Option(
+        "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
@@ -101,6 +112,11 @@ def run(
                        f"suite {suite!r} runs one process per run")
     for m in mode or []:
         check_choice("mode", m, MODES)
+    precisions = listed_choices("precision", precision, PRECISIONS)
+    compiles = listed_choices("compile mode", compile, COMPILE_CHOICES)
+    if compiles is not None and any(c.strip() == "all" for item in compile for c in item.split(",")):
+        compiles = list(COMPILE_MODES)  # 'all' is the two modes, not "default" beside them
+    check_choice("torch.compile mode", compile_mode, TORCH_COMPILE_MODES)
     resolved_device = resolve_device(device)
     suites = lookup.load_suites(suite, profile, resolved_device, tuple(mode) if mode else None)
     available: list[Benchmark] = [b for s in suites for b in s.benchmarks]
@@ -115,6 +131,7 @@ def run(
         chosen = {b.name for b in available}
         selected = [b for b in every_mode
                     if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
+    selected = with_axes(selected, precisions, compiles)
     try:
         check_repeat_options(repeats, max_repeats, target_ci, selected)
     except ValueError as e:
@@ -124,7 +141,7 @@ def run(
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),
                          telemetry=None if no_telemetry else _telemetry_config(resolved_device, sample_interval),
                          nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"),
-                         max_repeats=max_repeats, target_ci_pct=target_ci)
+                         max_repeats=max_repeats, target_ci_pct=target_ci, compile_mode=compile_mode)
     runs = plan(runners, selected)
     st = lookup.open_store(store)
     from ..performance.runtime import run_predictor
@@ -175,7 +192,8 @@ class _ProgressEvents:
         self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
 
     def run_started(self, run: PlannedRun, repeats: int):
-        self._label = escape(f"{run.runner.name} {run.benchmark.name} b={run.batch_size}")
+        self._label = escape(f"{run.runner.name} {run.benchmark.name} b={run.batch_size} "
+                             f"{run.benchmark.precision} {run.compile}")
         self.progress.update(self.task, description=f"{self._label} (repeat 1/{repeats})")
         self._repeats = repeats
 
@@ -212,3 +230,20 @@ def _summary_table(records) -> Table:
                   "[yellow]unstable[/]" if row["stability"] == "unstable" else (row["stability"] or ""),
                   _fmt(row["first_iter_ms"], ".1f"))
     return t
+
+
+def with_axes(benchmarks: list[Benchmark], precisions: list[str] | None, compiles: list[str] | None) -> list[Benchmark]:
+    """`--precision` and `--compile` replace the benchmarks' own: every benchmark once per
+    (precision, compile mode) asked, in order; an axis not given keeps the suite's values."""
+    if precisions is None and compiles is None:
+        return benchmarks
+    out: list[Benchmark] = []
+    seen: set[tuple] = set()
+    for b in benchmarks:
+        for p in precisions or [b.precision]:
+            for c in compiles or [b.compile]:
+                key = (b.suite, b.name, p, c)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(dataclasses.replace(b, precision=p, compile=c))
+    return out

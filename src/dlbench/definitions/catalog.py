@@ -97,15 +97,19 @@ class SuiteCatalog:
                 chosen = entry.modes[: policy.modes_per_network]
             else:
                 chosen = entry.modes
+            precisions = entry.precision if isinstance(entry.precision, list) else [entry.precision]
+            compiles = entry.compile if isinstance(entry.compile, list) else [entry.compile]
             for mode in chosen:
                 name = f"{network.name}-{mode}"
-                benchmarks.append(Benchmark(
-                    suite=spec.name, name=name, network=network, network_file=str(net_path), mode=mode,
-                    batch_sizes=tuple(sizes), precision=entry.precision,
-                    learning_rate=entry.learning_rate or spec.defaults.learning_rate,
-                    momentum=entry.momentum if entry.momentum is not None else spec.defaults.momentum,
-                    profile=profile, policy=policy,
-                ))
+                for precision in dict.fromkeys(precisions):
+                    for compile_mode in dict.fromkeys(compiles):
+                        benchmarks.append(Benchmark(
+                            suite=spec.name, name=name, network=network, network_file=str(net_path), mode=mode,
+                            batch_sizes=tuple(sizes), precision=precision,
+                            learning_rate=entry.learning_rate or spec.defaults.learning_rate,
+                            momentum=entry.momentum if entry.momentum is not None else spec.defaults.momentum,
+                            profile=profile, policy=policy, compile=compile_mode,
+                        ))
         return Suite(spec.name, spec.description, path, tuple(benchmarks))
 
     def _network_path(self, ref: str, suite_path: Path, field: str) -> Path:

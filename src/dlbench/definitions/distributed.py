@@ -56,7 +56,7 @@ class DistributedBatchSizes(_Strict):
 class DistributedEntry(_Strict):
     network: str  # a name in suites/networks, or a path to a .yaml relative to the suite file
     batch_sizes: DistributedBatchSizes
-    precision: Precision = "float32"
+    precision: Precision = "fp32"
     learning_rate: Annotated[float, Field(gt=0)] | None = None
     momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
 

@@ -17,7 +17,15 @@ from .network import NetworkSummary
 from .schema import PositiveInt, _Strict
 
 Mode = Literal["train", "infer"]
-Precision = Literal["float32", "amp_fp16", "amp_bf16"]
+# What each precision means in every runner: runners/common/contract.py (fp32: IEEE float32 with
+# TF32 pinned off; tf32: TF32 allowed; amp_*: the framework's own mixed precision).
+PRECISIONS = ("fp32", "tf32", "amp_bf16", "amp_fp16")
+Precision = Literal["fp32", "tf32", "amp_bf16", "amp_fp16"]
+# eager: the framework's default execution (torch eager, a TensorFlow tf.function graph, MXNet
+# imperative); compiled: its compiler (torch.compile, XLA, jax.jit, a hybridized MXNet block);
+# default: whichever the runner runs when not asked (its runner.toml's [execution] compile).
+COMPILE_MODES = ("eager", "compiled")
+Compile = Literal["default", "eager", "compiled"]
 Device = Literal["cpu", "cuda"]
 PROFILES = ("smoke", "default", "paper")
 
@@ -76,7 +84,9 @@ class BenchmarkEntry(_Strict):
     network: str  # a name in suites/networks, or a path to a .yaml relative to the suite file
     modes: Annotated[list[Mode], Field(min_length=1)] = ["train", "infer"]
     batch_sizes: BatchSizes
-    precision: Precision = "float32"
+    # one value or a list: the benchmark runs under each (`--precision`/`--compile` replace them)
+    precision: Precision | Annotated[list[Precision], Field(min_length=1)] = "fp32"
+    compile: Compile | Annotated[list[Compile], Field(min_length=1)] = "default"
     learning_rate: Annotated[float, Field(gt=0)] | None = None
     momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
 
@@ -103,6 +113,7 @@ class Benchmark:
     momentum: float
     profile: str
     policy: Profile
+    compile: str = "default"  # eager | compiled | default (the runner's own; resolved per framework)
 
 
 @dataclass(frozen=True)

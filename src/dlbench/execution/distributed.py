@@ -197,8 +197,8 @@ class DistributedOrchestrator:
         if summary is not None:
             _training_figures(info, repeats)
         record = self._record(runner, started, b.suite, f"{b.name}-w{n}", _network_info(b), Workload(
-            mode="train", batch_size=global_batch, precision=b.precision, learning_rate=b.learning_rate,
-            momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
+            mode="train", batch_size=global_batch, precision=b.precision, compile=runner.default_compile,
+            learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
         record.prediction = Prediction.model_validate(prediction) if prediction else None

@@ -2,7 +2,7 @@
 
 For each network: one canonical weight set and one input batch are made from the description alone
 (numpy), every framework loads them, runs the forward pass and one SGD-momentum step, and exports
-its weights. The check runs in float64 unless asked for float32 (see "Why float64" below). Compared
+its weights. The check runs in float64 unless asked for fp32 (see "Why float64" below). Compared
 across frameworks (each against the reference, the first framework asked for):
   - parameter count built by the framework = count from the description (exactly);
   - the exported initial weights have the canonical names and shapes, and loading then exporting
@@ -61,7 +61,7 @@ from .registry import RunnerInfo
 TOLERANCE_PLAIN = 1e-4
 TOLERANCE_BATCH_NORM = 1e-3
 TOLERANCE_FLOAT64 = 1e-9
-PRECISIONS = ("float64", "float32")
+PRECISIONS = ("float64", "fp32")
 # A framework need not agree with the reference better than the reference agrees with itself when
 # only its thread count changes (summation order): the weights' tolerance widens to this many times
 # that measured spread where it exceeds the tolerance.
@@ -69,7 +69,7 @@ SPREAD_FACTOR = 3.0
 _FLOOR = 1e-12
 
 
-def tolerance_for(network: NetworkSummary, precision: str = "float32") -> float:
+def tolerance_for(network: NetworkSummary, precision: str = "fp32") -> float:
     if precision == "float64":
         return TOLERANCE_FLOAT64
     uses_bn = any(layer["type"] in ("batch_norm", "residual") for layer in network.resolved["layers"])

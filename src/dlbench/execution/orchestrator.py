@@ -50,6 +50,7 @@ class RunOptions:
     # a canonical (x, y) .npz every worker trains on instead of its own synthetic batch (the runners
     # load it as `dlbench check` has them do); benchmarks/fairness.py gives both sides the same batch
     inputs: Path | None = None
+    compile_mode: str = "default"  # torch.compile's mode for compiled runs (--compile-mode)
 
     def __post_init__(self):
         if (self.max_repeats is None) != (self.target_ci_pct is None):
@@ -93,6 +94,11 @@ class PlannedRun:
     benchmark: Benchmark
     batch_size: int
 
+    @property
+    def compile(self) -> str:
+        """eager | compiled: the benchmark's mode as this runner resolves it ("default": its own)."""
+        return self.runner.compile_mode(self.benchmark.compile)
+
 
 class Events(Protocol):
     def environment(self, framework: str, line: str) -> None: ...
@@ -109,7 +115,24 @@ class SilentEvents:
 
 
 def plan(runners: list[RunnerInfo], benchmarks: list[Benchmark]) -> list[PlannedRun]:
-    return [PlannedRun(r, b, bs) for r in runners for b in benchmarks for bs in b.batch_sizes]
+    """Every (runner, benchmark, batch size). Benchmarks that differ only in compile mode run one
+    after the other at each batch size, so their ratio is measured side by side (the machine's
+    state drifts less between neighbours than across the whole invocation); a mode that resolves
+    to one already planned for the runner ("default" and the runner's own) runs once."""
+    groups: dict[tuple, list[Benchmark]] = {}
+    for b in benchmarks:
+        groups.setdefault((b.suite, b.name, b.precision, b.batch_sizes), []).append(b)
+    runs, seen = [], set()
+    for r in runners:
+        for group in groups.values():
+            for bs in group[0].batch_sizes:
+                for b in group:
+                    run = PlannedRun(r, b, bs)
+                    key = (r.name, b.suite, b.name, b.precision, run.compile, bs)
+                    if key not in seen:
+                        seen.add(key)
+                        runs.append(run)
+    return runs
 
 
 def build_request(run: PlannedRun, options: RunOptions) -> dict:
@@ -121,6 +144,8 @@ def build_request(run: PlannedRun, options: RunOptions) -> dict:
         "mode": b.mode,
         "batch_size": run.batch_size,
         "precision": b.precision,
+        "compile": run.compile,
+        **({"compile_mode": options.compile_mode} if run.compile == "compiled" else {}),
         "device": options.device,
         "threads": options.threads,
         "learning_rate": b.learning_rate,
@@ -195,7 +220,7 @@ class Orchestrator:
                     first_iter_s=res.get("first_iter_s"), warmup_iter_s=res.get("warmup_iter_s", []),
                     warmup_settled=res.get("warmup_settled"), iter_s=res.get("iter_s", []),
                     window_monotonic_ns=res.get("window_monotonic_ns", []), wall_s=outcome.wall_s,
-                    telemetry=series, derived=derived,
+                    telemetry=series, derived=derived, memory=res.get("memory"), compile=res.get("compile"),
                 )
                 repeats.append(rep)
                 self.events.repeat_done(run, rep)
@@ -221,6 +246,8 @@ class Orchestrator:
                                 params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
                                 definition=b.network.resolved),
             workload=Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision,
+                              compile=run.compile,
+                              compile_mode=opts.compile_mode if run.compile == "compiled" else None,
                               learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device),
             framework=last_result.get("framework", {"name": run.runner.name}),
             environment=env_info, machine=fingerprint(),

@@ -8,6 +8,7 @@ from pathlib import Path
 import tomllib
 
 from ..definitions.loader import DefinitionError
+from ..definitions.suite import COMPILE_MODES
 from ..performance.communication import SCHEDULES
 from ..performance.model import STEPS, FrameworkFacts
 
@@ -35,6 +36,11 @@ class RunnerInfo:
     requirements: dict[str, Path]  # flavour -> pinned requirements file
     distributed: DistributedLaunch | None = None  # None: not ported to the distributed suites yet
     model: FrameworkFacts = FrameworkFacts()  # [model]: what the performance model assumes of it
+    default_compile: str = "eager"  # [execution] compile: what runs when a benchmark asks for "default"
+
+    def compile_mode(self, asked: str) -> str:
+        """The compile mode a benchmark's `compile` means on this runner ("default": its own)."""
+        return self.default_compile if asked == "default" else asked
 
     def requirements_for(self, flavour: str) -> Path:
         return self.requirements[flavour]
@@ -64,7 +70,22 @@ def _load(folder: Path) -> RunnerInfo:
         raise DefinitionError(path, "worker", f"file {data['worker']} does not exist")
     return RunnerInfo(data["name"], data.get("display_name", data["name"]), data["import_name"],
                       folder, worker, reqs, _distributed_launch(path, folder, data.get("distributed")),
-                      _model(path, data.get("model")))
+                      _model(path, data.get("model")), _default_compile(path, data.get("execution")))
+
+
+def _default_compile(path: Path, section) -> str:
+    """[execution] compile: the mode the runner runs when a benchmark does not say (eager | compiled)."""
+    if section is None:
+        return "eager"
+    if not isinstance(section, dict):
+        raise DefinitionError(path, "execution", "must be a table")
+    unknown = sorted(set(section) - {"compile"})
+    if unknown:
+        raise DefinitionError(path, f"execution.{unknown[0]}", "unknown field; expected compile")
+    value = section.get("compile", "eager")
+    if value not in COMPILE_MODES:
+        raise DefinitionError(path, "execution.compile", f"{value!r} is not one of {', '.join(COMPILE_MODES)}")
+    return value
 
 
 MODEL_FIELDS = {"step": STEPS, "schedule": SCHEDULES}

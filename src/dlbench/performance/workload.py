@@ -151,7 +151,7 @@ class _Builder:
             work.backward.append(_passes(name, n, 3))
 
 
-def decompose(network: dict, batch: int, mode: str, precision: str = "float32") -> Workload:
+def decompose(network: dict, batch: int, mode: str, precision: str = "fp32") -> Workload:
     """The work of one iteration of `network` (resolved, see definitions/network.py) at `batch`: each
     layer's operations by the `work` of its type in the layer table (definitions/layers/), its
     trainable parameters (and so its update) from its canonical weights (definitions/weights.py)."""

@@ -41,7 +41,7 @@ class CheckStore:
         if data.get("network_hash") != network_hash:
             return {"status": "unchecked", "reason": "the last check was of another version of the network"}
         return {"status": data["status"], "checked_at": data.get("checked_at"), "reason": data.get("reason"),
-                "errors": data.get("errors", {}), "precision": data.get("precision", "float32")}
+                "errors": data.get("errors", {}), "precision": data.get("precision", "fp32")}
 
 
 @dataclass
@@ -58,7 +58,7 @@ class FrameworkCheck:
     worst_tensor: str | None = None
     network_hash: str | None = None
     checked_at: str = ""
-    precision: str = "float32"  # what the step was compared in; files from before it was recorded: float32
+    precision: str = "fp32"  # what the step was compared in (float64 | fp32); files from before it was recorded: fp32
 
     @property
     def ok(self) -> bool:

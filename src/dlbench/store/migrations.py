@@ -40,7 +40,29 @@ def update_to_5(data: dict) -> dict:
     return data
 
 
-STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5}
+# What each runner ran when a record did not say (before schema 6): its runner.toml's default then.
+_COMPILE_BEFORE_6 = {"torch": "eager", "tensorflow": "eager", "jax": "compiled", "mxnet": "compiled"}
+
+
+def update_to_6(data: dict) -> dict:
+    """6 named the precisions (fp32 pinned, tf32, amp_*) and added the compile mode, the allocator
+    peak and compiler counters per repeat and the summary's compile time. "float32" was IEEE on the
+    CPU (fp32) but not pinned on CUDA, where cuDNN allowed TF32 convolutions by default."""
+    workload = data.get("workload")
+    if isinstance(workload, dict):
+        if workload.get("precision") == "float32" and workload.get("mode") != "collective":
+            workload["precision"] = "fp32" if workload.get("device") == "cpu" else "float32 (TF32 not pinned)"
+        if "compile" not in workload:
+            framework = (data.get("framework") or {}).get("name")
+            runner = ((data.get("settings") or {}).get("runner") or {})
+            mode = _COMPILE_BEFORE_6.get(framework, "eager")
+            if framework == "tensorflow" and runner.get("jit_compile_requested"):
+                mode = "compiled"
+            workload["compile"] = mode
+    return data
+
+
+STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6}
 
 
 def upgrade(data: dict, target: int) -> dict:

@@ -32,6 +32,15 @@ records step by step and refuse newer ones):
     Older records read with none of these (update_to_5). Also `prediction`: the performance
     model's iteration time for the run, made from the machine profile before it ran (performance/;
     absent when there was no profile).
+  6 (2026-12-01) precision and compilation as axes: `workload.precision` is one of fp32 (IEEE
+    float32, TF32 pinned off), tf32, amp_bf16, amp_fp16 (the runner records the effective flags and
+    dtypes it read back in settings.runner.precision_effective); `workload.compile` (eager |
+    compiled) and `workload.compile_mode` (torch.compile's mode, where one was asked); each repeat's
+    allocator peak (`Repeat.memory`) and compiler counters (`Repeat.compile`); the summary's
+    `compile_s` (first iteration less the steady median, over repeats). Older records: precision
+    "float32" reads as "fp32" on the CPU (no TF32 there; the runners never enabled reduced-precision
+    CPU math) and as "float32 (TF32 not pinned)" on CUDA, where cuDNN's default allowed TF32
+    convolutions; the compile mode is what the framework's runner ran then (update_to_6).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 
@@ -74,6 +83,10 @@ class Repeat(_Model):
     # multi-worker jobs: one entry per rank (rank, host, iter_s, local_iter_s, first_iter_s); the
     # repeat's iter_s is then the slowest rank's per iteration (analysis/distributed.py)
     ranks: list[dict[str, Any]] | None = None
+    # the framework allocator's peak device memory over this worker ({"peak_allocated_bytes",
+    # "peak_reserved_bytes", "source"} or {"unavailable": why}) and its compiler's counters (schema 6)
+    memory: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None
 
 
 class MedianInterval(_Model):
@@ -119,6 +132,9 @@ class Summary(_Model):
     samples_per_s: float
     ci: MedianInterval | None = None  # None in records before schema 4
     stability: Stability | None = None
+    # median over repeats of (first iteration - that repeat's median): what compiling (tracing,
+    # autotuning, first-call allocation) costs once; None where no repeat timed its first iteration
+    compile_s: float | None = None
 
 
 class NetworkInfo(_Model):
@@ -133,7 +149,9 @@ class NetworkInfo(_Model):
 class Workload(_Model):
     mode: Literal["train", "infer", "collective"]
     batch_size: int
-    precision: str
+    precision: str  # fp32 | tf32 | amp_bf16 | amp_fp16 (a collective: its dtype; see update_to_6 for older names)
+    compile: str = "eager"  # eager | compiled, as resolved for the framework (runner.toml [execution])
+    compile_mode: str | None = None  # torch.compile's mode (default | max-autotune) when compiled
     learning_rate: float
     momentum: float
     device: Literal["cpu", "cuda"]

@@ -6,9 +6,9 @@ from .record import Record, Summary
 
 COLUMNS = (
     "run_id", "started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version",
-    "device", "batch_size", "precision", "threads", "status", "ms_per_iter", "samples_per_s", "iqr_ms",
+    "device", "batch_size", "precision", "compile", "threads", "status", "ms_per_iter", "samples_per_s", "iqr_ms",
     "cv", "ci_low_ms", "ci_high_ms", "ci_pct", "samples_per_s_low", "samples_per_s_high", "ci_level", "stability",
-    "first_iter_ms", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
+    "first_iter_ms", "compile_ms", "alloc_peak_mb", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
     "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
     "machine", "equivalence", "reason", "stability_reason",
@@ -46,6 +46,13 @@ def _distributed_columns(r: Record) -> dict:
     }
 
 
+def allocator_peak_mb(r: Record) -> float | None:
+    """The framework allocator's peak device memory, highest over the repeats (MB, 1e6 bytes);
+    None where no repeat's runner could read one (on the CPU most cannot: Repeat.memory says why)."""
+    peaks = [m["peak_allocated_bytes"] for rep in r.repeats if (m := rep.memory) and m.get("peak_allocated_bytes") is not None]
+    return max(peaks) / 1e6 if peaks else None
+
+
 def run_row(r: Record) -> dict:
     s = r.summary
     ci = s.ci if s else None
@@ -61,6 +68,7 @@ def run_row(r: Record) -> dict:
         "device": r.workload.device,
         "batch_size": r.workload.batch_size,
         "precision": r.workload.precision,
+        "compile": r.workload.compile,
         "threads": r.settings.threads_requested,
         "status": r.status,
         "ms_per_iter": s.ms_per_iter if s else None,
@@ -76,6 +84,8 @@ def run_row(r: Record) -> dict:
         "ci_level": ci.level if ci else None,
         "stability": _stability(s),
         "first_iter_ms": s.first_iter_s * 1e3 if s and s.first_iter_s is not None else None,
+        "compile_ms": s.compile_s * 1e3 if s and s.compile_s is not None else None,
+        "alloc_peak_mb": allocator_peak_mb(r),
         "repeats": s.repeats if s else len(r.repeats),
         "iterations": s.iterations if s else 0,
         "repeat_stop": r.repeat_policy.stopped if r.repeat_policy else None,
