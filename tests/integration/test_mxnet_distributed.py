@@ -140,7 +140,7 @@ def test_a_device_it_does_not_run_on_is_skipped_and_the_servers_still_end(tmp_pa
     orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))
     env = orch.environment(mxnet_runner)
     request = {"action": "data_parallel", "network": bench.network.resolved, "mode": "train", "batch_size": 16,
-               "precision": "float32", "device": "cuda", "threads": 1, "learning_rate": 0.01, "momentum": 0.9,
+               "precision": "fp32", "device": "cuda", "threads": 1, "learning_rate": 0.01, "momentum": 0.9,
                "seed": 0, "policy": bench.policy.model_dump()}
     outcome = orch.job(mxnet_runner, env, request, local_placement(2, 2))
     assert outcome.status == "skipped" and "runs on cpu only" in outcome.reason, outcome.reason

@@ -1,8 +1,9 @@
-"""The Apache MXNet runner in its real, dlbench-built venv (about three minutes on two cores)."""
+"""The Apache MXNet runner in its real, dlbench-built venv (about three and a half minutes on two cores)."""
 
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,10 +37,14 @@ def _summary(name: str):
     return load_network(paths.suites_dir() / "networks" / f"{name}.yaml")
 
 
-def _request(network: dict, action: str, mode: str = "train", batch: int = 2, threads: int | None = 1) -> dict:
-    return {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
-            "batch_size": batch, "precision": "float32", "device": "cpu", "threads": threads,
-            "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+def _request(network: dict, action: str, mode: str = "train", batch: int = 2, threads: int | None = 1,
+             precision: str = "fp32", compile: str | None = None) -> dict:
+    req = {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
+           "batch_size": batch, "precision": precision, "device": "cpu", "threads": threads,
+           "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+    if compile is not None:
+        req["compile"] = compile
+    return req
 
 
 def test_environment_is_isolated_and_pinned(mxnet_env):
@@ -62,6 +67,7 @@ def test_parameter_count_built_by_mxnet_equals_description(mxnet_env, name):
     assert tuple(res["output_shape"]) == summary.output_shape
     assert res["framework"]["version"] == "1.9.1"
     assert res["settings"]["hybridize"] == {"static_alloc": True, "static_shape": True}
+    assert res["settings"]["compile"]["mode"] == "compiled"  # the runner's default when none is named
     # the worker's output carries no import-time warnings of mxnet
     assert "Warning" not in outcome.output_tail
 
@@ -110,3 +116,105 @@ def test_check_against_torch(check_runners, name):
     assert mx.errors["loss"] <= mx.tolerance, mx.reason
     assert mx.status == "equivalent", mx.reason
     assert all(r.ok for r in (reference, mx))
+
+
+# ------------------------------------------------------------------ precision x compile (issue 16)
+
+PRECISIONS = ["fp32", "tf32", "amp_bf16", "amp_fp16"]
+COMPILES = ["eager", "compiled"]
+TF32_CPU = ("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+            "this run is on the CPU")
+
+
+def _cpu_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        return set(next((l for l in f if l.startswith("flags")), "").split(":", 1)[-1].split())
+
+
+# oneDNN (MXNet 1.9.1's CPU bfloat16 backend) implements bfloat16 from AVX-512 (avx512_core) up
+BF16_CPU = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
+
+
+@pytest.fixture(scope="module")
+def precision_runs(mxnet_env):
+    """alexnet_r, batch 2, every precision x compile mode in training, and amp_bf16 inference: one
+    worker each, two at a time (CI has two cores)."""
+    runner, env = mxnet_env
+    network = _summary("alexnet_r").resolved
+    cases = [(p, c, "train") for p in PRECISIONS for c in COMPILES] + [("amp_bf16", "compiled", "infer")]
+
+    def run(case):
+        precision, compile, mode = case
+        req = _request(network, "benchmark", mode, 2, precision=precision, compile=compile)
+        return case, run_worker(env.python, runner.worker, req, timeout_s=300)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, cases))
+
+
+@pytest.mark.parametrize("compile", COMPILES)
+def test_fp32_pins_tensor_cores_and_tf32_off_and_records_the_mode(precision_runs, compile):
+    outcome = precision_runs[("fp32", compile, "train")]
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    s = res["settings"]
+    assert s["precision"] == "fp32"
+    eff = s["precision_effective"]
+    assert eff["MXNET_CUDA_ALLOW_TENSOR_CORE"] == "0"
+    assert eff["MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION"] == "0"
+    assert eff["NVIDIA_TF32_OVERRIDE"] == "0"
+    # the variables cuBLAS/cuDNN read when they load were in place before mxnet was imported
+    assert eff["set_before_mxnet_import"]["NVIDIA_TF32_OVERRIDE"] is True
+    assert eff["set_before_mxnet_import"]["MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION"] is True
+    assert eff["first_layer_output_dtype"] == "float32" and eff["logits_dtype"] == "float32"
+    assert eff["loss_scale"] is None
+    assert s["compile"]["mode"] == compile and s["compile"]["requested"] == compile
+    assert ("hybridize" in s["compile"]["framework"]) == (compile == "compiled")
+    assert s["hybridize"] == ({"static_alloc": True, "static_shape": True} if compile == "compiled" else None)
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert "unavailable" in res["memory"] and "CPU" in res["memory"]["unavailable"]
+    assert "compile" not in res  # MXNet keeps no compiler counters
+
+
+@pytest.mark.parametrize("compile", COMPILES)
+def test_tf32_is_skipped_on_the_cpu(precision_runs, compile):
+    outcome = precision_runs[("tf32", compile, "train")]
+    assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+    assert outcome.reason == TF32_CPU
+
+
+@pytest.mark.parametrize("compile", COMPILES)
+def test_amp_fp16_is_skipped_on_the_cpu_with_mxnets_reason(precision_runs, compile):
+    # MXNet 1.9.1 has no float16 convolution on the CPU (its im2col + gemm path): the first conv layer
+    outcome = precision_runs[("amp_fp16", compile, "train")]
+    assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+    assert outcome.reason.startswith("amp_fp16: MXNet 1.9.1 cannot run layer 0 (conv2d, Conv2D) in float16 on the CPU")
+    assert "FP16 gemm on cpu not implemented" in outcome.reason
+
+
+@pytest.mark.parametrize("mode, compile", [("train", "eager"), ("train", "compiled"), ("infer", "compiled")])
+def test_amp_bf16_runs_in_bfloat16_or_is_skipped_where_onednn_has_no_bfloat16(precision_runs, mode, compile):
+    outcome = precision_runs[("amp_bf16", compile, mode)]
+    if not BF16_CPU:  # an AVX2 CPU: oneDNN has no bfloat16 kernel, the first conv layer is refused
+        assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+        assert outcome.reason.startswith("amp_bf16: MXNet 1.9.1 cannot run layer 0 (conv2d, Conv2D) in bfloat16 "
+                                         "on the CPU: oneDNN: could not create a primitive descriptor iterator")
+        assert "AVX-512" in outcome.reason
+        return
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    s = outcome.result["settings"]
+    eff = s["precision_effective"]
+    # Convolution and FullyConnected in bfloat16 (AMP's target list): the first conv and the logits
+    assert eff["first_layer_output_dtype"] == "bfloat16" and eff["logits_dtype"] == "bfloat16"
+    assert eff["loss_scale"] is None  # bfloat16 has float32's range: no loss scaling
+    assert eff["amp"]["mechanism"] == "mxnet.contrib.amp.init(target_dtype='bfloat16')"
+    assert "Convolution" in eff["amp"]["target_dtype_ops"]
+    assert s["compile"]["mode"] == compile
+
+
+def test_an_unknown_precision_fails_naming_the_accepted_ones(mxnet_env):
+    runner, env = mxnet_env
+    outcome = run_worker(env.python, runner.worker, _request(_summary("fcn5").resolved, "inspect",
+                                                             precision="float32"), timeout_s=300)
+    assert outcome.status == "failed"
+    assert "'float32'" in outcome.reason and "fp32, tf32, amp_bf16, amp_fp16" in outcome.reason

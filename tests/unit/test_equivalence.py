@@ -543,7 +543,7 @@ def test_check_store_save_then_status(tmp_path, status):
     got = store.status("fcn5", "h1", "torch", "2.1.0+cpu")
     assert got == {"status": status, "checked_at": "2026-11-29T10:00:00+00:00", "reason": check.reason,
                    "errors": {"logits": 2e-6, "loss": 1e-7, "update": 3e-5, "roundtrip": 0.0},
-                   "precision": "fp32"}
+                   "precision": "float64"}
     assert [p.name for p in (tmp_path / "checks").iterdir()] == ["fcn5--torch--2.1.0+cpu.json"]
 
 
@@ -666,3 +666,81 @@ def test_check_store_reports_the_precision_and_old_files_are_fp32(tmp_path):
     del data["precision"]
     path.write_text(json.dumps(data))
     assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["precision"] == "fp32"
+
+
+# --- mixed precision against the float64 step ------------------------------------------------
+
+def test_mixed_precision_is_judged_against_the_first_frameworks_float64_step(monkeypatch, fake, plain_net):
+    truth = outputs64(plain_net, lr=1e-2)
+    u = 2.0 ** -8
+
+    def amp(scale):  # a framework's bfloat16 step: every output off by `scale` units of bfloat16 roundoff
+        out = dict(truth)
+        rng = np.random.default_rng(7)
+        out["logits"] = truth["logits"] * (1 + scale * u)
+        out["loss"] = truth["loss"] * (1 + scale * u)
+        for k in truth:
+            if k.startswith("after/"):
+                name = k[len("after/"):]
+                loaded = truth[f"loaded/{name}"]
+                noise = rng.choice([-1.0, 1.0], size=loaded.shape)
+                out[k] = loaded + (truth[k] - loaded) * (1 + scale * u * noise)
+        return out
+
+    class ByPrecision(FakeProbe):
+        def __call__(self, runner, env, *a, precision="float64", **kw):
+            self.answers = {"a": truth if precision == "float64" else amp(2), "b": amp(30)}
+            return super().__call__(runner, env, *a, precision=precision, **kw)
+
+    probe = ByPrecision({})
+    monkeypatch.setattr(equivalence, "_probe", probe)
+    runners = [(replace(fake, name=n), env_for(n)) for n in ("a", "b")]
+    a, b = check_network(plain_net, runners, precision="amp_bf16")
+    assert [(c["runner"], c["precision"]) for c in probe.calls] == [("a", "float64"), ("a", "amp_bf16"),
+                                                                   ("b", "amp_bf16")]
+    assert (a.framework, a.status, a.precision) == ("a", "equivalent", "amp_bf16")
+    assert a.tolerance == pytest.approx(8 * u) and a.errors["logits"] == pytest.approx(2 * u, rel=1e-6)
+    assert 1.5 * u < a.errors["update"] < 2.5 * u  # gated at 16u on a network without batch norm
+    assert b.status == "mismatch" and "a float64" in b.reason and "logits" in b.reason and "update" in b.reason
+
+
+def test_mixed_precision_update_is_reported_not_gated_with_batch_norm(monkeypatch, fake, bn_net):
+    truth = outputs64(bn_net, lr=1e-4)  # a small step: the weights barely move, the update says it all
+    off = dict(truth)
+    for k in truth:
+        if k.startswith("after/"):
+            loaded = truth["loaded/" + k[len("after/"):]]
+            off[k] = loaded + (truth[k] - loaded) * 1.3  # 30% off: batch norm in bfloat16 does this
+    calls = []
+
+    def probe(runner, env, *args, precision="float64", **kw):
+        calls.append(precision)
+        return (dict(truth) if precision == "float64" else dict(off)), None, "ok"
+
+    monkeypatch.setattr(equivalence, "_probe", probe)
+    (a,) = check_network(bn_net, [(replace(fake, name="a"), env_for("a"))], precision="amp_fp16")
+    assert calls == ["float64", "amp_fp16"] and a.tolerance == pytest.approx(8 * 2.0 ** -11)
+    assert a.errors["update"] > 0.2 and a.errors["weights"] < a.tolerance
+    assert a.status == "equivalent" and a.reason is None
+
+
+def test_mixed_precision_without_a_float64_reference_fails_every_framework_saying_why(monkeypatch, fake, plain_net):
+    def probe(runner, env, *args, precision="float64", **kw):
+        if precision == "float64":
+            return None, "RuntimeError: no float64 here", "failed"
+        return outputs64(plain_net), None, "ok"
+
+    monkeypatch.setattr(equivalence, "_probe", probe)
+    results = check_network(plain_net, [(replace(fake, name=n), env_for(n)) for n in ("a", "b")], precision="amp_bf16")
+    assert [r.status for r in results] == ["failed", "failed"]
+    assert all("no float64 reference step from a" in r.reason and "no float64 here" in r.reason for r in results)
+
+
+def test_check_files_of_other_precisions_sit_beside_the_float64_one(tmp_path):
+    store = CheckStore(tmp_path)
+    store.save(saved())
+    store.save(replace(saved("mismatch"), precision="amp_bf16"))
+    assert sorted(p.name for p in (tmp_path / "checks").iterdir()) == [
+        "fcn5--torch--2.1.0+cpu--amp_bf16.json", "fcn5--torch--2.1.0+cpu.json"]
+    assert store.status("fcn5", "h1", "torch", "2.1.0+cpu")["status"] == "equivalent"  # what records carry
+    assert store.status("fcn5", "h1", "torch", "2.1.0+cpu", "amp_bf16")["status"] == "mismatch"

@@ -22,7 +22,8 @@ from .options import FrameworkFilter, MachineFilter, StoreOption, check_format
 FORMATS = ("table", "csv", "json", "parquet")
 # rich lays out a table cell by cell (about a second per 500 rows here): beyond this, plain columns.
 RICH_TABLE_MAX_ROWS = 200
-RESULTS_TABLE_COLUMNS = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "status",
+RESULTS_TABLE_COLUMNS = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "precision",
+                         "compile", "status",
                          "ms_per_iter", "ci_pct", "samples_per_s", "stability", "params", "params_described",
                          "flops_per_sample", "equivalence")
 

@@ -18,9 +18,9 @@ def attach_change_points(model: SiteModel) -> None:
     for series in model.history:
         if len(series.points) < MIN_RUNS:
             continue
-        suite, hardware, benchmark, batch, precision, framework, host = series.key
+        suite, hardware, benchmark, batch, precision, framework, host, compile_ = series.key
         device = series.points[0].device
-        key = SeriesKey(benchmark, framework, host, batch, device, precision)
+        key = SeriesKey(benchmark, framework, host, batch, device, precision, compile_)
         points = [Point(v.run_id, v.started_at, v.framework_version, v.samples_per_s) for v in series.points]
         pages = {v.run_id: v.page for v in series.points}
         for step in analyse(key, points).steps:

@@ -11,9 +11,16 @@ Grouping:
   board      (suite, hardware): one leaderboard. Hardware is what the figure depends on, not the
              host: the GPU model (and count) on a CUDA run, the CPU model and thread count on a
              CPU run, so that identical machines share a board.
-  entry      (benchmark, batch size, precision) on a board: frameworks ranked by throughput.
-  benchmark  (suite, hardware, benchmark): one benchmark page, every batch size.
-  series     (suite, hardware, benchmark, batch, precision, framework): one history line.
+  entry      (benchmark, batch size, precision, compile mode) on a board: frameworks ranked by
+             throughput. Precision and compile mode are measured axes (record schema 6): a compiled
+             step and an eager one, or fp32 and amp_bf16, are different quantities.
+  benchmark  (suite, hardware, benchmark): one benchmark page, every batch size, precision and
+             compile mode (the precision x compile grid per framework).
+  series     (suite, hardware, benchmark, batch, precision, framework, host, compile mode): one
+             history line.
+  speedup    (framework, benchmark, batch, precision) on one hardware with both an eager and a
+             compiled successful run: compiled / eager throughput of the shown (latest successful)
+             runs, i.e. the ratio of their median iteration times.
 The figure shown for an entry and framework is that of its latest successful run; the run's
 own page (date, versions, machine) is one click from the number.
 """
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..store.record import Record
+from ..store.rows import allocator_peak_mb
 
 SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,80}$")
 
@@ -98,6 +106,8 @@ class RunView:
     status: str
     reason: str | None
     equivalence: str
+    compile: str = "eager"  # eager | compiled (workload.compile, schema 6)
+    compile_mode: str | None = None  # torch.compile's mode, where one was asked
     samples_per_s: float | None = None
     sps_low: float | None = None  # confidence interval of the throughput (None: not in the record)
     sps_high: float | None = None
@@ -111,6 +121,9 @@ class RunView:
     box_ms: tuple[float, float, float, float, float] | None = None  # min, q1, median, q3, max
     repeat_medians_ms: tuple[float, ...] = ()
     first_iter_ms: float | None = None
+    compile_ms: float | None = None  # Summary.compile_s: first iteration less the steady median
+    alloc_peak_mb: float | None = None  # the framework allocator's peak over the repeats (store/rows.py)
+    alloc_note: str | None = None  # the allocator's source, or why no repeat could read a peak
     joules_per_sample: float | None = None
     avg_power_w: float | None = None
     energy_missing: str | None = None
@@ -137,8 +150,8 @@ class RunView:
         return (self.suite, self.hardware)
 
     @property
-    def entry_key(self) -> tuple[str, int, str]:
-        return (self.benchmark, self.batch_size, self.precision)
+    def entry_key(self) -> tuple[str, int, str, str]:
+        return (self.benchmark, self.batch_size, self.precision, self.compile)
 
     @property
     def benchmark_key(self) -> tuple[str, str, str]:
@@ -147,7 +160,13 @@ class RunView:
     @property
     def series_key(self) -> tuple:
         # per host, as `dlbench history` keys its series: two machines of one kind can still differ
-        return (self.suite, self.hardware, self.benchmark, self.batch_size, self.precision, self.framework, self.hostname)
+        return (self.suite, self.hardware, self.benchmark, self.batch_size, self.precision, self.framework, self.hostname,
+                self.compile)
+
+    @property
+    def variant(self) -> tuple[str, str]:
+        """(precision, compile mode): a column of the benchmark page's grid."""
+        return (self.precision, self.compile)
 
     @property
     def ok(self) -> bool:
@@ -182,6 +201,18 @@ def stability(r: Record) -> tuple[bool | None, str | None]:
     return (not verdict.unstable), verdict.reason
 
 
+def allocator_note(r: Record) -> str | None:
+    """Where the allocator peak came from, or why no repeat has one (Repeat.memory, schema 6)."""
+    memories = [rep.memory for rep in r.repeats if isinstance(rep.memory, dict)]
+    sources = sorted({str(m["source"]) for m in memories if m.get("peak_allocated_bytes") is not None and m.get("source")})
+    if sources:
+        return ", ".join(sources)
+    reasons = sorted({str(m["unavailable"]) for m in memories if m.get("unavailable")})
+    if reasons:
+        return "; ".join(reasons)
+    return "not recorded (a record before schema 6)" if not memories else None
+
+
 def run_view(r: Record, page: str | None = None) -> RunView:
     """`page`: where the run's page is written (default: from its run id)."""
     s = r.summary
@@ -202,12 +233,15 @@ def run_view(r: Record, page: str | None = None) -> RunView:
         machine_id=str(r.machine.get("machine_id") or ""), dlbench_version=str(r.dlbench.get("version") or "?"),
         profile=r.settings.profile, status=r.status, reason=r.reason,
         equivalence=str(r.equivalence.get("status") or "unchecked"),
+        compile=r.workload.compile, compile_mode=r.workload.compile_mode,
         samples_per_s=s.samples_per_s if s else None, sps_low=low, sps_high=high, ci_level=level, ci_note=how,
         ms_per_iter=s.ms_per_iter if s else None, iqr_ms=s.iqr_s * 1e3 if s else None, cv=s.cv if s else None,
         stable=stable, stability_note=note,
         box_ms=tuple(v * 1e3 for v in (s.min_s, s.q1_s, s.median_s, s.q3_s, s.max_s)) if s else None,
         repeat_medians_ms=tuple(v * 1e3 for v in s.repeat_medians_s) if s else (),
         first_iter_ms=s.first_iter_s * 1e3 if s and s.first_iter_s is not None else None,
+        compile_ms=s.compile_s * 1e3 if s and s.compile_s is not None else None,
+        alloc_peak_mb=allocator_peak_mb(r), alloc_note=allocator_note(r),
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
@@ -234,8 +268,46 @@ class Entry:
     benchmark: str
     batch_size: int
     precision: str
+    compile: str
     benchmark_page: str
     rows: list[Ranked]
+
+
+@dataclass
+class Speedup:
+    """Compiled over eager on one hardware: the shown (latest successful) run of each mode."""
+
+    framework: str
+    benchmark: str
+    batch_size: int
+    precision: str
+    eager: RunView
+    compiled: RunView
+    benchmark_page: str = ""
+
+    @property
+    def ratio(self) -> float:
+        # compiled / eager samples/s = eager median / compiled median (samples/s = batch / median)
+        return self.eager.ms_per_iter / self.compiled.ms_per_iter
+
+
+@dataclass
+class GridCell:
+    """One (precision, compile) column of one framework and batch on a benchmark page."""
+
+    shown: RunView | None  # the latest successful run, else the latest run; None: never run
+    runs: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.shown is not None and self.shown.ok
+
+
+@dataclass
+class GridRow:
+    framework: str
+    batch_size: int
+    cells: list[GridCell]  # one per BenchmarkPage.variants, in that order
 
 
 @dataclass
@@ -258,6 +330,9 @@ class Board:
     entries: list[Entry]
     scores: list[Score]
     latest: datetime
+    precisions: list[str] = field(default_factory=list)
+    compiles: list[str] = field(default_factory=list)
+    speedups: list[Speedup] = field(default_factory=list)  # every benchmark of the board
 
 
 @dataclass
@@ -268,10 +343,21 @@ class BenchmarkPage:
     page: str
     board_anchor: str
     runs: list[RunView]  # every run, newest first
-    latest: dict[tuple[str, int, str], RunView]  # (framework, batch, precision) -> latest successful
+    latest: dict[tuple[str, int, str, str], RunView]  # (framework, batch, precision, compile) -> latest successful
     frameworks: list[str]
     batch_sizes: list[int]
     history_anchors: list[tuple[str, str]]  # (label, anchor on history.html)
+    variants: list[tuple[str, str]] = field(default_factory=list)  # (precision, compile) present, sorted
+    grid: list[GridRow] = field(default_factory=list)  # framework x batch rows, a cell per variant
+    speedups: list[Speedup] = field(default_factory=list)
+
+    @property
+    def precisions(self) -> list[str]:
+        return sorted({p for p, _ in self.variants})
+
+    @property
+    def compiles(self) -> list[str]:
+        return sorted({c for _, c in self.variants})
 
 
 @dataclass
@@ -299,6 +385,11 @@ class SiteModel:
     history_note: str | None = None  # why change points are not marked, where they are not
     history_method: str = ""  # how change points were found (markup written by dlbench, shown on the history page)
     comparison: object | None = None  # set by the site writer for --compare
+    compiles: list[str] = field(default_factory=list)  # the compile modes of every run
+
+    @property
+    def speedups(self) -> list[Speedup]:
+        return [s for b in self.boards for s in b.speedups]
 
 
 def benchmark_page_name(key: tuple[str, str, str]) -> str:
@@ -311,7 +402,45 @@ def board_anchor(key: tuple[str, str]) -> str:
 
 
 def series_anchor(key: tuple) -> str:
-    return f"series-{slug(key[2])}-{slug(key[5], 20)}-{_digest(*key)}"
+    # an eager series keeps the anchor it had before the compile mode joined the key (links stay valid)
+    digest = _digest(*key[:7]) if len(key) > 7 and key[7] == "eager" else _digest(*key)
+    return f"series-{slug(key[2])}-{slug(key[5], 20)}-{digest}"
+
+
+COMPILE_ORDER = {"eager": 0, "compiled": 1}
+PRECISION_ORDER = {"fp32": 0, "tf32": 1, "amp_bf16": 2, "amp_fp16": 3}
+
+
+def variant_order(variant: tuple[str, str]) -> tuple:
+    """fp32 before tf32 before the AMP modes, eager before compiled; unknown names after, by name."""
+    precision, compile_ = variant
+    return (PRECISION_ORDER.get(precision, 9), precision, COMPILE_ORDER.get(compile_, 9), compile_)
+
+
+def speedups(latest: dict[tuple[str, int, str, str], RunView], benchmark: str, page: str = "") -> list[Speedup]:
+    """Compiled over eager for every (framework, batch, precision) with both modes in `latest`
+    ((framework, batch, precision, compile) -> the shown successful run, of one benchmark on one hardware)."""
+    found = []
+    for (fw, batch, precision, mode), eager in sorted(latest.items()):
+        compiled = latest.get((fw, batch, precision, "compiled"))
+        if mode == "eager" and compiled is not None and eager.ok and compiled.ok and eager.ms_per_iter and compiled.ms_per_iter:
+            found.append(Speedup(fw, benchmark, batch, precision, eager, compiled, page))
+    return found
+
+
+def _grid(runs: list[RunView], variants: list[tuple[str, str]]) -> list[GridRow]:
+    cells: dict[tuple, list[RunView]] = defaultdict(list)
+    for v in runs:
+        cells[(v.framework, v.batch_size, v.variant)].append(v)
+    rows = []
+    for fw, batch in sorted({(v.framework, v.batch_size) for v in runs}, key=lambda k: (k[1], k[0])):
+        row = []
+        for variant in variants:
+            mine = cells.get((fw, batch, variant), [])
+            ok = [v for v in mine if v.ok]
+            row.append(GridCell(_latest(ok) if ok else _latest(mine) if mine else None, len(mine)))
+        rows.append(GridRow(fw, batch, row))
+    return rows
 
 
 def _latest(runs: list[RunView]) -> RunView:
@@ -372,19 +501,33 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
 
     boards = []
     for key in sorted(by_board):
-        entries = [Entry(bench, batch, precision, benchmark_page_name((key[0], key[1], bench)),
-                         _rank_entry(by_board[key][(bench, batch, precision)]))
-                   for bench, batch, precision in sorted(by_board[key])]
+        entries = [Entry(bench, batch, precision, mode, benchmark_page_name((key[0], key[1], bench)),
+                         _rank_entry(by_board[key][(bench, batch, precision, mode)]))
+                   for bench, batch, precision, mode in sorted(by_board[key], key=lambda k: (k[:2], variant_order(k[2:])))]
         runs = [r.shown for e in entries for r in e.rows]
+        board_speedups = []
+        for bench in sorted({e.benchmark for e in entries}):
+            shown = {(r.framework, e.batch_size, e.precision, e.compile): r.shown
+                     for e in entries if e.benchmark == bench for r in e.rows if r.shown.ok}
+            board_speedups += speedups(shown, bench, benchmark_page_name((key[0], key[1], bench)))
         boards.append(Board(key[0], key[1], runs[0].device, board_anchor(key), entries, _scores(entries),
-                            max(v.started_at for v in runs)))
+                            max(v.started_at for v in runs), sorted({e.precision for e in entries}),
+                            sorted({e.compile for e in entries}, key=lambda c: (COMPILE_ORDER.get(c, 9), c)),
+                            board_speedups))
 
+    # the compile mode is named in a series' label only where its benchmark has series of several modes
+    modes_per_benchmark: dict[tuple, set[str]] = defaultdict(set)
+    for key in by_series:
+        modes_per_benchmark[key[:3]].add(key[7])
     history = []
     for key in sorted(by_series, key=lambda k: tuple(map(str, k))):
         runs = sorted(by_series[key], key=lambda v: (v.started_at, v.run_id))
         ok = [v for v in runs if v.ok]
-        suite, hardware, bench, batch, precision, fw, host = key
-        history.append(HistorySeries(key, series_anchor(key), f"{bench} · batch {batch} · {precision} · {fw} · host {host}",
+        suite, hardware, bench, batch, precision, fw, host, mode = key
+        label = f"{bench} · batch {batch} · {precision}"
+        if len(modes_per_benchmark[key[:3]]) > 1:
+            label += f" · {mode}"
+        history.append(HistorySeries(key, series_anchor(key), f"{label} · {fw} · host {host}",
                                      benchmark_page_name((suite, hardware, bench)), ok, len(runs) - len(ok)))
     series_by_benchmark: dict[tuple, list[HistorySeries]] = defaultdict(list)
     for s in history:
@@ -394,17 +537,21 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
     for key in sorted(by_benchmark):
         runs = sorted(by_benchmark[key], key=lambda v: (v.started_at, v.run_id), reverse=True)
         latest: dict = {}
-        for v in runs:  # newest first: the first successful one per (framework, batch, precision) wins
+        for v in runs:  # newest first: the first successful one per (framework, batch, precision, compile) wins
             if v.ok:
-                latest.setdefault((v.framework, v.batch_size, v.precision), v)
+                latest.setdefault((v.framework, v.batch_size, v.precision, v.compile), v)
+        variants = sorted({v.variant for v in runs}, key=variant_order)
+        page = benchmark_page_name(key)
         pages.append(BenchmarkPage(
-            key[0], key[1], key[2], benchmark_page_name(key), board_anchor(key[:2]), runs, latest,
+            key[0], key[1], key[2], page, board_anchor(key[:2]), runs, latest,
             sorted({v.framework for v in runs}), sorted({v.batch_size for v in runs}),
-            [(s.label, s.anchor) for s in series_by_benchmark[key]]))
+            [(s.label, s.anchor) for s in series_by_benchmark[key]],
+            variants, _grid(runs, variants), speedups(latest, key[2], page)))
 
     counts: dict[str, int] = defaultdict(int)
     for v in views:
         counts[v.status] += 1
     return SiteModel(generated_at, dlbench_version,
                      sorted(views, key=lambda v: (v.started_at, v.run_id), reverse=True),
-                     boards, pages, history, dict(counts), problems, sorted({v.framework for v in views}))
+                     boards, pages, history, dict(counts), problems, sorted({v.framework for v in views}),
+                     compiles=sorted({v.compile for v in views}, key=lambda c: (COMPILE_ORDER.get(c, 9), c)))

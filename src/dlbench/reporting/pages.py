@@ -5,16 +5,62 @@ from __future__ import annotations
 from collections import defaultdict
 
 from . import charts
-from .model import BenchmarkPage, Board, HistorySeries, RunView, SiteModel
+from .model import BenchmarkPage, Board, HistorySeries, RunView, SiteModel, Speedup, variant_order
 
 
-def _label(v: RunView, precisions: set[str], with_batch: bool = True) -> str:
+def _label(v: RunView, precisions: set[str], with_batch: bool = True, compiles: set[str] | None = None) -> str:
+    """The framework, and the batch, precision and compile mode where the page shows several."""
     label = v.framework
     if with_batch:
         label += f" · batch {v.batch_size}"
     if len(precisions) > 1:
         label += f" · {v.precision}"
+    if compiles is not None and len(compiles) > 1:
+        label += f" · {v.compile}"
     return label
+
+
+def variant_label(variant: tuple[str, str], precisions: list[str], compiles: list[str]) -> str:
+    """A grid column's heading: both parts, unless one of them has a single value on the page."""
+    precision, compile_ = variant
+    parts = [p for p, many in ((precision, len(precisions) > 1), (compile_, len(compiles) > 1)) if many]
+    return " · ".join(parts) or f"{precision} · {compile_}"
+
+
+def speedup_chart(found: list[Speedup], title: str, with_benchmark: bool) -> charts.Markup | None:
+    if not found:
+        return None
+    frameworks = sorted({s.framework for s in found})
+    batches = {(s.benchmark, s.batch_size) for s in found}
+    precisions = {s.precision for s in found}
+    bars = []
+    for s in found:
+        label = s.framework
+        if with_benchmark:
+            label = f"{s.benchmark} · {label}"
+        if len(batches) > len({b for b, _ in batches}):  # some benchmark at several batch sizes
+            label += f" · batch {s.batch_size}"
+        if len(precisions) > 1:
+            label += f" · {s.precision}"
+        bars.append(charts.Bar(label, s.ratio, colour=charts.colour_for(s.framework, frameworks)))
+    return charts.hbar_chart(bars, title, "compiled / eager samples/s (1 = no gain)", reference=1.0)
+
+
+def speedup_matrix(board: Board) -> dict | None:
+    """The board's compiled-over-eager ratios as a framework x benchmark table; a cell lists one ratio
+    per (batch, precision) the framework ran both modes at."""
+    if not board.speedups:
+        return None
+    benchmarks = sorted({s.benchmark for s in board.speedups})
+    frameworks = sorted({s.framework for s in board.speedups})
+    pages = {s.benchmark: s.benchmark_page for s in board.speedups}
+    many = len({(s.batch_size, s.precision) for s in board.speedups}) > 1
+    cells: dict[tuple[str, str], list[Speedup]] = defaultdict(list)
+    for s in board.speedups:
+        cells[(s.framework, s.benchmark)].append(s)
+    rows = [(fw, [sorted(cells.get((fw, b), []), key=lambda s: (s.batch_size, s.precision)) for b in benchmarks])
+            for fw in frameworks]
+    return {"benchmarks": [(b, pages[b]) for b in benchmarks], "rows": rows, "qualified": many}
 
 
 def score_chart(board: Board, frameworks: list[str]) -> charts.Markup:
@@ -27,12 +73,14 @@ def score_chart(board: Board, frameworks: list[str]) -> charts.Markup:
 
 
 def index_context(model: SiteModel) -> dict:
-    return {"model": model, "score_charts": {b.anchor: score_chart(b, model.frameworks) for b in model.boards}}
+    return {"model": model, "score_charts": {b.anchor: score_chart(b, model.frameworks) for b in model.boards},
+            "speedups": {b.anchor: speedup_matrix(b) for b in model.boards}}
 
 
 def benchmark_context(page: BenchmarkPage, model: SiteModel) -> dict:
-    latest = sorted(page.latest.values(), key=lambda v: (v.batch_size, v.framework, v.precision))
+    latest = sorted(page.latest.values(), key=lambda v: (v.batch_size, v.framework, variant_order(v.variant)))
     precisions = {v.precision for v in latest}
+    compiles = {v.compile for v in latest}
     colour = {fw: charts.colour_for(fw, model.frameworks) for fw in page.frameworks}
 
     throughput = []
@@ -40,7 +88,7 @@ def benchmark_context(page: BenchmarkPage, model: SiteModel) -> dict:
         at_batch = sorted((v for v in latest if v.batch_size == batch), key=lambda v: -(v.samples_per_s or 0))
         if not at_batch:
             continue
-        bars = [charts.Bar(_label(v, precisions, False), v.samples_per_s, v.sps_low, v.sps_high, colour[v.framework],
+        bars = [charts.Bar(_label(v, precisions, False, compiles), v.samples_per_s, v.sps_low, v.sps_high, colour[v.framework],
                            note="" if v.sps_low is not None else "(no CI)")
                 for v in at_batch]
         throughput.append((batch, charts.hbar_chart(bars, f"{page.benchmark} throughput at batch {batch}",
@@ -48,28 +96,33 @@ def benchmark_context(page: BenchmarkPage, model: SiteModel) -> dict:
 
     series: dict[tuple, list] = defaultdict(list)
     for v in latest:
-        series[(v.framework, v.precision)].append(charts.Point(v.batch_size, v.samples_per_s, v.sps_low, v.sps_high))
+        series[(v.framework, v.precision, v.compile)].append(charts.Point(v.batch_size, v.samples_per_s, v.sps_low, v.sps_high))
     scaling = charts.line_chart(
-        [charts.Series(fw if len(precisions) == 1 else f"{fw} {p}", pts, colour[fw]) for (fw, p), pts in sorted(series.items())],
+        [charts.Series(" ".join([fw, *([p] if len(precisions) > 1 else []), *([c] if len(compiles) > 1 else [])]), pts,
+                       colour[fw]) for (fw, p, c), pts in sorted(series.items())],
         f"{page.benchmark}: throughput against batch size", "batch size (log scale)", "samples/s", log_x=True)
 
-    boxes = [charts.Box(_label(v, precisions), *v.box_ms, points=list(v.repeat_medians_ms), colour=colour[v.framework])
+    boxes = [charts.Box(_label(v, precisions, True, compiles), *v.box_ms, points=list(v.repeat_medians_ms), colour=colour[v.framework])
              for v in latest if v.box_ms]
     distribution = charts.box_chart(boxes, f"{page.benchmark}: iteration times",
                                     "ms per iteration (box: quartiles, whiskers: min–max, dots: repeat medians)")
 
-    first = charts.hbar_chart([charts.Bar(_label(v, precisions), v.first_iter_ms, colour=colour[v.framework])
+    first = charts.hbar_chart([charts.Bar(_label(v, precisions, True, compiles), v.first_iter_ms, colour=colour[v.framework])
                                for v in latest if v.first_iter_ms is not None],
                               f"{page.benchmark}: first iteration", "ms (compilation, autotuning, allocator warm-up)")
 
     measured = [v for v in latest if v.joules_per_sample is not None]
-    energy = (charts.hbar_chart([charts.Bar(_label(v, precisions), v.joules_per_sample, colour=colour[v.framework])
+    energy = (charts.hbar_chart([charts.Bar(_label(v, precisions, True, compiles), v.joules_per_sample, colour=colour[v.framework])
                                  for v in measured], f"{page.benchmark}: energy per sample", "J/sample")
               if measured else None)
     energy_missing = sorted({v.energy_missing for v in latest if v.joules_per_sample is None and v.energy_missing})
+    page_precisions, page_compiles = page.precisions, page.compiles
+    grid_columns = [variant_label(v, page_precisions, page_compiles) for v in page.variants]
+    speedup = speedup_chart(page.speedups, f"{page.benchmark}: compiled over eager", False)
     return {"page": page, "model": model, "latest": latest, "throughput": throughput, "scaling": scaling,
             "distribution": distribution, "first": first, "energy": energy, "energy_missing": energy_missing,
-            "single_batch": len(page.batch_sizes) == 1}
+            "single_batch": len(page.batch_sizes) == 1, "grid_columns": grid_columns,
+            "show_grid": len(page.variants) > 1, "show_compile": len(page_compiles) > 1, "speedup_chart": speedup}
 
 
 def history_chart(s: HistorySeries, frameworks: list[str]) -> charts.Markup:
@@ -93,7 +146,7 @@ def compare_context(report, model: SiteModel) -> dict:
     """Rows of `dlbench compare`'s table (dlbench.analysis.comparison.ComparisonReport) with links to the
     runs on each side, and a chart of the ratios with their intervals."""
     pages_by_run = {v.run_id: v.page for v in model.runs}
-    ordered = [f for f in ("suite", "benchmark", "framework", "batch_size", "precision", "device", "machine")
+    ordered = [f for f in ("suite", "benchmark", "framework", "batch_size", "precision", "compile", "device", "machine")
                if f in report.key_fields]
     # a key field with one value in every row is said once above the table, not repeated per row
     constant = {f: str(report.comparisons[0].key[f]) for f in ordered

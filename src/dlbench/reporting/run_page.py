@@ -314,13 +314,31 @@ def _repeat_rows(record: Record) -> list[dict]:
         window = ((rep.window_monotonic_ns[1] - rep.window_monotonic_ns[0]) / 1e9
                   if len(rep.window_monotonic_ns) == 2 else None)
         derived = rep.derived or {}
-        rows.append({"index": rep.index + 1, "status": rep.status, "reason": rep.reason,
+        memory = rep.memory if isinstance(rep.memory, dict) else {}
+        peak = _number(memory.get("peak_allocated_bytes"))
+        rows.append({"alloc_peak_mb": peak / 1e6 if peak is not None else None,
+                     "alloc_note": (memory.get("source") if peak is not None else memory.get("unavailable")) or None,
+                     "index": rep.index + 1, "status": rep.status, "reason": rep.reason,
                      "first_iter_ms": rep.first_iter_s * 1e3 if rep.first_iter_s is not None else None,
                      "warmup": len(rep.warmup_iter_s), "settled": rep.warmup_settled,
                      "measured": len(rep.iter_s), "median_ms": median * 1e3 if median is not None else None,
                      "window_s": window, "wall_s": rep.wall_s,
                      "samples": derived.get("samples"), "covered": derived.get("covered")})
     return rows
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def compilation_context(record: Record, view) -> dict:
+    """Compile mode and time, the allocator's peak (or why there is none), each repeat's compiler
+    counters (Repeat.compile, schema 6)."""
+    counters = [(f"repeat {rep.index + 1}", flatten(_rounded(rep.compile)))
+                for rep in record.repeats if isinstance(rep.compile, dict) and rep.compile]
+    return {"compile": view.compile, "compile_mode": view.compile_mode, "compile_ms": view.compile_ms,
+            "first_iter_ms": view.first_iter_ms, "alloc_peak_mb": view.alloc_peak_mb, "alloc_note": view.alloc_note,
+            "counters": counters}
 
 
 def _repeat_policy(record: Record) -> dict:
@@ -371,7 +389,8 @@ def run_context(record: Record, page: str | None = None) -> dict:
         "benchmark_page": benchmark_page_name(bench_key),
         "board_anchor": board_anchor(bench_key[:2]),
         "series_anchor": series_anchor((record.suite, hardware, record.benchmark, record.workload.batch_size,
-                                        record.workload.precision, view.framework, view.hostname)),
+                                        record.workload.precision, view.framework, view.hostname,
+                                        record.workload.compile)),
         "stats": stats,
         "repeats": _repeat_rows(record),
         "iteration_chart": (iteration_chart(record)
@@ -388,4 +407,5 @@ def run_context(record: Record, page: str | None = None) -> dict:
         "telemetry": telemetry_section(record),
         "distributed": distributed_context(record, flatten),  # distributed and comm runs (distributed_view.py)
         "prediction": prediction_context(record),
+        "compilation": compilation_context(record, view),
     }

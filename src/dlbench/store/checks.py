@@ -1,5 +1,7 @@
 """`dlbench check`'s results in the store: STORE/checks/<network>--<framework>--<version>.json, the
-latest check of each network on each framework version (written by execution/equivalence.py, read
+latest check of each network on each framework version in float64 (the check of the definition,
+which run records carry; files written before float64 was the check's precision hold an fp32
+check), and <network>--<framework>--<version>--<precision>.json for the other precisions (written by execution/equivalence.py, read
 by every run to say whether its network was checked)."""
 
 from __future__ import annotations
@@ -16,20 +18,22 @@ class CheckStore:
     def __init__(self, store_root: Path):
         self.root = Path(store_root) / "checks"
 
-    def _path(self, network: str, framework: str, version: str | None) -> Path:
-        safe = "".join(c if c.isalnum() or c in "._+-" else "_" for c in f"{network}--{framework}--{version}")
+    def _path(self, network: str, framework: str, version: str | None, precision: str = "float64") -> Path:
+        name = f"{network}--{framework}--{version}" + ("" if precision == "float64" else f"--{precision}")
+        safe = "".join(c if c.isalnum() or c in "._+-" else "_" for c in name)
         return self.root / f"{safe}.json"
 
     def save(self, result: FrameworkCheck) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self._path(result.network, result.framework, result.framework_version)
+        path = self._path(result.network, result.framework, result.framework_version, result.precision)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(asdict(result), indent=1))
         os.replace(tmp, path)
 
-    def status(self, network: str, network_hash: str, framework: str, version: str | None) -> dict:
+    def status(self, network: str, network_hash: str, framework: str, version: str | None,
+               precision: str = "float64") -> dict:
         """What a run record says about equivalence: the status of the matching check, if any."""
-        path = self._path(network, framework, version)
+        path = self._path(network, framework, version, precision)
         if not path.is_file():
             return {"status": "unchecked"}
         try:
@@ -58,7 +62,9 @@ class FrameworkCheck:
     worst_tensor: str | None = None
     network_hash: str | None = None
     checked_at: str = ""
-    precision: str = "fp32"  # what the step was compared in (float64 | fp32); files from before it was recorded: fp32
+    # what the step was compared in (float64 | fp32 | amp_bf16 | amp_fp16); status() reads a file
+    # from before it was recorded as fp32
+    precision: str = "float64"
 
     @property
     def ok(self) -> bool:
