@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA checks for a GPU host: the torch and jax runners on the GPU through the whole spine (smoke
 # profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
-# counter and integrated power within 5%), `dlbench check` on CUDA, then results and the report.
+# counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
+# (scripts/gpu_pinning.py), `dlbench check` on CUDA (float64 and amp_bf16), then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -49,6 +50,13 @@ done
 # for NVML's power readings to mean something).
 "${DLBENCH[@]}" run --suite cnn --framework torch,jax --benchmark resnet50-train --benchmark alexnet_r-train \
    --device cuda "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee -a "$OUT/run.log" || status=1
+# Every precision x compile mode on the smallest CNN (issue 16): ok, or skipped with a reason.
+"${DLBENCH[@]}" run --suite cnn --framework torch,jax --benchmark alexnet_r-train --profile smoke --device cuda \
+   --precision all --compile all "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/axes.log" || status=1
+# fp32 pinned: an 8192^2 float32 matmul well below the TF32 rate in every framework, flags read back.
+"$PY" scripts/gpu_pinning.py 2>&1 | tee "$OUT/pinning.txt" || status=1
+"${DLBENCH[@]}" check --framework torch,jax --device cuda --precision amp_bf16 "${ENV[@]}" --store "$OUT/store" \
+   2>&1 | tee "$OUT/check-amp_bf16.log" || status=1
 "${DLBENCH[@]}" check --framework torch,jax --device cuda "${ENV[@]}" --store "$OUT/store" 2>&1 | tee "$OUT/check.log" || status=1
 "${DLBENCH[@]}" results --store "$OUT/store" --format csv > "$OUT/results.csv"
 "${DLBENCH[@]}" report --store "$OUT/store" --out "$OUT/site"
