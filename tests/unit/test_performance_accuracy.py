@@ -41,6 +41,7 @@ def test_errors_per_suite_and_framework():
     assert rows[0]["error"] == pytest.approx(0.02 / measured - 1)
     assert rows[2]["predicted_s"] is None and rows[2]["error"] is None
     groups = {(g["suite"], g["framework"]): g for g in accuracy_table_rows(rows)}
+    assert {g["precision"] for g in accuracy_table_rows(rows)} == {"all"}  # one precision: no per-precision rows
     assert groups[("fcn", "jax")]["runs"] == 2 and groups[("fcn", "jax")]["predicted"] == 1
     assert groups[("fcn", "jax")]["median_abs_error"] == pytest.approx(abs(0.03 / measured - 1))
     both = groups[("fcn", "all")]
@@ -92,3 +93,13 @@ def test_run_prefers_the_profile_of_its_thread_count(tmp_path):
     assert run_predictor(store, "m" * 64, "cpu", 8, {})[0].profile.revision == 2  # newest on the device
     predictor, said = run_predictor(Store(tmp_path / "empty"), "m" * 64, "cpu", 2, {})
     assert predictor is None and "dlbench calibrate" in said
+
+
+def test_accuracy_per_precision_where_several_were_predicted():
+    runs = [predicted(make_record(framework="torch"), 0.02), predicted(make_record(framework="torch"), 0.04)]
+    runs[1].workload = runs[1].workload.model_copy(update={"precision": "amp_bf16"})
+    measured = runs[0].summary.median_s
+    groups = {(g["suite"], g["framework"], g["precision"]): g for g in accuracy_table_rows(prediction_errors(runs))}
+    assert groups[("all", "all", "fp32")]["median_error"] == pytest.approx(0.02 / measured - 1)
+    assert groups[("all", "all", "amp_bf16")]["median_error"] == pytest.approx(0.04 / runs[1].summary.median_s - 1)
+    assert groups[("all", "all", "all")]["runs"] == 2

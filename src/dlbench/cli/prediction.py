@@ -192,11 +192,11 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
         return
     how = f"predicted again from profile {profile.ref}" if profile else "as predicted before each run"
     t = Table(title=f"prediction error in {store.root} ({how})")
-    for col in ("suite", "framework", "runs", "predicted", "median |error|", "within 25%", "median error"):
-        t.add_column(col, justify="left" if col in ("suite", "framework") else "right")
+    for col in ("suite", "framework", "precision", "runs", "predicted", "median |error|", "within 25%", "median error"):
+        t.add_column(col, justify="left" if col in ("suite", "framework", "precision") else "right")
     for g in table_rows:
         style = "bold" if g["framework"] == "all" else ""
-        cells = [g["suite"], g["framework"], str(g["runs"]), str(g["predicted"]),
+        cells = [g["suite"], g["framework"], g["precision"], str(g["runs"]), str(g["predicted"]),
                  f"{100 * g['median_abs_error']:.1f}%" if g["median_abs_error"] is not None else "",
                  f"{100 * g['within_25']:.0f}%" if g["within_25"] is not None else "",
                  f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else ""]
