@@ -53,6 +53,7 @@ import jax_network as jn
 from contract import DataParallel
 from jax_network import load_jax
 from jax_runner import JaxRunner
+from protocol import Skip
 
 AXIS = "data"
 # jax.distributed's defaults are 300 s to connect and 100 s without a heartbeat; stated here so
@@ -231,8 +232,14 @@ class JaxDistributedRunner(JaxRunner):
 
         mesh = self._mesh
         replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-        if request.get("precision") == "float64":  # the equivalence check's precision, single-process only
-            raise ValueError("the jax distributed runner does not train in float64 (float32 and amp_bf16 only)")
+        precision = jn.check_precision(request)
+        if precision == "float64":  # the equivalence check's precision, single-process only
+            raise ValueError("the jax distributed runner does not train in float64 (fp32, tf32 and amp_bf16 only)")
+        if precision == "amp_fp16":  # its dynamic loss scale is threaded through the single-process step only
+            raise Skip("amp_fp16: the jax distributed runner's data-parallel step has no dynamic loss scaling "
+                       "(fp32, tf32 and amp_bf16 only)")
+        # pins the precision as the single-process runner does (NVIDIA_TF32_OVERRIDE was set in join,
+        # before the CUDA backend was made); skips tf32 where there is no TF32
         tm = jn.TrainingModel({**request, "mode": "train"})
         seed = request.get("seed", 0)
         # every rank the same initial weights, its own synthetic batch (as a sharded data set gives it)
@@ -283,7 +290,8 @@ class JaxDistributedRunner(JaxRunner):
                                f"and {all_reduces[1]} without: expected some and none")
         n_params = tm.count_params(params)
         sample = jax.ShapeDtypeStruct((1, *x_np.shape[1:]), x_np.dtype)
-        settings = tm.settings(self._device_kind, request)
+        settings = tm.settings(self._device_kind, request, host["params"], host.get("batch_stats", {}), sample)
+        settings["precision_effective"]["tf32_override"] = self._tf32_env
         settings.update({
             "api": "flax.linen + optax.sgd; jax.jit of jax.shard_map over a 1-D 'data' mesh of every rank's device",
             "compiled_step": "one executable per iteration, compiled before the first step",

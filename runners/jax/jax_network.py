@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import functools
 
-from contract import LayerTable
+from contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, LayerTable
+from protocol import Skip
 
 _FLAT_ELEMENTWISE = ("relu", "sigmoid", "tanh", "dropout", "batch_norm")
 _FLATTEN_SETTING = {"nhwc": "NHWC reshape, next dense's rows permuted at load/export",
@@ -30,6 +31,94 @@ def load_jax():
     import jax
 
     return jax
+
+
+# ----------------------------------------------------------------------------------------------
+# Precision and compile mode (runners/common/contract.py PRECISIONS, COMPILE_MODES)
+
+ACCEPTED_PRECISIONS = (*PRECISIONS, CHECK_PRECISION)
+# flax's own mixed precision: the modules' `dtype` is the computation's, their parameters stay float32
+COMPUTE_DTYPE = {"fp32": "float32", "tf32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16",
+                 "float64": "float64"}
+# jax_default_matmul_precision (dots and convolutions on 32-bit inputs): TF32 in tf32 only; every
+# other precision pins float32 dots at full precision (what is left in float32 under amp too)
+MATMUL_PRECISION = {"tf32": "tensorfloat32"}
+FULL_MATMUL_PRECISION = "highest"
+# NVIDIA_TF32_OVERRIDE=0 switches TF32 off in cuBLAS and cuDNN whatever the caller asks; read when
+# the CUDA libraries load, so the runner sets it before jax creates its CUDA backend (jax_runner.py)
+TF32_OVERRIDE_VAR = "NVIDIA_TF32_OVERRIDE"
+TF32_MIN_COMPUTE_CAPABILITY = 8.0
+TF32_ON_CPU = ("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+               "this run is on the CPU")
+# Dynamic loss scaling of amp_fp16 (jmp is not in the environment; these are jmp's and torch
+# GradScaler's rule): the loss is multiplied by the scale, the gradients divided by it; a step with
+# a non-finite gradient leaves weights and momentum as they were and halves the scale; after
+# LOSS_SCALE_GROWTH_INTERVAL finite steps in a row the scale doubles.
+LOSS_SCALE_INITIAL = 2.0 ** 15
+LOSS_SCALE_GROWTH_INTERVAL = 2000
+LOSS_SCALE_FACTOR = 2.0
+LOSS_SCALING = (f"dynamic, in the jitted train step (jax/optax primitives; jmp is not installed): loss x scale, "
+                f"gradients / scale in float32, a non-finite gradient skips the update and divides the scale by "
+                f"{LOSS_SCALE_FACTOR:g}, {LOSS_SCALE_GROWTH_INTERVAL} finite steps in a row multiply it by "
+                f"{LOSS_SCALE_FACTOR:g}")
+COMPILE_DEFAULT = "compiled"  # runner.toml [execution] compile: every step is one jax.jit executable
+EAGER_SKIP = ("jax: training steps run under jax.jit (the whole iteration is one XLA executable); op-by-op "
+              "dispatch of an un-jitted step, every primitive compiled and run on its own, is not how JAX trains, "
+              "so the jax runner has no eager mode")
+
+
+def check_precision(request: dict) -> str:
+    """The request's precision, or one ValueError naming it and the accepted ones."""
+    precision = request.get("precision", "fp32")
+    if precision not in ACCEPTED_PRECISIONS:
+        raise ValueError(f"jax runner: precision {precision!r} is not one of {', '.join(ACCEPTED_PRECISIONS)} "
+                         f"({CHECK_PRECISION}: dlbench check only)")
+    return precision
+
+
+def check_compile(request: dict) -> str:
+    """The compile mode that runs: `compiled` (jax.jit, also when the request names none); `eager`
+    is skipped (JAX's training step is a jitted function); anything else is a ValueError."""
+    mode = request.get("compile") or COMPILE_DEFAULT
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"jax runner: compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    if mode == "eager":
+        raise Skip(EAGER_SKIP)
+    return mode
+
+
+def tf32_override(precision: str) -> str | None:
+    """NVIDIA_TF32_OVERRIDE's value for a precision on CUDA: "0" (TF32 off) but for tf32 (unset)."""
+    return None if precision == "tf32" else "0"
+
+
+def pin_precision(precision: str, device: str) -> None:
+    """Sets jax's flags for `precision` (before anything is traced); Skip where the device cannot."""
+    jax = load_jax()
+    if precision == "tf32":
+        if device != "cuda":
+            raise Skip(TF32_ON_CPU)
+        gpu = jax.local_devices(backend="gpu")[0]
+        capability = getattr(gpu, "compute_capability", None)
+        if capability is None or float(capability) < TF32_MIN_COMPUTE_CAPABILITY:
+            raise Skip(f"tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+                       f"this GPU ({gpu.device_kind}) has compute capability {capability}")
+    if precision == "float64":
+        # The equivalence check's precision (one step of a ReLU network is not decided by
+        # rounding there). jax computes in float32 unless x64 is on; parameters, batch
+        # statistics, the optimiser's trace and the input are then float64 too (host_*).
+        jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION.get(precision, FULL_MATMUL_PRECISION))
+
+
+def precision_flags() -> dict:
+    """jax's precision flags as jax reports them now."""
+    import os
+
+    jax = load_jax()
+    return {"jax_default_matmul_precision": jax.config.jax_default_matmul_precision,
+            "jax_enable_x64": bool(jax.config.jax_enable_x64),
+            TF32_OVERRIDE_VAR: os.environ.get(TF32_OVERRIDE_VAR)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -306,6 +395,8 @@ def network_class():
         def __call__(self, x, train: bool):
             for i, (spec, how) in enumerate(zip(self.layers, self.plan)):
                 x = LAYERS.builder(spec["type"])(x, spec, LayerCall(self, f"layer{i:03d}", train, how))
+                if i == 0:  # kept only where "intermediates" is mutable (TrainingModel.forward_dtypes)
+                    self.sow("intermediates", "first_layer_output", x)
             return x
 
     return Network
@@ -477,23 +568,16 @@ class TrainingModel:
         import optax
 
         network = request["network"]
-        precision = request.get("precision", "float32")
-        if precision == "float32":
-            dtype = jnp.float32
-        elif precision == "float64":
-            # The equivalence check's precision (one step of a ReLU network is not decided by
-            # rounding there). jax computes in float32 unless x64 is on; parameters, batch
-            # statistics, the optimiser's trace and the input are then float64 too (host_*).
-            load_jax().config.update("jax_enable_x64", True)
-            dtype = jnp.float64
-        elif precision == "amp_bf16":
-            dtype = jnp.bfloat16  # flax mixed precision: float32 parameters, bfloat16 computation
-        else:
-            raise ValueError(f"precision {precision!r} is not supported by the jax runner "
-                             f"(float32, float64 and amp_bf16 are; float16 would need loss scaling)")
+        precision = check_precision(request)
+        self.compile = check_compile(request)
+        pin_precision(precision, request.get("device", "cpu"))
+        dtype = getattr(jnp, COMPUTE_DTYPE[precision])
         self.storage = np.float64 if precision == "float64" else np.float32
         self.network = network
         self.precision = precision
+        self.compute_dtype = COMPUTE_DTYPE[precision]
+        self.loss_scaling = precision == "amp_fp16"
+        self.train = request.get("mode", "train") == "train"
         self.deterministic = bool(request.get("deterministic", False))
         self.plan = build_plan(network)
         inp = network["input"]
@@ -538,11 +622,16 @@ class TrainingModel:
         return jax.tree.map(lambda v: v.astype(self.storage), host_init(abstract, rng))
 
     def host_opt_state(self, params):
-        """optax.sgd's state is the momentum trace (zeros) and empty states: built on the host."""
+        """optax.sgd's state is the momentum trace (zeros) and empty states: built on the host.
+        With dynamic loss scaling: {"sgd": that, "loss_scale": {"scale", "finite_steps"}}."""
         import numpy as np
 
         jax = load_jax()
-        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(self.tx.init, params))
+        sgd = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(self.tx.init, params))
+        if not self.loss_scaling:
+            return sgd
+        return {"sgd": sgd, "loss_scale": {"scale": np.asarray(LOSS_SCALE_INITIAL, np.float32),
+                                           "finite_steps": np.asarray(0, np.int32)}}
 
     @staticmethod
     def host_key(seed: int):
@@ -580,31 +669,92 @@ class TrainingModel:
         return optax.softmax_cross_entropy_with_integer_labels(
             logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
 
-    def gradients(self, p, stats, key, x, y):
-        """(loss, new batch statistics, gradients) of one batch; `key` is this step's dropout key."""
+    def gradients(self, p, stats, key, x, y, loss_scale=None):
+        """(loss, new batch statistics, gradients) of one batch; `key` is this step's dropout key.
+        With dynamic loss scaling (amp_fp16), `loss_scale` is the scale in use: the backward pass
+        runs on loss x scale and the float32 gradients come back divided by it (inf/NaN stay so)."""
         jax = load_jax()
+        if self.loss_scaling and loss_scale is None:
+            raise ValueError("amp_fp16: the gradients need the dynamic loss scale (opt_state['loss_scale'])")
 
         def objective(p):
             logits, new_stats = self.apply(p, stats, key, x, True)
-            return self.loss_of(logits, y), new_stats
+            loss = self.loss_of(logits, y)
+            return (loss if loss_scale is None else loss * loss_scale), (loss, new_stats)
 
-        (loss, new_stats), grads = jax.value_and_grad(objective, has_aux=True)(p)
+        (_, (loss, new_stats)), grads = jax.value_and_grad(objective, has_aux=True)(p)
+        if loss_scale is not None:
+            grads = jax.tree.map(lambda g: g / loss_scale.astype(g.dtype), grads)
         return loss, new_stats, grads
 
     def update(self, p, grads, opt_state):
+        """The SGD-momentum update; with dynamic loss scaling also the scale's: a non-finite gradient
+        keeps weights and momentum and halves the scale, LOSS_SCALE_GROWTH_INTERVAL finite steps in
+        a row double it."""
+        import jax.numpy as jnp
         import optax
 
-        updates, opt_state = self.tx.update(grads, opt_state, p)
-        return optax.apply_updates(p, updates), opt_state
+        if not self.loss_scaling:
+            updates, opt_state = self.tx.update(grads, opt_state, p)
+            return optax.apply_updates(p, updates), opt_state
+        jax = load_jax()
+        finite = jax.tree.reduce(lambda ok, g: ok & jnp.all(jnp.isfinite(g)), grads, jnp.asarray(True))
+        updates, sgd = self.tx.update(grads, opt_state["sgd"], p)
+        keep = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+        p, sgd = keep(optax.apply_updates(p, updates), p), keep(sgd, opt_state["sgd"])
+        scale, steps = opt_state["loss_scale"]["scale"], opt_state["loss_scale"]["finite_steps"]
+        steps = jnp.where(finite, steps + 1, 0)
+        grow = steps >= LOSS_SCALE_GROWTH_INTERVAL
+        grown = jnp.where(grow, scale * LOSS_SCALE_FACTOR, scale)
+        scale = jnp.where(finite, jnp.where(jnp.isfinite(grown), grown, scale),
+                          jnp.maximum(scale / LOSS_SCALE_FACTOR, 1.0))
+        steps = jnp.where(grow, 0, steps).astype(jnp.int32)
+        return p, {"sgd": sgd, "loss_scale": {"scale": scale.astype(jnp.float32), "finite_steps": steps}}
 
     def train_step(self, p, stats, opt_state, key, x, y):
-        """One iteration: forward, loss, backward, SGD-momentum update, batch statistics, key split."""
+        """One iteration: forward, loss, backward, SGD-momentum update, batch statistics, key split
+        (and the dynamic loss scale's update under amp_fp16)."""
         key, sub = load_jax().random.split(key)
-        loss, new_stats, grads = self.gradients(p, stats, sub, x, y)
+        scale = opt_state["loss_scale"]["scale"] if self.loss_scaling else None
+        loss, new_stats, grads = self.gradients(p, stats, sub, x, y, scale)
         p, opt_state = self.update(p, grads, opt_state)
         return p, new_stats, opt_state, key, loss
 
-    def settings(self, platform: str, request: dict) -> dict:
+    def forward_dtypes(self, p, stats, x) -> dict:
+        """The dtypes of the first layer's output and of the logits in the step's forward pass.
+        Abstractly evaluated (jax.eval_shape traces the same module apply the step runs: in JAX
+        every dtype is fixed when the function is traced, before anything executes)."""
+        import numpy as np
+
+        jax = load_jax()
+        variables = {"params": p, "batch_stats": stats} if stats else {"params": p}
+
+        def forward(variables, x, key):
+            rngs = {"dropout": key} if (self.has_dropout and self.train) else None
+            mutable = ["intermediates", "batch_stats"] if self.train else ["intermediates"]
+            out, state = self.model.apply(variables, x, train=self.train, mutable=mutable, rngs=rngs)
+            return out, state["intermediates"]["first_layer_output"][0]
+
+        key = jax.ShapeDtypeStruct((2,), np.uint32)
+        logits, first = jax.eval_shape(forward, variables, x, key)
+        return {"first_layer_output_dtype": str(first.dtype), "logits_dtype": str(logits.dtype)}
+
+    def precision_settings(self, p=None, stats=None, x=None) -> dict:
+        """settings["precision_effective"]: the flags read back from jax, the dtypes in use, the loss scale."""
+        jax = load_jax()
+        out = {**precision_flags(), "compute_dtype": self.compute_dtype}
+        if p is not None:
+            dtypes = sorted({str(a.dtype) for a in jax.tree.leaves(p)})
+            out["param_dtype"] = dtypes[0] if len(dtypes) == 1 else dtypes
+        if p is not None and x is not None:
+            out.update(self.forward_dtypes(p, stats, x))
+        out["loss_scale"] = LOSS_SCALE_INITIAL if self.loss_scaling else None
+        if self.loss_scaling:
+            out["loss_scaling"] = LOSS_SCALING
+        return out
+
+    def settings(self, platform: str, request: dict, params=None, stats=None, x=None) -> dict:
+        """What was built; with the parameters and a batch (or their shapes), the forward's dtypes too."""
         network = self.network
         plan = self.plan
         settings = {
@@ -620,7 +770,11 @@ class TrainingModel:
             "dropout": ("identity (deterministic)" if self.deterministic else "per-step key split inside the step")
             if any(layer["type"] == "dropout" for layer in network["layers"]) else None,
             "precision": self.precision,
+            "precision_effective": self.precision_settings(params, stats, x),
             "matmul_precision": load_jax().config.jax_default_matmul_precision or "default",
+            "mixed_precision": (f"flax modules with dtype={self.compute_dtype}, float32 parameters (param_dtype)"
+                                if self.precision.startswith("amp_") else None),
+            "compile": self.compile,
         }
         return {k: v for k, v in settings.items() if v is not None}
 

@@ -11,15 +11,64 @@ executable whose parameter, optimiser-state, batch-statistics and key buffers ar
 step is a single dispatch with no host round trip. The LSTM is a fused cell: the input projection
 of every step is one matmul hoisted out of a `lax.scan` over the (hidden x 4 hidden) recurrence.
 The network, its weights in and out and the training iteration are jax_network.py's.
+
+Precision (the request's `precision`, jax_network.py pins it): fp32 sets
+jax_default_matmul_precision="highest" (XLA's float32 dots and convolutions without TF32) and, on
+CUDA, NVIDIA_TF32_OVERRIDE=0 (cuBLAS and cuDNN read it when they load, so it is set before jax
+creates its CUDA backend: `framework_info` creates it before `prepare` sees the request, which is
+why `_init_jax` reads the precision from the request file this worker was started with); tf32 sets
+"tensorfloat32" and leaves the variable unset (skipped on the CPU and below compute capability
+8.0); amp_bf16 / amp_fp16 are flax's mixed precision (modules' dtype bfloat16 / float16, float32
+parameters), amp_fp16 with dynamic loss scaling inside the jitted step. Compile: `compiled` (jax.jit,
+the default) only; `eager` is skipped.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 import jax_network as jn
 from contract import Kernel, Prepared
 from jax_network import load_jax
+from protocol import Skip
+
+# jax.monitoring events: one per jaxpr trace, one per XLA compilation (jax/_src/dispatch.py's names)
+TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def started_with_precision() -> str | None:
+    """The `precision` of the request file this worker was started with (worker.py and
+    distributed_worker.py take it as their first argument), or None (none named: a kernels or
+    collectives request): needed before jax creates its CUDA backend, which `framework_info` (or a
+    rank's `join`) does before `prepare` is handed the request."""
+    try:
+        with open(sys.argv[1]) as f:
+            request = json.load(f)
+    except (IndexError, OSError, ValueError):
+        return None
+    return request.get("precision") if isinstance(request, dict) else None
+
+
+class CompileCounter:
+    """Counts jax's own monitoring events (traces and XLA compilations) from when it is made, in
+    all and for the named functions."""
+
+    def __init__(self, names: tuple[str, ...]):
+        import jax.monitoring
+
+        self.names = {*names, *(f"jit({n})" for n in names)}  # traces name the function, compiles jit(name)
+        self.counts = {"traces": 0, "compiles": 0, "step_traces": 0, "step_compiles": 0}
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, duration_s: float, **kwargs) -> None:
+        kind = {TRACE_EVENT: "traces", COMPILE_EVENT: "compiles"}.get(event)
+        if kind:
+            self.counts[kind] += 1
+            if kwargs.get("fun_name") in self.names:
+                self.counts[f"step_{kind}"] += 1
 
 
 class JaxRunner:
@@ -27,6 +76,7 @@ class JaxRunner:
 
     def __init__(self):
         self._threads: dict | None = None
+        self._tf32_env: dict | None = None  # how NVIDIA_TF32_OVERRIDE was settled (CUDA only)
 
     # --- threads: XLA:CPU has no working thread-count flag; it sizes its pools from the affinity mask
     def configure_threads(self, threads: int | None) -> dict:
@@ -41,7 +91,11 @@ class JaxRunner:
                          "jax_imported_before": "jax" in sys.modules}
         return self._threads
 
-    def _init_jax(self, device: str):
+    def _init_jax(self, device: str, precision: str | None = None):
+        if device == "cuda":
+            self._pin_tf32_override(precision or started_with_precision())
+        else:
+            self._tf32_env = {"value": os.environ.get(jn.TF32_OVERRIDE_VAR), "when": f"{device}: no CUDA library reads it"}
         jax = load_jax()
         if device == "cpu":
             # do not initialise (and preallocate memory on) a GPU for a CPU run
@@ -50,6 +104,41 @@ class JaxRunner:
             except Exception:  # noqa: BLE001 - a backend was already initialised; devices("cpu") still works
                 pass
         return jax
+
+    def _pin_tf32_override(self, precision: str | None) -> None:
+        """NVIDIA_TF32_OVERRIDE for `precision` on CUDA ("0" but for tf32), set before jax creates
+        its CUDA backend; afterwards, what the environment held then is recorded (and tf32 is
+        skipped if the libraries were loaded with TF32 overridden off)."""
+        if precision not in jn.ACCEPTED_PRECISIONS:
+            return  # unknown (prepare refuses it) or not a training request (kernels)
+        var, want = jn.TF32_OVERRIDE_VAR, jn.tf32_override(precision)
+        have = os.environ.get(var)
+        loaded = False
+        if "jax" in sys.modules:
+            try:
+                from jax._src import xla_bridge
+
+                loaded = xla_bridge.backends_are_initialized()
+            except Exception:  # noqa: BLE001 - a jax without this accessor: assume the worst
+                loaded = True
+        if not loaded:
+            if want is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = want
+            self._tf32_env = {"value": want, "when": ("set" if want is not None else "unset") +
+                              " before jax created its CUDA backend",
+                              **({"replaced": have} if have is not None and have != want else {})}
+        elif have == want:  # set before the backend by the first call, or by the caller's environment
+            self._tf32_env = self._tf32_env or {"value": have, "when": "in the environment when jax created its "
+                                                                       "CUDA backend"}
+        elif precision == "tf32":
+            raise Skip(f"tf32: {var}={have} was in the environment when the CUDA libraries were loaded, so "
+                       "cuBLAS and cuDNN run no TF32")
+        else:
+            os.environ[var] = want
+            self._tf32_env = {"value": want, "when": f"set after jax created its CUDA backend (then {have!r}): "
+                                                     "jax_default_matmul_precision still pins XLA's float32 math"}
 
     def framework_info(self, device: str) -> dict:
         return self._framework_info(device, query_backend=True)
@@ -128,8 +217,9 @@ class JaxRunner:
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 
-        jax = self._init_jax(request["device"])
-        tm = jn.TrainingModel(request)
+        jax = self._init_jax(request["device"], jn.check_precision(request))
+        counter = CompileCounter(("train_step", "infer_step"))
+        tm = jn.TrainingModel(request)  # refuses an unknown precision or compile mode; skips tf32, eager
         mode = request["mode"]
         dev = self._device(request["device"])
         batch = request["batch_size"]
@@ -160,12 +250,14 @@ class JaxRunner:
                                        "key": jax.device_put(tm.host_key(seed + 1), dev), "x": x, "y": y})
         state = device_state.state
         if train:
-            step = device_state.train_step(jax.jit(tm.train_step, donate_argnums=(0, 1, 2, 3)))
+            jitted = jax.jit(tm.train_step, donate_argnums=(0, 1, 2, 3))
+            step = device_state.train_step(jitted)
         else:
             def infer_step(p, stats, x):
                 return apply(p, stats, None, x, False)[0]
 
-            step = device_state.infer_step(jax.jit(infer_step))
+            jitted = jax.jit(infer_step)
+            step = device_state.infer_step(jitted)
         forward_loss_jit = jax.jit(forward_loss_fn)
 
         def export_weights():
@@ -185,9 +277,42 @@ class JaxRunner:
             logits, loss = forward_loss_jit(state["params"], state["batch_stats"], state["key"], state["x"], state["y"])
             return np.asarray(logits), float(loss)
 
-        settings = tm.settings(dev.platform, request)
+        def memory():
+            return device_memory(dev)
+
+        def compile_stats():
+            out = {**counter.counts, "source": f"jax.monitoring events {TRACE_EVENT} and {COMPILE_EVENT} since "
+                                               "prepare (step_*: the jitted step's own)"}
+            try:
+                out["step_cache_entries"] = jitted._cache_size()  # executables in the jitted step's cache
+            except Exception:  # noqa: BLE001 - a private accessor that another jax may not have
+                pass
+            return out
+
+        settings = tm.settings(dev.platform, request, params, batch_stats, x)
+        settings["precision_effective"]["tf32_override"] = self._tf32_env
+        settings["compile_api"] = ("jax.jit(train_step, donate_argnums=(0, 1, 2, 3)): one XLA executable per "
+                                   "iteration" if train else "jax.jit(infer_step): one XLA executable per iteration")
         settings["compiled_step"] = "jax.jit, one executable per iteration"
         settings["donated"] = ["params", "batch_stats", "opt_state", "dropout_key"] if train else []
+        if tm.loss_scaling:
+            settings["donated"].append("loss_scale")
         return Prepared(step, device_state.synchronize, tm.count_params(params),
                         tm.output_shape(params, batch_stats, x), settings, export_weights=export_weights,
-                        load_weights=load_weights, reset_optimizer=reset_optimizer, forward_loss=forward_loss)
+                        load_weights=load_weights, reset_optimizer=reset_optimizer, forward_loss=forward_loss,
+                        memory=memory, compile_stats=compile_stats)
+
+
+def device_memory(dev) -> dict:
+    """The allocator's peak on `dev` (jax.Device.memory_stats()), or why there is none."""
+    stats = dev.memory_stats()
+    if not stats or "peak_bytes_in_use" not in stats:
+        return {"unavailable": f"jax: {dev.platform} device {dev.device_kind!r} memory_stats() returns "
+                               f"{'None' if stats is None else sorted(stats)} (XLA:CPU's allocator keeps no statistics)"}
+    reserved_key = next((k for k in ("peak_pool_bytes", "peak_bytes_reserved") if stats.get(k)), None)
+    return {"peak_allocated_bytes": int(stats["peak_bytes_in_use"]),
+            "peak_reserved_bytes": int(stats[reserved_key]) if reserved_key else None,
+            "source": f"jax.Device.memory_stats(): peak_bytes_in_use, {reserved_key or 'no reserved peak'}",
+            "bytes_limit": stats.get("bytes_limit"),
+            "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "default (true)"),
+            "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default (bfc)")}
