@@ -47,7 +47,8 @@ import os
 import mxnet_network as mn
 from contract import DataParallel
 from mxnet_network import load_mxnet
-from mxnet_runner import MXNetRunner
+from mxnet_runner import MXNetRunner, check_precision, compile_choice, float32_math
+from protocol import Skip
 
 # The servers and workers keep every broadcast key (and its buffers) until the job ends.
 BROADCAST_KEY_BUDGET_BYTES = 2 * 1024 ** 3
@@ -175,15 +176,18 @@ class MXNetDistributedRunner(MXNetRunner):
         mx = load_mxnet()
         import numpy as np
 
-        precision = request.get("precision", "float32")
-        if precision != "float32":
-            raise NotImplementedError(f"the mxnet runner supports float32 only, not {precision!r}")
+        precision = check_precision(request.get("precision"))  # ValueError: a name no runner accepts
+        if precision != "fp32":
+            raise Skip(f"precision {precision}: the mxnet data-parallel runner trains in fp32 only "
+                       "(mxnet.contrib.amp is not wired into the dist_sync job)")
         network = request["network"]
         seed = request.get("seed", 0)
         mx.random.seed(seed)  # every worker builds the same weights (the Trainer broadcasts rank 0's anyway)
         np.random.seed(seed)
         ctx = mx.cpu()
-        net, _, model = mn.build_model(network, ctx)
+        effective = float32_math(precision, ctx)  # the same pins as in one process
+        compiled, compile_settings = compile_choice(request)
+        net, _, model = mn.build_model(network, ctx, hybridize=compiled)
 
         # each rank trains on its own synthetic batch (as a sharded data set would give it)
         x_np, y_np = mn.synthetic_batch(network, request["batch_size"],
@@ -211,8 +215,9 @@ class MXNetDistributedRunner(MXNetRunner):
             forward_backward()
             trainer.update(world)  # the same update on this worker's own gradient: no exchange
 
-        settings = {"layout": "NCHW", "hybridize": {"static_alloc": True, "static_shape": True},
-                    "precision": precision, "onednn": mx.runtime.Features().is_enabled("MKLDNN"),
+        settings = {"layout": "NCHW", "hybridize": dict(mn.HYBRIDIZE) if compiled else None,
+                    "compile": compile_settings, "precision": precision, "precision_effective": effective,
+                    "onednn": mx.runtime.Features().is_enabled("MKLDNN"),
                     "kvstore": self.kv.type if self.kv is not None else None,
                     "update_on_kvstore": False if self.kv is not None else None,
                     "optimizer": "gluon.Trainer sgd(momentum) on every worker, step(workers) on the summed "

@@ -16,6 +16,42 @@ from contract import LayerTable
 
 _mx = None
 
+# ------------------------------------------------------------------ float32 math on CUDA (precision fp32)
+# MXNet 1.9 has no TF32 switch of its own. Its two tensor-core variables govern float16 tensor-core
+# math (MXNET_CUDA_ALLOW_TENSOR_CORE, default 1) and the conversion of float32 convolutions and GEMMs
+# to float16 tensor-core math (MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION, default 0). TF32 is left to
+# the NVIDIA libraries, which allow it by default on compute capability 8.0+ (cuDNN 8's default math
+# mode; mxnet/test_utils.py effective_dtype: "TF32 ... the default on arch 80 GPUs" unless
+# NVIDIA_TF32_OVERRIDE=0): their own NVIDIA_TF32_OVERRIDE=0 turns it off everywhere. On the CPU all
+# three are no-ops; they are set on every device because the same code runs on the GPU.
+#
+# Set before mxnet is imported (configure_threads), as cuBLAS and cuDNN load with libmxnet:
+PRE_IMPORT_FLOAT32_PINS = {"NVIDIA_TF32_OVERRIDE": "0", "MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION": "0"}
+# Set per precision in prepare, before the first operator: MXNet reads it once, when its first cuDNN
+# or cuBLAS operator is set up (not at import), and the kernels suite keeps MXNet's default (1).
+TENSOR_CORE_VAR = "MXNET_CUDA_ALLOW_TENSOR_CORE"
+FLOAT32_MATH_VARS = (TENSOR_CORE_VAR, *PRE_IMPORT_FLOAT32_PINS)
+_pinned_before_import: bool | None = None  # whether pin_float32_math ran before mxnet was imported
+
+
+def pin_float32_math() -> bool:
+    """Pin TF32 and the float32 -> float16 tensor-core conversion off (idempotent): True when mxnet
+    had not been imported yet, the first time (the libraries then load with the variables set)."""
+    import os
+
+    global _pinned_before_import
+    os.environ.update(PRE_IMPORT_FLOAT32_PINS)
+    if _pinned_before_import is None:
+        _pinned_before_import = _mx is None
+    return _pinned_before_import
+
+
+def float32_math_env() -> dict:
+    """The variables as the process has them now (what libmxnet, cuBLAS and cuDNN read)."""
+    import os
+
+    return {name: os.environ.get(name) for name in FLOAT32_MATH_VARS}
+
 
 def load_mxnet():
     """The mxnet module (imported on first use, its import-time warnings silenced)."""
@@ -303,10 +339,14 @@ def load_weights(blocks: list, network: dict, arrays: dict) -> None:
 # what the single-process and the multi-worker steps share
 
 
-def build_model(network: dict, ctx, deterministic: bool = False, dtype: str = "float32"):
+HYBRIDIZE = {"static_alloc": True, "static_shape": True}
+
+
+def build_model(network: dict, ctx, deterministic: bool = False, dtype: str = "float32", hybridize: bool = True):
     """(net, blocks, model): the network initialised on `ctx` (He-normal weights, fan-in; biases,
-    batch norms and LSTM biases keep their own initialisers) and, around it, the hybridised block of
-    the network and its loss (one cached graph per mode, memory planned once).
+    batch norms and LSTM biases keep their own initialisers) and, around it, the block of the network
+    and its loss, hybridised unless `hybridize` is False (then `hybridize_model(model)` does it later):
+    one cached graph per mode, memory planned once.
 
     `dtype` "float64": Gluon's own mechanism, Block.cast, before initialisation, so that every
     parameter and batch-norm statistic is created in float64 (Gluon's BatchNorm keeps float32
@@ -319,8 +359,109 @@ def build_model(network: dict, ctx, deterministic: bool = False, dtype: str = "f
         net.cast(dtype)  # the Embedding operator takes its dtype from the (now float64) weight
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctx)
     model = classes["WithLoss"](net)
-    model.hybridize(static_alloc=True, static_shape=True)  # also hybridises `net` (infer)
+    if hybridize:
+        hybridize_model(model)
     return net, blocks, model
+
+
+def hybridize_model(model) -> None:
+    """Gluon's graph mode: the CachedOp of the network and its loss (static_alloc, static_shape),
+    built on the next call; it also hybridises the network (what the inference step calls)."""
+    model.hybridize(**HYBRIDIZE)
+
+
+# ---------------------------------------------------------------------------------------------
+# mixed precision (mxnet.contrib.amp) and what a forward pass shows of it
+
+
+def dtype_name(dtype) -> str:
+    """An NDArray dtype as a name: MXNet's bfloat16 is a numpy structured dtype ([('bfloat16', '<u2')])."""
+    import numpy as np
+
+    names = getattr(dtype, "names", None)
+    return names[0] if names else np.dtype(dtype).name
+
+
+def amp_dtype(target: str):
+    """What mxnet.contrib.amp calls the target: its numpy bfloat16 dtype, or numpy float16."""
+    import numpy as np
+    from mxnet.contrib.amp import amp
+
+    return amp.bfloat16 if target == "bfloat16" else np.dtype(np.float16)
+
+
+class ReducedPrecisionUnsupported(Exception):
+    """The framework cannot run a layer of the network in the requested reduced precision here."""
+
+
+def _framework_message(e: Exception) -> str:
+    """The framework's own sentence of an MXNetError (its last "MXNetError: ..." line, the source file)."""
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    message = next((l for l in reversed(lines) if l.startswith("MXNetError:")), lines[-1] if lines else repr(e))
+    where = next((l.split('"')[1] for l in lines if l.startswith('File "') and '"' in l[6:]), None)
+    message = message.replace("MXNetError: ", "", 1)
+    return f"{message} ({where.lstrip('./')})" if where else message
+
+
+def _cpu_bf16_isa() -> str:
+    """What this CPU offers oneDNN for bfloat16, from /proc/cpuinfo's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((l for l in f if l.startswith("flags")), "").split(":", 1)[-1].split())
+    except OSError:
+        return "its instruction set is unknown"
+    wanted = ("avx512f", "avx512bw", "avx512_bf16", "amx_bf16")
+    have = [w for w in wanted if w in flags]
+    if have:
+        return f"this CPU has {', '.join(have)}"
+    return (f"this CPU has {'avx2' if 'avx2' in flags else 'no avx2'} and none of {', '.join(wanted)}; oneDNN's "
+            "bfloat16 kernels need AVX-512 (avx512_core) or newer")
+
+
+def probe_dtypes(net, blocks: list, network: dict, x, precision: str, train: bool) -> dict:
+    """A real forward pass of one sample through the network, layer by layer, imperatively (before
+    hybridisation, so that the timed step still pays its graph construction in its first iteration;
+    one sample, so that no oneDNN primitive of the timed batch is created here): the dtype of the first
+    layer's output and of the logits. With AMP (after mxnet.contrib.amp.init) the same operator
+    wrappers cast as in the hybridised graph. A layer the framework cannot run in a reduced
+    precision here raises ReducedPrecisionUnsupported naming it; in training the backward pass of
+    that sample is run too (in predict mode: running statistics unchanged)."""
+    mx = load_mxnet()
+    amp = precision.startswith("amp_")
+    layers = [l for l, b in zip(network["layers"], blocks) if b is not None]  # net's children, in order
+    sample = x[0:1]
+    dtypes: dict = {}
+
+    def unsupported(where: str, e: Exception) -> ReducedPrecisionUnsupported:
+        target = "bfloat16" if precision == "amp_bf16" else "float16"
+        why = _framework_message(e)
+        if sample.context.device_type == "cpu" and "primitive descriptor" in why:
+            why = f"oneDNN: {why} (no {target} implementation: {_cpu_bf16_isa()})"
+        return ReducedPrecisionUnsupported(
+            f"{precision}: MXNet {mx.__version__} cannot run {where} in {target} on "
+            f"{'the CPU' if sample.context.device_type == 'cpu' else str(sample.context)}: {why}")
+
+    with mx.autograd.record(train_mode=False) if (amp and train) else mx.autograd.predict_mode():
+        h = sample
+        for i in range(len(net)):
+            try:
+                h = net[i](h)
+                h.wait_to_read()
+            except mx.base.MXNetError as e:
+                if not amp:
+                    raise
+                kind = layers[i]["type"] if i < len(layers) else type(net[i]).__name__
+                raise unsupported(f"layer {i} ({kind}, {type(net[i]).__name__})", e) from e
+            if i == 0:
+                dtypes["first_layer_output_dtype"] = dtype_name(h.dtype)
+        dtypes["logits_dtype"] = dtype_name(h.dtype)
+    if amp and train:
+        try:
+            h.backward(mx.nd.ones_like(h))
+            mx.nd.waitall()
+        except mx.base.MXNetError as e:
+            raise unsupported("the backward pass", e) from e
+    return dtypes
 
 
 def synthetic_batch(network: dict, batch: int, rng):
@@ -401,8 +542,9 @@ def float32_operator_parameters(network: dict, deterministic: bool) -> list[str]
 
 def sgd_momentum(learning_rate: float, momentum: float, dtype: str = "float32"):
     """(optimizer, optimizer_params) for gluon.Trainer: MXNet's aggregated multi-tensor SGD-momentum
-    update in float32; in float64 the same rule in float64 arithmetic (see SGDMomentumFloat64)."""
-    if dtype == "float32":
+    update on the float32 weights (every precision but float64: AMP keeps float32 weights); in
+    float64 the same rule in float64 arithmetic (see SGDMomentumFloat64)."""
+    if dtype != "float64":
         return "sgd", {"learning_rate": learning_rate, "momentum": momentum, "wd": 0.0}
     return _sgd_float64_class()(learning_rate=learning_rate, momentum=momentum, wd=0.0), None
 

@@ -12,7 +12,27 @@ Not used: gluon.nn.BatchNormReLU (1.9.1's fused batch norm + relu returns wrong 
 gradients, measured) and the MKLDNN subgraph backend for inference (it folds batch norm into the
 convolution weights once and does not see weights loaded afterwards).
 
-Precision: float32, or float64 (what `dlbench check` compares in). float64 is Gluon's own
+Precision (the request's `precision`, runners/common/contract.py PRECISIONS):
+- fp32: IEEE float32. On CUDA TF32 is pinned off with the NVIDIA libraries' NVIDIA_TF32_OVERRIDE=0
+  (MXNet 1.9 has no TF32 switch of its own, and cuDNN 8 allows TF32 by default on compute
+  capability 8.0+), and MXNet's own tensor-core variables are 0: MXNET_CUDA_ALLOW_TENSOR_CORE
+  (float16 tensor-core math) and MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION (float32 convolutions
+  and GEMMs converted to float16 tensor-core math). No-ops on the CPU, set there too; read back
+  into settings["precision_effective"] (see mxnet_network.py for when each is read).
+- tf32: skipped. On the CPU and below compute capability 8.0 there is no TF32; above, MXNet 1.9
+  offers no TF32 mode to select or read back (it is whatever the NVIDIA libraries default to).
+- amp_bf16 / amp_fp16: mxnet.contrib.amp, MXNet's own AMP: amp.init(target_dtype) before the
+  network is built wraps the operators (Convolution, FullyConnected, and RNN for float16, in the
+  target dtype; loss, softmax, mean and the like in float32, the rest in their input's dtype), in
+  the imperative API and in the hybridised graph alike; weights, gradients and the SGD-momentum
+  update stay float32. amp_fp16 adds amp.init_trainer(trainer) and amp.scale_loss: dynamic loss
+  scaling (initial scale 2**16, halved on an overflow, whose update is skipped; doubled after 2000
+  clean steps; the overflow test reads a flag back to the host every step). bfloat16 needs no loss
+  scale. A layer MXNet cannot run in the reduced dtype on the device is a Skip naming it and the
+  framework's message: on the CPU MXNet 1.9.1 has no float16 Convolution or FullyConnected
+  ("FP16 gemm on cpu not implemented!"), and oneDNN's bfloat16 kernels need AVX-512 (on an AVX2 CPU:
+  "could not create a primitive descriptor iterator").
+- float64: what `dlbench check` compares in. float64 is Gluon's own
 Block.cast before initialisation (every parameter and batch-norm statistic float64, the LSTM's zero
 states too), images as float64 NDArrays, so activations, gradients and the loss are float64; token
 ids and labels stay float32 indices. oneDNN has no float64 kernels, so every operator runs MXNet's
@@ -23,6 +43,14 @@ momentum rule runs in NDArray arithmetic (scalars are doubles), with float64 mom
 Left in float32: BatchNorm's momentum and Dropout's p are float32 operator parameters; the first
 only touches the running statistics' update, and settings["float64_float32_parameters"] names
 every such value that float32 does not hold exactly.
+
+Compilation (the request's `compile`): `compiled` (also when absent: the runner's default, as in
+runner.toml [execution]) is the hybridised block above; `eager` is the same Gluon block called
+imperatively, without hybridize: every operator dispatched from Python to the engine. MXNet keeps no
+compiler counters (no compile_stats); graph construction is paid in the first iteration.
+
+Memory (Prepared.memory): MXNet 1.9 reports no allocator peak. On the CPU nothing; on CUDA the
+device's free/total bytes (mx.context.gpu_memory_info) after the measured window, recorded as such.
 
 Semantics (see src/dlbench/definitions/schema.py):
 - Gluon's BatchNorm momentum is the weight of the *old* running value: momentum_mx = 1 - canonical.
@@ -44,8 +72,9 @@ import ctypes
 import os
 
 import mxnet_network as mn
-from contract import Kernel, Prepared
+from contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Kernel, Prepared
 from mxnet_network import load_mxnet
+from protocol import Skip
 
 
 def _omp_max_threads() -> int | None:
@@ -75,7 +104,11 @@ def _cuda_from_distribution(name: str | None) -> str | None:
     return f"{digits[:-1]}.{digits[-1]}" if len(digits) >= 2 else None
 
 
-PRECISIONS = ("float32", "float64")
+DEFAULT_COMPILE = "compiled"  # runner.toml [execution] compile: what runs when a request names no mode
+COMPILED = ("HybridBlock.hybridize(static_alloc=True, static_shape=True): Gluon's CachedOp, the network and its "
+            "loss traced once into one graph per mode (training: forward, loss and backward), memory planned once")
+EAGER = "imperative Gluon (no hybridize): every operator dispatched from Python to MXNet's engine one by one"
+AMP_TARGET = {"amp_bf16": "bfloat16", "amp_fp16": "float16"}
 
 # What float64 means for the operators (measured: DNNL_VERBOSE shows no oneDNN primitive executed in
 # a float64 check; the logits agree with a float64 numpy forward to ~1e-15)
@@ -106,6 +139,7 @@ class MXNetRunner:
                 os.environ[var] = str(threads)
         os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
         before_import = not mn.mxnet_loaded()
+        mn.pin_float32_math()  # TF32 off before cuBLAS and cuDNN load with libmxnet (see mxnet_network.py)
         load_mxnet()
         return {
             "requested": threads,
@@ -130,8 +164,8 @@ class MXNetRunner:
         for i in range(gpus):
             d = {"type": "cuda", "index": i}
             try:
-                major, minor = mx.util.get_cuda_compute_capability(mx.gpu(i))
-                d["capability"] = f"{major}.{minor}"
+                cc = mx.util.get_cuda_compute_capability(mx.gpu(i))  # an int: 80 for sm_80
+                d["capability"] = f"{cc // 10}.{cc % 10}"
                 free, total = mx.context.gpu_memory_info(i)
                 d["memory_bytes"] = total
             except Exception:  # noqa: BLE001 - descriptive only
@@ -184,22 +218,27 @@ class MXNetRunner:
         mx = load_mxnet()
         import numpy as np
 
-        precision = request.get("precision", "float32")
-        if precision not in PRECISIONS:
-            raise NotImplementedError(f"the mxnet runner supports precision {' or '.join(PRECISIONS)}, "
-                                      f"not {precision!r} (mxnet.contrib.amp is not wired in)")
-        float64 = precision == "float64"
-        network = request["network"]
-        seed = request.get("seed", 0)
-        mx.random.seed(seed)
-        np.random.seed(seed)
+        precision = check_precision(request.get("precision"))
         cuda = request["device"] == "cuda"
         ctx = mx.gpu(0) if cuda else mx.cpu()
+        effective = float32_math(precision, ctx)  # Skip: tf32; before any operator runs
+        compiled, compile_settings = compile_choice(request)
+        float64 = precision == CHECK_PRECISION
+        storage = "float64" if float64 else "float32"  # of weights and images: AMP keeps float32 weights
+        target = AMP_TARGET.get(precision)
+        network = request["network"]
+        seed = request.get("seed", 0)
+        train = request["mode"] == "train"
+        if target:
+            amp_init(target)  # before the network is built: MXNet wraps the operators it will call
+        mx.random.seed(seed)
+        np.random.seed(seed)
         deterministic = bool(request.get("deterministic", False))
+        used_at_prepare = _gpu_used_bytes(mx) if cuda else None
 
-        net, blocks, model = mn.build_model(network, ctx, deterministic, dtype=precision)
+        net, blocks, model = mn.build_model(network, ctx, deterministic, dtype=storage, hybridize=False)
         fused_lstm = any(l["type"] == "lstm" for l in network["layers"])
-        settings = {"layout": "NCHW", "hybridize": {"static_alloc": True, "static_shape": True},
+        settings = {"layout": "NCHW", "hybridize": dict(mn.HYBRIDIZE) if compiled else None,
                     "precision": precision, "fused_lstm": fused_lstm,
                     # oneDNN has float32 (and bf16) kernels only: float64 runs MXNet's native operators
                     "onednn": mx.runtime.Features().is_enabled("MKLDNN") and not cuda and not float64,
@@ -225,17 +264,36 @@ class MXNetRunner:
             x_np, y_np = mn.synthetic_batch(network, request["batch_size"], np.random.default_rng(seed))
         if inp["kind"] == "tokens" and inp["vocabulary"] > 2 ** 24:
             raise ValueError("the mxnet runner passes token ids as float32: vocabulary must be <= 2**24")
-        x, y = mn.to_device(x_np, y_np, ctx, dtype=precision)
+        x, y = mn.to_device(x_np, y_np, ctx, dtype=storage)
+
+        # a real forward pass (one sample, imperative, before hybridize): the dtypes; a layer MXNet
+        # cannot run in the AMP dtype here is a Skip that names it
+        try:
+            effective.update(mn.probe_dtypes(net, blocks, network, x, precision, train))
+        except mn.ReducedPrecisionUnsupported as e:
+            raise Skip(str(e)) from e
+        if compiled:
+            mn.hybridize_model(model)  # the graph is traced and planned by the first step
+        settings["compile"] = compile_settings
 
         trainable = mn.trainable_params(net)
         params = mn.count_params(trainable)
-        train = request["mode"] == "train"
+        scaled = target == "float16" and train  # dynamic loss scaling: AMP float16's, in training
 
         def make_trainer():
-            optimizer, optimizer_params = mn.sgd_momentum(request["learning_rate"], request["momentum"], precision)
-            return mx.gluon.Trainer(trainable, optimizer, optimizer_params, kvstore=None)
+            optimizer, optimizer_params = mn.sgd_momentum(request["learning_rate"], request["momentum"], storage)
+            t = mx.gluon.Trainer(trainable, optimizer, optimizer_params, kvstore=None)
+            if scaled:
+                from mxnet.contrib import amp
+
+                amp.init_trainer(t)  # a fresh dynamic loss scaler
+            return t
 
         trainer = make_trainer()
+        effective["loss_scale"] = float(trainer._amp_loss_scaler.loss_scale) if scaled else None
+        if target:
+            effective["amp"] = amp_settings(target, scaled, compiled)
+        settings["precision_effective"] = effective
 
         def reset_optimizer():
             nonlocal trainer
@@ -248,9 +306,20 @@ class MXNetRunner:
             else:
                 with mx.autograd.predict_mode():
                     out, loss = model(x, y)
-            return out.asnumpy().astype(precision), float(loss.asscalar())
+            if mn.dtype_name(out.dtype) != storage:  # AMP's bfloat16 or float16 logits: MXNet's own cast
+                out = out.astype(storage)
+            return out.asnumpy(), float(loss.asscalar())
 
-        if train:
+        if train and scaled:
+            from mxnet.contrib import amp
+
+            def step():  # MXNet's AMP training loop
+                with mx.autograd.record(train_mode=True):
+                    _, loss = model(x, y)
+                    with amp.scale_loss(loss, trainer) as scaled_loss:  # loss * scale; the step divides it out
+                        mx.autograd.backward(scaled_loss)
+                trainer.step(1)  # skips the update on an overflow, then adapts the scale
+        elif train:
             def step():
                 with mx.autograd.record(train_mode=True):
                     _, loss = model(x, y)
@@ -261,6 +330,124 @@ class MXNetRunner:
                 net(x)  # not recording: predict mode (running statistics, no dropout)
 
         return Prepared(step, mx.nd.waitall, params, mn.output_shape(net, x), settings,
-                        export_weights=lambda: mn.export_weights(blocks, network, precision),
+                        export_weights=lambda: mn.export_weights(blocks, network, storage),
                         load_weights=lambda arrays: mn.load_weights(blocks, network, arrays),
-                        reset_optimizer=reset_optimizer, forward_loss=forward_loss)
+                        reset_optimizer=reset_optimizer, forward_loss=forward_loss,
+                        memory=lambda: memory_report(cuda, used_at_prepare))
+
+
+# ------------------------------------------------------------------ precision, compilation, memory
+
+
+def check_precision(precision: str | None) -> str:
+    """The request's precision (absent: fp32), or one ValueError naming it and the accepted ones."""
+    precision = "fp32" if precision is None else precision
+    if precision not in (*PRECISIONS, CHECK_PRECISION):
+        raise ValueError(f"precision {precision!r} is not one the mxnet runner accepts: {', '.join(PRECISIONS)}, "
+                         f"or {CHECK_PRECISION} (dlbench check)")
+    return precision
+
+
+def float32_math(precision: str, ctx) -> dict:
+    """Set MXNet's tensor-core variable for `precision` and pin TF32 off (Skip: tf32), before any
+    operator runs; the flags read back as the process has them (settings["precision_effective"])."""
+    mx = load_mxnet()
+    cuda = ctx.device_type == "gpu"
+    capability = None
+    if cuda:
+        try:
+            cc = mx.util.get_cuda_compute_capability(ctx)
+            capability = f"{cc // 10}.{cc % 10}"
+        except (OSError, ValueError):
+            capability = None
+    if precision == "tf32":
+        if not cuda:
+            raise Skip("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+                       "this run is on the CPU")
+        if capability is not None and float(capability) < 8.0:
+            raise Skip(f"tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+                       f"this GPU is {capability}")
+        raise Skip("tf32: MXNet 1.9 has no TF32 mode of its own to select or read back: its tensor-core variables "
+                   "(MXNET_CUDA_ALLOW_TENSOR_CORE, MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION) govern float16 "
+                   "tensor-core math and the float32 -> float16 conversion, not TF32; TF32 is the NVIDIA libraries' "
+                   "default (cuDNN 8's default math mode on compute capability 8.0+), whichever operators they "
+                   "apply it to (the runner's fp32 pins it off with NVIDIA_TF32_OVERRIDE=0)")
+    before_import = mn.pin_float32_math()
+    # float16 tensor-core math for AMP float16 (MXNet's default); off for IEEE float32 and float64
+    os.environ[mn.TENSOR_CORE_VAR] = "1" if precision in AMP_TARGET else "0"
+    features = mx.runtime.Features()
+    return {
+        **mn.float32_math_env(),
+        # NVIDIA_TF32_OVERRIDE and the conversion: before cuBLAS and cuDNN load (configure_threads);
+        # MXNET_CUDA_ALLOW_TENSOR_CORE: here, before MXNet sets up its first cuDNN/cuBLAS operator, when it reads it
+        "set_before_mxnet_import": {**{name: before_import for name in mn.PRE_IMPORT_FLOAT32_PINS},
+                                    mn.TENSOR_CORE_VAR: False},
+        "tf32": ("off (NVIDIA_TF32_OVERRIDE=0)" if cuda and os.environ.get("NVIDIA_TF32_OVERRIDE") == "0" else
+                 "not applicable: no TF32 on the CPU" if not cuda else "the NVIDIA libraries' default"),
+        # what MXNet itself reports: its build features (no run-time tensor-core or TF32 query exists)
+        "features": {name: features.is_enabled(name) for name in ("CUDA", "CUDNN", "MKLDNN")},
+        "device": "cpu" if not cuda else f"cuda (compute capability {capability})",
+        "dtypes_probe": "one sample, a real imperative forward pass layer by layer before hybridize",
+    }
+
+
+def amp_init(target: str) -> None:
+    """mxnet.contrib.amp.init(target_dtype): once per process (it rewrites MXNet's operator functions)."""
+    from mxnet.contrib import amp
+    from mxnet.contrib.amp import amp as amp_module
+
+    if amp_module._amp_initialized:
+        raise RuntimeError("mxnet.contrib.amp is already initialised in this process (once per process)")
+    amp.init(target_dtype=target)
+
+
+def amp_settings(target: str, scaled: bool, compiled: bool) -> dict:
+    from mxnet.contrib.amp import amp
+
+    dtype = mn.amp_dtype(target)
+    return {"mechanism": f"mxnet.contrib.amp.init(target_dtype={target!r})" +
+                         (", amp.init_trainer(trainer), amp.scale_loss(loss, trainer)" if scaled else ""),
+            "target_dtype_ops": amp.list_lp16_ops(dtype),
+            "loss_scaling": ("dynamic: mxnet.contrib.amp LossScaler (initial 2**16, halved and the update skipped on "
+                             "an overflow, doubled after 2000 clean steps; the overflow flag is read back every step)")
+            if scaled else None,
+            "weights": "float32 (the operators cast them; the SGD-momentum update is on float32)",
+            "graph": "hybridised: AMP's symbol wrappers insert amp_cast into the traced graph" if compiled else
+                     "imperative: AMP's NDArray wrappers cast at every call"}
+
+
+def compile_choice(request: dict) -> tuple[bool, dict]:
+    """(hybridised?, settings["compile"]) for the request's `compile` (absent or "default": compiled)."""
+    asked = request.get("compile")
+    mode = DEFAULT_COMPILE if asked in (None, "default") else asked
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile {asked!r} is not one the mxnet runner accepts ({', '.join(COMPILE_MODES)}, "
+                         f"or absent for its default, {DEFAULT_COMPILE})")
+    return mode == "compiled", {"mode": mode, "requested": asked, "framework": COMPILED if mode == "compiled" else EAGER}
+
+
+def _gpu_used_bytes(mx) -> int | None:
+    try:
+        free, total = mx.context.gpu_memory_info(0)
+    except Exception:  # noqa: BLE001 - descriptive only
+        return None
+    return int(total - free)
+
+
+def memory_report(cuda: bool, used_at_prepare: int | None) -> dict:
+    """After the measured window: MXNet 1.9 exposes no allocator peak (its storage managers have no
+    statistics API). On CUDA the device's used bytes (total - free, mx.context.gpu_memory_info), which
+    is not a peak of this run's tensors: it counts the CUDA context, cuDNN workspaces, what MXNet's
+    pooled GPU storage keeps of freed blocks (released only on an allocation failure) and any other
+    process on the GPU; taken at the start of prepare and after the window."""
+    if not cuda:
+        return {"unavailable": "MXNet 1.9 reports no allocator statistics for the CPU (its CPU storage manager has "
+                               "no query API; mx.context.gpu_memory_info is CUDA's cudaMemGetInfo)"}
+    mx = load_mxnet()
+    free, total = mx.context.gpu_memory_info(0)
+    return {"unavailable": "MXNet 1.9 exposes no allocator peak (no peak_allocated_bytes / peak_reserved_bytes)",
+            "device_used_bytes": int(total - free), "device_total_bytes": int(total),
+            "device_used_bytes_at_prepare": used_at_prepare,
+            "source": "mx.context.gpu_memory_info(0) (cudaMemGetInfo: device-wide free/total, not an allocator "
+                      "peak) at the start of prepare and after the measured window; MXNet's pooled GPU storage "
+                      "keeps freed blocks, so the difference approximates the pool's high-water mark"}
