@@ -425,7 +425,7 @@ def speedups(latest: dict[tuple[str, int, str, str], RunView], benchmark: str, p
         compiled = latest.get((fw, batch, precision, "compiled"))
         if mode == "eager" and compiled is not None and eager.ok and compiled.ok and eager.ms_per_iter and compiled.ms_per_iter:
             found.append(Speedup(fw, benchmark, batch, precision, eager, compiled, page))
-    return found
+    return sorted(found, key=lambda s: (s.framework, s.batch_size, variant_order((s.precision, "")), s.benchmark))
 
 
 def _grid(runs: list[RunView], variants: list[tuple[str, str]]) -> list[GridRow]:

@@ -54,13 +54,13 @@ def speedup_matrix(board: Board) -> dict | None:
     benchmarks = sorted({s.benchmark for s in board.speedups})
     frameworks = sorted({s.framework for s in board.speedups})
     pages = {s.benchmark: s.benchmark_page for s in board.speedups}
-    many = len({(s.batch_size, s.precision) for s in board.speedups}) > 1
     cells: dict[tuple[str, str], list[Speedup]] = defaultdict(list)
-    for s in board.speedups:
+    for s in board.speedups:  # in batch and precision order (model.speedups)
         cells[(s.framework, s.benchmark)].append(s)
-    rows = [(fw, [sorted(cells.get((fw, b), []), key=lambda s: (s.batch_size, s.precision)) for b in benchmarks])
-            for fw in frameworks]
-    return {"benchmarks": [(b, pages[b]) for b in benchmarks], "rows": rows, "qualified": many}
+    rows = [(fw, [cells.get((fw, b), []) for b in benchmarks]) for fw in frameworks]
+    return {"benchmarks": [(b, pages[b]) for b in benchmarks], "rows": rows,
+            "with_batch": len({s.batch_size for s in board.speedups}) > 1,
+            "with_precision": len({s.precision for s in board.speedups}) > 1}
 
 
 def score_chart(board: Board, frameworks: list[str]) -> charts.Markup:
