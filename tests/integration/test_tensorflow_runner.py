@@ -1,12 +1,19 @@
 """The TensorFlow runner in its real, dlbench-built venv: builds, measures, skips, and equals torch.
 
 The worker runs (eight `inspect`s, eight two-framework `check`s) are started once per module, two at
-a time, and the tests read their outcomes; the whole file takes a few minutes on two cores.
+a time, and the tests read their outcomes; the whole file takes a few minutes on two cores. Every
+precision x compile mode runs on a tiny network through the harness's own `run_request`, grouped in
+two processes (one per compile mode: TensorFlow's import costs more than a tiny step, and the XLA
+compiles stay in one process).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,14 +36,72 @@ SMOKE_POLICY = {"warmup": {"min_iters": 1, "max_iters": 3, "max_time_s": 5, "win
 STEP_CRITERIA = ("update differ", "weights differ")  # what one optimiser step is judged by
 
 
+# The smallest network with what the precisions touch: a convolution, a (fused) batch norm, a
+# max-pool, the flatten into the dense logits.
+ZOO = {
+    "zoo_precision": """
+input: {kind: tensor, shape: [3, 8, 8], classes: 5}
+layers:
+  - {type: conv2d, filters: 4, kernel: 3, padding: 1, bias: false}
+  - {type: batch_norm}
+  - {type: relu}
+  - {type: max_pool, size: 2, stride: 2}
+  - {type: flatten}
+  - {type: dense, units: 5}
+""",
+}
+PRECISIONS = ["fp32", "tf32", "amp_bf16", "amp_fp16"]
+COMPILE_MODES = ["eager", "compiled"]
+TF32_ON_CPU = ("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+               "this run is on the CPU")
+COMPUTE_DTYPE = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16"}
+KERAS_POLICY = {"fp32": "float32", "amp_bf16": "mixed_bfloat16", "amp_fp16": "mixed_float16"}
+
+# Several requests through harness.run_request (what worker.py runs) in one process of the venv.
+RUN_REQUESTS = """
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import harness
+from tensorflow_runner import TensorFlowRunner
+runner = TensorFlowRunner()
+with open(sys.argv[3]) as f:
+    requests = json.load(f)
+results = [harness.run_request(runner, r) for r in requests]
+with open(sys.argv[4], "w") as f:
+    json.dump(results, f)
+"""
+
+
+@functools.lru_cache(maxsize=None)
 def _summary(name: str):
+    if name in ZOO:
+        with tempfile.TemporaryDirectory(prefix="dlbench-tf-zoo-") as tmp:
+            path = Path(tmp) / f"{name}.yaml"
+            path.write_text(f"name: {name}\n" + ZOO[name])
+            return load_network(path)
     return load_network(paths.suites_dir() / "networks" / f"{name}.yaml")
 
 
-def _request(network: dict, action: str, mode: str = "train", batch: int = 2, device: str = "cpu") -> dict:
-    return {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
-            "batch_size": batch, "precision": "float32", "device": device, "threads": 1,
-            "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+def _request(network: dict, action: str, mode: str = "train", batch: int = 2, device: str = "cpu",
+             precision: str = "fp32", compile: str | None = None) -> dict:
+    req = {"protocol": PROTOCOL_VERSION, "action": action, "network": network, "mode": mode,
+           "batch_size": batch, "precision": precision, "device": device, "threads": 1,
+           "learning_rate": 0.01, "momentum": 0.9, "seed": 0, "policy": SMOKE_POLICY}
+    if compile is not None:
+        req["compile"] = compile
+    return req
+
+
+def _run_requests(python: Path, requests: list[dict]) -> list[dict]:
+    runners = paths.runners_dir()
+    with tempfile.TemporaryDirectory(prefix="dlbench-tf-requests-") as tmp:
+        req_path, res_path = Path(tmp, "requests.json"), Path(tmp, "results.json")
+        req_path.write_text(json.dumps(requests))
+        out = subprocess.run([str(python), "-c", RUN_REQUESTS, str(runners / "tensorflow"), str(runners / "common"),
+                              str(req_path), str(res_path)], capture_output=True, text=True, timeout=600,
+                             cwd=runners / "tensorflow")
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(res_path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +134,27 @@ def checked(tensorflow_env, torch_env):
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(NETWORKS, pool.map(check, NETWORKS)))
+
+
+@pytest.fixture(scope="module")
+def precision_runs(tensorflow_env):
+    """(precision, compile, mode) -> result of run_request: every precision x compile mode training
+    the tiny network, amp_bf16's forward (infer), and two refused requests; one process per compile
+    mode (the compiled one holds every XLA compile of the module), both at once."""
+    _, env = tensorflow_env
+    net = _summary("zoo_precision").resolved
+    groups = {c: [(p, c, "train") for p in PRECISIONS] for c in COMPILE_MODES}
+    groups["eager"] += [("amp_bf16", "eager", "infer"), ("float32", "eager", "train"), ("fp32", "jit", "train")]
+
+    def run(keys):
+        return dict(zip(keys, _run_requests(env.python, [_request(net, "benchmark", m, 4, precision=p, compile=c)
+                                                         for p, c, m in keys])))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = {}
+        for part in pool.map(run, groups.values()):
+            out.update(part)
+        return out
 
 
 def test_environment_is_isolated_and_pinned(tensorflow_env):
@@ -105,6 +191,68 @@ def test_worker_measures_and_applies_threads(tensorflow_env, mode):
     assert res["settings"]["jit_compile"] is False
     start, end = res["window_monotonic_ns"]
     assert end - start >= int(sum(res["iter_s"]) * 1e9 * 0.99)
+    # no `compile` in the request: the runner's default (runner.toml), eager, recorded as such
+    assert res["settings"]["compile"]["mode"] == "eager" and res["settings"]["compile"]["requested"] is None
+    assert res["settings"]["precision"] == "fp32"
+    assert res["settings"]["precision_effective"]["tensor_float_32_execution_enabled"] is False
+    # after the measured window: no allocator statistics on the CPU (said why), the step traced once
+    assert "get_memory_info('CPU:0') raises" in res["memory"]["unavailable"]
+    assert res["compile"]["tracings"] == 1 and res["compile"]["retracings"] == 0
+
+
+@pytest.mark.parametrize("compile_mode", COMPILE_MODES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_every_precision_and_compile_mode_runs_as_recorded(precision_runs, precision, compile_mode):
+    res = precision_runs[(precision, compile_mode, "train")]
+    if precision == "tf32":  # no TF32 on the CPU: skipped with why, before anything is built
+        assert res["status"] == "skipped" and res["reason"] == TF32_ON_CPU
+        return
+    assert res["status"] == "ok", res.get("reason") or res
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    settings = res["settings"]
+    assert settings["precision"] == precision
+    assert settings["compile"]["mode"] == compile_mode and settings["compile"]["requested"] == compile_mode
+    assert settings["jit_compile"] is (compile_mode == "compiled")
+    assert settings["compile"]["framework"].startswith(f"tf.function(jit_compile={compile_mode == 'compiled'})")
+    effective = settings["precision_effective"]
+    # TF32 pinned off (read back) for every precision but tf32, float16 GEMMs accumulating in float32
+    assert effective["tensor_float_32_execution_enabled"] is False
+    assert effective["TF_FP16_MATMUL_USE_FP32_COMPUTE"] == "1"
+    # Keras' mixed policies: float32 variables, reduced-precision computation, float32 logits
+    assert effective["keras_dtype_policy"] == KERAS_POLICY[precision]
+    assert effective["variable_dtype"] == "float32"
+    assert effective["first_layer_output_dtype"] == COMPUTE_DTYPE[precision]
+    assert effective["logits_layer_compute_dtype"] == COMPUTE_DTYPE[precision]
+    assert effective["logits_dtype"] == "float32"
+    if precision == "amp_fp16":  # Keras' dynamic loss scaling, at its initial scale
+        assert effective["loss_scale"] == 2.0 ** 15
+        assert "LossScaleOptimizer" in settings["optimizer"]
+    else:
+        assert effective["loss_scale"] is None and "LossScaleOptimizer" not in settings["optimizer"]
+    assert "get_memory_info('CPU:0') raises" in res["memory"]["unavailable"]
+    assert res["compile"] == {"source": "tf.function experimental_get_tracing_count() of the step", "tracings": 1,
+                              "retracings": 0, "jit_compile": compile_mode == "compiled"}
+
+
+def test_amp_bf16_forward_computes_in_bfloat16_with_float32_logits(precision_runs):
+    res = precision_runs[("amp_bf16", "eager", "infer")]
+    assert res["status"] == "ok", res.get("reason") or res
+    effective = res["settings"]["precision_effective"]
+    assert effective["first_layer_output_dtype"] == "bfloat16"
+    assert effective["logits_layer_compute_dtype"] == "bfloat16"  # the dense logits computed in bfloat16,
+    assert effective["logits_dtype"] == "float32"  # then cast to float32 as Keras recommends
+    assert "mixed_bfloat16" in res["settings"]["dtype_policy"]
+    assert "FusedBatchNormV3" in res["settings"]["batch_norm"] and "bfloat16 activations" in res["settings"]["batch_norm"]
+
+
+@pytest.mark.parametrize(("precision", "compile_mode", "named"), [
+    ("float32", "eager", ("'float32'", "fp32, tf32, amp_bf16, amp_fp16, float64")),
+    ("fp32", "jit", ("'jit'", "eager, compiled")),
+])
+def test_an_unknown_precision_or_compile_mode_is_one_clear_error(precision_runs, precision, compile_mode, named):
+    res = precision_runs[(precision, compile_mode, "train")]
+    assert res["status"] == "failed"
+    assert "ValueError" in res["reason"] and all(n in res["reason"] for n in named), res["reason"]
 
 
 def test_cuda_request_on_a_cpu_host_is_skipped(tensorflow_env):

@@ -268,7 +268,9 @@ def test_compiled_runs_torch_compile_and_reports_its_counters(precision_runs):
     stats = res["compile"]
     assert stats["graph_breaks"] == 0 and stats["recompiles"] == 0
     assert stats["unique_graphs"] == 1 and stats["frames"]["ok"] >= 1
-    assert stats["compilations"] == {"forward": 1, "backward": 1}  # AOTAutograd compiled the backward too
+    assert stats["compilations"]["forward"] == 1
+    # AOTAutograd's backward: compiled, or served from its cache (a warm TORCHINDUCTOR_CACHE_DIR)
+    assert stats["compilations"]["backward"] + stats["aot_autograd"].get("autograd_cache_hit", 0) >= 1
     assert res["first_iter_s"] > 10 * max(res["iter_s"])  # the first iteration paid the compilation
     assert res["memory"] == {"unavailable": "torch keeps no allocator statistics for the CPU"}
 

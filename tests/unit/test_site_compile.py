@@ -25,9 +25,11 @@ NOW = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)
 VARIANTS = [("fp32", "eager"), ("fp32", "compiled"), ("amp_bf16", "eager"), ("amp_bf16", "compiled")]
 
 
-def variant(r: Record, precision: str, compile_: str) -> Record:
-    """The same run at another precision and compile mode (nothing else differs)."""
+def variant(r: Record, precision: str, compile_: str, requested: str | None = None) -> Record:
+    """The same run at another precision and compile mode (nothing else differs), asked for by
+    name (`--compile eager,compiled`) unless `requested` says otherwise ("default")."""
     workload = r.workload.model_copy(update={"precision": precision, "compile": compile_,
+                                             "compile_requested": requested or compile_,
                                              "compile_mode": "default" if compile_ == "compiled" else None})
     return r.model_copy(update={"workload": workload})
 
@@ -266,7 +268,7 @@ def test_a_store_of_fp32_eager_runs_keys_and_labels_its_pages_as_before(tmp_path
     # the entries as they were keyed before the compile mode: (benchmark, batch, precision), in that order
     assert [(e.benchmark, e.batch_size, e.precision) for e in board.entries] == sorted(
         {(r.benchmark, r.workload.batch_size, r.workload.precision) for r in records})
-    assert {e.compile for e in board.entries} == {"eager"} and board.compiles == ["eager"]
+    assert {e.compile for e in board.entries} == {"default"} and board.compiles == ["eager"]
     assert board.speedups == [] and pages.speedup_matrix(board) is None
     for s in m.history:
         _suite, _hardware, bench, batch, precision, fw, host, mode = s.key
@@ -306,3 +308,17 @@ def test_results_table_shows_the_compile_mode_beside_the_precision(tmp_path, mon
     assert lines[1].split() == cols
     i = cols.index("precision")
     assert sorted(tuple(line.split()[i:i + 2]) for line in lines[3:]) == sorted(VARIANTS)
+
+
+def test_default_runs_rank_every_framework_together_whatever_its_default_mode(monkeypatch):
+    """`dlbench run` without --compile: torch runs eager, jax jit-compiled; both are one board entry
+    (each framework as it runs by default), each row saying which mode it ran."""
+    torch_run = variant(make_record(framework="torch"), "fp32", "eager", requested="default")
+    jax_run = variant(make_record(framework="jax"), "fp32", "compiled", requested="default")
+    model = model_of([torch_run, jax_run])
+    (board,) = model.boards
+    assert [(e.benchmark, e.compile) for e in board.entries] == [(torch_run.benchmark, "default")]
+    assert {r.shown.framework: r.shown.compile for r in board.entries[0].rows} == {"torch": "eager", "jax": "compiled"}
+    explicit = model_of([variant(make_record(framework="torch"), "fp32", "eager"),
+                         variant(make_record(framework="jax"), "fp32", "compiled")])
+    assert sorted(e.compile for e in explicit.boards[0].entries) == ["compiled", "eager"]

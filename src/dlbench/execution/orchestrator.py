@@ -246,7 +246,7 @@ class Orchestrator:
                                 params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
                                 definition=b.network.resolved),
             workload=Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision,
-                              compile=run.compile,
+                              compile=run.compile, compile_requested=b.compile,
                               compile_mode=opts.compile_mode if run.compile == "compiled" else None,
                               learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device),
             framework=last_result.get("framework", {"name": run.runner.name}),

@@ -35,7 +35,8 @@ records step by step and refuse newer ones):
   6 (2026-12-01) precision and compilation as axes: `workload.precision` is one of fp32 (IEEE
     float32, TF32 pinned off), tf32, amp_bf16, amp_fp16 (the runner records the effective flags and
     dtypes it read back in settings.runner.precision_effective); `workload.compile` (eager |
-    compiled) and `workload.compile_mode` (torch.compile's mode, where one was asked); each repeat's
+    compiled, as the framework resolved it), `workload.compile_requested` (default | eager | compiled)
+    and `workload.compile_mode` (torch.compile's mode, where one was asked); each repeat's
     allocator peak (`Repeat.memory`) and compiler counters (`Repeat.compile`); the summary's
     `compile_s` (first iteration less the steady median, over repeats). Older records: precision
     "float32" reads as "fp32" on the CPU (no TF32 there; the runners never enabled reduced-precision
@@ -151,6 +152,9 @@ class Workload(_Model):
     batch_size: int
     precision: str  # fp32 | tf32 | amp_bf16 | amp_fp16 (a collective: its dtype; see update_to_6 for older names)
     compile: str = "eager"  # eager | compiled, as resolved for the framework (runner.toml [execution])
+    # what the run asked for: default (each framework as it runs when not told: the leaderboard
+    # ranks those together), eager or compiled
+    compile_requested: str = "default"
     compile_mode: str | None = None  # torch.compile's mode (default | max-autotune) when compiled
     learning_rate: float
     momentum: float
