@@ -16,6 +16,7 @@ import datetime
 
 import torch_network as tn
 from contract import DataParallel
+from protocol import Skip
 from torch_network import load_torch
 from torch_runner import TorchRunner
 
@@ -93,6 +94,16 @@ class TorchDistributedRunner(TorchRunner):
         ddp_options = {"bucket_cap_mb": 25, "gradient_as_bucket_view": False}  # DDP's defaults, stated
         settings: dict = {"ddp": dict(ddp_options),
                           "exposed_communication": "median step time minus median step time under DDP no_sync()"}
+        if request.get("compile") not in (None, "default", "eager"):  # never a silent eager run
+            raise Skip(f"compile {request.get('compile')!r}: the torch distributed runner trains eagerly "
+                       "(DistributedDataParallel without torch.compile)")
+        settings["compile"] = {"mode": "eager", "requested": request.get("compile")}
+        precision = request.get("precision")
+        if precision == tn.CHECK_PRECISION:  # the equivalence check's precision, single-process only
+            raise ValueError(f"the torch distributed runner does not train in {tn.CHECK_PRECISION} "
+                             f"({', '.join(tn.PRECISIONS)} only)")
+        settings["precision"] = tn.check_precision(precision, tn.PRECISIONS)
+        settings["precision_effective"] = tn.float32_math(precision, device)  # as in one process (Skip: tf32 off a GPU)
         model, memory_format = tn.place(tn.build_network(network), network, device, settings)
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
@@ -106,11 +117,8 @@ class TorchDistributedRunner(TorchRunner):
         seed = request.get("seed", 0) * 1000 + cluster.rank + 1
         x, y = tn.synthetic_batch(network, request["batch_size"], device, memory_format,
                                   torch.Generator(device="cpu").manual_seed(seed))
-        precision = request.get("precision", "float32")
-        if precision == "float64":  # the equivalence check's precision, single-process only
-            raise ValueError("the torch distributed runner does not train in float64 (float32 and AMP only)")
-        settings["precision"] = precision
-        autocast, scaler = tn.mixed_precision(precision, device, train=True)
+        autocast, scaler, amp = tn.mixed_precision(precision, device, train=True)
+        settings["precision_effective"].update(amp)
         step, _ = tn.train_step(ddp, x, y, lambda: tn.sgd(tn.trainable_params(ddp), request), autocast, scaler)
 
         def step_without_sync():

@@ -2,7 +2,10 @@
 
 Runs inside the torch environment only. torch is imported in `framework_info`, after
 `configure_threads` has set the OpenMP variables that torch reads at import. The network, its
-weights, data, loss and step are torch_network.py's.
+weights, data, loss and step are torch_network.py's, and so is the precision (float32 math pinned
+and read back, torch.autocast, GradScaler). `compile`: eager (the default) or torch.compile of the
+network (inductor), compiled by the first step, which the harness times apart; after the measured
+window Prepared reports the CUDA caching allocator's peak and, when compiled, dynamo's counters.
 """
 
 from __future__ import annotations
@@ -10,8 +13,13 @@ from __future__ import annotations
 import os
 
 import torch_network as tn
-from contract import Kernel, Prepared
+from contract import COMPILE_MODES, Kernel, Prepared
+from protocol import Skip
 from torch_network import load_torch
+
+
+DEFAULT_COMPILE = "eager"  # runner.toml [execution] compile: what runs when a request names no mode
+EAGER = "eager PyTorch: the module's operations called one by one from Python (no torch.compile)"
 
 
 class TorchRunner:
@@ -66,8 +74,13 @@ class TorchRunner:
         torch = load_torch()
         network = request["network"]
         device = torch.device(request["device"])
+        precision = tn.check_precision(request.get("precision"))
+        train = request["mode"] == "train"
+        settings: dict = {"precision": precision}
+        # before anything is built: a precision or compile mode that cannot run here is skipped
+        settings["precision_effective"] = tn.float32_math(precision, device)
+        compiled, compile_settings = compile_choice(request, device)
         torch.manual_seed(request.get("seed", 0))
-        settings: dict = {}
         model, memory_format = tn.place(tn.build_network(network, deterministic=request.get("deterministic", False)),
                                         network, device, settings)
         if request.get("inputs"):
@@ -75,12 +88,15 @@ class TorchRunner:
         else:
             x, y = tn.synthetic_batch(network, request["batch_size"], device, memory_format)
 
-        precision = request.get("precision", "float32")
         model, x = tn.in_precision(model, x, precision)
-        settings["precision"] = precision
-        train = request["mode"] == "train"
-        autocast, scaler = tn.mixed_precision(precision, device, train)
+        autocast, scaler, amp = tn.mixed_precision(precision, device, train)
+        try:
+            dtypes = tn.probe_dtypes(model, x, autocast, precision, network)
+        except tn.ReducedPrecisionUnsupported as e:
+            raise Skip(str(e)) from e
+        settings["precision_effective"].update(amp, **dtypes)
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        out_shape = tn.output_shape(model, x, train)  # on the eager module: a compiled one compiles in step 1
 
         def forward_loss():
             grad = torch.enable_grad() if train else torch.inference_mode()
@@ -89,7 +105,10 @@ class TorchRunner:
                 loss = tn.loss(out, y)
             return out.detach().to(torch.float64 if out.dtype == torch.float64 else torch.float32).cpu().numpy(), float(loss)
 
-        train_step, reset_optimizer = tn.train_step(model, x, y, lambda: tn.sgd(tn.trainable_params(model), request),
+        # the timed module: torch.compile's, compiled lazily by its first call (the harness's first iteration)
+        stepped = torch.compile(model, mode=compile_settings["compile_mode"]) if compiled else model
+        settings["compile"] = compile_settings
+        train_step, reset_optimizer = tn.train_step(stepped, x, y, lambda: tn.sgd(tn.trainable_params(model), request),
                                                     autocast, scaler)
         if train:
             model.train()
@@ -99,9 +118,114 @@ class TorchRunner:
 
             def step():
                 with torch.inference_mode(), autocast():
-                    model(x)
+                    stepped(x)
 
-        return Prepared(step, tn.synchronizer(device), params, tn.output_shape(model, x, train), settings,
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)  # the peak from here on: the model, data and steps
+
+        return Prepared(step, tn.synchronizer(device), params, out_shape, settings,
                         export_weights=lambda: tn.export_weights(model, network),
                         load_weights=lambda arrays: tn.load_weights(model, network, arrays),
-                        reset_optimizer=reset_optimizer, forward_loss=forward_loss)
+                        reset_optimizer=reset_optimizer, forward_loss=forward_loss,
+                        memory=lambda: memory_peak(device),
+                        compile_stats=dynamo_counters if compiled else None)
+
+
+# ------------------------------------------------------------------ compilation, memory
+
+
+def compile_choice(request: dict, device) -> tuple[bool, dict]:
+    """(compiled?, settings["compile"]) for the request's `compile` (absent or "default": eager, the
+    runner's default, runner.toml [execution]) and, when compiled, `compile_mode` (torch.compile's
+    mode, "default" when absent). A mode torch does not have, or an inductor that cannot run here
+    (no C++ compiler on the CPU, no Triton on the GPU), is a Skip saying why."""
+    torch = load_torch()
+    asked = request.get("compile")
+    mode = DEFAULT_COMPILE if asked in (None, "default") else asked
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile {asked!r} is not one the torch runner accepts ({', '.join(COMPILE_MODES)}, "
+                         f"or absent for its default, {DEFAULT_COMPILE})")
+    if mode == "eager":
+        return False, {"mode": "eager", "requested": asked, "framework": EAGER}
+    import torch._dynamo
+    import torch._inductor
+
+    compile_mode = request.get("compile_mode") or "default"
+    modes = sorted(torch._inductor.list_mode_options())
+    if compile_mode not in modes:
+        raise Skip(f"torch.compile has no mode {compile_mode!r} in torch {torch.__version__} (it has {', '.join(modes)})")
+    if device.type == "cpu":
+        cxx = compiler(cxx_candidates(), "compiled: torch.compile's inductor backend generates C++ for the CPU and "
+                                         "needs a C++ compiler")
+    else:
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            raise Skip(f"compiled: torch.compile's inductor backend generates Triton kernels for {device.type}; "
+                       f"Triton is not usable in this environment")
+        cxx = compiler([os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"],
+                       "compiled: Triton builds its GPU launcher with a C compiler")
+    torch._dynamo.config.suppress_errors = False  # a compile error fails the run; never a silent eager fallback
+    return True, {"mode": "compiled", "requested": asked, "compile_mode": compile_mode,
+                  "framework": f"torch.compile(mode={compile_mode!r}, backend='inductor')",
+                  "scope": "the network module (in training AOTAutograd compiles its backward too); the loss's "
+                           "backward call, the optimiser step and a GradScaler stay eager",
+                  "suppress_errors": torch._dynamo.config.suppress_errors, "compiler": cxx}
+
+
+def cxx_candidates() -> list[str]:
+    """The C++ compilers inductor tries on the CPU: $CXX, else torch._inductor.config.cpp.cxx."""
+    import torch._inductor.config as config
+
+    if os.environ.get("CXX"):
+        return [os.environ["CXX"]]
+    configured = (config.cpp.cxx,) if isinstance(config.cpp.cxx, str) else tuple(config.cpp.cxx)
+    return [c for c in configured if c] or ["g++"]
+
+
+def compiler(candidates: list[str], needs: str) -> str:
+    """The path of the first of `candidates` on PATH; Skip (`needs`, and what was looked for) if none is."""
+    import shutil
+
+    for c in candidates:
+        found = shutil.which(c)
+        if found:
+            return found
+    raise Skip(f"{needs}; none found on PATH (looked for {', '.join(candidates)})")
+
+
+def dynamo_counters() -> dict:
+    """What torch's compiler reports after the measured window: graph breaks (torch._dynamo.utils.counters
+    ["graph_break"], by reason), compiled frames and recompilations (torch._dynamo.utils.get_compilation_metrics(),
+    a recompilation being a compile with a recompile reason), unique graphs, inductor's own counters."""
+    from torch._dynamo.utils import counters, get_compilation_metrics
+
+    breaks = counters["graph_break"]
+    compiles = list(get_compilation_metrics())  # one entry per compiled frame, and per backward AOTAutograd compiled
+    reasons = [m.recompile_reason for m in compiles if getattr(m, "recompile_reason", None)]
+    backward = sum(1 for m in compiles if getattr(m, "is_forward", True) is False)
+    return {
+        "source": "torch._dynamo.utils.counters, torch._dynamo.utils.get_compilation_metrics()",
+        "graph_breaks": sum(breaks.values()),
+        "graph_break_reasons": {reason.strip().splitlines()[0][:200]: n for reason, n in breaks.items()},
+        "recompiles": len(reasons),
+        "recompile_reasons": [r[:200] for r in reasons],
+        # a backward served from AOTAutograd's cache (aot_autograd.autograd_cache_hit) is not compiled again
+        "compilations": {"forward": len(compiles) - backward, "backward": backward},
+        "frames": dict(counters["frames"]),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "aot_autograd": dict(counters["aot_autograd"]),
+        "inductor": dict(counters["inductor"]),
+    }
+
+
+def memory_peak(device) -> dict:
+    """The caching allocator's peak since the end of prepare (CUDA), or why there is none (the CPU)."""
+    torch = load_torch()
+    if device.type != "cuda":
+        return {"unavailable": "torch keeps no allocator statistics for the CPU"}
+    return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "source": "torch.cuda.max_memory_allocated / max_memory_reserved (peak since the end of prepare, "
+                      "torch.cuda.reset_peak_memory_stats)"}
