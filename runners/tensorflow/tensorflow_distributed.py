@@ -38,8 +38,9 @@ import sys
 
 import contract
 import tensorflow_network as tn
+from protocol import Skip
 from tensorflow_network import load_keras, load_tf
-from tensorflow_runner import TensorFlowRunner
+from tensorflow_runner import TensorFlowRunner, compile_choice
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
@@ -213,7 +214,16 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = cluster.device == "cuda"
-        precision = tn.check_precision(request)
+        asked = request.get("precision", "fp32")
+        if asked in contract.PRECISIONS and asked != "fp32":
+            raise Skip(f"tensorflow multi-worker runner: precision {asked!r} is not implemented in its "
+                       "MultiWorkerMirroredStrategy step (fp32 only)")
+        precision = tn.check_precision(request, ("fp32",))  # float64 (the check's) or any other: a ValueError
+        compile_mode, _ = compile_choice(request)  # an unknown mode: a ValueError
+        if compile_mode != "eager":
+            raise Skip(f"tensorflow multi-worker runner: compile {compile_mode!r} is not implemented in its "
+                       "MultiWorkerMirroredStrategy step (eager only: a tf.function graph without XLA)")
+        float32_math = tn.float32_math(precision)  # TF32 pinned off, read back, as in one process
         strategy = self.strategy
         workers = strategy.num_replicas_in_sync
         keras.utils.set_random_seed(request.get("seed", 0))  # the strategy broadcasts worker 0's initial values anyway
@@ -288,6 +298,9 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         options = self.strategy.extended._communication_options
         settings = {
             "precision": precision,
+            "precision_effective": float32_math,
+            "compile": {"mode": "eager", "requested": request.get("compile"),
+                        "framework": "tf.function(jit_compile=False) around strategy.run (no XLA)"},
             "data_format": "channels_last" if images else None,
             "strategy": "tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG from DLBENCH_WORKER_ADDRESSES)",
             "communication": {"implementation": self.implementation.name,

@@ -25,6 +25,15 @@ Choices (all recorded in the result's `settings`):
   kernel (FusedBatchNormV3: oneDNN on CPU, cuDNN on GPU), the running statistics updated by the
   kernel itself (exponential_avg_factor = canonical momentum, unbiased batch variance as in the
   canonical/PyTorch convention). Keras 3's own call is unfused (moments + batch_normalization).
+- precision (runners/common/contract.py): fp32 and tf32 build the network in float32 as Keras
+  does by default and differ only in TensorFlow's TF32 switch (`float32_math`: set, then read back;
+  pinned off for every precision but tf32). amp_bf16 and amp_fp16 are Keras' own mixed precision:
+  the model and optimiser are built under the global dtype policy "mixed_bfloat16" or
+  "mixed_float16" (`precision_scope`): float32 variables, bfloat16/float16 computation, and, as
+  Keras recommends, the network's output cast to float32 by a last float32 layer
+  (keras.layers.Activation("linear", dtype="float32"), no weights), so logits and loss are float32;
+  the batch norm's fused kernel takes the half-precision activations with float32 statistics (its
+  U). amp_fp16 adds keras.optimizers.LossScaleOptimizer (dynamic loss scaling; the runner).
 - precision float64 (single-process `prepare` only, for `dlbench check`): the model and the
   optimiser are built under Keras' own dtype mechanism (`precision_scope`: the global dtype policy
   and floatx set to float64, restored afterwards), so every variable (parameters, running
@@ -44,11 +53,17 @@ import functools
 import os
 import types
 
-from contract import LayerTable
+from contract import CHECK_PRECISION, LayerTable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 
 ELEMENTWISE = ("relu", "sigmoid", "tanh", "dropout")
+
+# The Keras global dtype policy each precision builds under (None: Keras' default, float32)
+KERAS_POLICY = {"fp32": None, "tf32": None, "amp_bf16": "mixed_bfloat16", "amp_fp16": "mixed_float16",
+                CHECK_PRECISION: "float64"}
+MIXED = ("amp_bf16", "amp_fp16")
+TF32_CAPABILITY = (8, 0)  # NVIDIA Ampere: the first GPUs with TF32 tensor cores
 
 
 def load_tf():
@@ -405,19 +420,28 @@ def build_layer(spec: dict, plan: LayerPlan) -> list:
     return LAYERS.builder(spec["type"])(spec, plan)
 
 
+def storage_dtype(precision: str) -> str:
+    """The dtype of the variables (and of inputs, exported weights) under `precision`: float64 for
+    the check's float64, float32 for every other (the AMP modes keep float32 variables)."""
+    return "float64" if precision == CHECK_PRECISION else "float32"
+
+
 @contextlib.contextmanager
 def precision_scope(precision: str):
-    """Keras' own dtype mechanism for what is built inside: float32 leaves Keras as it is; float64
-    sets the global dtype policy (every layer's variables and computation) and floatx (keras.Input's
-    default, the optimiser's learning-rate variable; its slots follow their variables) to float64,
-    and restores both on exit (a layer keeps the policy it was built with)."""
-    if precision == "float32":
+    """Keras' own dtype mechanism for what is built inside: fp32 and tf32 leave Keras as it is
+    (float32); amp_bf16 / amp_fp16 set the global dtype policy to "mixed_bfloat16" /
+    "mixed_float16" (float32 variables, reduced-precision computation); float64 sets the policy and
+    floatx (keras.Input's default, the optimiser's learning-rate variable; its slots follow their
+    variables) to float64. Both are restored on exit (a layer keeps the policy it was built with)."""
+    name = KERAS_POLICY[precision]
+    if name is None:
         yield
         return
     keras = load_keras()
     policy, floatx = keras.config.dtype_policy(), keras.config.floatx()
-    keras.config.set_dtype_policy(precision)
-    keras.config.set_floatx(precision)
+    keras.config.set_dtype_policy(name)
+    if precision == CHECK_PRECISION:
+        keras.config.set_floatx(precision)
     try:
         yield
     finally:
@@ -425,7 +449,7 @@ def precision_scope(precision: str):
         keras.config.set_dtype_policy(policy)
 
 
-def build_network(network: dict, deterministic: bool = False, precision: str = "float32"):
+def build_network(network: dict, deterministic: bool = False, precision: str = "fp32"):
     """A keras.Sequential for the resolved network and, per resolved layer, its Keras layers, in
     `precision` (see `precision_scope`)."""
     with precision_scope(precision):
@@ -443,14 +467,17 @@ def _build_network(network: dict, deterministic: bool, precision: str):
         per_layer.append(build_layer(spec, LayerPlan(hw, flatten_modes.get(i), deterministic)))
 
     inp = network["input"]
+    dtype = storage_dtype(precision)
     if inp["kind"] == "tokens":
         first = keras.Input(shape=(inp["sequence_length"],), dtype="int64")
     elif len(inp["shape"]) == 3:
         c, h, w = inp["shape"]
-        first = keras.Input(shape=(h, w, c), dtype=precision)
+        first = keras.Input(shape=(h, w, c), dtype=dtype)
     else:
-        first = keras.Input(shape=tuple(inp["shape"]), dtype=precision)
-    model = keras.Sequential([first] + [layer for made in per_layer for layer in made], name=network["name"])
+        first = keras.Input(shape=tuple(inp["shape"]), dtype=dtype)
+    # mixed precision: the output in float32, as Keras recommends (a weightless float32 last layer)
+    tail = [keras.layers.Activation("linear", dtype="float32", name="logits_float32")] if precision in MIXED else []
+    model = keras.Sequential([first] + [layer for made in per_layer for layer in made] + tail, name=network["name"])
     return model, per_layer, flatten_modes, permuted
 
 
@@ -518,20 +545,20 @@ def canonical_variables(network: dict, per_layer: list, permuted: dict) -> dict:
     return out
 
 
-def export_weights(variables: dict, precision: str = "float32") -> dict:
-    """Every canonical tensor, in `precision` (float32, or float64 for a float64 network)."""
+def export_weights(variables: dict, precision: str = "fp32") -> dict:
+    """Every canonical tensor in the variables' dtype (float32, or float64 for a float64 network)."""
     import numpy as np
 
-    dtype = np.dtype(precision)
+    dtype = np.dtype(storage_dtype(precision))
     return {name: np.ascontiguousarray(to_canonical(np.array(var.numpy(), dtype=dtype)))
             for name, (var, _, to_canonical) in variables.items()}
 
 
-def load_weights(variables: dict, arrays: dict, precision: str = "float32") -> None:
-    """The canonical arrays into the variables, as `precision` (float32 -> float64 is exact)."""
+def load_weights(variables: dict, arrays: dict, precision: str = "fp32") -> None:
+    """The canonical arrays into the variables, in their dtype (float32 -> float64 is exact)."""
     import numpy as np
 
-    dtype = np.dtype(precision)
+    dtype = np.dtype(storage_dtype(precision))
     if set(arrays) != set(variables):
         raise ValueError(f"weight set mismatch: missing {sorted(set(variables) - set(arrays))[:5]}, "
                          f"unexpected {sorted(set(arrays) - set(variables))[:5]}")
@@ -562,14 +589,57 @@ def describe_flatten(layers, modes, permuted):
 # what the single-process and the multi-worker steps share
 
 
-def check_precision(request: dict, supported: tuple[str, ...] = ("float32",)) -> str:
-    """The request's precision, or one clear error if it is not among `supported` (the single-process
-    `prepare` supports float32 and float64, the multi-worker step float32 only)."""
-    precision = request.get("precision", "float32")
+def check_precision(request: dict, supported: tuple[str, ...] = ("fp32",)) -> str:
+    """The request's precision (absent: fp32), or one clear error naming it and the accepted ones
+    (the single-process `prepare` accepts every precision of the contract and float64, the
+    multi-worker step fp32 only)."""
+    precision = request.get("precision", "fp32")
     if precision not in supported:
-        raise ValueError(f"tensorflow runner: precision {precision!r} is not supported here "
-                         f"({' or '.join(supported)} only)")
+        raise ValueError(f"tensorflow runner: precision {precision!r} is not one it accepts here "
+                         f"({', '.join(supported)})")
     return precision
+
+
+def tf32_unavailable(cuda: bool) -> str | None:
+    """None, or why TF32 cannot run here (the CPU, a GPU below compute capability 8.0, or TF32
+    switched off under TensorFlow by NVIDIA_TF32_OVERRIDE=0)."""
+    why = "tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
+    if not cuda:
+        return why + "this run is on the CPU"
+    tf = load_tf()
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    details = tf.config.experimental.get_device_details(gpu)
+    cc = details.get("compute_capability")
+    if cc is None or tuple(cc) < TF32_CAPABILITY:
+        have = "an unknown compute capability" if cc is None else f"compute capability {cc[0]}.{cc[1]}"
+        return why + f"GPU:0 ({details.get('device_name')}) has {have}"
+    if os.environ.get("NVIDIA_TF32_OVERRIDE") == "0":
+        return "tf32: NVIDIA_TF32_OVERRIDE=0 in the environment switches TF32 off in cuBLAS and cuDNN below TensorFlow"
+    return None
+
+
+def float32_math(precision: str) -> dict:
+    """Sets TensorFlow's float32 math for `precision` and reads it back: TF32 execution enabled for
+    tf32 only (tf.config.experimental.enable_tensor_float_32_execution; TensorFlow's default is on,
+    so fp32, float64 and the AMP modes, whose float32 parts stay IEEE, pin it off; on the CPU the
+    switch does nothing, but the same code runs on the GPU), and float16 matrix products and
+    convolutions accumulating in float32 (TensorFlow's own default, pinned through the environment
+    variables its float16 GEMM and convolution paths read at their first use; it has no other
+    reduced-precision-reduction switch)."""
+    tf = load_tf()
+    tf.config.experimental.enable_tensor_float_32_execution(precision == "tf32")
+    for name in FP16_ACCUMULATION:  # before any float16 op has run in this process
+        os.environ[name] = "1"
+    return {
+        "tensor_float_32_execution_enabled": tf.config.experimental.tensor_float_32_execution_enabled(),
+        "tf32_set_by": f"tf.config.experimental.enable_tensor_float_32_execution({precision == 'tf32'})",
+        "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
+        **{name: os.environ[name] for name in FP16_ACCUMULATION},
+        "ONEDNN_DEFAULT_FPMATH_MODE": os.environ.get("ONEDNN_DEFAULT_FPMATH_MODE"),
+    }
+
+
+FP16_ACCUMULATION = ("TF_FP16_MATMUL_USE_FP32_COMPUTE", "TF_FP16_CONV_USE_FP32_COMPUTE")
 
 
 def input_kind(network: dict) -> tuple[bool, bool, bool]:

@@ -4,9 +4,20 @@ Runs inside the tensorflow environment only. TensorFlow is imported in `configur
 TF_CPP_MIN_LOG_LEVEL is set (tensorflow_network.py, imported first), and its thread pools are sized
 there, before any op runs. The choices (layout, padding, flatten, batch norm, LSTM) are
 tensorflow_network.py's, where the network is built; the train step is one tf.function (forward,
-sparse softmax cross-entropy, gradient, Keras SGD update), XLA (jit_compile) when the request asks.
-Precision float32, or float64 (for `dlbench check`): model and optimiser built under
-`tn.precision_scope`, inputs cast to float64 once in prepare, weights exported as float64.
+sparse softmax cross-entropy, gradient, Keras SGD update).
+
+Compile (the request's `compile`): `eager`, the runner's default (runner.toml [execution]), is that
+tf.function as a TensorFlow graph run by TF's executor, without XLA; `compiled` is the same
+tf.function with jit_compile=True, the whole step compiled by XLA. A network with a layer Keras
+marks as not XLA-compatible (supports_jit False: the cuDNN LSTM kernel on a GPU) is skipped under
+`compiled`, never run un-jitted under that label.
+
+Precision (runners/common/contract.py): fp32 / tf32 pin TensorFlow's TF32 switch off / on and read
+it back (tf32 is skipped off an NVIDIA GPU of compute capability >= 8.0); amp_bf16 / amp_fp16 build
+model and optimiser under Keras' mixed policy (`tn.precision_scope`), amp_fp16 with
+keras.optimizers.LossScaleOptimizer (dynamic loss scale); float64 (for `dlbench check`): everything
+float64, inputs cast once in prepare, weights exported as float64. The dtypes a real forward pass
+gives (the first layer's output, the logits) are recorded with the flags.
 """
 
 from __future__ import annotations
@@ -14,11 +25,19 @@ from __future__ import annotations
 import os
 
 import tensorflow_network as tn
-from contract import Kernel, Prepared
+from contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Kernel, Prepared
+from protocol import Skip
 from tensorflow_network import load_keras, load_tf
 
 INTER_OP_MAX = 2  # inter-op pool: min(threads, this)
-PRECISIONS = ("float32", "float64")  # what `prepare` builds (the multi-worker step: float32 only)
+ACCEPTED = PRECISIONS + (CHECK_PRECISION,)  # what `prepare` builds (the multi-worker step: fp32 only)
+DEFAULT_COMPILE = "eager"  # runner.toml [execution] compile: what runs when a request names no mode
+COMPILE_FRAMEWORK = {
+    "eager": "tf.function(jit_compile=False): the step traced once into a TensorFlow graph, run op by op by "
+             "TF's executor (no XLA)",
+    "compiled": "tf.function(jit_compile=True): the whole step (forward, loss, gradient, optimiser update) "
+                "compiled by XLA",
+}
 
 
 def _default_parallelism() -> int:
@@ -102,17 +121,20 @@ class TensorFlowRunner:
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = request["device"] == "cuda"
-        precision = tn.check_precision(request, PRECISIONS)
-        float_dtype = getattr(tf, precision)
+        precision = tn.check_precision(request, ACCEPTED)
+        mode, asked = compile_choice(request)
+        jit = mode == "compiled"
+        if precision == "tf32":
+            why_not = tn.tf32_unavailable(cuda)
+            if why_not:
+                raise Skip(why_not)
+        storage = tn.storage_dtype(precision)
+        float_dtype = tf.as_dtype(storage)
         keras.utils.set_random_seed(request.get("seed", 0))
         inp = network["input"]
         tokens, images, has_lstm = tn.input_kind(network)
-        jit = bool(request.get("jit_compile", False))
-        settings: dict = {"precision": precision, "data_format": "channels_last" if images else None,
-                          "jit_compile_requested": jit}
-        if jit and cuda and has_lstm:
-            jit = False  # Keras' cuDNN LSTM kernel cannot be compiled by XLA
-            settings["jit_compile_note"] = "disabled: the cuDNN LSTM kernel is not XLA-compatible"
+        settings: dict = {"precision": precision, "precision_effective": tn.float32_math(precision),
+                          "data_format": "channels_last" if images else None}
         bn_floor = tn.set_batch_norm_floor(cuda)
         device = "/GPU:0" if cuda else "/CPU:0"
 
@@ -120,6 +142,14 @@ class TensorFlowRunner:
             model, per_layer, flatten_modes, permuted = tn.build_network(
                 network, request.get("deterministic", False), precision)
             variables = tn.canonical_variables(network, per_layer, permuted)
+            if jit:
+                no_xla = [layer for layer in model.layers if not getattr(layer, "supports_jit", True)]
+                if no_xla:
+                    raise Skip("compiled: XLA cannot compile this step: " + ", ".join(
+                        f"{type(layer).__name__} {layer.name!r}" for layer in no_xla)
+                        + (" runs the cuDNN LSTM kernel (CudnnRNNV3), which is not XLA-compatible"
+                           if any(isinstance(layer, keras.layers.LSTM) for layer in no_xla) else
+                           " is marked not XLA-compatible by Keras") + " (Keras sets supports_jit=False)")
 
             batch = request["batch_size"]
             if request.get("inputs"):
@@ -127,8 +157,8 @@ class TensorFlowRunner:
                     x_np, y_np = data["x"], data["y"]
                 if images:  # canonical NCHW -> NHWC, once, outside the timed step
                     x_np = np.ascontiguousarray(x_np.transpose(0, 2, 3, 1))
-                if not tokens and precision != "float32":  # float32 -> float64 is exact
-                    x_np = x_np.astype(precision)
+                if not tokens and storage != "float32":  # float32 -> float64 is exact
+                    x_np = x_np.astype(storage)
                 x = tf.identity(tf.constant(x_np))
                 y = tf.identity(tf.constant(y_np))
             elif tokens:
@@ -145,13 +175,34 @@ class TensorFlowRunner:
 
             trainable = model.trainable_variables
             params = tn.count_params(trainable)
-            optimizer = keras.optimizers.SGD(learning_rate=request["learning_rate"], momentum=request["momentum"])
+            sgd = keras.optimizers.SGD(learning_rate=request["learning_rate"], momentum=request["momentum"])
+            scaled = precision == "amp_fp16"
+            # dynamic loss scaling, Keras' own: the loss scaled before the gradient, the gradients
+            # unscaled and checked in apply_gradients (a non-finite step is skipped, the scale halved)
+            optimizer = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
             optimizer.build(trainable)
+            # the dtypes of a real forward pass (one sample, inference mode: no state changes)
+            probe = x[:1]
+            first_dtype = model.layers[0](probe, training=False).dtype.name
+            logits_dtype = model(probe, training=False).dtype.name
+
+        logits_layer = model.layers[-2] if precision in tn.MIXED else model.layers[-1]  # before the float32 cast
+        settings["precision_effective"].update({
+            "keras_dtype_policy": model.layers[0].dtype_policy.name,
+            "variable_dtype": str(trainable[0].dtype),  # Keras 3 variables give their dtype as a string
+            "first_layer_output_dtype": first_dtype,
+            "logits_layer_compute_dtype": logits_layer.compute_dtype,
+            "logits_dtype": logits_dtype,
+            "loss_scale": float(optimizer.dynamic_scale.numpy()) if scaled else None,
+        })
 
         def reset_optimizer():
-            for m in optimizer.momentums:
+            for m in sgd.momentums:
                 m.assign(tf.zeros_like(m))
-            optimizer.iterations.assign(0)
+            sgd.iterations.assign(0)
+            if scaled:
+                optimizer.dynamic_scale.assign(optimizer.initial_scale)
+                optimizer.step_counter.assign(0)
 
         train = request["mode"] == "train"
 
@@ -166,7 +217,8 @@ class TensorFlowRunner:
             def compiled(x, y):
                 with tf.GradientTape() as tape:
                     loss = loss_of(y, model(x, training=True))
-                grads = tape.gradient(loss, trainable)
+                    target = optimizer.scale_loss(loss) if scaled else loss
+                grads = tape.gradient(target, trainable)
                 optimizer.apply_gradients(zip(grads, trainable))
                 return loss
         else:
@@ -188,27 +240,75 @@ class TensorFlowRunner:
             # On CPU the call returns computed tensors already; this costs microseconds.
             sync_devices()
 
+        def compile_stats() -> dict:
+            traced = compiled.experimental_get_tracing_count()
+            return {"source": "tf.function experimental_get_tracing_count() of the step", "tracings": traced,
+                    "retracings": max(traced - 1, 0), "jit_compile": jit}
+
+        policy = tn.KERAS_POLICY[precision]
         settings.update({
+            "compile": {"mode": mode, "requested": asked, "framework": COMPILE_FRAMEWORK[mode]},
             "input_transpose": "NCHW->NHWC once in prepare" if images else None,
             "flatten": tn.describe_flatten(network["layers"], flatten_modes, permuted),
             "step": "tf.function" + (" (XLA)" if jit else ""),
             "jit_compile": jit,
-            "batch_norm": (("keras BatchNormalization via FusedBatchNormV3" + (" (oneDNN)" if not cuda else " (cuDNN)"))
-                           if precision == "float32" else
+            "batch_norm": (("keras BatchNormalization via FusedBatchNormV3" + (
+                                " (cuDNN)" if cuda else " (oneDNN)" if precision not in tn.MIXED else " (CPU kernel)")
+                            + (f", {tn.KERAS_POLICY[precision].split('_')[1]} activations with float32 statistics"
+                               if precision in tn.MIXED else ""))
+                           if storage == "float32" else
                            "keras BatchNormalization variables, unfused tf.nn.moments + tf.nn.batch_normalization "
                            "(FusedBatchNormV3 has no float64 kernel), running variance unbiased as the kernel's"),
             "batch_norm_epsilon_floor": bn_floor,
             "lstm": tn.lstm_setting(has_lstm, cuda),
             "loss": "sparse_softmax_cross_entropy_with_logits, mean",
-            "optimizer": "keras.optimizers.SGD(momentum)",
-            **({} if precision == "float32" else {
-                "dtype_policy": f"keras.config.set_dtype_policy({precision!r}) + set_floatx({precision!r}) while "
-                                "model and optimiser are built: variables, activations, gradients, running "
-                                "statistics, momentum slots, learning rate and loss all " + precision}),
+            "optimizer": "keras.optimizers.SGD(momentum)" + (
+                f" in keras.optimizers.LossScaleOptimizer (dynamic: initial scale {float(optimizer.initial_scale):g}, "
+                f"doubled after {int(optimizer.dynamic_growth_steps)} finite steps, halved and the step skipped on a "
+                "non-finite gradient)" if scaled else ""),
+            **({} if policy is None else {"dtype_policy": (
+                f"keras.config.set_dtype_policy({policy!r}) + set_floatx({precision!r}) while model and optimiser "
+                "are built: variables, activations, gradients, running statistics, momentum slots, learning rate "
+                "and loss all " + precision) if precision == CHECK_PRECISION else (
+                f"keras.config.set_dtype_policy({policy!r}) while model and optimiser are built: float32 variables "
+                f"(and optimiser state), {policy.split('_')[1]} computation; the logits cast to float32 by a last "
+                "keras.layers.Activation('linear', dtype='float32'), the loss float32")}),
             **tn.thread_settings(),
         })
         output_shape = [int(d) for d in model.output_shape[1:]]
+        if cuda:  # the allocator's peak from here on: model, data and the steps
+            synchronize()
+            tf.config.experimental.reset_memory_stats("GPU:0")
         return Prepared(step, synchronize, params, output_shape, settings,
                         export_weights=lambda: tn.export_weights(variables, precision),
                         load_weights=lambda arrays: tn.load_weights(variables, arrays, precision),
-                        reset_optimizer=reset_optimizer, forward_loss=forward_loss)
+                        reset_optimizer=reset_optimizer, forward_loss=forward_loss,
+                        memory=lambda: memory_peak(cuda), compile_stats=compile_stats)
+
+
+def compile_choice(request: dict) -> tuple[str, str | None]:
+    """(the mode that runs, the mode asked) for the request's `compile`: absent or "default" is the
+    runner's default (eager); `compile_mode` is torch's and ignored here."""
+    asked = request.get("compile")
+    mode = DEFAULT_COMPILE if asked in (None, "default") else asked
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"tensorflow runner: compile {asked!r} is not one it accepts ({', '.join(COMPILE_MODES)}, "
+                         f"or absent for its default, {DEFAULT_COMPILE})")
+    return mode, asked
+
+
+def memory_peak(cuda: bool) -> dict:
+    """The BFC allocator's peak since the end of prepare on the GPU; on the CPU, why there is none."""
+    tf = load_tf()
+    if cuda:
+        info = tf.config.experimental.get_memory_info("GPU:0")
+        return {"peak_allocated_bytes": int(info["peak"]), "peak_reserved_bytes": None,
+                "source": "tf.config.experimental.get_memory_info('GPU:0')['peak'] (peak in use since "
+                          "tf.config.experimental.reset_memory_stats at the end of prepare; TensorFlow reports "
+                          "no reserved size)"}
+    try:
+        info = tf.config.experimental.get_memory_info("CPU:0")
+    except Exception as e:  # noqa: BLE001 - TensorFlow keeps allocator statistics for GPUs only
+        return {"unavailable": f"tf.config.experimental.get_memory_info('CPU:0') raises {type(e).__name__}: {e}"}
+    return {"peak_allocated_bytes": int(info["peak"]), "peak_reserved_bytes": None,
+            "source": "tf.config.experimental.get_memory_info('CPU:0')['peak']"}

@@ -72,7 +72,7 @@ with open(sys.argv[4], "w") as f:
 """
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _summary(name: str):
     if name in ZOO:
         with tempfile.TemporaryDirectory(prefix="dlbench-tf-zoo-") as tmp:
@@ -98,7 +98,7 @@ def _run_requests(python: Path, requests: list[dict]) -> list[dict]:
         req_path, res_path = Path(tmp, "requests.json"), Path(tmp, "results.json")
         req_path.write_text(json.dumps(requests))
         out = subprocess.run([str(python), "-c", RUN_REQUESTS, str(runners / "tensorflow"), str(runners / "common"),
-                              str(req_path), str(res_path)], capture_output=True, text=True, timeout=600,
+                              str(req_path), str(res_path)], capture_output=True, text=True, timeout=600, check=False,
                              cwd=runners / "tensorflow")
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(res_path.read_text())
@@ -242,7 +242,8 @@ def test_amp_bf16_forward_computes_in_bfloat16_with_float32_logits(precision_run
     assert effective["logits_layer_compute_dtype"] == "bfloat16"  # the dense logits computed in bfloat16,
     assert effective["logits_dtype"] == "float32"  # then cast to float32 as Keras recommends
     assert "mixed_bfloat16" in res["settings"]["dtype_policy"]
-    assert "FusedBatchNormV3" in res["settings"]["batch_norm"] and "bfloat16 activations" in res["settings"]["batch_norm"]
+    batch_norm = res["settings"]["batch_norm"]
+    assert "FusedBatchNormV3" in batch_norm and "bfloat16 activations with float32 statistics" in batch_norm
 
 
 @pytest.mark.parametrize(("precision", "compile_mode", "named"), [
