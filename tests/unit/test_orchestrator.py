@@ -69,7 +69,9 @@ def test_ok_runs(tmp_path, suite, fake):
         assert rec.environment["backend"] == "current" and rec.environment["python"] == sys.executable
         assert rec.settings.repeats == 3 and rec.settings.profile == "smoke"
         assert rec.settings.threads_effective == {"requested": 1, "effective": 1}
-        assert rec.settings.runner == {"fake": True}
+        assert rec.settings.runner["fake"] is True
+        assert (rec.settings.runner["precision"], rec.settings.runner["compile"]) == ("fp32", "eager")
+        assert (rec.workload.precision, rec.workload.compile, rec.workload.compile_requested) == ("fp32", "eager", "default")
         assert [r.index for r in rec.repeats] == [0, 1, 2]
         for rep in rec.repeats:
             assert rep.status == "ok"

@@ -120,7 +120,7 @@ def test_shipped_suite_resolves(catalog, suite_name, profile, device):
         assert b.batch_sizes == tuple(expected["networks"][network][key])
         assert b.learning_rate == pytest.approx(expected["learning_rate"])
         assert b.momentum == pytest.approx(0.9)
-        assert b.precision == "float32"
+        assert b.precision == "fp32"
         assert b.profile == profile
         assert b.policy == policy
         assert b.suite == suite_name
@@ -182,7 +182,7 @@ def test_defaults_applied_and_overrides_win(catalog, tmp_path):
     assert by_name["fcn8-train"].learning_rate == pytest.approx(0.5)
     assert by_name["fcn8-infer"].momentum == 0.0  # an explicit zero must not fall back to the default
     assert by_name["fcn8-infer"].precision == "amp_bf16"
-    assert by_name["fcn5-infer"].precision == "float32"
+    assert by_name["fcn5-infer"].precision == "fp32"
 
 
 def test_suite_without_defaults_uses_builtin_hyperparameters(catalog, tmp_path):
@@ -255,7 +255,7 @@ def test_broken_network_file_is_reported_with_its_own_path(catalog, tmp_path):
      "greater than 0"),
     (lambda d: d["benchmarks"][0]["batch_sizes"].pop("paper"), "benchmarks[0].batch_sizes.paper", "required"),
     (lambda d: d["benchmarks"][0].update(learning_rate=0), "benchmarks[0].learning_rate", "greater than 0"),
-    (lambda d: d["benchmarks"][0].update(precision="fp8"), "benchmarks[0].precision", "float32"),
+    (lambda d: d["benchmarks"][0].update(precision="fp8"), "benchmarks[0].precision", "fp32"),
     (lambda d: d.update(benchmarks=[]), "benchmarks", "at least 1"),
     (lambda d: d.update(name="bad name!"), "name", "pattern"),
 ])

@@ -18,8 +18,8 @@ from rich.progress import (
 )
 
 # Off a terminal rich assumes 80 columns and truncates; tables here are wide, so allow more.
-out = Console(width=None if sys.stdout.isatty() else 180)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 180)
+out = Console(width=None if sys.stdout.isatty() else 220)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 220)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
