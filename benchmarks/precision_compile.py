@@ -53,7 +53,8 @@ def table(store: Path, networks: list[str]) -> list[tuple]:
                 if side is None:
                     return "not run"
                 if side.status != "ok":
-                    return f"{side.workload.precision}/{side.workload.compile} {side.status}: {side.reason}"
+                    # the whole reason is in `dlbench results`; its start says which kind
+                    return f"{side.workload.precision}/{side.workload.compile} {side.status} ({(side.reason or '')[:32]}...)"
             return f"{top.summary.samples_per_s / bottom.summary.samples_per_s:.2f}"
 
         # the framework's default compile mode: the one its fp32 run without a counterpart would use;
