@@ -320,3 +320,22 @@ def test_cli_input_errors(tmp_path):
     code, _, err = invoke("compare", "--store", store, "--baseline", "version=1.0", "--candidate", "version=1.1",
                           "--format", "xml")
     assert code == 2 and "unknown format 'xml'" in err
+
+
+def _in_mode(r: Record, compile_mode: str) -> Record:
+    return r.model_copy(update={"workload": r.workload.model_copy(update={"compile": compile_mode})})
+
+
+def test_compile_mode_is_part_of_the_pairing_key_and_can_be_compared():
+    """compiled vs eager of one framework pairs per benchmark; version 1.0 vs 2.0 pairs eager with
+    eager and compiled with compiled, never across modes."""
+    rng = np.random.default_rng(11)
+    runs = [_in_mode(make_run(process_times(rng, 3, scale=s), version=v), mode)
+            for v in ("1.0", "2.0") for mode, s in (("eager", 1.0), ("compiled", 0.5))]
+    by_mode = compare(runs, parse_selector("compile=eager,version=1.0"), parse_selector("compile=compiled,version=1.0"))
+    assert "compile" in by_mode.varied_fields and "compile" not in by_mode.key_fields
+    (c,) = by_mode.comparisons
+    assert c.ratio == pytest.approx(2.0, rel=0.15)  # compiled takes half the time: twice the throughput
+    by_version = compare(runs, parse_selector("version=1.0"), parse_selector("version=2.0"))
+    assert sorted(c.key["compile"] for c in by_version.comparisons) == ["compiled", "eager"]
+    assert all(c.ratio == pytest.approx(1.0, rel=0.15) for c in by_version.comparisons)
