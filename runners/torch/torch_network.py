@@ -487,16 +487,16 @@ def _lstm_biases(model, network: dict):
                 yield f"{i:03d}.l{k}.bias", getattr(module.lstm, f"bias_ih_l{k}"), getattr(module.lstm, f"bias_hh_l{k}")
 
 
-def _host(t):
+def host_array(t):
     """A tensor as numpy: float64 stays float64 (the check's precision), anything else float32."""
     torch = load_torch()
     return t.detach().to(torch.float64 if t.dtype == torch.float64 else torch.float32).cpu().numpy().copy()
 
 
 def export_weights(model, network: dict) -> dict:
-    out = {n: _host(t) for n, t in canonical_tensors(model, network).items()}
+    out = {n: host_array(t) for n, t in canonical_tensors(model, network).items()}
     for name, b_ih, b_hh in _lstm_biases(model, network):
-        out[name] = _host(b_ih + b_hh)
+        out[name] = host_array(b_ih + b_hh)
     return out
 
 

@@ -103,7 +103,7 @@ class TorchRunner:
             with grad, autocast():
                 out = model(x)
                 loss = tn.loss(out, y)
-            return out.detach().to(torch.float64 if out.dtype == torch.float64 else torch.float32).cpu().numpy(), float(loss)
+            return tn.host_array(out), float(loss)
 
         # the timed module: torch.compile's, compiled lazily by its first call (the harness's first iteration)
         stepped = torch.compile(model, mode=compile_settings["compile_mode"]) if compiled else model

@@ -11,7 +11,7 @@ from ..definitions.loader import DefinitionError
 from ..execution.registry import RunnerRegistry
 from ..store.store import Store
 from .console import fail
-from .options import check_choice
+from .options import listed_choices
 
 
 def open_store(store: Path | None) -> Store:
@@ -48,12 +48,10 @@ def runner(registry: RunnerRegistry, name: str):
 
 def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
     """`--framework` values: names, comma lists, or 'all' (the runners that exist), deduplicated."""
-    names = [n.strip() for item in given for n in item.split(",") if n.strip()]
+    names = listed_choices("framework", given, registry.names())
     if not names:
         raise fail(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
-    for n in names:
-        check_choice("framework", n, registry.names() + ["all"])
-    return list(dict.fromkeys(registry.names() if "all" in names else names))
+    return names
 
 
 def suite_kind(path: Path) -> str:
