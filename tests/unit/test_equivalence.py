@@ -699,9 +699,32 @@ def test_mixed_precision_is_judged_against_the_first_frameworks_float64_step(mon
     assert [(c["runner"], c["precision"]) for c in probe.calls] == [("a", "float64"), ("a", "amp_bf16"),
                                                                    ("b", "amp_bf16")]
     assert (a.framework, a.status, a.precision) == ("a", "equivalent", "amp_bf16")
-    assert a.tolerance == pytest.approx(8 * u) and a.errors["logits"] == pytest.approx(2 * u, rel=1e-6)
-    assert 1.5 * u < a.errors["update"] < 2.5 * u  # gated at 16u on a network without batch norm
+    # two products in sequence, no ReLU: logits to 8 sqrt(2) u = 11.3u, the update to 8 sqrt(6) u = 19.6u
+    assert a.tolerance == pytest.approx(8 * np.sqrt(2) * u) and a.errors["logits"] == pytest.approx(2 * u, rel=1e-6)
+    assert 1.5 * u < a.errors["update"] < 2.5 * u
+    assert a.errors["allowed_update"] == pytest.approx(8 * np.sqrt(6) * u)
     assert b.status == "mismatch" and "a float64" in b.reason and "logits" in b.reason and "update" in b.reason
+
+
+@pytest.mark.parametrize("name,products,decisions", [
+    ("fcn5", 4, 0), ("fcn8", 7, 0), ("alexnet_r", 4, 5), ("alexnet", 8, 10),
+    ("resnet56", 56, 55), ("resnet50", 50, 50), ("lstm32", 34, 0), ("lstm64", 66, 0)])
+def test_rounding_and_decision_depth_of_shipped_networks(name, products, decisions):
+    """ResNet-56 is its name: 1 + 27 blocks x 2 + 1; an LSTM of T steps over 2 layers is T + 1, plus its dense."""
+    net = load_network(NETWORKS / f"{name}.yaml")
+    assert (equivalence.rounding_depth(net), equivalence.decision_depth(net)) == (products, decisions)
+
+
+def test_mixed_tolerances_grow_with_depth_and_the_update_with_the_square_root_of_u():
+    alexnet = load_network(NETWORKS / "alexnet.yaml")
+    bf16, fp16 = (equivalence.mixed_tolerances(alexnet, p) for p in ("amp_bf16", "amp_fp16"))
+    assert bf16["logits"] == pytest.approx(8 * np.sqrt(8) * 2.0 ** -8) and bf16["loss"] == bf16["weights"] == bf16["logits"]
+    assert bf16["logits"] / fp16["logits"] == pytest.approx(8)  # linear in u
+    # the ReLU and max-pool decisions: sqrt(2 u R), so the update does not shrink 8-fold from bf16 to fp16
+    assert bf16["update"] == pytest.approx(8 * np.sqrt(24) * 2.0 ** -8 + np.sqrt(2 * 2.0 ** -8 * 10))
+    assert 2 < bf16["update"] / fp16["update"] < 4
+    deeper = load_network(NETWORKS / "resnet50.yaml")
+    assert equivalence.mixed_tolerances(deeper, "amp_bf16")["logits"] > bf16["logits"]
 
 
 def test_mixed_precision_update_is_reported_not_gated_with_batch_norm(monkeypatch, fake, bn_net):
@@ -719,7 +742,8 @@ def test_mixed_precision_update_is_reported_not_gated_with_batch_norm(monkeypatc
 
     monkeypatch.setattr(equivalence, "_probe", probe)
     (a,) = check_network(bn_net, [(replace(fake, name="a"), env_for("a"))], precision="amp_fp16")
-    assert calls == ["float64", "amp_fp16"] and a.tolerance == pytest.approx(8 * 2.0 ** -11)
+    assert calls == ["float64", "amp_fp16"] and a.tolerance == pytest.approx(8 * np.sqrt(2) * 2.0 ** -11)
+    assert "allowed_update" not in a.errors
     assert a.errors["update"] > 0.2 and a.errors["weights"] < a.tolerance
     assert a.status == "equivalent" and a.reason is None
 

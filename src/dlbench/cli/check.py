@@ -36,7 +36,7 @@ def check(
     precision: Annotated[str, typer.Option(
         help="float64 (where rounding decides no ReLU or max-pool: every tensor gated to 1e-9) | fp32 | "
              "amp_bf16 | amp_fp16 (each framework's mixed-precision step against the reference framework's float64 "
-             "one, to 8 units of the format's roundoff)")] = "float64",
+             "one, to its unit roundoff scaled by the network's depth)")] = "float64",
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
     from ..execution.equivalence import PRECISIONS, check_network
