@@ -29,6 +29,9 @@ Arrays = dict  # canonical weight name (src/dlbench/definitions/weights.py) -> n
 #   float64   `dlbench check` only: everything in float64, where rounding decides no branch.
 PRECISIONS = ("fp32", "tf32", "amp_bf16", "amp_fp16")
 CHECK_PRECISION = "float64"
+# The precision whose math settings a kernel of the kernels suite runs under, by its dtype: a float32
+# kernel is IEEE float32 (TF32 off), as an fp32 run's layers are; reduced ones as the AMP runs set them.
+KERNEL_PRECISION = {"float32": "fp32", "bfloat16": "amp_bf16", "float16": "amp_fp16"}
 # The request's `compile`: the framework's eager (or default graph) execution, or its compiler.
 COMPILE_MODES = ("eager", "compiled")
 

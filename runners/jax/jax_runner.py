@@ -30,7 +30,7 @@ import os
 import sys
 
 import jax_network as jn
-from contract import Kernel, Prepared
+from contract import KERNEL_PRECISION, Kernel, Prepared
 from jax_network import load_jax
 from protocol import Skip
 
@@ -207,8 +207,14 @@ class JaxRunner:
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
         from jax_kernels import prepare_kernel  # the kernels suite (runners/jax/jax_kernels.py)
 
-        self._init_jax(device)
-        return prepare_kernel(spec, device)
+        # a float32 kernel is IEEE float32, as an fp32 run's layers are (jax allows TF32 by default):
+        # NVIDIA_TF32_OVERRIDE=0 before the CUDA backend exists, the matmul precision "highest"
+        precision = KERNEL_PRECISION[spec["dtype"]]
+        self._init_jax(device, precision)
+        jn.pin_precision(precision, device)
+        kernel = prepare_kernel(spec, device)
+        kernel.settings["precision_effective"] = {**jn.precision_flags(), "NVIDIA_TF32_OVERRIDE": self._tf32_env}
+        return kernel
 
     def _device(self, device: str):
         jax = load_jax()

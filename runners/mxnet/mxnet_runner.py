@@ -212,7 +212,11 @@ class MXNetRunner:
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
         from mxnet_kernels import prepare_kernel  # the kernels suite (runners/mxnet/mxnet_kernels.py)
 
-        return prepare_kernel(spec, device)
+        # TF32 and the float32 -> float16 conversion were pinned off before libmxnet loaded
+        # (configure_threads); the tensor-core variable keeps MXNet's default, for float16 kernels
+        kernel = prepare_kernel(spec, device)
+        kernel.settings["precision_effective"] = mn.float32_math_env()
+        return kernel
 
     def prepare(self, request: dict) -> Prepared:
         mx = load_mxnet()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 
 import tensorflow_network as tn
-from contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Kernel, Prepared
+from contract import CHECK_PRECISION, COMPILE_MODES, KERNEL_PRECISION, PRECISIONS, Kernel, Prepared
 from protocol import Skip
 from tensorflow_network import load_keras, load_tf
 
@@ -113,7 +113,11 @@ class TensorFlowRunner:
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
         from tensorflow_kernels import prepare_kernel  # the kernels suite (runners/tensorflow/tensorflow_kernels.py)
 
-        return prepare_kernel(spec, device)
+        # a float32 kernel is IEEE float32, as an fp32 run's layers are (TensorFlow allows TF32 by default)
+        flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]])
+        kernel = prepare_kernel(spec, device)
+        kernel.settings["precision_effective"] = flags
+        return kernel
 
     def prepare(self, request: dict) -> Prepared:
         import numpy as np

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 import torch_network as tn
-from contract import COMPILE_MODES, Kernel, Prepared
+from contract import COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
 from protocol import Skip
 from torch_network import load_torch
 
@@ -68,7 +68,11 @@ class TorchRunner:
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
         from torch_kernels import prepare_kernel  # the kernels suite (runners/torch/torch_kernels.py)
 
-        return prepare_kernel(spec, device)
+        # a float32 kernel is IEEE float32, as an fp32 run's layers are (cuDNN's TF32 is on by default)
+        flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]], load_torch().device(device))
+        kernel = prepare_kernel(spec, device)
+        kernel.settings["precision_effective"] = flags
+        return kernel
 
     def prepare(self, request: dict) -> Prepared:
         torch = load_torch()
