@@ -651,7 +651,9 @@ def test_the_layer_table_holds_every_layer_model_of_the_schema_in_its_order():
               if isinstance(m, type) and issubclass(m, schema.Strict) and "type" in m.model_fields]
     assert [entry.model for entry in layers.BUILTIN] == models
     assert layers.names() == ("dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu",
-                              "sigmoid", "tanh", "flatten", "dropout", "embedding", "lstm", "residual")
+                              "sigmoid", "tanh", "flatten", "dropout", "embedding", "lstm", "residual",
+                              "position_embedding", "patch_embedding", "layer_norm", "gelu", "attention",
+                              "transformer_block", "token_pool", "lm_head")
     for name in layers.names():
         assert name in layers.lookup(name).names
 
@@ -663,3 +665,236 @@ def test_the_loader_reads_the_union_tags_from_the_model():
     from dlbench.definitions.loader import union_tags
 
     assert union_tags(layers.network_model()) == frozenset(layers.names()) | {"tensor", "tokens"}
+
+
+# --------------------------------------------------------------------------- transformers
+
+TOKENS = {"kind": "tokens", "vocabulary": 7, "sequence_length": 4}
+
+
+def attention_counts(t: int, d: int, heads: int, size: int, bias: bool = True) -> tuple[int, int]:
+    """By hand, network.py's convention: q, k, v, out as dense layers; 2*T*T*S per head for the scores
+    and again for the weighted sum; 5 per score element for the softmax."""
+    a = heads * size
+    params = 3 * (d * a + (a if bias else 0)) + a * d + (d if bias else 0)
+    flops = (3 * t * (2 * d * a + (a if bias else 0)) + 2 * 2 * t * t * size * heads + 5 * heads * t * t
+             + t * (2 * a * d + (d if bias else 0)))
+    return params, flops
+
+
+def block_counts(t: int, d: int, heads: int, ratio: int = 4) -> tuple[int, int]:
+    """One transformer block with biases: two layer norms, attention, fc1, gelu, fc2, two joins."""
+    attn_params, attn_flops = attention_counts(t, d, heads, d // heads)
+    h = ratio * d
+    params = 2 * (2 * d) + attn_params + dense(d, h) + dense(h, d)
+    flops = (2 * 5 * t * d + attn_flops + t * (2 * d * h + h) + 8 * t * h + t * (2 * h * d + d) + 2 * t * d)
+    return params, flops
+
+
+def test_gpt2_small_is_the_published_count():
+    s = load_network(NETWORKS / "gpt2_small.yaml")
+    block_params, block_flops = block_counts(1024, 768, 12)
+    expected = 50257 * 768 + 1024 * 768 + 12 * block_params + 2 * 768  # the tied head adds nothing
+    assert expected == 124_439_808  # Radford et al. 2019; HuggingFace's GPT2LMHeadModel
+    assert s.params == expected
+    # position add, 12 blocks, final layer norm, the head's 2*T*D*V (no bias)
+    assert s.flops_per_sample == 1024 * 768 + 12 * block_flops + 5 * 1024 * 768 + 1024 * 2 * 768 * 50257
+    assert s.output_shape == (1024, 50257)
+    entries = s.resolved["layers"]
+    assert [e["type"] for e in entries] == (["embedding", "position_embedding", "dropout"] + ["transformer_block"] * 12
+                                            + ["layer_norm", "lm_head"])
+    for e in entries[3:15]:
+        assert "repeat" not in e
+        assert e == {"type": "transformer_block", "heads": 12, "head_size": 64, "mlp_ratio": 4, "norm": "pre",
+                     "gelu": "tanh", "causal": True, "bias": True, "dropout": 0.1, "eps": 1e-5,
+                     "in_shape": [1024, 768], "out_shape": [1024, 768]}
+    assert entries[-1] == {"type": "lm_head", "tied": True, "bias": False, "in_shape": [1024, 768],
+                           "out_shape": [1024, 50257]}
+
+
+def test_vit_b16_is_the_published_count():
+    s = load_network(NETWORKS / "vit_b16.yaml")
+    block_params, block_flops = block_counts(197, 768, 12)
+    expected = (conv(16, 3, 768) + 768          # patch projection and the class token
+                + 197 * 768 + 12 * block_params + 2 * 768 + dense(768, 1000))
+    assert expected == 86_567_656  # Dosovitskiy et al. 2021, ViT-B/16 with a 1000-class head
+    assert s.params == expected
+    patch_conv = 2 * 16 * 16 * 3 * 768 * 14 * 14 + 768 * 14 * 14
+    assert s.flops_per_sample == (patch_conv + 197 * 768 + 12 * block_flops + 5 * 197 * 768 + 0
+                                  + 2 * 768 * 1000 + 1000)
+    assert s.layers[0].out_shape == (197, 768)  # 14 x 14 patches behind the class token
+    assert s.layers[4].type == "token_pool" and s.layers[4].out_shape == (768,)
+    assert all(e["eps"] == 1e-6 and e["gelu"] == "erf" and not e["causal"] and e["dropout"] == 0.0
+               for e in s.resolved["layers"] if e["type"] == "transformer_block")
+
+
+def test_transformer_tiny_is_small():
+    s = load_network(NETWORKS / "transformer_tiny.yaml")
+    block_params, _ = block_counts(32, 64, 4)
+    assert s.params == 512 * 64 + 32 * 64 + 2 * block_params + 2 * 64 == 134_912
+    assert s.flops_per_sample < 1e7 and s.output_shape == (32, 512)
+
+
+def test_position_embedding_counts_and_resolved_entry(tmp_path):
+    s = load_tiny(tmp_path, TOKENS, [{"type": "embedding", "vocabulary": 7, "dim": 3},
+                                     {"type": "position_embedding", "max_length": 6},
+                                     {"type": "lm_head", "tied": False}])
+    assert (s.layers[1].params, s.layers[1].flops) == (6 * 3, 4 * 3)  # the whole table; one add per element
+    assert s.resolved["layers"][1] == {"type": "position_embedding", "max_length": 6, "in_shape": [4, 3],
+                                       "out_shape": [4, 3]}
+    assert (s.layers[2].params, s.layers[2].flops) == (7 * 3, 4 * 2 * 3 * 7)  # untied, no bias by default
+    assert s.params == 21 + 18 + 21
+
+
+@pytest.mark.parametrize("class_token,tokens", [(True, 7), (False, 6)])
+def test_patch_embedding_counts_its_convolution(tmp_path, class_token, tokens):
+    # [2, 4, 6], patch 2 -> a 2 x 3 grid of 3-wide tokens
+    s = load_tiny(tmp_path, {"kind": "tensor", "shape": [2, 4, 6], "classes": 3},
+                  [{"type": "patch_embedding", "patch": 2, "dim": 3, "class_token": class_token},
+                   {"type": "token_pool", "mode": "mean"}])
+    assert s.layers[0].out_shape == (tokens, 3)
+    assert s.layers[0].params == 2 * 2 * 2 * 3 + 3 + (3 if class_token else 0)
+    assert s.layers[0].flops == 2 * 2 * 2 * 2 * 3 * 6 + 3 * 6  # 288 + the bias, 18
+    assert s.layers[1].flops == tokens * 3 and s.output_shape == (3,)
+
+
+def test_layer_norm_gelu_and_class_pool(tmp_path):
+    s = load_tiny(tmp_path, {"kind": "tensor", "shape": [3, 4, 4], "classes": 5},
+                  [{"type": "patch_embedding", "patch": 2, "dim": 5},  # (5, 5)
+                   {"type": "layer_norm"},
+                   {"type": "gelu", "form": "erf"},
+                   {"type": "token_pool", "mode": "class"},
+                   {"type": "layer_norm", "eps": 1e-6},  # on (D,)
+                   {"type": "gelu", "form": "tanh"}])
+    assert [(x.params, x.flops) for x in s.layers[1:]] == [(10, 5 * 25), (0, 8 * 25), (0, 0), (10, 5 * 5),
+                                                           (0, 8 * 5)]
+    entries = s.resolved["layers"]
+    assert entries[1]["eps"] == pytest.approx(1e-5) and entries[4]["eps"] == pytest.approx(1e-6)
+    assert entries[2]["form"] == "erf" and entries[5]["form"] == "tanh"
+
+
+@pytest.mark.parametrize("fields,size,params,flops", [
+    ({}, 3, 168, 1792),                                      # head size 6 / 2
+    ({"head_size": 4}, 4, 222, 2328),                        # 8 inner columns, projected back to 6
+    ({"bias": False, "causal": True}, 3, 144, 1792 - 3 * 4 * 6 - 4 * 6),  # a causal product counted in full
+])
+def test_attention_counts(tmp_path, fields, size, params, flops):
+    s = load_tiny(tmp_path, {"kind": "tokens", "vocabulary": 6, "sequence_length": 4},
+                  [{"type": "embedding", "vocabulary": 6, "dim": 6},
+                   {"type": "attention", "heads": 2, **fields},
+                   {"type": "lm_head", "tied": True}])
+    assert (s.layers[1].params, s.layers[1].flops) == (params, flops)
+    assert (params, flops) == attention_counts(4, 6, 2, size, fields.get("bias", True))
+    assert s.resolved["layers"][1] == {"type": "attention", "heads": 2, "head_size": size,
+                                       "causal": fields.get("causal", False), "bias": fields.get("bias", True),
+                                       "dropout": 0.0, "in_shape": [4, 6], "out_shape": [4, 6]}
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_transformer_block_expands_per_block(tmp_path, norm):
+    s = load_tiny(tmp_path, {"kind": "tokens", "vocabulary": 9, "sequence_length": 4},
+                  [{"type": "embedding", "vocabulary": 9, "dim": 8},
+                   {"type": "transformer_block", "heads": 2, "mlp_ratio": 2, "norm": norm, "gelu": "erf",
+                    "repeat": 3},
+                   {"type": "lm_head", "tied": True, "bias": True}])
+    # one block: ln 32 + attention 288 + fc1 (8 -> 16) 144 + fc2 136; forward 5888 FLOPs by hand
+    assert block_counts(4, 8, 2, ratio=2) == (600, 5888)
+    assert (s.layers[1].params, s.layers[1].flops) == (3 * 600, 3 * 5888)
+    blocks = s.resolved["layers"][1:4]
+    assert len(s.resolved["layers"]) == 5
+    assert blocks == [{"type": "transformer_block", "heads": 2, "head_size": 4, "mlp_ratio": 2, "norm": norm,
+                       "gelu": "erf", "causal": False, "bias": True, "dropout": 0.0, "eps": 1e-5,
+                       "in_shape": [4, 8], "out_shape": [4, 8]}] * 3
+    # the tied head: its bias only, and a dense layer's FLOPs
+    assert (s.layers[2].params, s.layers[2].flops) == (9, 4 * (2 * 8 * 9 + 9))
+    assert s.params == 9 * 8 + 1800 + 9
+
+
+def test_hash_changes_with_transformer_fields(tmp_path):
+    def block(**fields):
+        layer = {"type": "transformer_block", "heads": 2, "norm": "pre", "gelu": "tanh", **fields}
+        return load_tiny(tmp_path, TOKENS, [{"type": "embedding", "vocabulary": 7, "dim": 4}, layer,
+                                            {"type": "lm_head", "tied": True}]).definition_hash
+
+    hashes = [block(), block(norm="post"), block(gelu="erf"), block(causal=True), block(dropout=0.1),
+              block(eps=1e-6), block(bias=False), block(mlp_ratio=2), block(head_size=3)]
+    assert len(set(hashes)) == len(hashes)
+    assert block() == block(head_size=2, repeat=1)  # the defaults written out
+
+
+TOKEN_HEAD = "name: bad\ninput: {kind: tokens, vocabulary: 5, sequence_length: 8}\nlayers:\n"
+VIT_HEAD = "name: bad\ninput: {kind: tensor, shape: [3, 12, 12], classes: 4}\nlayers:\n"
+
+
+def test_error_heads_do_not_divide_the_width(tmp_path):
+    path = write(tmp_path, "a.yaml", TOKEN_HEAD + "  - {type: embedding, vocabulary: 5, dim: 6}\n"
+                 "  - {type: attention, heads: 4}\n  - {type: lm_head, tied: true}\n")
+    assert_error(path, "layers[1]", "4 heads do not divide the width 6", "head_size")
+    path = write(tmp_path, "b.yaml", TOKEN_HEAD + "  - {type: embedding, vocabulary: 5, dim: 6}\n"
+                 "  - {type: transformer_block, heads: 5, norm: pre, gelu: erf}\n  - {type: lm_head, tied: true}\n")
+    assert_error(path, "layers[1]", "5 heads do not divide the width 6")
+
+
+def test_error_patch_does_not_divide_the_image(tmp_path):
+    path = write(tmp_path, "t.yaml", VIT_HEAD + "  - {type: patch_embedding, patch: 5, dim: 4}\n"
+                 "  - {type: token_pool, mode: class}\n")
+    assert_error(path, "layers[0]", "patch 5 does not divide", "[12, 12]")
+
+
+def test_error_patch_embedding_on_a_flat_input(tmp_path):
+    path = write(tmp_path, "t.yaml", DENSE_HEAD + "  - {type: patch_embedding, patch: 2, dim: 4}\n")
+    assert_error(path, "layers[0]", "(channels, height, width)", "[4]")
+
+
+def test_error_position_table_too_short(tmp_path):
+    path = write(tmp_path, "t.yaml", TOKEN_HEAD + "  - {type: embedding, vocabulary: 5, dim: 4}\n"
+                 "  - {type: position_embedding, max_length: 6}\n  - {type: lm_head, tied: true}\n")
+    assert_error(path, "layers[1]", "8 positions", "max_length 6")
+
+
+def test_error_tied_head_without_a_token_embedding(tmp_path):
+    path = write(tmp_path, "t.yaml", VIT_HEAD + "  - {type: patch_embedding, patch: 4, dim: 4}\n"
+                 "  - {type: lm_head, tied: true}\n")
+    assert_error(path, "layers[1]", "tied lm_head needs the network's token embedding", "patch_embedding")
+
+
+def test_error_tied_head_of_another_width(tmp_path):
+    path = write(tmp_path, "t.yaml", TOKEN_HEAD + "  - {type: embedding, vocabulary: 5, dim: 4}\n"
+                 "  - {type: dense, units: 6}\n  - {type: lm_head, tied: true}\n")
+    assert_error(path, "layers[2]", "embedding's width 4", "got 6")
+
+
+def test_error_untied_head_without_a_vocabulary(tmp_path):
+    path = write(tmp_path, "t.yaml", VIT_HEAD + "  - {type: patch_embedding, patch: 4, dim: 4}\n"
+                 "  - {type: lm_head, tied: false}\n")
+    assert_error(path, "layers[1]", "lm_head needs a token input")
+
+
+@pytest.mark.parametrize("layer,field,reason", [
+    ("{type: gelu, form: exact}", "layers[1].form", "'erf' or 'tanh'"),
+    ("{type: gelu}", "layers[1].form", "Field required"),
+    ("{type: layer_norm, eps: 0}", "layers[1].eps", "greater than 0"),
+    ("{type: attention, heads: 0}", "layers[1].heads", "greater than 0"),
+    ("{type: attention, heads: 2, dropout: 1.0}", "layers[1].dropout", "less than 1"),
+    ("{type: attention, heads: 2, head_size: 0}", "layers[1].head_size", "greater than 0"),
+    ("{type: transformer_block, heads: 2, gelu: erf}", "layers[1].norm", "Field required"),
+    # fields named like a layer type are fields, not the union's tag
+    ("{type: transformer_block, heads: 2, norm: pre, gelu: relu}", "layers[1].gelu", "'erf' or 'tanh'"),
+    ("{type: transformer_block, heads: 2, norm: pre, gelu: erf, dropout: -0.1}", "layers[1].dropout",
+     "greater than or equal to 0"),
+    ("{type: transformer_block, heads: 2, norm: sandwich, gelu: erf}", "layers[1].norm", "'pre' or 'post'"),
+    ("{type: transformer_block, heads: 2, norm: pre, gelu: erf, repeat: 0}", "layers[1].repeat", "greater than 0"),
+    ("{type: transformer_block, heads: 2, norm: pre, gelu: erf, mlp_ratio: 1.5}", "layers[1].mlp_ratio", "integer"),
+    ("{type: token_pool, mode: max}", "layers[1].mode", "'class' or 'mean'"),
+    ("{type: lm_head}", "layers[1].tied", "Field required"),
+    ("{type: position_embedding, max_length: 8, dim: 4}", "layers[1].dim", "unknown field"),
+])
+def test_error_bad_transformer_fields(tmp_path, layer, field, reason):
+    path = write(tmp_path, "t.yaml", TOKEN_HEAD + f"  - {{type: embedding, vocabulary: 5, dim: 4}}\n  - {layer}\n"
+                 "  - {type: lm_head, tied: true}\n")
+    assert_error(path, field, reason)
+
+
+def test_error_attention_on_an_image(tmp_path):
+    path = write(tmp_path, "t.yaml", IMAGE_HEAD + "  - {type: attention, heads: 1}\n")
+    assert_error(path, "layers[0]", "attention needs a sequence (T, D) input", "[1, 8, 8]")

@@ -253,3 +253,94 @@ def test_random_weights_lstm_fan_in_is_the_input_width(tmp_path):
     w = random_weights(net.resolved, 0)
     assert abs(float(w["001.l0.w_ih"].std()) * np.sqrt(400) - 1) < 0.1
     assert abs(float(w["001.l0.w_hh"].std()) * np.sqrt(100) - 1) < 0.1
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+def attn(p: str, d: int, inner: int, bias: bool = True) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for part in ("q", "k", "v"):
+        out[f"{p}.{part}.weight"] = (inner, d)
+        if bias:
+            out[f"{p}.{part}.bias"] = (inner,)
+    out[f"{p}.out.weight"] = (d, inner)
+    if bias:
+        out[f"{p}.out.bias"] = (d,)
+    return out
+
+
+@pytest.fixture
+def decoder(tmp_path):
+    return tiny(tmp_path, {"kind": "tokens", "vocabulary": 11, "sequence_length": 4}, [
+        {"type": "embedding", "vocabulary": 11, "dim": 8},                 # 000
+        {"type": "position_embedding", "max_length": 6},                   # 001
+        {"type": "dropout", "rate": 0.1},                                  # 002
+        {"type": "transformer_block", "heads": 2, "mlp_ratio": 3, "norm": "pre", "gelu": "tanh",
+         "causal": True, "repeat": 2},                                     # 003, 004
+        {"type": "layer_norm"},                                            # 005
+        {"type": "lm_head", "tied": True},                                 # 006
+    ])
+
+
+def test_decoder_blocks_and_a_tied_head_without_a_tensor(decoder):
+    shapes = weight_shapes(decoder.resolved)
+
+    def block(p):
+        return {f"{p}.ln1.gamma": (8,), f"{p}.ln1.beta": (8,), **attn(f"{p}.attn", 8, 8),
+                f"{p}.ln2.gamma": (8,), f"{p}.ln2.beta": (8,),
+                f"{p}.mlp.fc1.weight": (24, 8), f"{p}.mlp.fc1.bias": (24,),
+                f"{p}.mlp.fc2.weight": (8, 24), f"{p}.mlp.fc2.bias": (8,)}
+
+    assert list(shapes.items()) == list({
+        "000.weight": (11, 8), "001.weight": (6, 8), **block("003"), **block("004"),
+        "005.gamma": (8,), "005.beta": (8,),
+    }.items())
+    assert not any(n.startswith("006.") for n in shapes)  # the head is 000.weight
+    per_block = 32 + 4 * (64 + 8) + (192 + 24) + (192 + 8)
+    assert trainable_count(shapes) == 88 + 48 + 2 * per_block + 16 == decoder.params
+
+
+def test_attention_head_size_and_no_bias_and_untied_head(tmp_path):
+    net = tiny(tmp_path, {"kind": "tokens", "vocabulary": 5, "sequence_length": 3}, [
+        {"type": "embedding", "vocabulary": 5, "dim": 6},
+        {"type": "attention", "heads": 2, "head_size": 5, "bias": False},
+        {"type": "lm_head", "tied": False, "bias": True},
+    ])
+    shapes = weight_shapes(net.resolved)
+    assert shapes == {"000.weight": (5, 6), **attn("001", 6, 10, bias=False), "002.weight": (5, 6), "002.bias": (5,)}
+    assert trainable_count(shapes) == 30 + 4 * 60 + 35 == net.params
+
+
+def test_patch_embedding_is_oihw_with_a_class_token(tmp_path):
+    net = tiny(tmp_path, {"kind": "tensor", "shape": [3, 8, 8], "classes": 2}, [
+        {"type": "patch_embedding", "patch": 4, "dim": 6},      # (1 + 4, 6)
+        {"type": "position_embedding", "max_length": 5},
+        {"type": "layer_norm", "eps": 1e-6},
+        {"type": "token_pool", "mode": "class"},
+        {"type": "dense", "units": 2},
+    ])
+    assert weight_shapes(net.resolved) == {
+        "000.weight": (6, 3, 4, 4), "000.bias": (6,), "000.class_token": (6,),
+        "001.weight": (5, 6), "002.gamma": (6,), "002.beta": (6,), "004.weight": (2, 6), "004.bias": (2,)}
+    assert trainable_count(weight_shapes(net.resolved)) == 288 + 12 + 30 + 12 + 14 == net.params
+
+
+def test_random_weights_of_a_transformer(tmp_path):
+    net = tiny(tmp_path, {"kind": "tensor", "shape": [3, 32, 32], "classes": 2}, [
+        {"type": "patch_embedding", "patch": 2, "dim": 256},     # 257 tokens
+        {"type": "position_embedding", "max_length": 257},
+        {"type": "transformer_block", "heads": 4, "norm": "post", "gelu": "erf"},
+        {"type": "token_pool", "mode": "mean"},
+        {"type": "dense", "units": 2},
+    ])
+    w = random_weights(net.resolved, seed=1)
+    assert list(w) == list(weight_shapes(net.resolved))
+    # class token and position table: N(0, 0.02^2), GPT-2's and ViT's initialisation
+    for name in ("000.class_token", "001.weight"):
+        assert abs(float(w[name].std()) - 0.02) < 0.004, name
+    # layer norm near identity; biases small; matrices N(0, 1/fan_in)
+    assert abs(float(w["002.ln1.gamma"].mean()) - 1) < 0.05 and float(np.abs(w["002.ln2.beta"]).max()) < 0.6
+    for name, fan_in in (("002.attn.q.weight", 256), ("002.attn.out.weight", 256), ("002.mlp.fc2.weight", 1024),
+                         ("000.weight", 3 * 2 * 2)):
+        assert abs(float(w[name].std()) * np.sqrt(fan_in) - 1) < 0.15, name

@@ -28,13 +28,19 @@ class DefinitionError(Exception):
 def _field_path(loc: tuple[Any, ...], tags: frozenset[str] = frozenset()) -> str:
     """Render a pydantic location as `layers[3].kernel`, dropping union-member tags."""
     out = ""
+    after_tag = False
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and ("[" in part or part in tags):
-            continue  # pydantic inserts the chosen union member's name; it is not a field
+            after_tag = False
+        elif isinstance(part, str) and ("[" in part or (part in tags and not after_tag)):
+            # pydantic inserts the chosen union member's name; it is not a field. What follows a tag
+            # is a field of that member, even one named like a tag (a transformer block's `gelu`
+            # and `dropout` are also layer types).
+            after_tag = True
         else:
             out += f".{part}" if out else part
+            after_tag = False
     return out or "(top level)"
 
 

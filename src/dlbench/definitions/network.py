@@ -9,14 +9,29 @@ FLOP convention (forward pass, per sample, batch axis excluded): a multiply-add 
   residual addition: 1 per element; dropout, flatten, embedding lookups and option-A shortcuts: 0.
 - lstm, per step and layer: 2*4h*(in+h) for the gate products, 4h for the bias, 5h for the gate
   and cell activations, 4h for the cell and hidden updates.
+- position_embedding: 1 per element (the addition); patch_embedding: its convolution's (the class
+  token's concatenation 0).
+- layer_norm: 5 per element (one each for the mean, the variance, normalising, the scale, the shift).
+- gelu: 8 per element, either form (the tanh form's x^3, two multiply-adds, tanh, 1 + and 0.5 x *).
+- attention on (T, D), H heads of size S: the q, k, v (D -> H*S) and out (H*S -> D) projections as
+  dense layers; per head 2*T*T*S for the scores q k^T and 2*T*T*S for the weighted sum p v (a causal
+  layer counted in full: frameworks compute the whole T x T product and mask it); 5 per score
+  element for the scale, the max subtracted, the exponential, the sum and the division (the mask
+  is a select: 0).
+- transformer_block: its two layer norms, attention and MLP (fc1, fc2 as dense layers, gelu on the
+  T x mlp_ratio*D hidden) as above, and 1 per element for each of the two residual additions;
+  dropout 0, as the dropout layer.
+- token_pool: mean 1 per input element, class 0; lm_head: a dense layer (D -> vocabulary at every
+  position, + vocabulary for a bias), tied or not.
 - the loss is not counted.
 These are the usual analytical counts (as in most papers' "GFLOPs per image"), not what a given
 kernel executes. Each layer type counts its own, in its `infer` function in definitions/layers/
 (one module per type, found through the layer table there); this module chains them.
 
 The *resolved* network is plain JSON: every layer with its defaults filled in, its input and output
-shape, residual `repeat` expanded into one entry per block (with the shortcut each block actually
-uses), and the totals. Runners build from it and need no validation or shape logic of their own.
+shape, residual and transformer_block `repeat` expanded into one entry per block (with the shortcut
+each residual block actually uses; each transformer block with its head size filled in), attention's
+head size filled in, and the totals. Runners build from it and need no validation or shape logic of their own.
 """
 
 from __future__ import annotations
@@ -78,7 +93,7 @@ def analyse(network: s.Strict) -> NetworkSummary:
             entry = layers.lookup(t)
         except ValueError as e:  # pragma: no cover - the schema admits only the table's types
             raise ShapeError(i, str(e)) from None
-        found = entry.infer(layer, Site(i, in_shape, inp))
+        found = entry.infer(layer, Site(i, in_shape, inp, network.layers[0]))
         shape = tuple(found.shape)
         resolved = found.resolved
         if resolved is None:

@@ -18,6 +18,33 @@ Canonical forms where frameworks disagree (every runner must build exactly these
 - residual option_a shortcut: take every stride-th pixel starting at (0, 0), then append zero
   channels after the existing ones (parameter free).
 - dense on a sequence (T, F) applies the same weights at every step.
+
+Transformers (sequences are (T, D): T tokens of width D, no batch axis):
+- position_embedding: y = x + P[0:T], rows 0..T-1 of a learned (max_length, D) table P; T <= max_length.
+- patch_embedding: an image (C, H, W), H and W divisible by `patch`, through a convolution with
+  kernel = stride = patch, no padding, with bias, to (dim, H/patch, W/patch); its positions become
+  tokens in row-major (h, w) order, (N, dim) with N = (H/patch)(W/patch); with `class_token` a learned
+  (dim,) vector is prepended as token 0: (1 + N, dim).
+- layer_norm: over the last axis, y = gamma * (x - mean) / sqrt(var + eps) + beta, var the biased
+  variance (divided by D, not D - 1); on (T, D) or (D,).
+- gelu: `erf` is the exact x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))); `tanh` is the approximation
+  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's). Frameworks default to different ones,
+  so a network names its form.
+- attention (multi-head self-attention over (T, D), H heads of size S, A = H*S): q = x Wq^T + bq,
+  k = x Wk^T + bk, v = x Wv^T + bv, each (T, A); head h is columns h*S .. (h+1)*S - 1 of each
+  (head-major); per head p = softmax(q k^T / sqrt(S)) over the keys, where `causal` lets position i
+  attend only to j <= i (the masked scores are -inf before the softmax); dropout on p in training;
+  a = p v; the heads' a concatenated in head order (T, A), out = a Wo^T + bo, (T, D). S defaults to
+  D / H (which must divide); no biases when `bias` is false.
+- transformer_block: pre-norm: x = x + drop(attn(ln1(x))); x = x + drop(mlp(ln2(x)));
+  post-norm: x = ln1(x + drop(attn(x))); x = ln2(x + drop(mlp(x))); mlp(x) = fc2(gelu(fc1(x))) with
+  fc1 D -> mlp_ratio*D and fc2 back (both with bias when `bias`); attention as above with the
+  block's heads, head size, causal, bias, and `dropout` also on its probabilities; both layer norms
+  with the block's eps. `repeat` blocks in sequence, each with its own weights.
+- token_pool: (T, D) -> (D,): `class` takes row 0 (the class token), `mean` the mean over the T rows.
+- lm_head: (T, D) -> (T, vocabulary) logits, y = x E^T (+ b): `tied` uses the token embedding's
+  (vocabulary, D) table E (the network's first layer; no weight of its own), untied a (vocabulary, D)
+  weight of its own.
 """
 
 from __future__ import annotations
@@ -158,6 +185,71 @@ class Residual(_Strict):
     stride: PositiveInt = 1
     repeat: PositiveInt = 1
     shortcut: Literal["option_a", "projection"] = "projection"
+
+
+Rate = Annotated[float, Field(ge=0, lt=1)]
+Eps = Annotated[float, Field(gt=0)]
+
+
+class PositionEmbedding(_Strict):
+    type: Literal["position_embedding"]
+    max_length: PositiveInt
+
+
+class PatchEmbedding(_Strict):
+    type: Literal["patch_embedding"]
+    patch: PositiveInt
+    dim: PositiveInt
+    class_token: bool = True
+
+
+class LayerNorm(_Strict):
+    type: Literal["layer_norm"]
+    eps: Eps = 1e-5
+
+
+class Gelu(_Strict):
+    """Not an Activation: it has a field (its form), which a network must name."""
+
+    type: Literal["gelu"]
+    form: Literal["erf", "tanh"]
+
+
+class Attention(_Strict):
+    type: Literal["attention"]
+    heads: PositiveInt
+    head_size: PositiveInt | None = None  # D / heads; resolved to the number
+    causal: bool = False
+    bias: bool = True
+    dropout: Rate = 0.0
+
+
+class TransformerBlock(_Strict):
+    """`repeat` blocks of one kind; the resolved network has one entry per block (as residual
+    stages), each with every field but `repeat` and its head size filled in."""
+
+    type: Literal["transformer_block"]
+    heads: PositiveInt
+    head_size: PositiveInt | None = None
+    mlp_ratio: PositiveInt = 4
+    norm: Literal["pre", "post"]
+    gelu: Literal["erf", "tanh"]
+    causal: bool = False
+    bias: bool = True
+    dropout: Rate = 0.0
+    eps: Eps = 1e-5
+    repeat: PositiveInt = 1
+
+
+class TokenPool(_Strict):
+    type: Literal["token_pool"]
+    mode: Literal["class", "mean"]
+
+
+class LMHead(_Strict):
+    type: Literal["lm_head"]
+    tied: bool
+    bias: bool = False
 
 
 class TensorInput(_Strict):

@@ -12,6 +12,20 @@ A weight set is a flat mapping name -> float32 array, stored as .npz. Names are
                  in the order input, forget, cell (g), output; one bias (torch's b_ih + b_hh)
     residual     conv1/bn1, conv2/bn2 (basic) or conv1..3/bn1..3 (bottleneck) as above, no conv
                  bias; proj and proj_bn for a projection shortcut
+    position_embedding  weight (max_length, dim): row t is added at position t
+    patch_embedding     weight (dim, channels, patch, patch) [OIHW, as conv2d], bias (dim),
+                 class_token (dim) when it has one
+    layer_norm   gamma, beta (dim), both trainable (no running statistics)
+    attention    q.weight, k.weight, v.weight (heads*head_size, dim), rows head-major (head h is rows
+                 h*head_size .. (h+1)*head_size - 1), q.bias, k.bias, v.bias (heads*head_size);
+                 out.weight (dim, heads*head_size), its columns in the same head order, out.bias (dim);
+                 no biases when `bias` is false
+    transformer_block   ln1.gamma/beta, attn.* (as attention), ln2.gamma/beta, mlp.fc1.weight
+                 (mlp_ratio*dim, dim), mlp.fc1.bias, mlp.fc2.weight (dim, mlp_ratio*dim),
+                 mlp.fc2.bias (no biases when `bias` is false); ln1 is the one before (pre-norm) or
+                 after (post-norm) the attention's join
+    lm_head      untied: weight (vocabulary, dim), bias (vocabulary) when `bias`; tied: bias only, the
+                 weight being 000.weight, the token embedding's table (no tensor of its own)
 
 Each layer type names its own tensors, in the `weights` function of its module in
 definitions/layers/ (a type without one has none); this module collects them.
@@ -53,13 +67,24 @@ def trainable_count(shapes: dict[str, tuple[int, ...]]) -> int:
     return sum(int(np.prod(s)) for n, s in shapes.items() if not is_state(n))
 
 
+# Learned vectors added to activations, not multiplied into them: GPT-2 and ViT draw them from
+# N(0, 0.02^2), and 1/fan_in would make a position table (fan-in its width) several times larger
+# than that. A position table's part is `weight`, as a matrix's is, so it is known by its layer's type.
+TABLE_STD = 0.02
+_TABLE_LAYERS = ("position_embedding",)
+
+
 def random_weights(network: dict, seed: int = 0) -> dict[str, np.ndarray]:
-    """A well-scaled weight set for the check: N(0, 1/fan_in) weights, small biases, BN near identity."""
+    """A well-scaled weight set for the check: N(0, 1/fan_in) weights, small biases, norms near
+    identity, class tokens and position tables N(0, TABLE_STD^2)."""
     rng = np.random.default_rng(seed)
+    tables = {f"{i:03d}.weight" for i, layer in enumerate(network["layers"]) if layer["type"] in _TABLE_LAYERS}
     out = {}
     for name, shape in weight_shapes(network).items():
         part = name.rsplit(".", 1)[-1]
-        if part == "gamma":
+        if part == "class_token" or name in tables:
+            a = TABLE_STD * rng.standard_normal(shape)
+        elif part == "gamma":
             a = 1.0 + 0.1 * rng.standard_normal(shape)
         elif part in ("beta", "bias"):
             a = 0.05 * rng.standard_normal(shape)

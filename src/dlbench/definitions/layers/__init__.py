@@ -22,7 +22,9 @@ from contextlib import contextmanager
 from pydantic import BaseModel
 
 from .. import schema
-from . import activation, batch_norm, conv2d, dense, dropout, embedding, flatten, lstm, pooling, residual
+from . import (activation, attention, batch_norm, conv2d, dense, dropout, embedding, flatten, gelu, layer_norm,
+               lm_head, lstm, patch_embedding, pooling, position_embedding, residual, token_pool,
+               transformer_block)
 from .base import Inferred, LayerType, ShapeError, Site, Work, resolved_entry
 
 __all__ = ["BUILTIN", "Inferred", "LayerType", "ShapeError", "Site", "Work", "lookup", "names", "network_model",
@@ -42,6 +44,14 @@ BUILTIN: tuple[LayerType, ...] = (
     embedding.LAYER,
     lstm.LAYER,
     residual.LAYER,
+    position_embedding.LAYER,
+    patch_embedding.LAYER,
+    layer_norm.LAYER,
+    gelu.LAYER,
+    attention.LAYER,
+    transformer_block.LAYER,
+    token_pool.LAYER,
+    lm_head.LAYER,
 )
 
 _TABLE: dict[str, LayerType] = {}

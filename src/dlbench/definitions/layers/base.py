@@ -39,12 +39,17 @@ class ShapeError(ValueError):
 
 @dataclass(frozen=True)
 class Site:
-    """Where a layer sits: its position, the shape that reaches it (no batch axis) and the
-    network's input model (schema.TensorInput or schema.TokenInput)."""
+    """Where a layer sits: its position, the shape that reaches it (no batch axis), the network's
+    input model (schema.TensorInput or schema.TokenInput) and the network's first layer as validated."""
 
     index: int
     shape: tuple[int, ...]
     input: Any
+    # A tied lm_head uses the token embedding's table (the first layer of a token network), so it
+    # must know that layer is there and its width; nothing before a layer but the shape reaching it
+    # told a layer about the others until then. The first layer only, not the list: a layer's rule
+    # should not depend on the layers between. None where a Site is made without a network (tests).
+    first: Any = None
 
     @property
     def tokens(self) -> bool:

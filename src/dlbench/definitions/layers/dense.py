@@ -1,4 +1,8 @@
-"""dense: y = x W^T + b, on a flat input (F) or at every step of a sequence (T, F)."""
+"""dense: y = x W^T + b, on a flat input (F) or at every step of a sequence (T, F).
+
+Its counts, tensors and operations are also functions of plain numbers (`counts`, `tensors`,
+`products`), which the layers made of dense products (attention's projections, a transformer
+block's MLP, an untied lm_head) reuse rather than repeat."""
 
 from __future__ import annotations
 
@@ -6,37 +10,57 @@ from .. import schema
 from .base import Inferred, LayerType, Site
 
 
+def counts(positions: int, fin: int, units: int, bias: bool) -> tuple[int, int]:
+    """(params, forward FLOPs per sample) of `units` outputs from `fin` inputs at `positions` steps."""
+    params = fin * units + (units if bias else 0)
+    flops = positions * (2 * fin * units + (units if bias else 0))
+    return params, flops
+
+
+def tensors(prefix: str, fin: int, units: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    out = {f"{prefix}.weight": (units, fin)}
+    if bias:
+        out[f"{prefix}.bias"] = (units,)
+    return out
+
+
 def infer(layer: schema.Dense, site: Site) -> Inferred:
     shape = site.shape
     if len(shape) not in (1, 2):
         raise site.error(f"dense needs a flat or sequence input, got {list(shape)}; add a flatten")
-    fin = shape[-1]
     positions = shape[0] if len(shape) == 2 else 1
-    params = fin * layer.units + (layer.units if layer.bias else 0)
-    flops = positions * (2 * fin * layer.units + (layer.units if layer.bias else 0))
+    params, flops = counts(positions, shape[-1], layer.units, layer.bias)
     return Inferred(shape[:-1] + (layer.units,), params, flops)
 
 
 def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
-    out = {f"{prefix}.weight": (entry["units"], entry["in_shape"][-1])}
-    if entry["bias"]:
-        out[f"{prefix}.bias"] = (entry["units"],)
-    return out
+    return tensors(prefix, entry["in_shape"][-1], entry["units"], entry["bias"])
+
+
+def products(b, layer, name: str, m: int, k: int, n: int, bias: bool, input_grad: bool,
+             weight_grad: bool = True) -> None:
+    """The GEMMs of y (m, n) = x (m, k) W^T + b: forward, and in training the input gradient (when
+    `input_grad`), the weight gradient (when `weight_grad`) and the bias gradient. `name` prefixes
+    the labels (a dense layer's own are unprefixed)."""
+    def label(what: str) -> str:
+        return f"{name} {what}" if name else what
+
+    layer.forward.append(b.kernel(label("matmul"), "matmul", m=m, n=n, k=k))
+    if bias:
+        layer.forward.append(b.passes(label("bias"), m * n, 1))
+    if b.train:
+        if input_grad:
+            layer.backward.append(b.kernel(label("input gradient"), "matmul", m=m, n=k, k=n))
+        if weight_grad:
+            layer.backward.append(b.kernel(label("weight gradient"), "matmul", m=k, n=n, k=m))
+        if bias:
+            layer.backward.append(b.passes(label("bias gradient"), m * n, 1))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:
     in_shape = entry["in_shape"]
     positions = in_shape[0] if len(in_shape) == 2 else 1
-    m, k, n = b.batch * positions, in_shape[-1], entry["units"]
-    layer.forward.append(b.kernel("matmul", "matmul", m=m, n=n, k=k))
-    if entry["bias"]:
-        layer.forward.append(b.passes("bias", m * n, 1))
-    if b.train:
-        if input_grad:
-            layer.backward.append(b.kernel("input gradient", "matmul", m=m, n=k, k=n))
-        layer.backward.append(b.kernel("weight gradient", "matmul", m=k, n=n, k=m))
-        if entry["bias"]:
-            layer.backward.append(b.passes("bias gradient", m * n, 1))
+    products(b, layer, "", b.batch * positions, in_shape[-1], entry["units"], entry["bias"], input_grad)
 
 
 LAYER = LayerType(schema.Dense, infer, work, weights)
