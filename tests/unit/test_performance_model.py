@@ -81,6 +81,61 @@ def test_work_adds_up_to_the_descriptions_counts(name):
     assert layer_flops == pytest.approx(4 * summary.flops_per_sample, rel=0.01)
 
 
+def products_per_sample(t: int, d: int, blocks: int, ratio: int = 4) -> int:
+    """A transformer's matmul FLOPs per sample by hand: per block the four D x D projections, the
+    scores and the weighted sum (2*T*T*D each over all heads) and the MLP's two D x rD products."""
+    return blocks * (4 * 2 * t * d * d + 2 * 2 * t * t * d + 2 * 2 * t * d * ratio * d)
+
+
+@pytest.mark.parametrize("name,products", [
+    ("transformer_tiny", products_per_sample(32, 64, 2) + 2 * 32 * 64 * 512),  # + the tied head
+    ("vit_b16", 2 * 16 * 16 * 3 * 768 * 196 + products_per_sample(197, 768, 12) + 2 * 768 * 1000),
+    ("gpt2_small", products_per_sample(1024, 768, 12) + 2 * 1024 * 768 * 50257),
+])
+def test_transformer_work_adds_up_to_the_descriptions_counts(name, products):
+    summary = load_network(NETWORKS / f"{name}.yaml")
+    infer, train = (decompose(summary.resolved, 2, mode) for mode in ("infer", "train"))
+    assert train.params == summary.params  # a tied head's weight counted once, in the embedding
+    forward = sum(op.flops * op.repeat for l in infer.layers for op in l.forward)
+    # the analysis' count; only the patch convolution's bias, fused into its kernel, is not counted
+    assert forward == pytest.approx(2 * summary.flops_per_sample, rel=1e-4)
+    # the products exactly (what torch's FlopCounterMode counts): matmul and convolution kernels and
+    # attention's two batched products, which are work by FLOPs (no batched-matmul kernel kind yet)
+    matmuls = sum(op.flops for l in infer.layers for op in l.forward
+                  if (op.kernel is not None and op.kernel.kind in ("matmul", "conv2d_fwd"))
+                  or op.label.endswith(("scores q k^T", "weighted sum p v")))
+    assert matmuls == 2 * products
+    # a training step's backward is about twice its forward; the model predicts it without a crash
+    train_forward = sum(op.flops for l in train.layers[:-1] for op in l.forward)
+    train_backward = sum(op.flops for l in train.layers[:-1] for op in l.backward)
+    assert 1.9 < train_backward / train_forward < 2.1
+    prediction = predict(train, "torch", profile())
+    assert prediction.iteration_s > 0 and prediction.forward_s < prediction.backward_s
+
+
+def test_a_transformer_blocks_operations():
+    work = decompose(load_network(NETWORKS / "transformer_tiny.yaml").resolved, 2, "train")
+    block = work.layers[3]
+    assert block.label == "003 transformer_block" and block.params == 49_984
+    kernels = [op.kernel.key for op in block.forward if op.kernel is not None]
+    assert kernels == ["matmul m=64 n=64 k=64 float32"] * 4 + ["matmul m=64 n=256 k=64 float32",
+                                                              "matmul m=64 n=64 k=256 float32"]
+    labels = [op.label for op in block.forward]
+    assert labels.index("ln1 layer norm") < labels.index("attn q matmul") < labels.index("attn scores q k^T") \
+        < labels.index("attn weighted sum p v") < labels.index("attn join") < labels.index("ln2 layer norm") \
+        < labels.index("mlp gelu") < labels.index("mlp join")
+    assert "attn attention dropout" in labels and "mlp branch dropout" in labels  # rate 0.1, training
+    back = [op.label for op in block.backward]
+    assert {"attn q input gradient", "attn q weight gradient", "mlp fc2 weight gradient", "attn softmax gradient",
+            "attn scores gradients", "attn join gradient"} <= set(back)
+    head = work.layers[6]  # tied: no parameters of its own, but its weight gradient is computed
+    assert head.label == "006 lm_head" and head.params == 0 and not head.update
+    assert [op.label for op in head.backward] == ["input gradient", "weight gradient", "tied gradient sum"]
+    assert work.layers[0].update[0].kernel["elements"] == 512 * 64  # the table's update, once
+    infer = decompose(load_network(NETWORKS / "transformer_tiny.yaml").resolved, 2, "infer")
+    assert not any("dropout" in op.label for l in infer.layers for op in l.forward)
+
+
 def test_first_layer_computes_no_input_gradient():
     work = decompose(tiny([{"type": "dense", "units": 5}, {"type": "relu"}, {"type": "dense", "units": 3}]).resolved,
                      2, "train")

@@ -27,6 +27,21 @@ write at the least, `E` bytes per element (float32: 4):
   (3 passes) before the last relu; option-A shortcuts copy a strided slice into a zero-padded
   output; the backward of the join sends dy to both branches, and the two gradients meet again at
   the block's input (3 passes).
+- position_embedding: forward reads x and the table's rows, writes y; backward sums dy over the
+  batch into the table's gradient (the input's gradient is dy itself). patch_embedding: its
+  convolution (as conv2d, with bias), the patches copied into tokens behind the class token, and
+  back in the backward pass. token_pool: a copy of row 0 (class) or a mean over the rows, and
+  their gradients.
+- layer_norm: forward reads x twice and writes y (3 passes, in inference too); backward reads x and
+  dy twice and writes dx (5). gelu: as an activation (2 and 3 passes), 8 FLOPs per element forward.
+- attention: the q, k, v and out projections as dense layers (`matmul` kernels, forward, input and
+  weight gradients); the scores q k^T and the weighted sum p v (and their gradients, twice each) as
+  work from their FLOPs and bytes (the kernel suite has no batched matmul yet), the softmax (2
+  passes; backward 3) and, in training, dropout on the probabilities when its rate is not 0.
+- transformer_block: its layer norms, attention and MLP (fc1, gelu, fc2 as above) and, per residual
+  join, the branch's dropout (training, rate not 0), the addition (3 passes) and in the backward
+  the two gradients meeting again (3). lm_head: a dense layer without its own weight when tied (the
+  weight gradient is still computed, and added into the embedding's: 3 passes over the table).
 - softmax cross-entropy over the logits (after the last layer, training only): the
   `softmax_xent_fwd` and `softmax_xent_bwd` kernels (forward 3 passes: max, sum of exponentials,
   log-probabilities; backward 2).
