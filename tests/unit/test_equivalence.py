@@ -708,11 +708,26 @@ def test_mixed_precision_is_judged_against_the_first_frameworks_float64_step(mon
 
 @pytest.mark.parametrize("name,products,decisions", [
     ("fcn5", 4, 0), ("fcn8", 7, 0), ("alexnet_r", 4, 5), ("alexnet", 8, 10),
-    ("resnet56", 56, 55), ("resnet50", 50, 50), ("lstm32", 34, 0), ("lstm64", 66, 0)])
+    ("resnet56", 56, 55), ("resnet50", 50, 50), ("lstm32", 34, 0), ("lstm64", 66, 0),
+    ("gpt2_small", 12 * 6 + 1, 0), ("vit_b16", 1 + 12 * 6 + 1, 0), ("transformer_tiny", 2 * 6 + 1, 0)])
 def test_rounding_and_decision_depth_of_shipped_networks(name, products, decisions):
-    """ResNet-56 is its name: 1 + 27 blocks x 2 + 1; an LSTM of T steps over 2 layers is T + 1, plus its dense."""
+    """ResNet-56 is its name: 1 + 27 blocks x 2 + 1; an LSTM of T steps over 2 layers is T + 1, plus its dense.
+    A transformer block is 6 products in sequence (q, the scores, the weighted sum, out, fc1, fc2), the
+    head (or patch embedding) one more; GELU, softmax and layer norm decide nothing."""
     net = load_network(NETWORKS / f"{name}.yaml")
     assert (equivalence.rounding_depth(net), equivalence.decision_depth(net)) == (products, decisions)
+
+
+def test_rounding_depth_of_a_bare_attention_layer(tmp_path):
+    """q (or k, v), the scores, the weighted sum and out: 4 products; the head one more."""
+    path = tmp_path / "attn.yaml"
+    path.write_text(yaml.safe_dump({"name": "attn", "input": {"kind": "tokens", "vocabulary": 5, "sequence_length": 3},
+                                    "layers": [{"type": "embedding", "vocabulary": 5, "dim": 4},
+                                               {"type": "attention", "heads": 2},
+                                               {"type": "layer_norm"}, {"type": "gelu", "form": "erf"},
+                                               {"type": "lm_head", "tied": True}]}))
+    net = load_network(path)
+    assert (equivalence.rounding_depth(net), equivalence.decision_depth(net)) == (5, 0)
 
 
 def test_mixed_tolerances_grow_with_depth_and_the_update_with_the_square_root_of_u():

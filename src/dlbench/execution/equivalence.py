@@ -111,13 +111,21 @@ def uses_batch_norm(network: NetworkSummary) -> bool:
     return any(layer["type"] in ("batch_norm", "residual") for layer in network.resolved["layers"])
 
 
+# Products in sequence through one resolved entry of these types: attention's q (or k, v)
+# projection, the scores, the weighted sum and the out projection; a transformer block's attention
+# and its MLP's two products (its residual joins are the shorter paths).
+_PRODUCTS_IN_SEQUENCE = {"dense": 1, "conv2d": 1, "patch_embedding": 1, "lm_head": 1, "attention": 4,
+                         "transformer_block": 6}
+
+
 def rounding_depth(network: NetworkSummary) -> int:
-    """Products (dense, conv2d, LSTM steps) in sequence on the longest path from input to logits."""
+    """Products (dense, conv2d, LSTM steps, attention's) in sequence on the longest path from input
+    to logits."""
     depth = 0
     for layer in network.resolved["layers"]:
         kind = layer["type"]
-        if kind in ("dense", "conv2d"):
-            depth += 1
+        if kind in _PRODUCTS_IN_SEQUENCE:
+            depth += _PRODUCTS_IN_SEQUENCE[kind]
         elif kind == "lstm":  # the last step of the top layer: T steps of one layer, one more per layer above
             depth += network.resolved["input"]["sequence_length"] + layer["layers"] - 1
         elif kind == "residual":  # one block per entry once resolved; its shortcut is the shorter path
@@ -126,7 +134,8 @@ def rounding_depth(network: NetworkSummary) -> int:
 
 
 def decision_depth(network: NetworkSummary) -> int:
-    """ReLUs and max-pools on the path: where rounding can send the gradient elsewhere."""
+    """ReLUs and max-pools on the path: where rounding can send the gradient elsewhere (a transformer
+    has none: GELU, softmax and layer norm are smooth)."""
     count = 0
     for layer in network.resolved["layers"]:
         if layer["type"] in ("relu", "max_pool"):
