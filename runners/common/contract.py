@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from protocol import Skip
+
 Arrays = dict  # canonical weight name (src/dlbench/definitions/weights.py) -> numpy.ndarray, float32
 
 # The request's `precision` (src/dlbench/definitions/suite.py says the same):
@@ -153,7 +155,9 @@ class Collective(Protocol):
 class LayerTable(dict):
     """A runner's layer builders: the `type` of a resolved layer (src/dlbench/definitions/schema.py)
     -> the function that builds it the framework's way. A new layer type is one builder and one
-    entry; `builder` refuses a type the runner has no builder for, naming it."""
+    entry; `builder` refuses a type the runner has no builder for, naming it: a Skip (the run is
+    recorded as skipped, with that reason), since the description is valid and another runner may
+    build it."""
 
     def __init__(self, runner: str, builders: dict[str, Callable]):
         super().__init__(builders)
@@ -163,8 +167,8 @@ class LayerTable(dict):
         try:
             return self[layer_type]
         except KeyError:
-            raise ValueError(f"{self.runner} runner: unsupported layer type {layer_type!r} "
-                             f"(it builds {', '.join(sorted(self))})") from None
+            raise Skip(f"{self.runner} runner: no builder for layer type {layer_type!r} "
+                       f"(it builds {', '.join(sorted(self))})") from None
 
 
 # ------------------------------------------------------------------ the runner objects

@@ -208,18 +208,19 @@ def test_every_module_of_a_runner_builds_from_its_network_module(folder):
 @pytest.mark.parametrize("folder", FOLDERS, ids=IDS)
 def test_the_network_module_imports_without_its_framework_and_refuses_an_unknown_layer_type(folder):
     """In a fresh interpreter without the framework: the table's lookup (`LAYERS.builder`) gives the
-    builder of a known type and raises a ValueError naming an unknown one; nothing is imported that
+    builder of a known type and raises a Skip naming an unknown one; nothing is imported that
     the runner's thread configuration must precede."""
     (network_module,) = layer_tables(folder)
     code = (f"import sys; sys.path[:0] = [{str(folder)!r}, {str(COMMON)!r}]; import {network_module} as m\n"
             "assert callable(m.LAYERS.builder('dense'))\n"
-            "try:\n    m.LAYERS.builder('hexagonal_conv')\nexcept ValueError as e:\n    print(e)\n"
+            "from protocol import Skip\n"
+            "try:\n    m.LAYERS.builder('hexagonal_conv')\nexcept Skip as e:\n    print(e)\n"
             "print(sorted(k for k in sys.modules if k.split('.')[0] in "
             "{'torch', 'tensorflow', 'keras', 'jax', 'flax', 'optax', 'mxnet', 'numpy'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     message, loaded = out.stdout.strip().splitlines()
-    assert "unsupported layer type 'hexagonal_conv'" in message and folder.name in message
+    assert "no builder for layer type 'hexagonal_conv'" in message and folder.name in message
     assert loaded == "[]"
 
 
@@ -366,10 +367,11 @@ def test_a_prepared_without_the_check_side_says_so():
         prepared.export_weights()
 
 
-def test_a_layer_table_names_an_unknown_type_and_what_it_builds():
+def test_a_layer_table_skips_an_unknown_type_naming_it_and_what_it_builds():
+    """A valid description a runner cannot build yet is skipped, not failed: another runner may build it."""
     table = contract.LayerTable("x", {"dense": len, "conv2d": abs})
     assert table.builder("dense") is len
-    with pytest.raises(ValueError, match=r"x runner: unsupported layer type 'lstm' \(it builds conv2d, dense\)"):
+    with pytest.raises(protocol.Skip, match=r"x runner: no builder for layer type 'lstm' \(it builds conv2d, dense\)"):
         table.builder("lstm")
 
 
