@@ -8,7 +8,10 @@ OpenMP variables that torch reads at import first.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
+import types
 
 from contract import CHECK_PRECISION, PRECISIONS, LayerTable
 from protocol import Skip
@@ -119,12 +122,177 @@ def _residual(spec: dict):
     return Block()
 
 
+# ------------------------------------------------------------------ transformer layers (schema.py's semantics)
+
+
+@functools.cache
+def transformer_modules():
+    """The transformer layers' module classes, defined once torch is loaded (torch is imported on
+    first use, so they cannot be module-level classes; cached, so every network shares them)."""
+    torch = load_torch()
+    nn, F = torch.nn, torch.nn.functional
+
+    class PositionEmbedding(nn.Module):
+        """x + P[0:T]: a learned (max_length, dim) table, its first T rows added (GPT-2's wpe and
+        ViT's pos_embed, added rather than looked up: position t is row t)."""
+
+        def __init__(self, max_length: int, dim: int):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(max_length, dim))
+            nn.init.normal_(self.weight, std=0.02)  # GPT-2's and ViT's initialisation of the table
+
+        def forward(self, x):
+            return x + self.weight[: x.shape[1]]
+
+    class PatchEmbedding(nn.Module):
+        """A strided convolution (kernel = stride = patch) to (dim, H/p, W/p), its positions as tokens
+        in row-major order, the class token prepended (timm's PatchEmbed and cls_token)."""
+
+        def __init__(self, channels: int, patch: int, dim: int, class_token: bool):
+            super().__init__()
+            self.proj = nn.Conv2d(channels, dim, patch, patch, bias=True)
+            self.class_token = nn.Parameter(torch.empty(dim)) if class_token else None
+            if class_token:
+                nn.init.normal_(self.class_token, std=0.02)
+
+        def forward(self, x):
+            tokens = self.proj(x).flatten(2).transpose(1, 2)  # (B, dim, h, w) -> (B, h*w, dim)
+            if self.class_token is None:
+                return tokens
+            # in the convolution's dtype: under autocast the token sequence stays in the AMP dtype
+            cls = self.class_token.to(tokens.dtype).expand(tokens.shape[0], 1, -1)
+            return torch.cat([cls, tokens], dim=1)
+
+    class SelfAttention(nn.Module):
+        """Multi-head self-attention: q, k, v and out as nn.Linear, the heads' products in
+        F.scaled_dot_product_attention (torch picks its flash, memory-efficient, cuDNN or math
+        kernel); head h is columns h*S .. (h+1)*S - 1 of q, k and v, the canonical head-major order."""
+
+        def __init__(self, dim: int, heads: int, head_size: int, causal: bool, bias: bool, dropout: float):
+            super().__init__()
+            inner = heads * head_size
+            self.heads, self.head_size, self.causal, self.dropout = heads, head_size, causal, dropout
+            self.q = nn.Linear(dim, inner, bias=bias)
+            self.k = nn.Linear(dim, inner, bias=bias)
+            self.v = nn.Linear(dim, inner, bias=bias)
+            self.out = nn.Linear(inner, dim, bias=bias)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+
+            def split(proj):  # (B, T, H*S) -> (B, H, T, S)
+                return proj(x).view(b, t, self.heads, self.head_size).transpose(1, 2)
+
+            # dropout on the probabilities in training only (the functional form does not look at
+            # self.training); its default scale is 1/sqrt(S), the canonical one
+            a = F.scaled_dot_product_attention(split(self.q), split(self.k), split(self.v),
+                                               dropout_p=self.dropout if self.training else 0.0,
+                                               is_causal=self.causal)
+            return self.out(a.transpose(1, 2).reshape(b, t, self.heads * self.head_size))
+
+    class TransformerBlock(nn.Module):
+        """Layer norms, self-attention and a GELU MLP with two residual joins, pre- or post-norm."""
+
+        def __init__(self, spec: dict):
+            super().__init__()
+            dim = spec["in_shape"][-1]
+            hidden = spec["mlp_ratio"] * dim
+            self.pre = spec["norm"] == "pre"
+            self.ln1 = nn.LayerNorm(dim, eps=spec["eps"])
+            self.attn = SelfAttention(dim, spec["heads"], spec["head_size"], spec["causal"], spec["bias"],
+                                      spec["dropout"])
+            self.ln2 = nn.LayerNorm(dim, eps=spec["eps"])
+            self.mlp = nn.Sequential(collections.OrderedDict(
+                fc1=nn.Linear(dim, hidden, bias=spec["bias"]), gelu=nn.GELU(approximate=GELU_FORMS[spec["gelu"]]),
+                fc2=nn.Linear(hidden, dim, bias=spec["bias"])))
+            self.drop1 = nn.Dropout(spec["dropout"])  # on each branch before its join
+            self.drop2 = nn.Dropout(spec["dropout"])
+
+        def forward(self, x):
+            if self.pre:
+                x = x + self.drop1(self.attn(self.ln1(x)))
+                return x + self.drop2(self.mlp(self.ln2(x)))
+            x = self.ln1(x + self.drop1(self.attn(x)))
+            return self.ln2(x + self.drop2(self.mlp(x)))
+
+    class TokenPool(nn.Module):
+        def __init__(self, mode: str):
+            super().__init__()
+            self.mode = mode
+
+        def forward(self, x):
+            return x[:, 0] if self.mode == "class" else x.mean(dim=1)
+
+    class TiedLMHead(nn.Module):
+        """Logits x E^T (+ b) with E the token embedding's own Parameter (HuggingFace's tie_weights
+        idiom): one tensor, so its gradient is the sum of both uses and it is updated once."""
+
+        def __init__(self, embedding, vocabulary: int, bias: bool):
+            super().__init__()
+            self.weight = embedding.weight
+            self.bias = nn.Parameter(torch.zeros(vocabulary)) if bias else None
+
+        def forward(self, x):
+            return F.linear(x, self.weight, self.bias)
+
+    return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
+                                 SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, TokenPool=TokenPool,
+                                 TiedLMHead=TiedLMHead)
+
+
+GELU_FORMS = {"erf": "none", "tanh": "tanh"}  # the schema's form -> nn.GELU's `approximate`
+
+
+def _position_embedding(spec: dict):
+    return transformer_modules().PositionEmbedding(spec["max_length"], spec["in_shape"][-1])
+
+
+def _patch_embedding(spec: dict):
+    return transformer_modules().PatchEmbedding(spec["in_shape"][0], spec["patch"], spec["dim"], spec["class_token"])
+
+
+def _layer_norm(spec: dict):
+    return load_torch().nn.LayerNorm(spec["in_shape"][-1], eps=spec["eps"])
+
+
+def _gelu(spec: dict):
+    return load_torch().nn.GELU(approximate=GELU_FORMS[spec["form"]])
+
+
+def _attention(spec: dict):
+    return transformer_modules().SelfAttention(spec["in_shape"][-1], spec["heads"], spec["head_size"], spec["causal"],
+                                               spec["bias"], spec["dropout"])
+
+
+def _transformer_block(spec: dict):
+    return transformer_modules().TransformerBlock(spec)
+
+
+def _token_pool(spec: dict):
+    return transformer_modules().TokenPool(spec["mode"])
+
+
+def _lm_head(spec: dict, built: list):
+    dim, vocabulary = spec["in_shape"][-1], spec["out_shape"][-1]
+    if not spec["tied"]:
+        return load_torch().nn.Linear(dim, vocabulary, bias=spec["bias"])
+    embedding = built[0]  # the schema ties the head to the network's first layer, the token embedding
+    if not isinstance(embedding, load_torch().nn.Embedding):
+        raise TypeError(f"a tied lm_head needs the token embedding as layer 0, found {type(embedding).__name__}")
+    return transformer_modules().TiedLMHead(embedding, vocabulary, spec["bias"])
+
+
 LAYERS = LayerTable("torch", {
     "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
     "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _relu, "sigmoid": _sigmoid,
     "tanh": _tanh, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
-    "residual": _residual,
+    "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
+    "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
+    "token_pool": _token_pool, "lm_head": _lm_head,
 })
+# Builders that also take the modules built before them (in network order): a tied lm_head shares
+# the token embedding's Parameter, so it needs that module, not a description of it.
+TAKES_EARLIER = frozenset({"lm_head"})
 
 
 def lstm_layer(features: int, hidden: int, layers: int):
@@ -153,15 +321,27 @@ def lstm_layer(features: int, hidden: int, layers: int):
     return SequenceLSTM()
 
 
-def build_module(spec: dict):
-    """One resolved layer (see dlbench.definitions.analysis) as a torch module."""
-    return LAYERS.builder(spec["type"])(spec)
+def build_module(spec: dict, built: list | tuple = ()):
+    """One resolved layer (see dlbench.definitions.network) as a torch module; `built`: the modules of
+    the layers before it (what a TAKES_EARLIER builder is handed)."""
+    builder = LAYERS.builder(spec["type"])
+    return builder(spec, list(built)) if spec["type"] in TAKES_EARLIER else builder(spec)
 
 
 def build_network(network: dict, deterministic: bool = False):
+    """The resolved network as an nn.Sequential of one module per layer. `deterministic`: dropout
+    layers become the identity, and the dropout of attention and transformer blocks (on the
+    probabilities and the branches) is built at rate 0."""
     nn = load_torch().nn
-    return nn.Sequential(*(nn.Identity() if deterministic and layer["type"] == "dropout" else build_module(layer)
-                           for layer in network["layers"]))
+    built: list = []
+    for layer in network["layers"]:
+        if deterministic and layer["type"] == "dropout":
+            built.append(nn.Identity())
+            continue
+        if deterministic and layer.get("dropout"):  # attention, transformer_block: their own dropout rate
+            layer = {**layer, "dropout": 0.0}
+        built.append(build_module(layer, built))
+    return nn.Sequential(*built)
 
 
 def is_images(network: dict) -> bool:
@@ -395,6 +575,84 @@ def probe_dtypes(model, x, autocast, precision: str, network: dict) -> dict:
     return seen
 
 
+# ------------------------------------------------------------------ which attention kernel torch chose
+# F.scaled_dot_product_attention picks a kernel per call from its inputs (device, dtype, shapes,
+# dropout, autograd) among the backends enabled (torch.backends.cuda.*_sdp_enabled(), which the CPU's
+# choice also honours). Each fused kernel is an aten operator of its own, which a TorchDispatchMode
+# sees; the math backend has none (a composite function, seen as its bmm and softmax).
+SDPA_KERNELS = {
+    "_scaled_dot_product_flash_attention": "flash",
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (torch's CPU kernel)",
+    "_scaled_dot_product_efficient_attention": "memory-efficient",
+    "_scaled_dot_product_cudnn_attention": "cudnn",
+    "_scaled_dot_product_fused_attention_overrideable": "overrideable (a backend's own)",
+}
+SDPA_ENABLED = ("flash", "mem_efficient", "math", "cudnn")  # torch.backends.cuda.<name>_sdp_enabled()
+
+
+def attention_kernels(model, network: dict, autocast, train: bool) -> dict | None:
+    """What torch ran for each attention (an attention layer, a transformer block's): the aten
+    operator F.scaled_dot_product_attention dispatched to on one sample of the layer's shape, in the
+    step's mode (training: autograd on and the layer's dropout, which decides the CPU's choice) under
+    the step's autocast, on the eager module; and the backends torch has enabled. None when the
+    network has no attention. torch's random state is left as it was."""
+    torch = load_torch()
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    attentions = []
+    for i, (layer, module) in enumerate(zip(network["layers"], model)):
+        if layer["type"] in ("attention", "transformer_block"):
+            attentions.append((f"{i:03d}", layer["in_shape"], module if layer["type"] == "attention" else module.attn))
+    if not attentions:
+        return None
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, arg_types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    param = next(model.parameters())
+    devices = [param.device] if param.device.type == "cuda" else []
+    kernels, operators = {}, {}
+    for name, shape, attn in attentions:
+        was_training = attn.training
+        attn.train(train)
+        mode = Dispatched()
+        try:
+            with torch.random.fork_rng(devices=devices), (torch.enable_grad() if train else torch.no_grad()):
+                x = torch.zeros(1, *shape, dtype=param.dtype, device=param.device)
+                with autocast(), mode:
+                    attn(x)
+        finally:
+            attn.train(was_training)
+        fused = [op for op in mode.ops if op in SDPA_KERNELS]
+        if fused:
+            kernels[name], operators[name] = SDPA_KERNELS[fused[0]], f"aten.{fused[0]}"
+        elif "bmm" in mode.ops:
+            kernels[name], operators[name] = "math", "aten.bmm (the math backend's products)"
+        else:
+            kernels[name], operators[name] = "unknown", ", ".join(dict.fromkeys(mode.ops))
+
+    def one_or_each(by_layer: dict):  # one value where every attention got the same, else per layer
+        values = set(by_layer.values())
+        return values.pop() if len(values) == 1 else by_layer
+
+    return {
+        "function": "torch.nn.functional.scaled_dot_product_attention",
+        "kernel": one_or_each(kernels),
+        "operator": one_or_each(operators),
+        "enabled": {f"torch.backends.cuda.{n}_sdp_enabled()": getattr(torch.backends.cuda, f"{n}_sdp_enabled")()
+                    for n in SDPA_ENABLED},
+        "probe": ("one sample of each attention's input shape through its eager module (before any torch.compile) "
+                  f"in {'training (autograd on, its dropout)' if train else 'inference'} mode under the step's "
+                  "autocast; the aten operator torch dispatched to, seen by a TorchDispatchMode"),
+    }
+
+
 def sgd(params, request: dict):
     return load_torch().optim.SGD(params, lr=request["learning_rate"], momentum=request["momentum"])
 
@@ -442,12 +700,32 @@ def synchronizer(device):
 
 # ------------------------------------------------------------------ canonical weights
 # Canonical weights (see src/dlbench/definitions/weights.py) <-> torch tensors. torch's own layouts
-# are the canonical ones (OIHW, out x in, gates i f g o), so only the LSTM's two biases need care.
+# are the canonical ones (OIHW, out x in, gates i f g o, nn.Linear's (out, in) for q/k/v/out with the
+# heads' rows in order), so only the LSTM's two biases need care. A tied lm_head's weight is the
+# embedding's Parameter: it is exported once, as the embedding's.
 
 
 def _bn_tensors(prefix: str, bn) -> dict:
     return {f"{prefix}.gamma": bn.weight, f"{prefix}.beta": bn.bias,
             f"{prefix}.running_mean": bn.running_mean, f"{prefix}.running_var": bn.running_var}
+
+
+def _weight_bias(prefix: str, module) -> dict:
+    out = {f"{prefix}.weight": module.weight}
+    if module.bias is not None:
+        out[f"{prefix}.bias"] = module.bias
+    return out
+
+
+def _ln_tensors(prefix: str, ln) -> dict:
+    return {f"{prefix}.gamma": ln.weight, f"{prefix}.beta": ln.bias}
+
+
+def _attention_tensors(prefix: str, attn) -> dict:
+    out = {}
+    for part in ("q", "k", "v", "out"):
+        out.update(_weight_bias(f"{prefix}.{part}", getattr(attn, part)))
+    return out
 
 
 def canonical_tensors(model, network: dict) -> dict:
@@ -477,6 +755,28 @@ def canonical_tensors(model, network: dict) -> dict:
             if layer["shortcut"] == "projection":
                 out[f"{p}.proj.weight"] = module.shortcut[0].weight
                 out.update(_bn_tensors(f"{p}.proj_bn", module.shortcut[1]))
+        elif t == "position_embedding":
+            out[f"{p}.weight"] = module.weight
+        elif t == "patch_embedding":
+            out.update(_weight_bias(p, module.proj))
+            if module.class_token is not None:
+                out[f"{p}.class_token"] = module.class_token
+        elif t == "layer_norm":
+            out.update(_ln_tensors(p, module))
+        elif t == "attention":
+            out.update(_attention_tensors(p, module))
+        elif t == "transformer_block":
+            out.update(_ln_tensors(f"{p}.ln1", module.ln1))
+            out.update(_attention_tensors(f"{p}.attn", module.attn))
+            out.update(_ln_tensors(f"{p}.ln2", module.ln2))
+            out.update(_weight_bias(f"{p}.mlp.fc1", module.mlp.fc1))
+            out.update(_weight_bias(f"{p}.mlp.fc2", module.mlp.fc2))
+        elif t == "lm_head":
+            if layer["tied"]:  # the weight is 000.weight; only a bias of its own
+                if module.bias is not None:
+                    out[f"{p}.bias"] = module.bias
+            else:
+                out.update(_weight_bias(p, module))
     return out
 
 

@@ -6,6 +6,8 @@ weights, data, loss and step are torch_network.py's, and so is the precision (fl
 and read back, torch.autocast, GradScaler). `compile`: eager (the default) or torch.compile of the
 network (inductor), compiled by the first step, which the harness times apart; after the measured
 window Prepared reports the CUDA caching allocator's peak and, when compiled, dynamo's counters.
+A network with attention records in settings["attention"] which kernel scaled_dot_product_attention
+ran (flash, memory-efficient, cuDNN or math) and the backends torch has enabled.
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ class TorchRunner:
         except tn.ReducedPrecisionUnsupported as e:
             raise Skip(str(e)) from e
         settings["precision_effective"].update(amp, **dtypes)
+        attention = tn.attention_kernels(model, network, autocast, train)  # flash, memory-efficient, cudnn or math
+        if attention is not None:
+            settings["attention"] = attention
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         out_shape = tn.output_shape(model, x, train)  # on the eager module: a compiled one compiles in step 1
 
