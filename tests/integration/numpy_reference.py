@@ -2,11 +2,14 @@
 
 It reads the canonical weight format directly, so comparing a framework's logits against it pins
 that framework's weight mapping (layouts, LSTM gate order and single bias, flatten order, option-A
-padding side) to the definition in src/dlbench/definitions/schema.py, not merely to another
-framework. Written for clarity, not speed: use tiny networks.
+padding side, attention's head order, the patch tokens' order, a tied head's table) to the
+definition in src/dlbench/definitions/schema.py, not merely to another framework. Written for
+clarity, not speed: use tiny networks.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -78,6 +81,72 @@ def residual(x, w, p, layer, eps=1e-5):
     return np.maximum(y + sc, 0)
 
 
+# ------------------------------------------------------------------ transformers (x is (N, T, D))
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; the networks here are tiny
+
+
+def layer_norm(x, gamma, beta, eps):
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)  # biased: divided by D
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def gelu(x, form):
+    if form == "erf":
+        return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _affine(x, w, name):
+    """x W^T + b, b only where the weight set has one (`bias: false` has none)."""
+    return x @ w[f"{name}.weight"].T + w.get(f"{name}.bias", 0.0)
+
+
+def attention(x, w, p, heads, size, causal):
+    """Per head h (columns h*S .. (h+1)*S - 1): softmax(q k^T / sqrt(S)) v, causal masking j > i."""
+    n, steps, _ = x.shape
+    q, k, v = (_affine(x, w, f"{p}.{part}").reshape(n, steps, heads, size).transpose(0, 2, 1, 3)
+               for part in ("q", "k", "v"))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(size)  # (N, H, T, T)
+    if causal:
+        scores = np.where(np.tril(np.ones((steps, steps), dtype=bool)), scores, -np.inf)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    probs = np.exp(scores)
+    probs = probs / probs.sum(axis=-1, keepdims=True)
+    a = (probs @ v).transpose(0, 2, 1, 3).reshape(n, steps, heads * size)  # the heads in order
+    return _affine(a, w, f"{p}.out")
+
+
+def transformer_block(x, w, p, layer):
+    eps = layer["eps"]
+
+    def attn(h):
+        return attention(h, w, f"{p}.attn", layer["heads"], layer["head_size"], layer["causal"])
+
+    def mlp(h):
+        return _affine(gelu(_affine(h, w, f"{p}.mlp.fc1"), layer["gelu"]), w, f"{p}.mlp.fc2")
+
+    def ln(h, which):
+        return layer_norm(h, w[f"{p}.{which}.gamma"], w[f"{p}.{which}.beta"], eps)
+
+    if layer["norm"] == "pre":
+        x = x + attn(ln(x, "ln1"))
+        return x + mlp(ln(x, "ln2"))
+    x = ln(x + attn(x), "ln1")
+    return ln(x + mlp(x), "ln2")
+
+
+def patch_embedding(x, w, p, layer):
+    patch = layer["patch"]
+    grid = conv2d(x, w[f"{p}.weight"], w[f"{p}.bias"], (patch, patch), (0, 0))  # (N, dim, h, w)
+    n, dim = grid.shape[:2]
+    tokens = grid.reshape(n, dim, -1).transpose(0, 2, 1)  # positions in row-major (h, w) order
+    if layer["class_token"]:
+        tokens = np.concatenate([np.broadcast_to(w[f"{p}.class_token"], (n, 1, dim)), tokens], axis=1)
+    return tokens
+
+
 def forward(network: dict, weights: dict, x: np.ndarray) -> np.ndarray:
     w = {k: v.astype(np.float64) for k, v in weights.items()}
     x = x if x.dtype.kind == "i" else x.astype(np.float64)
@@ -111,6 +180,23 @@ def forward(network: dict, weights: dict, x: np.ndarray) -> np.ndarray:
             x = lstm(x, w, p, layer["layers"])
         elif t == "residual":
             x = residual(x, w, p, layer)
+        elif t == "position_embedding":
+            x = x + w[f"{p}.weight"][: x.shape[1]]
+        elif t == "patch_embedding":
+            x = patch_embedding(x, w, p, layer)
+        elif t == "layer_norm":
+            x = layer_norm(x, w[f"{p}.gamma"], w[f"{p}.beta"], layer["eps"])
+        elif t == "gelu":
+            x = gelu(x, layer["form"])
+        elif t == "attention":
+            x = attention(x, w, p, layer["heads"], layer["head_size"], layer["causal"])
+        elif t == "transformer_block":
+            x = transformer_block(x, w, p, layer)
+        elif t == "token_pool":
+            x = x[:, 0] if layer["mode"] == "class" else x.mean(axis=1)
+        elif t == "lm_head":
+            table = w["000.weight"] if layer["tied"] else w[f"{p}.weight"]  # tied: the token embedding's
+            x = x @ table.T + w.get(f"{p}.bias", 0.0)
         else:
             raise ValueError(t)
     return x
