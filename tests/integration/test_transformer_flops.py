@@ -1,0 +1,121 @@
+"""The analysis' forward FLOPs of the transformer networks against an independent count (issue 17):
+torch's `torch.utils.flop_counter.FlopCounterMode` on the torch runner's own model, built in the
+torch venv by runners/torch/torch_network.py, one sample, inference, within 1%.
+
+FlopCounterMode counts matrix products and convolutions only (2 FLOPs per multiply-add, the
+analysis' convention), so it is compared with the workload's products: the `matmul` and
+`conv2d_fwd` kernels and attention's two batched products (`scores q k^T`, `weighted sum p v`),
+as tests/unit/test_performance_model.py picks them out. Its blind spot: it has formulas for the
+CUDA kernels of scaled_dot_product_attention (flash, memory-efficient, cuDNN) but none for the
+CPU's flash kernel (`aten._scaled_dot_product_flash_attention_for_cpu`), which torch 2.13 runs in
+inference on the CPU, so there it counts attention's products as 0. The model is therefore counted
+twice more: with that operator given torch's own SDPA formula (`sdpa_flop_count`, the one its CUDA
+kernels use), and with the math backend forced (`sdpa_kernel(SDPBackend.MATH)`), whose two bmm
+FlopCounterMode counts as it counts any. Both must agree with the analysis; the unmapped count must
+be the analysis less exactly the attention products (or, should torch learn the CPU kernel, all of
+it). gpt2_small runs a 128-token sequence (its 1,024-token context does not change the question
+and would take a minute of CPU per count).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlbench import paths
+from dlbench.definitions.loader import load_network
+from dlbench.execution.environments import VenvBackend
+from dlbench.execution.registry import RunnerRegistry
+from dlbench.performance.workload import decompose
+
+pytestmark = pytest.mark.integration
+
+# network -> the sequence length it is counted at (None: as described)
+NETWORKS = {"transformer_tiny": None, "gpt2_small": 128, "vit_b16": None}
+ATTENTION_PRODUCTS = ("scores q k^T", "weighted sum p v")
+
+COUNT = r"""
+import contextlib, json, sys
+sys.path[:0] = sys.argv[1:3]
+import torch
+import torch_network as tn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+torch.set_num_threads(1)
+network = json.load(open(sys.argv[3]))
+torch.manual_seed(0)
+model = tn.build_network(network, deterministic=True).eval()
+inp = network["input"]
+x = (torch.randint(0, inp["vocabulary"], (1, inp["sequence_length"])) if inp["kind"] == "tokens"
+     else torch.randn(1, *inp["shape"]))
+
+
+def cpu_flash(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def count(backend=None, **kw):
+    mode = FlopCounterMode(display=False, **kw)
+    with torch.no_grad(), (sdpa_kernel(backend) if backend is not None else contextlib.nullcontext()), mode:
+        model(x)
+    return mode.get_total_flops()
+
+
+print(json.dumps({
+    "params": sum(p.numel() for p in model.parameters() if p.requires_grad),  # a tied table once
+    "default": count(),
+    "cpu_flash_mapped": count(custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash}),
+    "math": count(SDPBackend.MATH),
+    "kernel": tn.attention_kernels(model, network, contextlib.nullcontext, train=False)["kernel"],
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def torch_python():
+    runner = RunnerRegistry(paths.runners_dir()).get("torch")
+    return VenvBackend(paths.cache_dir()).ensure(runner, "cpu").python
+
+
+def _network(name: str, steps: int | None, tmp_path: Path):
+    data = yaml.safe_load((paths.suites_dir() / "networks" / f"{name}.yaml").read_text())
+    if steps is not None:
+        data["input"]["sequence_length"] = steps
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_network(path)
+
+
+def _analysis_products(resolved: dict) -> tuple[int, int]:
+    """(every product's FLOPs, attention's batched products') of one sample's forward pass."""
+    ops = [op for layer in decompose(resolved, 1, "infer").layers for op in layer.forward]
+    attention = sum(op.flops for op in ops if op.label.endswith(ATTENTION_PRODUCTS))
+    kernels = sum(op.flops for op in ops if op.kernel is not None and op.kernel.kind in ("matmul", "conv2d_fwd"))
+    return kernels + attention, attention
+
+
+@pytest.mark.parametrize("name", sorted(NETWORKS))
+def test_flop_counter_mode_counts_the_analysis_products(torch_python, name, tmp_path):
+    net = _network(name, NETWORKS[name], tmp_path)
+    (tmp_path / "network.json").write_text(json.dumps(net.resolved))
+    (tmp_path / "count.py").write_text(COUNT)
+    run = subprocess.run([str(torch_python), str(tmp_path / "count.py"), str(paths.runners_dir() / "torch"),
+                          str(paths.runners_dir() / "common"), str(tmp_path / "network.json")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    counted = json.loads(run.stdout.strip().splitlines()[-1])
+    products, attention = _analysis_products(net.resolved)
+    assert attention > 0
+    print(f"{name}: analysis {products:,} ({attention:,} in attention's products); FlopCounterMode "
+          f"{counted['cpu_flash_mapped']:,} (CPU flash kernel mapped), {counted['math']:,} (math backend), "
+          f"{counted['default']:,} (as it is); kernel {counted['kernel']}")
+    assert counted["params"] == net.params  # gpt2_small's 124,439,808 and vit_b16's 86,567,656, as published
+    assert counted["cpu_flash_mapped"] == pytest.approx(products, rel=0.01)
+    assert counted["math"] == pytest.approx(products, rel=0.01)
+    if counted["kernel"] == "flash (torch's CPU kernel)":
+        assert counted["default"] in (products, products - attention)
