@@ -10,19 +10,24 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dlbench import paths
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.definitions.loader import load_network
+from dlbench.definitions.weights import random_weights, weight_shapes
 from dlbench.execution.environments import VenvBackend
+from dlbench.execution.equivalence import TOLERANCE_FLOAT64, _probe, make_inputs, relative_error
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
 
+from . import numpy_reference
+
 pytestmark = pytest.mark.integration
 
-NETWORKS = ["fcn5", "fcn8", "alexnet_r", "resnet56", "alexnet", "resnet50", "lstm32", "lstm64"]
+NETWORKS = ["fcn5", "fcn8", "alexnet_r", "resnet56", "alexnet", "resnet50", "lstm32", "lstm64", "transformer_tiny"]
 SMOKE_POLICY = {"warmup": {"min_iters": 1, "max_iters": 3, "max_time_s": 5, "window": 1, "tolerance": 0.5},
                 "measure": {"min_iters": 5, "min_time_s": 0.0, "max_iters": 5}}
 
@@ -280,3 +285,84 @@ def test_the_old_precision_name_is_refused_naming_the_accepted_ones(precision_ru
     assert outcome.status == "failed"
     assert "ValueError: precision 'float32' is not one the torch runner accepts (fp32, tf32, amp_bf16, amp_fp16" \
         in outcome.reason
+
+
+# ------------------------------------------------------------------ transformers (issue 17): transformer_tiny
+# A two-block causal decoder with dropout 0.1 and a tied head: smoke runs in fp32 and amp_bf16, the
+# attention kernel torch chose, and the float64 check step against the numpy reference.
+TRANSFORMER_RUNS = [("train", "fp32"), ("train", "amp_bf16"), ("infer", "amp_bf16")]
+SDPA_KERNEL_NAMES = {"flash", "flash (torch's CPU kernel)", "memory-efficient", "cudnn", "math"}
+
+
+@functools.lru_cache(maxsize=None)
+def _transformer_tiny():
+    return load_network(paths.suites_dir() / "networks" / "transformer_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def transformer_runs(torch_env):
+    """Every run of TRANSFORMER_RUNS, two at a time: key -> outcome (or the exception)."""
+    runner, env = torch_env
+
+    def run(key):
+        mode, precision = key
+        try:
+            return run_worker(env.python, runner.worker,
+                              _request(_transformer_tiny().resolved, "benchmark", mode, 2, precision), timeout_s=300)
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            return e
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(TRANSFORMER_RUNS, pool.map(run, TRANSFORMER_RUNS)))
+
+
+@pytest.mark.parametrize(("mode", "precision"), TRANSFORMER_RUNS)
+def test_transformer_tiny_measures_and_records_its_attention_kernel(transformer_runs, mode, precision):
+    outcome = _outcome(transformer_runs, mode, precision)
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert res["params"] == _transformer_tiny().params and res["output_shape"] == [32, 512]
+    settings = res["settings"]
+    eff = settings["precision_effective"]
+    assert eff["logits_dtype"] == ("bfloat16" if precision == "amp_bf16" else "float32")  # the head's product
+    attention = settings["attention"]
+    assert attention["function"] == "torch.nn.functional.scaled_dot_product_attention"
+    assert set(attention["enabled"]) == {f"torch.backends.cuda.{n}_sdp_enabled()"
+                                         for n in ("flash", "mem_efficient", "math", "cudnn")}
+    assert attention["kernel"] in SDPA_KERNEL_NAMES, attention  # one kernel for both blocks
+    # torch 2.13 on the CPU: its flash kernel, but the math backend for dropout on the probabilities
+    # (training at rate 0.1); what it chose is read from the operator it dispatched to
+    if mode == "train":
+        assert attention["kernel"] == "math" and attention["operator"] == "aten.bmm (the math backend's products)"
+    else:
+        assert attention["kernel"] == "flash (torch's CPU kernel)"
+        assert attention["operator"] == "aten._scaled_dot_product_flash_attention_for_cpu"
+
+
+def test_transformer_tiny_check_step_matches_numpy_in_float64(torch_env, tmp_path):
+    """The check action on transformer_tiny in float64 (dropout off): the canonical tensors exported
+    (the tied head's weight only once, as 000.weight), logits and loss equal to the numpy reference's
+    to 1e-9, and the tied table's step carries the head's gradient (rows of tokens absent from the
+    input move, which only the head reaches)."""
+    runner, env = torch_env
+    net = _transformer_tiny()
+    weights = random_weights(net.resolved, seed=5)
+    inputs = make_inputs(net, 2, seed=5)
+    np.savez(tmp_path / "weights.npz", **weights)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    arrays, reason, status = _probe(runner, env, net, tmp_path, "cpu", 300, tmp_path / "weights.npz",
+                                    tmp_path / "inputs.npz", 2, precision="float64")
+    assert arrays is not None, f"{status}: {reason}"
+    assert arrays["__params__"] == net.params
+    exported = {k[len("init/"):] for k in arrays if k.startswith("init/")}
+    assert exported == set(weight_shapes(net.resolved)) and "006.weight" not in exported
+    assert arrays["logits"].dtype == np.float64
+    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
+    assert relative_error(arrays["logits"], expected) <= TOLERANCE_FLOAT64
+    assert relative_error(arrays["loss"], np.asarray(numpy_reference.cross_entropy(expected, inputs["y"]))) \
+        <= TOLERANCE_FLOAT64
+    unused = np.setdiff1d(np.arange(512), inputs["x"])
+    assert unused.size > 0
+    moved = arrays["after/000.weight"][unused] - arrays["loaded/000.weight"][unused]
+    assert np.all(np.abs(moved).max(axis=1) > 0)
