@@ -157,7 +157,7 @@ ENV = SimpleNamespace(python="python", container=None)
 RUNNER = SimpleNamespace(worker="worker.py", name="fake")
 
 
-def test_repeats_are_pooled_and_unsupported_dtypes_never_sent():
+def test_repeats_are_pooled_and_a_gpus_unsupported_dtypes_never_sent():
     mm, bf, conv, tr = SPECS
     responses = [("ok", [entry(mm, [1.0, 2.0, 3.0]), entry(conv, [5.0], forward_median_s=1.0, median_s=4.0),
                          entry(tr, [0.5])]),
@@ -165,10 +165,10 @@ def test_repeats_are_pooled_and_unsupported_dtypes_never_sent():
                          entry(tr, [0.25])])]
     run, calls = fake_worker(responses)
     support = {"float32": None, "bfloat16": "no bfloat16 here"}
-    out = run_kernels(ENV, RUNNER, SPECS, KernelPolicy(repeats=2), "cpu", 2, 60.0, support, None, run)
+    out = run_kernels(ENV, RUNNER, SPECS, KernelPolicy(repeats=2), "cuda", 2, 60.0, support, None, run)
     assert len(calls) == 2 and [k["dtype"] for k in calls[0]["kernels"]] == ["float32"] * 3
     timing = dict(calls[0]["kernel_policy"])
-    assert timing.pop("flush_bytes") > 0  # cold by default on a CPU: caches flushed before each call
+    assert timing.pop("flush_bytes") == 0  # never flushed on a GPU
     assert timing == {"warmup_iters": 2, "min_iters": 5, "min_time_s": 0.2, "max_iters": 1000}
     res = out.results
     assert list(res) == [s.key for s in SPECS]  # the suite's order
@@ -178,6 +178,18 @@ def test_repeats_are_pooled_and_unsupported_dtypes_never_sent():
     assert res[conv.key].median_s == 5.0  # median over repeats of (forward+backward) - forward
     assert res[tr.key].unit == "B/s"
     assert out.status == "ok" and len(out.repeats) == 2
+
+
+def test_a_cpus_missing_arithmetic_is_measured_as_emulated_and_said():
+    """An amp_bf16 run on a CPU without bfloat16 instructions pays the emulation: the suite times it."""
+    mm, bf = SPECS[0], SPECS[1]
+    run, calls = fake_worker([("ok", [entry(mm, [1.0]), entry(bf, [9.0])])])
+    support = {"float32": None, "bfloat16": "no bfloat16 here"}
+    out = run_kernels(ENV, RUNNER, [mm, bf], KernelPolicy(repeats=1), "cpu", 2, 60.0, support, None, run)
+    assert [k["dtype"] for k in calls[0]["kernels"]] == ["float32", "bfloat16"]
+    assert out.results[bf.key].status == "ok" and out.results[bf.key].median_s == 9.0
+    assert out.results[bf.key].settings["arithmetic"] == "emulated: no bfloat16 here"
+    assert "arithmetic" not in out.results[mm.key].settings
 
 
 def test_a_worker_that_dies_fails_its_kernels_and_stops_the_repeats():

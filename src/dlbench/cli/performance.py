@@ -192,7 +192,8 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
               f"{device} ({', '.join(names)}), {threads} threads, store {store.root}", highlight=False)
     for dtype, why in support.items():
         if why:
-            err.print(f"[yellow]{dtype}[/]: skipped on this {device}: {escape(why)}", highlight=False)
+            fate = "measured as the frameworks emulate it" if device == "cpu" else "skipped"
+            err.print(f"[yellow]{dtype}[/]: {fate} on this {device}: {escape(why)}", highlight=False)
     records = _execute(runs, store, device, env, threads, timeout, support, machine_profile)
     out.print(kernel_table(records, "dlbench run: kernels"))
     _print_skips(records)

@@ -65,14 +65,24 @@ def run_kernels(env, runner, specs: list[KernelSpec], policy: KernelPolicy, devi
                 timeout_s: float, support: dict, profile: MachineProfile | None,
                 worker_runner=None) -> KernelOutcome:
     """Time `specs` in `policy.repeats` fresh worker processes of `runner` in `env` and pool them.
-    `worker_runner` is execution.launcher.run_worker (a parameter for tests)."""
+    `worker_runner` is execution.launcher.run_worker (a parameter for tests).
+
+    A reduced precision the device has no arithmetic for (`support`) is skipped on a GPU; on a CPU
+    it is measured anyway and marked `settings["arithmetic"] = "emulated: <why>"`: the frameworks
+    run it by converting (an amp_bf16 run on that CPU does just that), and what it costs is what
+    explains such a run's speed and what the performance model needs to predict it. The machine's
+    ceilings (`dlbench calibrate`) still leave it out: an emulated rate is no hardware peak."""
     worker_runner = worker_runner or run_worker
 
     outcome = KernelOutcome()
     runnable = []
+    emulated = {}
     for s in specs:
         why = support.get(s.dtype)
-        if why:
+        if why and device == "cpu":
+            emulated[s.key] = f"emulated: {why}"
+            runnable.append(s)
+        elif why:
             outcome.results[s.key] = KernelResult(key=s.key, spec=s.to_dict(), status="skipped", reason=why,
                                                   flops=s.flops, bytes=s.bytes, unit=s.unit)
         else:
@@ -97,6 +107,8 @@ def run_kernels(env, runner, specs: list[KernelSpec], policy: KernelPolicy, devi
                     pooled[key].append(entry)
     for s in runnable:
         outcome.results[s.key] = _pool(s, pooled[s.key], profile, outcome)
+        if s.key in emulated and outcome.results[s.key].status == "ok":
+            outcome.results[s.key].settings["arithmetic"] = emulated[s.key]
     outcome.results = {s.key: outcome.results[s.key] for s in specs}  # in the suite's order
     return outcome
 

@@ -13,10 +13,12 @@ two synchronisations) and how many fresh worker processes (`repeats`) time the w
 
 One run per framework and benchmark, through the orchestrator's environments and worker launcher
 (a child process per repeat, with the timeout; a crash or hang is recorded as failed and the suite
-goes on). Reduced precisions run only where the device has the arithmetic (`dtype_support`: on a
-CPU the avx512_bf16/amx_bf16 and avx512_fp16/amx_fp16 flags, on a GPU its compute capability);
-the others are recorded as skipped with the reason, as are the kernels a framework refuses in a
-reduced precision. Results are kernel records (`KernelRecord`) in `STORE/kernels/<run_id>.json`,
+goes on). Whether the device has the arithmetic of a reduced precision is `dtype_support` (on a
+CPU the avx512_bf16/amx_bf16 and avx512_fp16/amx_fp16 flags, on a GPU its compute capability):
+on a GPU without it the kernels are recorded as skipped with the reason; on a CPU without it they
+are measured as the frameworks emulate it and marked so (settings["arithmetic"]), since that is
+what an AMP run on that CPU pays; a kernel a framework refuses in a reduced precision is skipped
+with the framework's reason. The machine's ceilings never include an emulated precision. Results are kernel records (`KernelRecord`) in `STORE/kernels/<run_id>.json`,
 written like run records (temporary file, link, checksum), beside `runs/` rather than in it: a
 kernel record has no network, batch or iteration time, so it is no row of `dlbench results` and
 no entry of a leaderboard. Per kernel: the median time (pooled over the repeats), the achieved
