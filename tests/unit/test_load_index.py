@@ -14,9 +14,10 @@ import pytest
 from store_records import T0, make_record
 
 from dlbench.store import index as index_module
-from dlbench.store.index import INDEX_DIR, INDEX_FILE, read_rows
+from dlbench.store.index import INDEX_DIR, INDEX_FILE, key_fields, read_rows
 from dlbench.store.rows import run_row
 from dlbench.store.store import Store
+from dlbench.store.utilisation import Peaks
 
 
 @pytest.fixture
@@ -42,7 +43,9 @@ def parsed(monkeypatch):
 
 
 def expected_rows(store: Store) -> list[dict]:
-    return [run_row(r) for r in store.records()]
+    # the MFU columns come from the store's machine profiles as rows are read, not from the index
+    peaks = Peaks(store)
+    return [peaks.attach({**key_fields(r), **run_row(r)}) for r in store.records()]
 
 
 def assert_rows_are_the_records(snapshot, store: Store) -> None:

@@ -37,6 +37,7 @@ from datetime import datetime
 
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb
+from ..store.utilisation import Peaks, model_flops_per_iter, model_tflops, tokens_per_s
 
 SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,80}$")
 
@@ -114,6 +115,10 @@ class RunView:
     sps_high: float | None = None
     ci_level: float | None = None
     ci_note: str | None = None  # how the interval was made, for a tooltip
+    tokens_per_s: float | None = None  # token networks: samples/s x sequence length (store/utilisation.py)
+    model_tflops: float | None = None  # achieved model FLOP/s (forward x 3 in training), 1e12
+    mfu: float | None = None  # model FLOP/s / the machine profile's peak matmul rate in the run's precision
+    mfu_note: str | None = None  # the peak divided by and its profile, or why there is no MFU
     ms_per_iter: float | None = None
     iqr_ms: float | None = None
     cv: float | None = None
@@ -216,8 +221,23 @@ def allocator_note(r: Record) -> str | None:
     return "not recorded (a record before schema 6)" if not memories else None
 
 
-def run_view(r: Record, page: str | None = None) -> RunView:
-    """`page`: where the run's page is written (default: from its run id)."""
+def utilisation(r: Record, peaks: Peaks | None) -> dict:
+    """tokens/s, model TFLOP/s and MFU as the results rows derive them (store/utilisation.py);
+    `peaks`: the store's machine profiles (None: no profiles, so every MFU says "no profile")."""
+    s = r.summary
+    tflops = model_tflops(model_flops_per_iter(r.workload.mode, r.workload.batch_size, r.network.flops_per_sample),
+                          s.median_s if s else None)
+    found = (peaks or Peaks(None)).mfu(
+        tflops=tflops, precision=r.workload.precision, machine_id=str(r.machine.get("machine_id") or ""),
+        device=r.workload.device, threads=r.settings.threads_requested,
+        workers=r.distributed.workers if r.distributed else None)
+    return {"tokens_per_s": tokens_per_s(r.network.definition, s.samples_per_s if s else None),
+            "model_tflops": tflops, "mfu": found.mfu, "mfu_note": found.source or found.reason}
+
+
+def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> RunView:
+    """`page`: where the run's page is written (default: from its run id); `peaks`: the store's
+    machine profiles, for the run's MFU."""
     s = r.summary
     tel = (r.telemetry or {}).get("summary") or {}
     missing = tel.get("missing") or {}
@@ -249,6 +269,7 @@ def run_view(r: Record, page: str | None = None) -> RunView:
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
+        **utilisation(r, peaks),
     )
 
 

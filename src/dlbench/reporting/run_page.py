@@ -374,8 +374,8 @@ def prediction_context(record: Record) -> dict | None:
             "measured_pct": 100 * p.measured_share if p.measured_share is not None else None, "notes": p.notes}
 
 
-def run_context(record: Record, page: str | None = None) -> dict:
-    view = run_view(record, page)
+def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
+    view = run_view(record, page, peaks)
     hardware = hardware_label(record)
     bench_key = (record.suite, hardware, record.benchmark)
     # fields a record of an older schema lacks (the interval, the stability verdict) are left out

@@ -27,7 +27,8 @@ dlbench (it holds SITE_MARKER): `--out ~` never deletes a home folder.
 SITE_MARKER is also the site's manifest: per record file its size, modification time and RunView.
 A rebuild into the same OUT hard-links the page of every record whose file is unchanged from the
 previous site (records are append-only) when the renderer is the same (templates, static files,
-this package, dlbench version: `renderer_key`), and reads and renders only the others; the
+this package, dlbench version, the store's machine profiles, which a run's MFU is divided by:
+`renderer_key`), and reads and renders only the others; the
 aggregate pages are always rebuilt. An unchanged file is then not verified again: like the store's
 row index, the reuse trusts size and mtime_ns, and a new or `store upgrade`d record changes both.
 """
@@ -55,6 +56,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from .. import paths
 from ..store.record import SCHEMA_VERSION
 from ..store.store import Store, StoreError
+from ..store.utilisation import Peaks
 from ..version import __version__
 from . import charts, pages
 from .model import RunView, SiteModel, build_model, run_page_name, slug
@@ -146,6 +148,7 @@ def render_runs(store_root: str, record_paths: list[str], build_dir: str, genera
 def _render_runs(store_root: str, record_paths: list[str], build_dir: str, generated_at: str,
                  has_compare: bool) -> tuple[list[RunView], list[tuple[str, str]]]:
     store, env = Store(Path(store_root)), environment()
+    peaks = Peaks(store)  # each machine profile read once per worker, for the runs' MFU
     template = env.get_template("run.html.j2")
     common = _common("../", generated_at, has_compare)
     views, problems = [], []
@@ -158,7 +161,7 @@ def _render_runs(store_root: str, record_paths: list[str], build_dir: str, gener
             continue
         page = run_page_name(path.stem)  # file names are unique in runs/; run ids in crafted records may not be
         try:
-            context = run_context(record, page)
+            context = run_context(record, page, peaks)
             html = template.render(**common, **context)
         except Exception as e:  # noqa: BLE001 - one odd record must not cost the whole site
             problems.append((str(path), f"{path}: page not rendered: {type(e).__name__}: {e}"))
@@ -181,11 +184,16 @@ def _workers(n_records: int) -> int:
     return max(1, min(cpus, 8, n_records // CHUNK + 1))
 
 
-def renderer_key(has_compare: bool) -> str:
+def renderer_key(has_compare: bool, store: Store | None = None) -> str:
     """What a run page depends on besides its record: the templates, the static files, this
-    package's code, dlbench's version and whether the site has a compare page (its navigation
-    links there). A previous site's run page is reused only under the same key."""
+    package's code, dlbench's version, whether the site has a compare page (its navigation
+    links there) and the store's machine profiles (a run's MFU is divided by its machine's peak:
+    a new calibration re-renders the pages). A previous site's run page is reused only under the
+    same key."""
     digest = hashlib.sha256(f"{__version__}|{SCHEMA_VERSION}|{has_compare}".encode())
+    machines = store.root / "machines" if store is not None else None
+    if machines is not None and machines.is_dir():  # profiles are never rewritten: their names suffice
+        digest.update("|".join(sorted(p.relative_to(machines).as_posix() for p in machines.glob("*/*.json"))).encode())
     for folder, pattern in ((paths.reports_dir() / "templates", "*.j2"), (paths.reports_dir() / "static", "*"),
                             (Path(__file__).parent, "*.py")):
         for f in sorted(folder.glob(pattern)):
@@ -374,7 +382,7 @@ def build_site(store_root: Path, out_dir: Path, comparison_args: tuple[str, str]
     build_dir = out_dir.with_name(f".{out_dir.name}.building-{os.getpid()}")
     shutil.rmtree(build_dir, ignore_errors=True)
     build_dir.mkdir()
-    key = renderer_key(request is not None)
+    key = renderer_key(request is not None, store)
     try:
         views, problems, manifest = read_and_render_runs(
             store, build_dir, generated_at, request is not None, workers, out_dir, previous_runs(out_dir, key))

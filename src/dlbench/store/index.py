@@ -35,6 +35,7 @@ import numpy as np
 from .record import SCHEMA_VERSION, Record
 from .rows import COLUMNS, run_row
 from .store import Store, StoreError, Unreadable
+from .utilisation import Peaks
 
 INDEX_LAYOUT = 1
 INDEX_DIR = ".index"
@@ -377,5 +378,11 @@ def _assemble(store: Store, listing: dict, known: dict[str, Derived], iterations
 
 def read_rows(store: Store, iterations: bool = False, on_parse: Callable[[int], None] | None = None) -> Snapshot:
     """Every record's row (and, if asked, its iteration times), through the index where it can be used.
-    `on_parse(n)` is called before n >= PARALLEL_FROM files are parsed (a first read, a big merge)."""
-    return RowIndex(store, on_parse).snapshot(iterations)
+    `on_parse(n)` is called before n >= PARALLEL_FROM files are parsed (a first read, a big merge).
+    Each row's MFU is derived here, after the index, from the store's machine profiles as they are
+    now: a profile calibrated after the run still applies to it."""
+    snap = RowIndex(store, on_parse).snapshot(iterations)
+    peaks = Peaks(store)
+    for row in snap.rows:
+        peaks.attach(row)
+    return snap

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from .record import Record, Summary
+from .utilisation import model_flops_per_iter, model_tflops, tokens_per_s
 
 COLUMNS = (
     "run_id", "started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version",
-    "device", "batch_size", "precision", "compile", "threads", "status", "ms_per_iter", "samples_per_s", "iqr_ms",
+    "device", "batch_size", "precision", "compile", "threads", "status", "ms_per_iter", "samples_per_s", "tokens_per_s", "iqr_ms",
     "cv", "ci_low_ms", "ci_high_ms", "ci_pct", "samples_per_s_low", "samples_per_s_high", "ci_level", "stability",
     "first_iter_ms", "compile_ms", "alloc_peak_mb", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
+    "model_flops_per_iter", "model_tflops", "mfu", "mfu_reason",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
     "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
     "machine", "equivalence", "reason", "stability_reason",
@@ -54,8 +56,12 @@ def allocator_peak_mb(r: Record) -> float | None:
 
 
 def run_row(r: Record) -> dict:
+    """The row of one record. `mfu` and `mfu_reason` are left empty here: they depend on the machine
+    profiles in the store, not on the record alone (utilisation.Peaks.attach fills them as rows are
+    read, so the row index never caches them)."""
     s = r.summary
     ci = s.ci if s else None
+    flops_per_iter = model_flops_per_iter(r.workload.mode, r.workload.batch_size, r.network.flops_per_sample)
     return {
         "run_id": r.run_id,
         "started_at": r.started_at.isoformat(timespec="seconds"),
@@ -73,6 +79,7 @@ def run_row(r: Record) -> dict:
         "status": r.status,
         "ms_per_iter": s.ms_per_iter if s else None,
         "samples_per_s": s.samples_per_s if s else None,
+        "tokens_per_s": tokens_per_s(r.network.definition, s.samples_per_s if s else None),
         "iqr_ms": s.iqr_s * 1e3 if s else None,
         "cv": s.cv if s else None,
         # the 95% interval of the median (statistics.py: how, and at which level)
@@ -92,6 +99,11 @@ def run_row(r: Record) -> dict:
         "params": r.params,
         "params_described": r.network.params_described,
         "flops_per_sample": r.network.flops_per_sample,
+        # forward x 3 for training, x 1 for inference (utilisation.py); TFLOP/s over the median iteration
+        "model_flops_per_iter": flops_per_iter,
+        "model_tflops": model_tflops(flops_per_iter, s.median_s if s else None),
+        "mfu": None,
+        "mfu_reason": None,
         **_telemetry_columns(r),
         **_distributed_columns(r),
         "machine": r.machine.get("hostname"),
