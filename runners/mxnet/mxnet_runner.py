@@ -8,6 +8,12 @@ Fast paths: every network is a Gluon HybridBlock hybridised with static_alloc an
 backward), the LSTM is the fused `RNN` operator (oneDNN's RNN primitive on CPU, cuDNN on GPU), and
 on CPU convolutions, pooling, batch norm and dense layers run through the oneDNN (MKL-DNN) kernels
 the wheel is built with. The optimiser applies MXNet's aggregated multi-tensor SGD-momentum update.
+Attention is the GluonNLP BERT path: one Dense to q, k and v interleaved per head, sequence-first,
+and MXNet's fused contrib operators interleaved_matmul_selfatt_qk (all heads' scaled scores) and
+interleaved_matmul_selfatt_valatt (the weighted values, heads concatenated), the causal mask a
+constant added to the scores; settings["attention"] records the operators MXNet's profiler saw it
+run on one sample in the step's mode. Layer norm is nn.LayerNorm, GELU's erf form nn.GELU (the
+LeakyReLU operator's gelu); its tanh form has no MXNet operator and is written from operators.
 Not used: gluon.nn.BatchNormReLU (1.9.1's fused batch norm + relu returns wrong gamma/beta
 gradients, measured) and the MKLDNN subgraph backend for inference (it folds batch norm into the
 convolution weights once and does not see weights loaded afterwards).
@@ -42,7 +48,13 @@ momentum as float32 parameters (lr 0.01 is applied as 0.0099999998), so in float
 momentum rule runs in NDArray arithmetic (scalars are doubles), with float64 momentum states.
 Left in float32: BatchNorm's momentum and Dropout's p are float32 operator parameters; the first
 only touches the running statistics' update, and settings["float64_float32_parameters"] names
-every such value that float32 does not hold exactly.
+every such value that float32 does not hold exactly. Three transformer operators do not compute in
+float64, so a float64 network builds them from other operators (settings["float64_composites"]):
+the fused attention operators' CPU kernels take float32 only (MXNet: "Only FP32 is supported on CPU
+at the moment"; their documented batch_dot equivalent on the same interleaved projection instead),
+the gelu operator computes in float32 for every dtype (0.5 x (1 + erf(x / sqrt 2)) from erf instead),
+and LayerNorm takes eps as a float32 parameter (the same gamma and beta normalised by broadcast
+operators instead, 3e-9 apart at eps 1e-3).
 
 Compilation (the request's `compile`): `compiled` (also when absent: the runner's default, as in
 runner.toml [execution]) is the hybridised block above; `eager` is the same Gluon block called
@@ -61,6 +73,12 @@ Semantics (see src/dlbench/definitions/schema.py):
 - Gluon's LSTM has two bias vectors per layer (i2h, h2h); h2h is zeroed and frozen (grad_req null)
   so that the trainable count is canonical, and the canonical bias lives in i2h. The fused
   operator's gate blocks are ordered i, f, g (cell), o, as in the canonical format.
+- Attention's projection is one (3*H*S, D) Dense whose output feature h*3S + j*S + s is row h*S + s
+  of the canonical q (j = 0), k (1) or v (2): q/k/v are interleaved on load and split on export.
+  A tied lm_head is a Dense built with the token embedding's ParameterDict (Gluon's sharing): its
+  weight is the embedding's Parameter, exported once as 000.weight.
+- AMP bfloat16 on a network with attention keeps the fused attention operators and Dropout in
+  float32 (amp.init's fp32_ops): neither has a bfloat16 kernel in 1.9.1, and AMP lists neither.
 - Trainer.step(batch_size) divides gradients by batch_size; the loss here is already the mean
   cross-entropy, so the step is trainer.step(1) and weight decay is 0. MXNet's momentum SGD is
   mom = momentum * mom - lr * grad; w += mom, whose first step is w - lr * grad, like torch's.
@@ -233,14 +251,18 @@ class MXNetRunner:
         network = request["network"]
         seed = request.get("seed", 0)
         train = request["mode"] == "train"
+        fp32_ops = amp_fp32_ops(target, network) if target else []
         if target:
-            amp_init(target)  # before the network is built: MXNet wraps the operators it will call
+            amp_init(target, fp32_ops)  # before the network is built: MXNet wraps the operators it will call
         mx.random.seed(seed)
         np.random.seed(seed)
         deterministic = bool(request.get("deterministic", False))
         used_at_prepare = _gpu_used_bytes(mx) if cuda else None
 
-        net, blocks, model = mn.build_model(network, ctx, deterministic, dtype=storage, hybridize=False)
+        # MXNet's fused self-attention operators where they run in the network's dtype (not float64 on the CPU)
+        fused_unavailable = mn.fused_attention_unavailable(ctx, storage) if mn.has_attention(network) else None
+        net, blocks, model = mn.build_model(network, ctx, deterministic, dtype=storage, hybridize=False,
+                                            fused_attention=fused_unavailable is None)
         fused_lstm = any(l["type"] == "lstm" for l in network["layers"])
         settings = {"layout": "NCHW", "hybridize": dict(mn.HYBRIDIZE) if compiled else None,
                     "precision": precision, "fused_lstm": fused_lstm,
@@ -253,6 +275,9 @@ class MXNetRunner:
         if float64:
             settings["float64"] = FLOAT64_CPU if not cuda else FLOAT64_CUDA
             settings["float64_float32_parameters"] = mn.float32_operator_parameters(network, deterministic)
+            composites = mn.float64_composites(network, fused_unavailable)
+            if composites:
+                settings["float64_composites"] = composites
             if fused_lstm:
                 settings["lstm_kernel"] = ("fused RNN operator, MXNet's native CPU implementation in float64 "
                                            "(oneDNN's RNN primitive is float32-only)") if not cuda else \
@@ -276,6 +301,9 @@ class MXNetRunner:
             effective.update(mn.probe_dtypes(net, blocks, network, x, precision, train))
         except mn.ReducedPrecisionUnsupported as e:
             raise Skip(str(e)) from e
+        attention = mn.attention_record(blocks, network, ctx, storage, train, fused_unavailable)
+        if attention is not None:  # the attention operators MXNet ran, fused or not
+            settings["attention"] = attention
         if compiled:
             mn.hybridize_model(model)  # the graph is traced and planned by the first step
         settings["compile"] = compile_settings
@@ -296,7 +324,7 @@ class MXNetRunner:
         trainer = make_trainer()
         effective["loss_scale"] = float(trainer._amp_loss_scaler.loss_scale) if scaled else None
         if target:
-            effective["amp"] = amp_settings(target, scaled, compiled)
+            effective["amp"] = amp_settings(target, scaled, compiled, fp32_ops)
         settings["precision_effective"] = effective
 
         def reset_optimizer():
@@ -395,21 +423,32 @@ def float32_math(precision: str, ctx) -> dict:
     }
 
 
-def amp_init(target: str) -> None:
+def amp_fp32_ops(target: str, network: dict) -> list[str]:
+    """Operators AMP must run in float32 for a network with attention, beyond its own lists (in bfloat16
+    only): the fused self-attention operators are on none of AMP's bfloat16 lists, so they would take
+    the projection's bfloat16, and have no bfloat16 kernel (CPU: float32 only; CUDA: float16, float32,
+    float64); Dropout is on its dtype-neutral list, but 1.9.1's has no bfloat16 kernel either
+    (dropout.cc: "Unknown type enum 12", measured), which a block's branch dropout after its bfloat16
+    out projection would meet."""
+    return [*mn.FUSED_ATTENTION_OPS, "Dropout"] if target == "bfloat16" and mn.has_attention(network) else []
+
+
+def amp_init(target: str, fp32_ops: list[str] | None = None) -> None:
     """mxnet.contrib.amp.init(target_dtype): once per process (it rewrites MXNet's operator functions)."""
     from mxnet.contrib import amp
     from mxnet.contrib.amp import amp as amp_module
 
     if amp_module._amp_initialized:
         raise RuntimeError("mxnet.contrib.amp is already initialised in this process (once per process)")
-    amp.init(target_dtype=target)
+    amp.init(target_dtype=target, fp32_ops=fp32_ops or None)
 
 
-def amp_settings(target: str, scaled: bool, compiled: bool) -> dict:
+def amp_settings(target: str, scaled: bool, compiled: bool, fp32_ops: list[str]) -> dict:
     from mxnet.contrib.amp import amp
 
     dtype = mn.amp_dtype(target)
-    return {"mechanism": f"mxnet.contrib.amp.init(target_dtype={target!r})" +
+    return {"mechanism": f"mxnet.contrib.amp.init(target_dtype={target!r}" +
+                         (f", fp32_ops={fp32_ops!r})" if fp32_ops else ")") +
                          (", amp.init_trainer(trainer), amp.scale_loss(loss, trainer)" if scaled else ""),
             "target_dtype_ops": amp.list_lp16_ops(dtype),
             "loss_scaling": ("dynamic: mxnet.contrib.amp LossScaler (initial 2**16, halved and the update skipped on "
