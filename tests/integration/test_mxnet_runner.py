@@ -6,15 +6,19 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dlbench import paths
 from dlbench.definitions.loader import load_network
+from dlbench.definitions.weights import random_weights, weight_shapes
 from dlbench.execution.environments import VenvBackend
-from dlbench.execution.equivalence import check_network
+from dlbench.execution.equivalence import TOLERANCE_FLOAT64, _probe, check_network, make_inputs, relative_error
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
+
+from . import numpy_reference
 
 pytestmark = pytest.mark.integration
 
@@ -217,3 +221,129 @@ def test_an_unknown_precision_fails_naming_the_accepted_ones(precision_runs):
     outcome = precision_runs[("float32", None, "train")]
     assert outcome.status == "failed"
     assert "'float32'" in outcome.reason and "fp32, tf32, amp_bf16, amp_fp16" in outcome.reason
+
+
+# ------------------------------------------------------------------ transformers (issue 17): transformer_tiny
+# A two-block causal decoder with dropout 0.1 and a tied head: its parameter count by inspect, smoke
+# runs in fp32 and amp_bf16 with the attention operators MXNet ran, the float64 build's attention and
+# its check step against the numpy reference. Every worker of the section starts at once, two at a time.
+TRANSFORMER_RUNS = [("inspect", "train", "float64"), ("benchmark", "train", "fp32"), ("benchmark", "infer", "fp32"),
+                    ("benchmark", "train", "amp_bf16"), ("benchmark", "infer", "amp_bf16")]
+FUSED = ("_contrib_interleaved_matmul_selfatt_qk", "_contrib_interleaved_matmul_selfatt_valatt")
+
+
+@pytest.fixture(scope="module")
+def transformer_tiny():
+    return _summary("transformer_tiny")
+
+
+@pytest.fixture(scope="module")
+def transformer_runs(mxnet_env, transformer_tiny):
+    """Every run of TRANSFORMER_RUNS: key -> outcome (or the exception)."""
+    runner, env = mxnet_env
+
+    def run(key):
+        action, mode, precision = key
+        try:
+            return run_worker(env.python, runner.worker,
+                              _request(transformer_tiny.resolved, action, mode, 2, precision=precision), timeout_s=300)
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            return e
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(TRANSFORMER_RUNS, pool.map(run, TRANSFORMER_RUNS)))
+
+
+def _outcome(runs, *key):
+    outcome = runs[key]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_transformer_tiny_measures_in_fp32_with_the_fused_attention_operators(transformer_runs, transformer_tiny,
+                                                                              mode):
+    outcome = _outcome(transformer_runs, "benchmark", mode, "fp32")
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert res["params"] == transformer_tiny.params and res["output_shape"] == [32, 512]
+    settings = res["settings"]
+    assert settings["precision_effective"]["logits_dtype"] == "float32"
+    attention = settings["attention"]
+    # both blocks ran MXNet's fused operators (one value for both), read from its profiler
+    assert attention["kernel"] == "fused interleaved_matmul_selfatt", attention
+    ops = attention["operators"]
+    assert set(FUSED) <= set(ops) and "batch_dot" not in ops and "broadcast_add" in ops  # the causal mask
+    backward = {op for op in ops if op.startswith("_backward_")}
+    if mode == "train":  # the step's mode: autograd, the dropout on the probabilities, the backward pass
+        assert {"_backward_interleaved_matmul_selfatt_qk", "_backward_interleaved_matmul_selfatt_valatt",
+                "_backward_Dropout"} <= backward
+    else:
+        assert backward == set()
+    assert attention["blas"] == "BLAS_OPEN" and attention["subgraph_backend"] is None
+    assert "causal_mask" in attention and "fused_unavailable" not in attention
+
+
+def test_transformer_tiny_parameter_count_and_float64_attention_by_inspect(transformer_runs, transformer_tiny):
+    """The float64 build: the fused operators' CPU kernels refuse float64 (MXNet's own message), so
+    the attention is their documented batch_dot equivalent, and GELU and layer norm are composed."""
+    outcome = _outcome(transformer_runs, "inspect", "train", "float64")
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    assert res["params"] == transformer_tiny.params and tuple(res["output_shape"]) == transformer_tiny.output_shape
+    attention = res["settings"]["attention"]
+    assert attention["kernel"] == "batch_dot (the fused operators' documented equivalent)", attention
+    assert "batch_dot" in attention["operators"] and not set(FUSED) & set(attention["operators"])
+    assert "Only FP32 is supported on CPU at the moment" in attention["fused_unavailable"]
+    composites = res["settings"]["float64_composites"]
+    assert any(c.startswith("layer norm:") for c in composites) and any(c.startswith("attention:") for c in composites)
+
+
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_transformer_tiny_amp_bf16_runs_or_is_skipped_where_onednn_has_no_bfloat16(transformer_runs, mode):
+    outcome = _outcome(transformer_runs, "benchmark", mode, "amp_bf16")
+    if not BF16_CPU:  # an AVX2 CPU: the first bfloat16 product (a block's projection) is refused
+        assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+        assert outcome.reason.startswith("amp_bf16: MXNet 1.9.1 cannot run layer 3 (transformer_block, "
+                                         "TransformerBlock) in bfloat16 on the CPU: oneDNN: could not create a "
+                                         "primitive descriptor iterator"), outcome.reason
+        assert "AVX-512" in outcome.reason
+        return
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    s = outcome.result["settings"]
+    eff = s["precision_effective"]
+    assert eff["logits_dtype"] == "bfloat16"  # the head's product
+    assert "fp32_ops=" in eff["amp"]["mechanism"]  # the fused operators and Dropout kept in float32
+    assert s["attention"]["kernel"] == "fused interleaved_matmul_selfatt"
+
+
+def test_transformer_tiny_check_step_matches_numpy_in_float64(mxnet_env, transformer_tiny, tmp_path):
+    """The check action on transformer_tiny in float64 (dropout off): the canonical tensors exported
+    (q, k and v split out of the interleaved projection; the tied head's weight only once, as
+    000.weight), logits and loss equal to the numpy reference's to 1e-9, and the tied table's step
+    carries the head's gradient (rows of tokens absent from the input move, which only the head reaches)."""
+    runner, env = mxnet_env
+    net = transformer_tiny
+    weights = random_weights(net.resolved, seed=5)
+    inputs = make_inputs(net, 2, seed=5)
+    np.savez(tmp_path / "weights.npz", **weights)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    arrays, reason, status = _probe(runner, env, net, tmp_path, "cpu", 300, tmp_path / "weights.npz",
+                                    tmp_path / "inputs.npz", 2, precision="float64")
+    assert arrays is not None, f"{status}: {reason}"
+    assert arrays["__params__"] == net.params
+    exported = {k[len("init/"):] for k in arrays if k.startswith("init/")}
+    assert exported == set(weight_shapes(net.resolved)) and "006.weight" not in exported
+    for name in ("003.attn.q.weight", "004.attn.v.bias"):  # the interleaved layout undone exactly
+        assert np.array_equal(arrays[f"loaded/{name}"], weights[name].astype(np.float64))
+    assert arrays["logits"].dtype == np.float64
+    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
+    assert relative_error(arrays["logits"], expected) <= TOLERANCE_FLOAT64
+    assert relative_error(arrays["loss"], np.asarray(numpy_reference.cross_entropy(expected, inputs["y"]))) \
+        <= TOLERANCE_FLOAT64
+    unused = np.setdiff1d(np.arange(512), inputs["x"])
+    assert unused.size > 0
+    moved = arrays["after/000.weight"][unused] - arrays["loaded/000.weight"][unused]
+    assert np.all(np.abs(moved).max(axis=1) > 0)
