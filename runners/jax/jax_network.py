@@ -7,11 +7,14 @@ Nothing that starts threads (jax, flax, numpy) is imported at module level: the 
 the CPU affinity first, and XLA:CPU sizes its thread pools from it when jax is first imported.
 
 Canonical weights (src/dlbench/definitions/weights.py) <-> flax variables:
-  conv kernels OIHW <-> HWIO; dense weight (out, in) <-> kernel (in, out); LSTM w_ih (4h, in) /
-  w_hh (4h, h) <-> fused (in, 4h) / (h, 4h) kernels, gates i, f, g, o, one bias; a dense layer fed
-  by a flatten of an NHWC map takes its rows in H, W, C order, so its canonical C, H, W rows are
-  permuted on load and export (likewise a batch norm between the two), which keeps the flatten
-  free at run time.
+  conv kernels OIHW <-> HWIO (a patch embedding's too); dense weight (out, in) <-> kernel (in, out),
+  also attention's q, k, v and out, a block's mlp.fc1/fc2 and an untied lm_head (nn.Dense; the q,
+  k, v kernels' columns are the canonical head-major rows); layer norm gamma/beta <-> scale/bias; a
+  position table and a class token as they are; a tied lm_head has only its bias (its weight is
+  000.weight, the Embed table its attend decodes with); LSTM w_ih (4h, in) / w_hh (4h, h) <-> fused
+  (in, 4h) / (h, 4h) kernels, gates i, f, g, o, one bias; a dense layer fed by a flatten of an NHWC
+  map takes its rows in H, W, C order, so its canonical C, H, W rows are permuted on load and
+  export (likewise a batch norm between the two), which keeps the flatten free at run time.
 """
 
 from __future__ import annotations
@@ -294,10 +297,11 @@ def _jnp():
 
 class LayerCall:
     """Where a layer's builder is called: inside Network's compact __call__ (the flax modules it
-    makes belong to that network), with the layer's name, the mode and its build plan."""
+    makes belong to that network), with the layer's name, the mode, its build plan and the modules
+    of earlier layers that a later one uses (`modules`, by name: a tied head's token embedding)."""
 
-    def __init__(self, net, name: str, train: bool, how: dict):
-        self.net, self.name, self.train, self.how = net, name, train, how
+    def __init__(self, net, name: str, train: bool, how: dict, modules: dict):
+        self.net, self.name, self.train, self.how, self.modules = net, name, train, how, modules
         self.dtype = net.dtype
 
 
@@ -356,7 +360,9 @@ def _dropout(x, spec, at):
 
 
 def _embedding(x, spec, at):
-    return _linen().Embed(spec["vocabulary"], spec["dim"], dtype=at.dtype, name=at.name)(x)
+    embed = _linen().Embed(spec["vocabulary"], spec["dim"], dtype=at.dtype, name=at.name)
+    at.modules[at.name] = embed  # a tied lm_head decodes with this module's table (Embed.attend)
+    return embed(x)
 
 
 def _lstm(x, spec, at):
@@ -368,11 +374,285 @@ def _residual(x, spec, at):
                               spec["out_shape"][0], at.dtype, name=at.name)(x, at.train)
 
 
+# ------------------------------------------------------------------ transformer layers (schema.py's semantics)
+# Sequences are (B, T, D); images reach a patch embedding NHWC. Attention's q, k and v are nn.Dense
+# to heads*head_size reshaped to (B, T, heads, head_size): head h is columns h*S .. (h+1)*S - 1 (the
+# canonical head-major order), and (B, T, N, H) is the layout jax.nn.dot_product_attention takes.
+
+ATTENTION_FUNCTION = "jax.nn.dot_product_attention"
+FLAX_ATTENTION_FUNCTION = "flax.linen.dot_product_attention"
+# Why an attention does not run through jax.nn.dot_product_attention (attention_function):
+DROPOUT_ATTENTION = ("dropout on the probabilities in training: jax.nn.dot_product_attention has no dropout, "
+                     "flax.linen.dot_product_attention applies it to the softmax it computes")
+FLOAT64_ATTENTION = ("float64: jax.nn.dot_product_attention's XLA implementation casts the scores to float32 for "
+                     "its softmax (jax/_src/nn/functions.py), flax.linen.dot_product_attention keeps float64")
+# cuDNN's fused attention (implementation="cudnn") takes fp16/bf16 (and fp8) q, k, v only
+CUDNN_DTYPES = ("bfloat16", "float16")
+
+
+def attention_function(dtype: str, dropout_on: bool) -> tuple[str, str | None]:
+    """(the function an attention calls, why it is not jax.nn.dot_product_attention or None)."""
+    if dropout_on:
+        return FLAX_ATTENTION_FUNCTION, DROPOUT_ATTENTION
+    if dtype == "float64":
+        return FLAX_ATTENTION_FUNCTION, FLOAT64_ATTENTION
+    return ATTENTION_FUNCTION, None
+
+
+def attention_asked(dtype: str, device: str) -> str | None:
+    """jax.nn.dot_product_attention's `implementation` argument: cuDNN's flash attention on a GPU in
+    half precision (its fast path), else None (jax chooses)."""
+    return "cudnn" if device == "cuda" and dtype in CUDNN_DTYPES else None
+
+
+TRANSFORMER_TYPES = ("position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
+                     "token_pool", "lm_head")
+CUDNN_PRIMITIVE = "dot_product_attention"  # jax/_src/cudnn/fused_attention_stablehlo.py's primitives' prefix
+
+
+def traced_primitives(closed) -> list[tuple[str, str]]:
+    """(primitive, name stack) of every equation of a traced jaxpr, nested jaxprs (jit, custom_vjp,
+    scan...) included, each nested stack prefixed with its caller's (flax names the stack by module)."""
+    out: list[tuple[str, str]] = []
+
+    def walk(jaxpr, prefix: str) -> None:
+        for eqn in jaxpr.eqns:
+            stack = prefix + str(eqn.source_info.name_stack)
+            out.append((eqn.primitive.name, stack))
+            for value in eqn.params.values():
+                for sub in (value if isinstance(value, (tuple, list)) else (value,)):
+                    if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):  # a ClosedJaxpr
+                        walk(sub.jaxpr, stack + "/")
+                    elif hasattr(sub, "eqns"):  # a Jaxpr
+                        walk(sub, stack + "/")
+
+    walk(closed.jaxpr, "")
+    return out
+
+
+def dropout_rate(layer: dict) -> float:
+    """The dropout a resolved layer applies in training: a dropout layer's rate, an attention's or a
+    transformer block's `dropout` (on the probabilities and, in a block, on both branches)."""
+    if layer["type"] == "dropout":
+        return layer["rate"]
+    return layer.get("dropout", 0.0) if layer["type"] in ("attention", "transformer_block") else 0.0
+
+
+def cudnn_refusal(layer: dict, dtype: str, train: bool) -> str | None:
+    """Why jax refuses implementation="cudnn" for this layer's attention (its shape, dtype, this GPU
+    or cuDNN), traced on one sample as the step traces it (with the backward in training); None
+    when it takes it. jax checks these when it traces the call, so nothing is compiled."""
+    import jax.numpy as jnp
+
+    jax = load_jax()
+    t = layer["in_shape"][0]
+    qkv = jax.ShapeDtypeStruct((1, t, layer["heads"], layer["head_size"]), getattr(jnp, dtype))
+
+    def attend(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=layer["causal"], implementation="cudnn")
+
+    def run(q, k, v):
+        if not train:
+            return attend(q, k, v)
+        return jax.grad(lambda *a: attend(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    try:
+        jax.jit(run).lower(qkv, qkv, qkv)
+    except Exception as e:  # noqa: BLE001 - jax's NotImplementedError / ValueError / RuntimeError: its reason
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+@functools.cache
+def transformer_modules():
+    """The transformer layers' flax modules (defined once, lazily: flax is imported after the
+    thread configuration)."""
+    import types
+
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    table_init = nn.initializers.normal(stddev=0.02)  # GPT-2's and ViT's tables and class token
+
+    class PositionEmbedding(nn.Module):
+        """x + P[0:T], a learned (max_length, D) table (GPT-2's wpe, ViT's pos_embedding)."""
+
+        max_length: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            table = self.param("pos_embedding", table_init, (self.max_length, x.shape[-1]))
+            return x + table[: x.shape[1]].astype(self.dtype)
+
+    class PatchEmbedding(nn.Module):
+        """A strided nn.Conv (kernel = stride = patch, VALID) on the NHWC image, its (h, w) grid as
+        tokens in row-major order, the class token prepended (flax ViT's embedding and cls)."""
+
+        patch: int
+        dim: int
+        class_token: bool
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            p = self.patch
+            grid = nn.Conv(self.dim, (p, p), (p, p), padding="VALID", use_bias=True, dtype=self.dtype,
+                           name="proj")(x)  # (B, H/p, W/p, dim)
+            tokens = grid.reshape(grid.shape[0], -1, self.dim)  # NHWC: positions already row-major
+            if not self.class_token:
+                return tokens
+            cls = self.param("class_token", table_init, (self.dim,)).astype(tokens.dtype)
+            return jnp.concatenate([jnp.broadcast_to(cls, (tokens.shape[0], 1, self.dim)), tokens], axis=1)
+
+    class SelfAttention(nn.Module):
+        """Multi-head self-attention: q, k, v, out as nn.Dense; the heads' products in
+        jax.nn.dot_product_attention (scale 1/sqrt(head_size), is_causal, `implementation`), or in
+        flax.linen.dot_product_attention where attention_function says why."""
+
+        heads: int
+        head_size: int
+        causal: bool
+        bias: bool
+        dropout: float
+        deterministic: bool
+        implementation: str | None = None
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, train: bool):
+            b, t, d = x.shape
+            inner = self.heads * self.head_size
+
+            def heads(name):  # (B, T, H*S) -> (B, T, H, S)
+                y = nn.Dense(inner, use_bias=self.bias, dtype=self.dtype, name=name)(x)
+                return y.reshape(b, t, self.heads, self.head_size)
+
+            q, k, v = heads("q"), heads("k"), heads("v")
+            dropout_on = train and not self.deterministic and self.dropout > 0
+            function, _ = attention_function(jnp.dtype(self.dtype).name, dropout_on)
+            if function == ATTENTION_FUNCTION:
+                a = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal, implementation=self.implementation)
+            else:
+                mask = nn.make_causal_mask(x[..., 0], dtype=jnp.bool_) if self.causal else None
+                # per element, as the canonical dropout on p (flax's default shares one mask across
+                # the batch and the heads); under amp its softmax is in the compute dtype, flax's default
+                a = nn.dot_product_attention(q, k, v, mask=mask, dropout_rate=self.dropout if dropout_on else 0.0,
+                                             dropout_rng=self.make_rng("dropout") if dropout_on else None,
+                                             broadcast_dropout=False, deterministic=not dropout_on, dtype=self.dtype)
+            return nn.Dense(d, use_bias=self.bias, dtype=self.dtype, name="out")(a.reshape(b, t, inner))
+
+    class Mlp(nn.Module):
+        """fc1 (D -> ratio*D), GELU in the network's form, fc2 (back to D)."""
+
+        hidden: int
+        bias: bool
+        approximate: bool
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            y = nn.Dense(self.hidden, use_bias=self.bias, dtype=self.dtype, name="fc1")(x)
+            y = jax.nn.gelu(y, approximate=self.approximate)
+            return nn.Dense(x.shape[-1], use_bias=self.bias, dtype=self.dtype, name="fc2")(y)
+
+    class TransformerBlock(nn.Module):
+        """Layer norms, self-attention and the MLP with two residual joins, pre- or post-norm;
+        the block's dropout on each branch before its join and on the attention's probabilities."""
+
+        spec: dict
+        deterministic: bool
+        implementation: str | None = None
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, train: bool):
+            s = self.spec
+            ln1 = nn.LayerNorm(epsilon=s["eps"], dtype=self.dtype, name="ln1")
+            ln2 = nn.LayerNorm(epsilon=s["eps"], dtype=self.dtype, name="ln2")
+            attn = SelfAttention(s["heads"], s["head_size"], s["causal"], s["bias"], s["dropout"], self.deterministic,
+                                 self.implementation, self.dtype, name="attn")
+            mlp = Mlp(s["mlp_ratio"] * x.shape[-1], s["bias"], s["gelu"] == "tanh", self.dtype, name="mlp")
+            dropout_on = train and not self.deterministic and s["dropout"] > 0
+
+            def drop(y):
+                return nn.Dropout(s["dropout"], deterministic=False)(y) if dropout_on else y
+
+            if s["norm"] == "pre":
+                x = x + drop(attn(ln1(x), train))
+                return x + drop(mlp(ln2(x)))
+            x = ln1(x + drop(attn(x, train)))
+            return ln2(x + drop(mlp(x)))
+
+    class Bias(nn.Module):
+        """A tied head's own bias, added to Embed.attend's logits."""
+
+        features: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            return x + self.param("bias", nn.initializers.zeros_init(), (self.features,)).astype(self.dtype)
+
+    return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
+                                 SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, Bias=Bias)
+
+
+def _position_embedding(x, spec, at):
+    return transformer_modules().PositionEmbedding(spec["max_length"], at.dtype, name=at.name)(x)
+
+
+def _patch_embedding(x, spec, at):
+    return transformer_modules().PatchEmbedding(spec["patch"], spec["dim"], spec["class_token"], at.dtype,
+                                                name=at.name)(x)
+
+
+def _layer_norm(x, spec, at):
+    return _linen().LayerNorm(epsilon=spec["eps"], dtype=at.dtype, name=at.name)(x)
+
+
+def _gelu(x, spec, at):
+    return load_jax().nn.gelu(x, approximate=spec["form"] == "tanh")
+
+
+def _attention(x, spec, at):
+    return transformer_modules().SelfAttention(spec["heads"], spec["head_size"], spec["causal"], spec["bias"],
+                                               spec["dropout"], at.net.deterministic,
+                                               at.how.get("attention_implementation"), at.dtype,
+                                               name=at.name)(x, at.train)
+
+
+def _transformer_block(x, spec, at):
+    return transformer_modules().TransformerBlock(spec, at.net.deterministic, at.how.get("attention_implementation"),
+                                                  at.dtype, name=at.name)(x, at.train)
+
+
+def _token_pool(x, spec, at):
+    return x[:, 0] if spec["mode"] == "class" else _jnp().mean(x, axis=1)
+
+
+def _lm_head(x, spec, at):
+    nn = _linen()
+    vocabulary = spec["out_shape"][-1]
+    if not spec["tied"]:
+        return nn.Dense(vocabulary, use_bias=spec["bias"], dtype=at.dtype, name=at.name)(x)
+    # the schema ties the head to layer 0, the token embedding: flax's tied decoder is that very
+    # module's attend (x E^T with its table), so the table gets both uses' gradients and one update
+    embed = at.modules.get("layer000")
+    if not isinstance(embed, nn.Embed):
+        raise TypeError(f"a tied lm_head needs the token embedding as layer 0, found {type(embed).__name__}")
+    logits = embed.attend(x)
+    return transformer_modules().Bias(vocabulary, at.dtype, name=at.name)(logits) if spec["bias"] else logits
+
+
 LAYERS = LayerTable("jax", {
     "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
     "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _relu, "sigmoid": _sigmoid,
     "tanh": _tanh, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
-    "residual": _residual,
+    "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
+    "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
+    "token_pool": _token_pool, "lm_head": _lm_head,
 })
 
 
@@ -393,8 +673,9 @@ def network_class():
 
         @nn.compact
         def __call__(self, x, train: bool):
+            modules: dict = {}
             for i, (spec, how) in enumerate(zip(self.layers, self.plan)):
-                x = LAYERS.builder(spec["type"])(x, spec, LayerCall(self, f"layer{i:03d}", train, how))
+                x = LAYERS.builder(spec["type"])(x, spec, LayerCall(self, f"layer{i:03d}", train, how, modules))
                 if i == 0:  # kept only where "intermediates" is mutable (TrainingModel.forward_dtypes)
                     self.sow("intermediates", "first_layer_output", x)
             return x
@@ -434,6 +715,44 @@ def _entries(network: dict, plan: list[dict]):
             if layer["shortcut"] == "projection":
                 yield f"{p}.proj.weight", "params", (m, "proj", "kernel"), "conv", None
                 yield from _bn_entries(f"{p}.proj_bn", (m, "proj_bn"), None)
+        elif t == "position_embedding":
+            yield f"{p}.weight", "params", (m, "pos_embedding"), "vector", None
+        elif t == "patch_embedding":
+            yield from _weight_bias_entries(p, (m, "proj"), True, "conv")
+            if layer["class_token"]:
+                yield f"{p}.class_token", "params", (m, "class_token"), "vector", None
+        elif t == "layer_norm":
+            yield from _ln_entries(p, (m,))
+        elif t == "attention":
+            yield from _attention_entries(p, (m,), layer["bias"])
+        elif t == "transformer_block":
+            yield from _ln_entries(f"{p}.ln1", (m, "ln1"))
+            yield from _attention_entries(f"{p}.attn", (m, "attn"), layer["bias"])
+            yield from _ln_entries(f"{p}.ln2", (m, "ln2"))
+            for fc in ("fc1", "fc2"):
+                yield from _weight_bias_entries(f"{p}.mlp.{fc}", (m, "mlp", fc), layer["bias"])
+        elif t == "lm_head":
+            if not layer["tied"]:
+                yield from _weight_bias_entries(p, (m,), layer["bias"])
+            elif layer["bias"]:  # tied: the weight is 000.weight, the embedding's table; only a bias of its own
+                yield f"{p}.bias", "params", (m, "bias"), "vector", None
+
+
+def _weight_bias_entries(prefix: str, path: tuple, bias: bool, kind: str = "dense"):
+    yield f"{prefix}.weight", "params", path + ("kernel",), kind, None
+    if bias:
+        yield f"{prefix}.bias", "params", path + ("bias",), "vector", None
+
+
+def _ln_entries(prefix: str, path: tuple):
+    yield f"{prefix}.gamma", "params", path + ("scale",), "vector", None
+    yield f"{prefix}.beta", "params", path + ("bias",), "vector", None
+
+
+def _attention_entries(prefix: str, path: tuple, bias: bool):
+    # nn.Dense's (dim, heads*head_size) kernels: their columns are the canonical head-major rows
+    for part in ("q", "k", "v", "out"):
+        yield from _weight_bias_entries(f"{prefix}.{part}", path + (part,), bias)
 
 
 def _bn_entries(prefix: str, path: tuple, perm):
@@ -533,8 +852,9 @@ def canonical_to_variables(arrays: dict, network: dict, plan: list[dict], like: 
 
 def host_init(abstract: dict, rng) -> dict:
     """Initial values for flax's variable shapes, drawn with numpy (the same schemes as flax's
-    defaults: LeCun-normal kernels, zero biases, N(0, 1/dim) embeddings, unit BN scale and
-    variance, U(-1/sqrt(h), 1/sqrt(h)) LSTM weights)."""
+    defaults: LeCun-normal kernels, zero biases, N(0, 1/dim) embeddings, unit BN and layer-norm
+    scales, unit BN variance, U(-1/sqrt(h), 1/sqrt(h)) LSTM weights; N(0, 0.02^2) position tables
+    and class tokens, as transformer_modules draws them)."""
     import numpy as np
 
     def one(path, s):
@@ -545,6 +865,8 @@ def host_init(abstract: dict, rng) -> dict:
             return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(fan_in)).astype(np.float32)
         if leaf == "embedding":
             return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
+        if leaf in ("pos_embedding", "class_token"):  # transformer_modules' table_init
+            return (0.02 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         if leaf in ("w_ih", "w_hh"):
             bound = 1.0 / np.sqrt(shape[-1] // 4)
             return rng.uniform(-bound, bound, shape).astype(np.float32)
@@ -587,11 +909,36 @@ class TrainingModel:
         self.lstm_unroll = 1  # the recurrence is small next to the vocabulary dense; unrolling only slows compilation
         for layer in network["layers"]:
             LAYERS.builder(layer["type"])  # an unknown type fails here, naming it, before anything is traced
+        self.has_dropout = not self.deterministic and any(dropout_rate(layer) > 0 for layer in network["layers"])
+        self.device = request.get("device", "cpu")
+        self.attention = self.plan_attention()  # writes each attention's `implementation` into the plan
         self.model = network_class()(layers=tuple(network["layers"]), plan=tuple(self.plan),
                                 deterministic=self.deterministic, lstm_unroll=self.lstm_unroll, dtype=dtype)
-        self.has_dropout = not self.deterministic and any(layer["type"] == "dropout" and layer["rate"] > 0
-                                                          for layer in network["layers"])
         self.tx = optax.sgd(request["learning_rate"], momentum=request["momentum"])
+
+    def plan_attention(self) -> dict:
+        """Per attention (an attention layer's or a block's, by layer index): the function it calls
+        in the step's mode and why (attention_function), the `implementation` asked of
+        jax.nn.dot_product_attention, and, where cuDNN's was asked but jax refuses it for this layer's
+        shape or this GPU, None asked instead and jax's reason. The asked implementation goes into
+        the layer's plan, which the builder reads."""
+        out = {}
+        for i, layer in enumerate(self.network["layers"]):
+            if layer["type"] not in ("attention", "transformer_block"):
+                continue
+            dropout_on = self.train and not self.deterministic and layer["dropout"] > 0
+            function, why = attention_function(self.compute_dtype, dropout_on)
+            entry = {"function": function, **({"why": why} if why else {})}
+            if function == ATTENTION_FUNCTION:
+                asked = attention_asked(self.compute_dtype, self.device)
+                refused = cudnn_refusal(layer, self.compute_dtype, self.train) if asked == "cudnn" else None
+                if refused:  # the step then passes None and jax chooses
+                    entry["cudnn_refused"] = f"jax refused implementation='cudnn' for this layer: {refused}"
+                    asked = None
+                entry["implementation_asked"] = asked
+                self.plan[i]["attention_implementation"] = asked
+            out[f"{i:03d}"] = entry
+        return out
 
     def host_batch(self, batch: int, rng, inputs: str | None = None):
         """(x, y) as contiguous numpy arrays: images NHWC, tokens int32."""
@@ -739,6 +1086,65 @@ class TrainingModel:
         logits, first = jax.eval_shape(forward, variables, x, key)
         return {"first_layer_output_dtype": str(first.dtype), "logits_dtype": str(logits.dtype)}
 
+    def attention_settings(self, p, stats, x) -> dict | None:
+        """settings["attention"]: per attention, the function called and the `implementation` asked
+        (plan_attention), and the kernel jax traced for it, read from the step's jaxpr (the forward,
+        and the backward in training, traced as the jitted step traces it; nothing compiled): cuDNN's
+        fused attention where its dot_product_attention_* primitives are in the layer's scope, else
+        XLA's own dot_general, softmax (exp) and dot_general. None when the network has no attention."""
+        import json
+
+        import numpy as np
+
+        if not self.attention:
+            return None
+        jax = load_jax()
+        variables = {"params": p, "batch_stats": stats} if stats else {"params": p}
+        key = jax.ShapeDtypeStruct((2,), np.uint32)
+
+        def step(variables, x, key):
+            rngs = {"dropout": key} if (self.has_dropout and self.train) else None
+            mutable = ["batch_stats"] if (self.train and stats) else False
+
+            def forward(variables):
+                out = self.model.apply(variables, x, train=self.train, mutable=mutable, rngs=rngs)
+                return (out[0] if mutable else out).astype(np.float32).sum()
+
+            return jax.grad(forward)(variables) if self.train else forward(variables)
+
+        traced = traced_primitives(jax.make_jaxpr(step)(variables, x, key))
+        kernels = {}
+        for index in self.attention:
+            layer = self.network["layers"][int(index)]
+            scope = f"layer{index}/" + ("attn/" if layer["type"] == "transformer_block" else "")
+            seen = {name for name, stack in traced if f"{stack}/".find(scope) >= 0}
+            if any(name.startswith(CUDNN_PRIMITIVE) for name in seen):
+                kernels[index] = "cudnn"
+            elif {"dot_general", "exp"} <= seen:  # the products and the softmax (no other exp in an attention)
+                kernels[index] = "xla"
+            else:
+                kernels[index] = "unknown: " + ", ".join(sorted(seen))
+
+        def one_or_each(field: str, by_layer: dict | None = None):
+            """One value where every attention has the field and the same value, else layer -> value
+            for the attentions that have it."""
+            if by_layer is None:
+                by_layer = {i: e[field] for i, e in self.attention.items() if field in e}
+            distinct = {json.dumps(v, sort_keys=True) for v in by_layer.values()}
+            return next(iter(by_layer.values())) if len(by_layer) == len(self.attention) and len(distinct) == 1 \
+                else by_layer
+
+        out = {"function": one_or_each("function"), "kernel": one_or_each("kernel", kernels)}
+        for field in ("implementation_asked", "why", "cudnn_refused"):
+            if any(field in e for e in self.attention.values()):
+                out[field] = one_or_each(field)
+        out["probe"] = ("the kernel: primitives of each attention's flax scope in the step's jaxpr (jax.make_jaxpr of "
+                        f"the {'forward and backward' if self.train else 'forward'} the jitted step runs): "
+                        f"{CUDNN_PRIMITIVE}* is cuDNN's fused attention (a custom call), dot_general and the "
+                        "softmax's exp XLA's own; implementation_asked None: jax chooses, and `kernel` is what it "
+                        "chose")
+        return out
+
     def precision_settings(self, p=None, stats=None, x=None) -> dict:
         """settings["precision_effective"]: the flags read back from jax, the dtypes in use, the loss scale."""
         jax = load_jax()
@@ -767,10 +1173,16 @@ class TrainingModel:
                      if self.has_lstm else None),
             "batch_norm": "flax BatchNorm (biased batch variance in running_var)"
             if any(layer["type"] in ("batch_norm", "residual") for layer in network["layers"]) else None,
-            "dropout": ("identity (deterministic)" if self.deterministic else "per-step key split inside the step")
-            if any(layer["type"] == "dropout" for layer in network["layers"]) else None,
+            "dropout": ("identity (deterministic; attention and transformer blocks at rate 0)" if self.deterministic
+                        else "per-step key split inside the step")
+            if any(layer["type"] == "dropout" or dropout_rate(layer) > 0 for layer in network["layers"]) else None,
+            "transformer": ("sequences (B, T, D); q, k, v as nn.Dense reshaped to (B, T, heads, head_size), heads "
+                            "head-major; flax nn.LayerNorm, jax.nn.gelu in the network's form; a tied head is the "
+                            "token embedding's Embed.attend"
+                            if any(layer["type"] in TRANSFORMER_TYPES for layer in network["layers"]) else None),
             "precision": self.precision,
             "precision_effective": self.precision_settings(params, stats, x),
+            "attention": self.attention_settings(params, stats, x) if params is not None and x is not None else None,
             "matmul_precision": load_jax().config.jax_default_matmul_precision or "default",
             "mixed_precision": (f"flax modules with dtype={self.compute_dtype}, float32 parameters (param_dtype)"
                                 if self.precision.startswith("amp_") else None),

@@ -21,6 +21,11 @@ why `_init_jax` reads the precision from the request file this worker was starte
 8.0); amp_bf16 / amp_fp16 are flax's mixed precision (modules' dtype bfloat16 / float16, float32
 parameters), amp_fp16 with dynamic loss scaling inside the jitted step. Compile: `compiled` (jax.jit,
 the default) only; `eager` is skipped.
+
+A network with attention records in settings["attention"] the function each attention calls
+(jax.nn.dot_product_attention, its `implementation` asked: cuDNN's on a GPU in half precision, else
+None; flax.linen.dot_product_attention for dropout on the probabilities and in float64) and the kernel
+jax traced for it (cuDNN's fused attention or XLA's), read from the step's jaxpr.
 """
 
 from __future__ import annotations
