@@ -44,6 +44,18 @@ Choices (all recorded in the result's `settings`):
 - LSTM: keras.layers.LSTM in its cuDNN-compatible configuration (tanh/sigmoid, no recurrent
   dropout, not unrolled, one bias vector: the canonical form); Keras runs the cuDNN kernel on GPU
   and its while-loop kernel on CPU.
+- transformers (`transformer_classes`): keras.layers.LayerNormalization(epsilon), GELU as
+  keras.activations.gelu(approximate=) in the network's form (Dense(activation=) in the MLP),
+  attention as keras.layers.MultiHeadAttention (separate q/k/v/out EinsumDense kernels, mapped to
+  the canonical matrices by a transpose and a reshape; use_causal_mask), which hands its products to
+  keras.ops.dot_product_attention unless the layer has dropout. Keras' TensorFlow backend offers no
+  flash attention (flash_attention=True raises there), so the default None is kept; what ran is
+  read from a trace into settings["attention"] (`attention_setting`). The position table and class
+  token are weights of small layers; patches are a strided Conv2D on the NHWC image, its grid
+  reshaped to tokens (row-major, the canonical order); a tied lm_head is the token embedding's
+  reverse projection, keras.layers.ReversibleEmbedding(tie_weights=True): one variable. With
+  `deterministic`, every dropout rate is 0. In float64 two Keras/TensorFlow constants are made
+  exact (tf.nn.gelu's and MultiHeadAttention's scale go through float32 tensors otherwise).
 """
 
 from __future__ import annotations
@@ -299,6 +311,204 @@ def layer_classes():
 
 
 # --------------------------------------------------------------------------------------------------
+# transformer layers (schema.py's canonical semantics), Keras 3 layers where Keras has them
+
+
+@functools.lru_cache(maxsize=None)
+def transformer_classes():
+    """The transformer layers that Keras 3 has no layer for as such (a position table added, patches
+    with a class token, a block, the class token's pooling, a tied head), defined once TensorFlow is
+    imported. Inside, everything Keras does have: LayerNormalization, Dense with GELU,
+    MultiHeadAttention, Dropout, Conv2D, ReversibleEmbedding's reverse projection."""
+    import numpy
+
+    tf, keras = load_tf(), load_keras()
+
+    class PositionEmbedding(keras.layers.Layer):
+        """x + P[0:T]: a learned (max_length, dim) table whose first T rows are added (keras_hub's
+        PositionEmbedding; GPT-2's wpe, ViT's pos_embed)."""
+
+        def __init__(self, max_length: int, **kwargs):
+            super().__init__(**kwargs)
+            self.max_length = max_length
+
+        def build(self, input_shape):
+            self.table = self.add_weight(name="table", shape=(self.max_length, input_shape[-1]),
+                                         initializer=keras.initializers.RandomNormal(stddev=0.02))
+
+        def call(self, x):
+            # the variable is float32 under a mixed policy: cast to the activations' dtype, as
+            # Keras' autocast would, explicitly (a slice of a variable is not always autocast)
+            return x + tf.cast(tf.convert_to_tensor(self.table)[: x.shape[1]], x.dtype)
+
+        def compute_output_shape(self, s):
+            return s
+
+    class PatchEmbedding(keras.layers.Layer):
+        """keras.layers.Conv2D with kernel = stride = patch on the NHWC image, its (h, w) grid
+        reshaped to tokens (row-major: the canonical order, NHWC needs no transpose for it), the
+        class token prepended as token 0."""
+
+        def __init__(self, patch: int, dim: int, class_token: bool, **kwargs):
+            super().__init__(**kwargs)
+            self.dim, self.has_class_token = dim, class_token
+            self.proj = keras.layers.Conv2D(dim, patch, strides=patch, padding="valid", use_bias=True, name="proj")
+
+        def build(self, input_shape):
+            self.proj.build(tuple(input_shape))
+            self.class_token = (self.add_weight(name="class_token", shape=(self.dim,),
+                                                initializer=keras.initializers.RandomNormal(stddev=0.02))
+                                if self.has_class_token else None)
+
+        def call(self, x):
+            grid = self.proj(x)  # (B, h, w, dim)
+            tokens = tf.reshape(grid, [-1, grid.shape[1] * grid.shape[2], self.dim])
+            if self.class_token is None:
+                return tokens
+            cls = tf.cast(tf.convert_to_tensor(self.class_token), tokens.dtype)
+            cls = tf.broadcast_to(cls[None, None, :], [tf.shape(tokens)[0], 1, self.dim])
+            return tf.concat([cls, tokens], axis=1)
+
+        def compute_output_shape(self, s):
+            n = (s[1] // self.proj.kernel_size[0]) * (s[2] // self.proj.kernel_size[1])
+            return (s[0], n + (1 if self.has_class_token else 0), self.dim)
+
+    def multi_head_attention(spec: dict):
+        """keras.layers.MultiHeadAttention with q, k, v and out as separate EinsumDense kernels
+        (D, heads, head_size) and (heads, head_size, D); key_dim = value_dim = the head size, its
+        scale 1/sqrt(head_size), the canonical one."""
+        mha = keras.layers.MultiHeadAttention(spec["heads"], spec["head_size"], dropout=spec["dropout"],
+                                              use_bias=spec["bias"], name="attn")
+        if mha.compute_dtype == "float64":
+            # Keras' TensorFlow backend applies the scale (a Python float) as tf.cast(scale, dtype),
+            # which makes a float32 tensor of it first: 1/sqrt(3) or 1/sqrt(8) rounded to float32,
+            # a 3e-8 error in every score in float64. A numpy float64 (still a float) converts exactly.
+            mha._inverse_sqrt_key_dim = numpy.float64(mha._inverse_sqrt_key_dim)
+        return mha
+
+    class SelfAttention(keras.layers.Layer):
+        """The attention type on its own: MultiHeadAttention called with query = value = x."""
+
+        def __init__(self, spec: dict, **kwargs):
+            super().__init__(**kwargs)
+            self.causal = spec["causal"]
+            self.mha = multi_head_attention(spec)
+
+        def build(self, input_shape):
+            self.mha.build(tuple(input_shape), tuple(input_shape))
+
+        def call(self, x, training=None):
+            return self.mha(x, x, use_causal_mask=self.causal, training=training)
+
+        def compute_output_shape(self, s):
+            return s
+
+    class TransformerBlock(keras.layers.Layer):
+        """Layer norms, MultiHeadAttention and a GELU MLP (Dense, Dense) with two residual joins,
+        pre- or post-norm (keras_hub's TransformerEncoder/Decoder arrangement), dropout on each
+        branch before its join."""
+
+        def __init__(self, spec: dict, **kwargs):
+            super().__init__(**kwargs)
+            dim = spec["in_shape"][-1]
+            self.hidden = spec["mlp_ratio"] * dim
+            self.pre, self.causal = spec["norm"] == "pre", spec["causal"]
+            self.ln1 = keras.layers.LayerNormalization(epsilon=spec["eps"], name="ln1")
+            self.attn = multi_head_attention(spec)
+            self.ln2 = keras.layers.LayerNormalization(epsilon=spec["eps"], name="ln2")
+            self.fc1 = keras.layers.Dense(self.hidden, activation=gelu(spec["gelu"]), use_bias=spec["bias"],
+                                          name="fc1")
+            self.fc2 = keras.layers.Dense(dim, use_bias=spec["bias"], name="fc2")
+            self.drop1 = keras.layers.Dropout(spec["dropout"], name="drop1")
+            self.drop2 = keras.layers.Dropout(spec["dropout"], name="drop2")
+
+        def build(self, input_shape):
+            s = tuple(input_shape)
+            self.ln1.build(s)
+            self.attn.build(s, s)
+            self.ln2.build(s)
+            self.fc1.build(s)
+            self.fc2.build((*s[:-1], self.hidden))
+
+        def call(self, x, training=None):
+            def attn(h):
+                return self.drop1(self.attn(h, h, use_causal_mask=self.causal, training=training), training=training)
+
+            def mlp(h):
+                return self.drop2(self.fc2(self.fc1(h)), training=training)
+
+            if self.pre:
+                x = x + attn(self.ln1(x))
+                return x + mlp(self.ln2(x))
+            x = self.ln1(x + attn(x))
+            return self.ln2(x + mlp(x))
+
+        def compute_output_shape(self, s):
+            return s
+
+    class ClassTokenPool(keras.layers.Layer):
+        """Row 0 of the tokens, the class token (the mean is keras.layers.GlobalAveragePooling1D)."""
+
+        def call(self, x):
+            return x[:, 0]
+
+        def compute_output_shape(self, s):
+            return (s[0], s[2])
+
+    class TiedLMHead(keras.layers.Layer):
+        """Logits x E^T (+ b) through the token embedding's own reverse projection
+        (keras.layers.ReversibleEmbedding(tie_weights=True), keras_hub's GPT-2 head): E is the one
+        embeddings variable of layer 0, so its gradient is the sum of both uses, it is updated once
+        and counted once (Keras deduplicates a sublayer's variables in trainable_variables)."""
+
+        def __init__(self, embedding, use_bias: bool, **kwargs):
+            super().__init__(**kwargs)
+            self.embedding, self.use_bias = embedding, use_bias
+
+        def build(self, input_shape):
+            self.bias = (self.add_weight(name="bias", shape=(self.embedding.input_dim,), initializer="zeros")
+                         if self.use_bias else None)
+
+        def call(self, x):
+            logits = self.embedding(x, reverse=True)
+            return logits if self.bias is None else logits + tf.cast(tf.convert_to_tensor(self.bias), logits.dtype)
+
+        def compute_output_shape(self, s):
+            return (*s[:-1], self.embedding.input_dim)
+
+    def gelu(form: str):
+        """keras.activations.gelu in the network's form (Keras' default is erf, approximate=False;
+        tanh is approximate=True: tf.nn.gelu's formula is GPT-2's), except in float64 (below)."""
+        approximate = GELU_APPROXIMATE[form]
+
+        def activation(x):
+            if x.dtype == tf.float64:
+                return gelu_float64(x, approximate)
+            return keras.activations.gelu(x, approximate=approximate)
+
+        activation.__name__ = f"gelu_{form}"
+        return activation
+
+    def gelu_float64(x, approximate: bool):
+        """tf.nn.gelu's own formulas with float64 constants. tf.nn.gelu (TensorFlow 2.21) makes its
+        constants 1/sqrt(2) and 0.044715 with math_ops.cast(<Python float>, dtype), which goes
+        through a float32 tensor: in float64 the erf form is then off by ~5e-9 and the tanh form by
+        ~3e-10 (relative), which float64's check (1e-9) sees."""
+        if approximate:
+            cubic = tf.constant(0.044715, x.dtype) * tf.math.pow(x, 3)
+            inner = tf.constant(0.7978845608028654, x.dtype) * (x + cubic)
+            return 0.5 * x * (1.0 + tf.math.tanh(inner))
+        return 0.5 * x * tf.math.erfc(-x * tf.constant(0.7071067811865476, x.dtype))
+
+    return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
+                                 SelfAttention=SelfAttention, TransformerBlock=TransformerBlock,
+                                 ClassTokenPool=ClassTokenPool, TiedLMHead=TiedLMHead, gelu=gelu)
+
+
+GELU_APPROXIMATE = {"erf": False, "tanh": True}  # the schema's form -> keras.activations.gelu's `approximate`
+
+
+# --------------------------------------------------------------------------------------------------
 # building
 
 
@@ -336,10 +546,13 @@ def _flatten_plan(layers: list[dict]) -> tuple[dict[int, str], dict[int, tuple[i
 class LayerPlan:
     """What a layer's builder may need beyond its resolved spec."""
 
-    def __init__(self, hw, flatten: str | None, deterministic: bool):
+    def __init__(self, hw, flatten: str | None, deterministic: bool, built: list | None = None,
+                 tied_embedding: bool = False):
         self.hw = hw  # (H, W) of an image input, else None
         self.flatten = flatten  # a flatten's mode ("reshape" | "channels_first"), else None
         self.deterministic = deterministic
+        self.built = built if built is not None else []  # the Keras layers of the layers before, per layer
+        self.tied_embedding = tied_embedding  # a token embedding whose table a tied lm_head reuses
 
 
 def _dense(spec, plan):
@@ -388,6 +601,8 @@ def _dropout(spec, plan):
 
 
 def _embedding(spec, plan):
+    if plan.tied_embedding:  # Keras' embedding with the reverse projection a tied head calls
+        return [load_keras().layers.ReversibleEmbedding(spec["vocabulary"], spec["dim"], tie_weights=True)]
     return [load_keras().layers.Embedding(spec["vocabulary"], spec["dim"])]
 
 
@@ -407,11 +622,53 @@ def _residual(spec, plan):
     return [layer_classes().ResidualBlock(spec, 1e-5)]
 
 
+def _position_embedding(spec, plan):
+    return [transformer_classes().PositionEmbedding(spec["max_length"])]
+
+
+def _patch_embedding(spec, plan):
+    return [transformer_classes().PatchEmbedding(spec["patch"], spec["dim"], spec["class_token"])]
+
+
+def _layer_norm(spec, plan):
+    return [load_keras().layers.LayerNormalization(epsilon=spec["eps"])]  # Keras' default eps is 1e-3
+
+
+def _gelu(spec, plan):
+    return [load_keras().layers.Activation(transformer_classes().gelu(spec["form"]))]
+
+
+def _attention(spec, plan):
+    return [transformer_classes().SelfAttention(spec)]
+
+
+def _transformer_block(spec, plan):
+    return [transformer_classes().TransformerBlock(spec)]
+
+
+def _token_pool(spec, plan):
+    if spec["mode"] == "mean":
+        return [load_keras().layers.GlobalAveragePooling1D()]  # (B, T, D) -> (B, D), the mean over T
+    return [transformer_classes().ClassTokenPool()]
+
+
+def _lm_head(spec, plan):
+    keras = load_keras()
+    if not spec["tied"]:
+        return [keras.layers.Dense(spec["out_shape"][-1], use_bias=spec["bias"])]
+    (embedding,) = plan.built[0]  # the schema ties the head to the network's first layer, the token embedding
+    if not isinstance(embedding, keras.layers.ReversibleEmbedding):
+        raise TypeError(f"a tied lm_head needs the token embedding as layer 0, found {type(embedding).__name__}")
+    return [transformer_classes().TiedLMHead(embedding, spec["bias"])]
+
+
 LAYERS = LayerTable("tensorflow", {
     "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
     "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _relu, "sigmoid": _activation,
     "tanh": _activation, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
-    "residual": _residual,
+    "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
+    "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
+    "token_pool": _token_pool, "lm_head": _lm_head,
 })
 
 
@@ -451,7 +708,9 @@ def precision_scope(precision: str):
 
 def build_network(network: dict, deterministic: bool = False, precision: str = "fp32"):
     """A keras.Sequential for the resolved network and, per resolved layer, its Keras layers, in
-    `precision` (see `precision_scope`)."""
+    `precision` (see `precision_scope`). `deterministic`: dropout layers are left out, and the
+    dropout of attention and transformer blocks (on the probabilities and the branches) is built at
+    rate 0."""
     with precision_scope(precision):
         return _build_network(network, deterministic, precision)
 
@@ -460,11 +719,15 @@ def _build_network(network: dict, deterministic: bool, precision: str):
     keras = load_keras()
     layers = network["layers"]
     flatten_modes, permuted = _flatten_plan(layers)
+    tied = any(spec["type"] == "lm_head" and spec["tied"] for spec in layers)
     per_layer: list[list] = []
     for i, spec in enumerate(layers):
         in_shape = spec["in_shape"]
         hw = tuple(in_shape[1:]) if len(in_shape) == 3 else None
-        per_layer.append(build_layer(spec, LayerPlan(hw, flatten_modes.get(i), deterministic)))
+        if deterministic and spec.get("dropout"):  # attention, transformer_block: their own dropout rate
+            spec = {**spec, "dropout": 0.0}
+        per_layer.append(build_layer(spec, LayerPlan(hw, flatten_modes.get(i), deterministic, per_layer,
+                                                     tied_embedding=tied and i == 0)))
 
     inp = network["input"]
     dtype = storage_dtype(precision)
@@ -542,6 +805,66 @@ def canonical_variables(network: dict, per_layer: list, permuted: dict) -> dict:
             if spec["shortcut"] == "projection":
                 out[f"{p}.proj.weight"] = (block.proj.kernel, *conv)
                 out.update(bn_entries(f"{p}.proj_bn", block.proj_bn))
+        elif t == "position_embedding":
+            out[f"{p}.weight"] = (made[0].table, *same)
+        elif t == "patch_embedding":
+            layer = made[0]
+            out.update(dense_entries(p, layer.proj, conv))
+            if layer.class_token is not None:
+                out[f"{p}.class_token"] = (layer.class_token, *same)
+        elif t == "layer_norm":
+            out.update(ln_entries(p, made[0]))
+        elif t == "attention":
+            out.update(attention_entries(p, made[0].mha))
+        elif t == "transformer_block":
+            block = made[0]
+            out.update(ln_entries(f"{p}.ln1", block.ln1))
+            out.update(attention_entries(f"{p}.attn", block.attn))
+            out.update(ln_entries(f"{p}.ln2", block.ln2))
+            out.update(dense_entries(f"{p}.mlp.fc1", block.fc1, transposed))
+            out.update(dense_entries(f"{p}.mlp.fc2", block.fc2, transposed))
+        elif t == "lm_head":
+            if spec["tied"]:  # the weight is 000.weight, the embedding's own variable: only a bias of its own
+                if made[0].bias is not None:
+                    out[f"{p}.bias"] = (made[0].bias, *same)
+            else:
+                out.update(dense_entries(p, made[0], transposed))
+    return out
+
+
+def dense_entries(prefix: str, layer, layout) -> dict:
+    """weight (in the layout pair given: canonical -> keras, keras -> canonical) and bias, where the
+    layer has one, of a Dense or Conv2D."""
+    out = {f"{prefix}.weight": (layer.kernel, *layout)}
+    if layer.bias is not None:
+        out[f"{prefix}.bias"] = (layer.bias, lambda a: a, lambda a: a)
+    return out
+
+
+def ln_entries(prefix: str, ln) -> dict:
+    same = (lambda a: a, lambda a: a)
+    return {f"{prefix}.gamma": (ln.gamma, *same), f"{prefix}.beta": (ln.beta, *same)}
+
+
+def attention_entries(prefix: str, mha) -> dict:
+    """MultiHeadAttention's four EinsumDense kernels <-> the canonical q/k/v/out. Keras keeps q, k
+    and v as (D, heads, head_size) with biases (heads, head_size), and out as (heads, head_size, D):
+    row-major, the (heads, head_size) axes are the canonical head-major H*S axis, so each is a
+    transpose and a reshape of the canonical (H*S, D) and (D, H*S) matrices."""
+    heads, size = mha.num_heads, mha.key_dim
+    out = {}
+    for part, layer in (("q", mha.query_dense), ("k", mha.key_dense), ("v", mha.value_dense)):
+        dim = layer.kernel.shape[0]
+        out[f"{prefix}.{part}.weight"] = (layer.kernel, lambda a, d=dim: a.T.reshape(d, heads, size),
+                                          lambda a, d=dim: a.reshape(d, heads * size).T)
+        if layer.bias is not None:
+            out[f"{prefix}.{part}.bias"] = (layer.bias, lambda a: a.reshape(heads, size), lambda a: a.reshape(-1))
+    layer = mha.output_dense
+    dim = layer.kernel.shape[-1]
+    out[f"{prefix}.out.weight"] = (layer.kernel, lambda a: a.T.reshape(heads, size, dim),
+                                   lambda a: a.reshape(heads * size, dim).T)
+    if layer.bias is not None:
+        out[f"{prefix}.out.bias"] = (layer.bias, lambda a: a, lambda a: a)
     return out
 
 
@@ -568,6 +891,83 @@ def load_weights(variables: dict, arrays: dict, precision: str = "fp32") -> None
             raise ValueError(f"{name}: shape {tuple(arrays[name].shape)} gives {tuple(value.shape)}, "
                              f"keras expects {tuple(var.shape)}")
         var.assign(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# which attention Keras ran. keras.layers.MultiHeadAttention computes the heads' products itself (two
+# einsums around keras.layers.Softmax, then its Dropout on the probabilities) when the layer has
+# dropout, and otherwise hands them to keras.ops.dot_product_attention, whose TensorFlow backend has
+# no flash or fused kernel (flash_attention=True raises there, None runs as False): einsum, a float32
+# softmax, einsum. Which one a layer takes is read from one trace of it, not assumed.
+
+ATTENTION_BOOKKEEPING = {"Placeholder", "ReadVariableOp", "Identity", "Const", "NoOp"}
+
+
+def attention_setting(network: dict, per_layer: list, train: bool, jit: bool, cuda: bool) -> dict | None:
+    """What Keras ran for each attention (an attention layer, a transformer block's): its
+    MultiHeadAttention traced once (a tf.function, never run: no state changes) on one sample of the
+    layer's shape in its compute dtype and the step's mode, with keras.ops.dot_product_attention
+    watched for the call and its flash_attention argument, and the TensorFlow op types of the trace.
+    None when the network has no attention."""
+    import unittest.mock
+
+    import keras.src.ops as keras_ops  # the module MultiHeadAttention calls ops.dot_product_attention on
+
+    tf, keras = load_tf(), load_keras()
+    attentions = []
+    for i, (spec, made) in enumerate(zip(network["layers"], per_layer)):
+        if spec["type"] == "attention":
+            attentions.append((f"{i:03d}", spec, made[0].mha))
+        elif spec["type"] == "transformer_block":
+            attentions.append((f"{i:03d}", spec, made[0].attn))
+    if not attentions:
+        return None
+    paths, ops_seen, flash_args = {}, {}, {}
+    for name, spec, mha in attentions:
+        calls: list = []
+
+        def watched(*args, calls=calls, real=keras_ops.dot_product_attention, **kwargs):
+            calls.append(kwargs.get("flash_attention"))
+            return real(*args, **kwargs)
+
+        def trace(x, mha=mha, causal=spec["causal"]):
+            return mha(x, x, use_causal_mask=causal, training=train)
+
+        with unittest.mock.patch.object(keras_ops, "dot_product_attention", watched):
+            graph = tf.function(trace).get_concrete_function(
+                tf.TensorSpec((1, *spec["in_shape"]), mha.compute_dtype)).graph
+        if calls:
+            paths[name] = ("keras.ops.dot_product_attention (Keras' TensorFlow backend: einsum, softmax in at least "
+                           "float32, einsum; it has no flash kernel)")
+            flash_args[name] = calls[0]
+        else:
+            dropout = (f"Dropout {spec['dropout']:g} on the probabilities" if train else
+                       f"its Dropout {spec['dropout']:g} inactive in inference")
+            paths[name] = (f"MultiHeadAttention's own einsum path (einsum, keras.layers.Softmax, {dropout}, einsum), "
+                           "which Keras takes whenever the layer has dropout")
+            flash_args[name] = None
+        ops_seen[name] = sorted({op.type for op in graph.get_operations()} - ATTENTION_BOOKKEEPING)
+
+    def one_or_each(by_layer: dict):  # one value where every attention got the same, else per layer
+        values = {repr(v) for v in by_layer.values()}
+        return next(iter(by_layer.values())) if len(values) == 1 else by_layer
+
+    return {
+        "function": "keras.layers.MultiHeadAttention",
+        "kernel": one_or_each(paths),
+        "flash_attention": {
+            "argument": one_or_each(flash_args),
+            "keras.config.is_flash_attention_enabled()": keras.config.is_flash_attention_enabled(),
+            "tensorflow_backend": "keras/src/backend/tensorflow/nn.py dot_product_attention: flash_attention None "
+                                  "runs as False, True raises 'not supported in tensorflow backend'",
+        },
+        "tf_ops": one_or_each(ops_seen),
+        "executed_by": ("XLA, compiled with the whole step (jit_compile=True)" if jit else
+                        "TensorFlow's executor, op by op (" + ("GPU kernels" if cuda else "CPU kernels") + ")"),
+        "probe": ("each MultiHeadAttention traced once by tf.function on one sample of its input shape in its "
+                  f"compute dtype, {'training' if train else 'inference'} mode; keras.ops.dot_product_attention "
+                  "watched for the call"),
+    }
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,6 +18,10 @@ model and optimiser under Keras' mixed policy (`tn.precision_scope`), amp_fp16 w
 keras.optimizers.LossScaleOptimizer (dynamic loss scale); float64 (for `dlbench check`): everything
 float64, inputs cast once in prepare, weights exported as float64. The dtypes a real forward pass
 gives (the first layer's output, the logits) are recorded with the flags.
+
+A network with attention records in settings["attention"] which of keras.layers.MultiHeadAttention's
+paths ran (keras.ops.dot_product_attention, or its own einsum path where the layer has dropout), the
+flash_attention argument it passed, and the TensorFlow ops of one trace of it.
 """
 
 from __future__ import annotations
@@ -189,6 +193,10 @@ class TensorFlowRunner:
             probe = x[:1]
             first_dtype = model.layers[0](probe, training=False).dtype.name
             logits_dtype = model(probe, training=False).dtype.name
+
+            attention = tn.attention_setting(network, per_layer, request["mode"] == "train", jit, cuda)
+            if attention is not None:  # which of Keras' attention paths ran, read from a trace
+                settings["attention"] = attention
 
         logits_layer = model.layers[-2] if precision in tn.MIXED else model.layers[-1]  # before the float32 cast
         settings["precision_effective"].update({
