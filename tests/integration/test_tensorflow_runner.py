@@ -1,10 +1,11 @@
 """The TensorFlow runner in its real, dlbench-built venv: builds, measures, skips, and equals torch.
 
-The worker runs (eight `inspect`s, eight two-framework `check`s) are started once per module, two at
+The worker runs (nine `inspect`s, eight two-framework `check`s) are started once per module, two at
 a time, and the tests read their outcomes; the whole file takes a few minutes on two cores. Every
 precision x compile mode runs on a tiny network through the harness's own `run_request`, grouped in
 two processes (one per compile mode: TensorFlow's import costs more than a tiny step, and the XLA
-compiles stay in one process).
+compiles stay in one process). transformer_tiny (issue 17) is inspected with the others, its smoke
+runs share one process, and its float64 check step is compared with the numpy reference.
 """
 
 from __future__ import annotations
@@ -17,19 +18,26 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dlbench import paths
 from dlbench.definitions.loader import load_network
+from dlbench.definitions.weights import random_weights, weight_shapes
 from dlbench.execution.environments import VenvBackend
-from dlbench.execution.equivalence import check_network
+from dlbench.execution.equivalence import TOLERANCE_FLOAT64, _probe, check_network, make_inputs, relative_error
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
 
+from . import numpy_reference
+
 pytestmark = pytest.mark.integration
 
 NETWORKS = ["fcn5", "fcn8", "alexnet_r", "resnet56", "alexnet", "resnet50", "lstm32", "lstm64"]
+# inspected too: the transformer (its check against torch is `dlbench check`'s and the float64 step
+# against numpy below, which pins the canonical semantics rather than torch's reading of them)
+INSPECTED = NETWORKS + ["transformer_tiny"]
 SMOKE_POLICY = {"warmup": {"min_iters": 1, "max_iters": 3, "max_time_s": 5, "window": 1, "tolerance": 0.5},
                 "measure": {"min_iters": 5, "min_time_s": 0.0, "max_iters": 5}}
 
@@ -124,7 +132,7 @@ def inspected(tensorflow_env):
         return run_worker(env.python, runner.worker, _request(_summary(name).resolved, "inspect"), timeout_s=300)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(NETWORKS, pool.map(inspect, NETWORKS)))
+        return dict(zip(INSPECTED, pool.map(inspect, INSPECTED)))
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +174,7 @@ def test_environment_is_isolated_and_pinned(tensorflow_env):
     assert not any(p.lower().startswith("typer==") for p in env.packages)
 
 
-@pytest.mark.parametrize("name", NETWORKS)
+@pytest.mark.parametrize("name", INSPECTED)
 def test_parameter_count_built_by_tensorflow_equals_description(inspected, name):
     outcome = inspected[name]
     summary = _summary(name)
@@ -282,3 +290,92 @@ def test_check_is_equivalent_to_torch(checked, name):
     results = checked[name]
     assert all(r.ok for r in results), [(r.framework, r.status, r.reason) for r in results]
     assert results[1].framework == "tensorflow" and results[1].status == "equivalent", results[1].reason
+
+
+# ------------------------------------------------------------------ transformers (issue 17): transformer_tiny
+# A two-block causal decoder with dropout 0.1 and a tied head: smoke runs in fp32 and amp_bf16 (one
+# process: TensorFlow's import is dearer than the runs), with the dropout off once (deterministic),
+# which takes Keras' other attention path; the float64 check step against the numpy reference, in
+# a second process at the same time.
+TRANSFORMER_RUNS = [("train", "fp32", False), ("train", "amp_bf16", False), ("infer", "amp_bf16", False),
+                    ("train", "fp32", True)]
+DOT_PRODUCT = ("keras.ops.dot_product_attention (Keras' TensorFlow backend: einsum, softmax in at least float32, "
+               "einsum; it has no flash kernel)")
+
+
+@pytest.fixture(scope="module")
+def transformer_outcomes(tensorflow_env, tmp_path_factory):
+    """(the smoke runs: key -> run_request result, the float64 check probe: (arrays, reason, status),
+    its weights and inputs), both at once."""
+    runner, env = tensorflow_env
+    net = _summary("transformer_tiny")
+    tmp = tmp_path_factory.mktemp("transformer_tiny")
+    weights, inputs = random_weights(net.resolved, seed=5), make_inputs(net, 2, seed=5)
+    np.savez(tmp / "weights.npz", **weights)
+    np.savez(tmp / "inputs.npz", **inputs)
+
+    def smoke():
+        return dict(zip(TRANSFORMER_RUNS, _run_requests(env.python, [
+            {**_request(net.resolved, "benchmark", mode, 2, precision=precision), "deterministic": deterministic}
+            for mode, precision, deterministic in TRANSFORMER_RUNS])))
+
+    def probe():
+        return _probe(runner, env, net, tmp, "cpu", 300, tmp / "weights.npz", tmp / "inputs.npz", 2,
+                      precision="float64")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs, probed = pool.submit(smoke), pool.submit(probe)
+        return runs.result(), probed.result(), weights, inputs
+
+
+@pytest.mark.parametrize(("mode", "precision", "deterministic"), TRANSFORMER_RUNS)
+def test_transformer_tiny_measures_and_records_its_attention(transformer_outcomes, mode, precision, deterministic):
+    res = transformer_outcomes[0][(mode, precision, deterministic)]
+    assert res["status"] == "ok", res.get("reason") or res
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert res["params"] == _summary("transformer_tiny").params and res["output_shape"] == [32, 512]
+    settings = res["settings"]
+    effective = settings["precision_effective"]
+    assert effective["keras_dtype_policy"] == KERAS_POLICY[precision]
+    assert effective["first_layer_output_dtype"] == COMPUTE_DTYPE[precision]  # the embedding's rows
+    assert effective["logits_layer_compute_dtype"] == COMPUTE_DTYPE[precision]  # the tied head's product,
+    assert effective["logits_dtype"] == "float32"  # cast to float32 as Keras recommends
+    assert res["compile"]["tracings"] == 1 and res["compile"]["retracings"] == 0
+    attention = settings["attention"]
+    assert attention["function"] == "keras.layers.MultiHeadAttention"
+    assert attention["executed_by"] == "TensorFlow's executor, op by op (CPU kernels)"
+    # Keras' TensorFlow backend has no flash kernel: nothing asks for one (None, which it runs as False)
+    assert attention["flash_attention"]["argument"] is None
+    assert attention["flash_attention"]["keras.config.is_flash_attention_enabled()"] is None
+    assert not any("Attention" in op or "Flash" in op for op in attention["tf_ops"]), attention["tf_ops"]
+    assert "Softmax" in attention["tf_ops"]
+    # MultiHeadAttention takes its own einsum path whenever the layer has dropout (0.1 here, in
+    # inference too), and keras.ops.dot_product_attention once the dropout is off (deterministic)
+    if deterministic:
+        assert attention["kernel"] == DOT_PRODUCT
+    else:
+        assert attention["kernel"].startswith("MultiHeadAttention's own einsum path"), attention["kernel"]
+        assert ("Dropout 0.1 on the probabilities" in attention["kernel"]) is (mode == "train")
+        assert ("StatelessRandomUniformV2" in attention["tf_ops"]) is (mode == "train")
+
+
+def test_transformer_tiny_check_step_matches_numpy_in_float64(transformer_outcomes):
+    """The check action on transformer_tiny in float64 (dropout off): the canonical tensors exported
+    (the tied head's weight only once, as 000.weight), logits and loss equal to the numpy reference's
+    to 1e-9, and the tied table's step carries the head's gradient (rows of tokens absent from the
+    input move, which only the head reaches)."""
+    _, (arrays, reason, status), weights, inputs = transformer_outcomes
+    net = _summary("transformer_tiny")
+    assert arrays is not None, f"{status}: {reason}"
+    assert arrays["__params__"] == net.params
+    exported = {k[len("init/"):] for k in arrays if k.startswith("init/")}
+    assert exported == set(weight_shapes(net.resolved)) and "006.weight" not in exported
+    assert arrays["logits"].dtype == np.float64
+    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
+    assert relative_error(arrays["logits"], expected) <= TOLERANCE_FLOAT64
+    assert relative_error(arrays["loss"], np.asarray(numpy_reference.cross_entropy(expected, inputs["y"]))) \
+        <= TOLERANCE_FLOAT64
+    unused = np.setdiff1d(np.arange(512), inputs["x"])
+    assert unused.size > 0
+    moved = arrays["after/000.weight"][unused] - arrays["loaded/000.weight"][unused]
+    assert np.all(np.abs(moved).max(axis=1) > 0)
