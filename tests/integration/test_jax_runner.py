@@ -20,12 +20,22 @@ import pytest
 
 from dlbench import paths
 from dlbench.definitions.loader import load_network
-from dlbench.definitions.weights import random_weights
+from dlbench.definitions.weights import random_weights, weight_shapes
 from dlbench.execution.environments import VenvBackend
-from dlbench.execution.equivalence import check_batch_size, check_network, make_inputs, relative_error, tolerance_for
+from dlbench.execution.equivalence import (
+    TOLERANCE_FLOAT64,
+    check_batch_size,
+    check_network,
+    make_inputs,
+    relative_error,
+    tolerance_for,
+)
+from dlbench.execution.equivalence import _probe as check_probe
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
+
+from . import numpy_reference
 
 pytestmark = pytest.mark.integration
 
@@ -414,3 +424,115 @@ def test_dynamic_loss_scaling_skips_non_finite_steps_and_grows(results):
     assert probe["finite_updated"] and probe["scale_after_interval"] == 16.0 and probe["steps_after_interval"] == 0
     assert probe["step_scale"] == 2.0 ** 15 and probe["step_finite_steps"] == 1 and np.isfinite(probe["step_loss"])
     assert probe["unscaled_difference"] == 0.0  # powers of two: scaling and unscaling are exact
+
+
+# ------------------------------------------------------------------ transformers (issue 17): transformer_tiny
+# A two-block causal decoder with dropout 0.1 and a tied head, in workers of its own (so that these
+# tests need none of the runs above): its parameter count by inspect, smoke runs in fp32 and amp_bf16
+# with the attention jax ran, the float64 check step against the numpy reference, and `dlbench check`
+# against torch.
+TRANSFORMER_RUNS = [("train", "fp32"), ("train", "amp_bf16"), ("infer", "amp_bf16")]
+
+
+@functools.cache
+def _transformer_tiny():
+    return load_network(paths.suites_dir() / "networks" / "transformer_tiny.yaml")
+
+
+def _transformer_check_step(env_pair, work: Path) -> dict:
+    """The check action in float64 (dropout off) on seeded canonical weights and tokens."""
+    net = _transformer_tiny()
+    weights, inputs = random_weights(net.resolved, seed=5), make_inputs(net, 2, seed=5)
+    np.savez(work / "weights.npz", **weights)
+    np.savez(work / "inputs.npz", **inputs)
+    arrays, reason, status = check_probe(*env_pair, net, work, "cpu", 300, work / "weights.npz",
+                                         work / "inputs.npz", 2, precision="float64")
+    assert arrays is not None, f"{status}: {reason}"
+    return {"arrays": arrays, "weights": weights, "inputs": inputs}
+
+
+@pytest.fixture(scope="module")
+def transformer_runs(envs, tmp_path_factory):
+    """Every transformer_tiny worker of this section, two at a time: key -> outcome (or the exception).
+    Each worker compiles its own step once (a benchmark) or its step and forward (the check)."""
+    runner, env = envs["jax"]
+    net = _transformer_tiny().resolved
+    # heaviest first: a check compiles its step and a forward
+    jobs = {("equivalence",): lambda: check_network(_transformer_tiny(), [envs["torch"], envs["jax"]]),
+            ("check",): lambda: _transformer_check_step(envs["jax"], tmp_path_factory.mktemp("transformer-check"))}
+    jobs.update({(mode, precision): (lambda m=mode, p=precision: run_worker(
+        env.python, runner.worker, _request(net, "benchmark", m, 2, p), timeout_s=300))
+        for mode, precision in TRANSFORMER_RUNS})
+    jobs[("inspect",)] = lambda: run_worker(env.python, runner.worker, _request(net, "inspect"), timeout_s=300)
+
+    def run(key):
+        try:
+            return jobs[key]()
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            return e
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        return dict(zip(jobs, pool.map(run, jobs)))
+
+
+def test_transformer_tiny_parameter_count_built_by_jax_equals_description(transformer_runs):
+    res = _ok(transformer_runs, "inspect")
+    assert res["params"] == _transformer_tiny().params == 134_912
+    assert res["output_shape"] == [32, 512]
+    assert res["settings"]["dropout"] == "per-step key split inside the step"
+
+
+@pytest.mark.parametrize(("mode", "precision"), TRANSFORMER_RUNS)
+def test_transformer_tiny_measures_and_records_its_attention(transformer_runs, mode, precision):
+    res = _ok(transformer_runs, mode, precision)
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert res["params"] == _transformer_tiny().params and res["output_shape"] == [32, 512]
+    assert res["compile"]["step_compiles"] == 1
+    settings = res["settings"]
+    eff = settings["precision_effective"]
+    # Embed ... Embed.attend: bfloat16 from the first layer to the tied head's product under amp
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == COMPUTE_DTYPE[precision]
+    assert eff["param_dtype"] == "float32"
+    attention = settings["attention"]  # one entry for both blocks: they are alike
+    assert attention["kernel"] == "xla", attention  # the CPU has no cuDNN; read from the step's jaxpr
+    if mode == "train":
+        # dropout 0.1 on the probabilities: jax.nn.dot_product_attention has none
+        assert attention["function"] == "flax.linen.dot_product_attention"
+        assert attention["why"].startswith("dropout on the probabilities in training")
+        assert "implementation_asked" not in attention
+    else:
+        assert attention["function"] == "jax.nn.dot_product_attention"
+        assert attention["implementation_asked"] is None and "why" not in attention  # jax chooses: XLA
+    assert "cudnn_refused" not in attention  # cuDNN is asked for on a GPU only
+
+
+def test_transformer_tiny_check_step_matches_numpy_in_float64(transformer_runs):
+    """The check action on transformer_tiny in float64: the canonical tensors exported (the tied
+    head's weight only once, as 000.weight), logits and loss equal to the numpy reference's to 1e-9,
+    and the tied table's step carries the head's gradient (rows of tokens absent from the input
+    move, which only the head reaches)."""
+    step = _get(transformer_runs, "check")
+    arrays, weights, inputs = step["arrays"], step["weights"], step["inputs"]
+    net = _transformer_tiny()
+    assert arrays["__params__"] == net.params
+    exported = {k[len("init/"):] for k in arrays if k.startswith("init/")}
+    assert exported == set(weight_shapes(net.resolved)) and "006.weight" not in exported
+    assert all(np.array_equal(arrays[f"loaded/{n}"], w.astype(np.float64)) for n, w in weights.items())
+    assert arrays["logits"].dtype == np.float64
+    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
+    assert relative_error(arrays["logits"], expected) <= TOLERANCE_FLOAT64
+    assert relative_error(arrays["loss"], np.asarray(numpy_reference.cross_entropy(expected, inputs["y"]))) \
+        <= TOLERANCE_FLOAT64
+    unused = np.setdiff1d(np.arange(512), inputs["x"])
+    assert unused.size > 0
+    moved = arrays["after/000.weight"][unused] - arrays["loaded/000.weight"][unused]
+    assert np.all(np.abs(moved).max(axis=1) > 0)
+
+
+def test_transformer_tiny_is_equivalent_to_torch(transformer_runs):
+    """`dlbench check` in float64: logits, loss and every tensor's update (the tied table's included)."""
+    torch_res, jax_res = _get(transformer_runs, "equivalence")
+    assert torch_res.status == "reference", torch_res.reason
+    assert jax_res.status == "equivalent", (jax_res.reason, jax_res.errors)
+    assert jax_res.params == _transformer_tiny().params == jax_res.params_described
+    assert jax_res.errors["roundtrip"] == 0.0

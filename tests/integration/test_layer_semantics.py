@@ -89,7 +89,7 @@ TINY.update({
 TRANSFORMER_TYPES = {"position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
                      "token_pool", "lm_head"}
 TRANSFORMER_CASES = {kind for kind, (_, layers) in TINY.items() if any(x["type"] in TRANSFORMER_TYPES for x in layers)}
-BUILT_BY = {kind: {"torch", "tensorflow", "mxnet"} for kind in TRANSFORMER_CASES}
+BUILT_BY = {kind: {"torch", "tensorflow", "jax", "mxnet"} for kind in TRANSFORMER_CASES}
 
 
 @pytest.fixture(scope="module")
