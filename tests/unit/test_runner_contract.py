@@ -180,19 +180,12 @@ def test_the_schema_has_layer_types():
     assert {"dense", "conv2d", "lstm", "residual", "relu", "sigmoid", "tanh"} <= schema_layer_types()
 
 
-# The transformer layer types (issue 17) are in the description language before any runner builds
-# them: the runners' builders are a later step of that issue, and until then a runner may lack them
-# (a network that uses them is not run: no suite names one). Remove this once every runner has them.
-NOT_YET_BUILT = {"position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
-                 "token_pool", "lm_head"}
-
-
 @pytest.mark.parametrize("folder", FOLDERS, ids=IDS)
 def test_one_module_builds_the_network_from_a_table_of_every_layer_type(folder):
     tables = layer_tables(folder)
     assert len(tables) == 1, f"{folder.name}: expected one module with a LAYERS table, found {sorted(tables)}"
     (network_module, types), = tables.items()
-    missing = schema_layer_types() - types - NOT_YET_BUILT
+    missing = schema_layer_types() - types
     assert missing == set(), f"{network_module}.py has no builder for these layer types"
 
 
