@@ -57,8 +57,7 @@ TINY = {
 
 # The transformer types (issue 17), dim 8-16, 4-6 tokens, 1-2 heads and blocks; the head size is not
 # always dim / heads, a tied head has a bias, both norms and both GELU forms, causal or not, biases
-# or none. Only the torch runner builds them so far: the other runners' builders come next, and
-# each joins BUILT_BY when it has them (a runner without a builder would skip, not fail).
+# or none. Every runner builds them, as every other type.
 TOKENS = {"kind": "tokens", "vocabulary": 11, "sequence_length": 5}
 TINY.update({
     "decoder_pre_norm_tied_head": (TOKENS, [
@@ -89,7 +88,6 @@ TINY.update({
 TRANSFORMER_TYPES = {"position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
                      "token_pool", "lm_head"}
 TRANSFORMER_CASES = {kind for kind, (_, layers) in TINY.items() if any(x["type"] in TRANSFORMER_TYPES for x in layers)}
-BUILT_BY = {kind: {"torch", "tensorflow", "jax", "mxnet"} for kind in TRANSFORMER_CASES}
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +100,6 @@ def runners():
 @pytest.mark.parametrize("kind", sorted(TINY))
 def test_every_framework_matches_numpy(runners, kind, tmp_path):
     inp, layers = TINY[kind]
-    if kind in BUILT_BY:
-        runners = [(runner, env) for runner, env in runners if runner.name in BUILT_BY[kind]]
     path = tmp_path / f"{kind}.yaml"
     path.write_text(yaml.safe_dump({"name": kind, "input": inp, "layers": layers}))
     net = load_network(path)
