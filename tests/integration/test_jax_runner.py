@@ -20,10 +20,9 @@ import pytest
 
 from dlbench import paths
 from dlbench.definitions.loader import load_network
-from dlbench.definitions.weights import random_weights, weight_shapes
+from dlbench.definitions.weights import random_weights
 from dlbench.execution.environments import VenvBackend
 from dlbench.execution.equivalence import (
-    TOLERANCE_FLOAT64,
     check_batch_size,
     check_network,
     make_inputs,
@@ -35,7 +34,7 @@ from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
 
-from . import numpy_reference
+from .transformer_step import assert_tiny_step
 
 pytestmark = pytest.mark.integration
 
@@ -514,19 +513,8 @@ def test_transformer_tiny_check_step_matches_numpy_in_float64(transformer_runs):
     step = _get(transformer_runs, "check")
     arrays, weights, inputs = step["arrays"], step["weights"], step["inputs"]
     net = _transformer_tiny()
-    assert arrays["__params__"] == net.params
-    exported = {k[len("init/"):] for k in arrays if k.startswith("init/")}
-    assert exported == set(weight_shapes(net.resolved)) and "006.weight" not in exported
     assert all(np.array_equal(arrays[f"loaded/{n}"], w.astype(np.float64)) for n, w in weights.items())
-    assert arrays["logits"].dtype == np.float64
-    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
-    assert relative_error(arrays["logits"], expected) <= TOLERANCE_FLOAT64
-    assert relative_error(arrays["loss"], np.asarray(numpy_reference.cross_entropy(expected, inputs["y"]))) \
-        <= TOLERANCE_FLOAT64
-    unused = np.setdiff1d(np.arange(512), inputs["x"])
-    assert unused.size > 0
-    moved = arrays["after/000.weight"][unused] - arrays["loaded/000.weight"][unused]
-    assert np.all(np.abs(moved).max(axis=1) > 0)
+    assert_tiny_step(arrays, net, weights, inputs)
 
 
 def test_transformer_tiny_is_equivalent_to_torch(transformer_runs):
