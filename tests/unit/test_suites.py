@@ -200,6 +200,47 @@ def test_per_device_default_in_user_suite(catalog, tmp_path):
     assert catalog.load_suite(path, "smoke", "cuda").benchmarks[0].batch_sizes == (2,)
 
 
+def test_sequence_length_per_profile_and_device_replaces_the_networks_own(catalog, tmp_path):
+    e = entry("lstm32", modes=["train"], sequence_length={"smoke": 8, "default": {"cpu": 16, "cuda": 64},
+                                                         "paper": 32})
+    path = write_yaml(tmp_path / "mine.yaml", suite_doc(e))
+    own = catalog.load_suite(SUITES / "rnn.yaml", "smoke", "cpu").benchmarks[0].network
+    for profile, device, length in (("smoke", "cpu", 8), ("default", "cpu", 16), ("default", "cuda", 64),
+                                    ("paper", "cpu", 32)):
+        net = catalog.load_suite(path, profile, device).benchmarks[0].network
+        assert net.resolved["input"]["sequence_length"] == length
+        assert net.output_shape == (length, 10000)
+        assert net.params == own.params  # the tables do not depend on the length
+        # every layer of an LSTM language model works per step: FLOPs scale with the length
+        assert net.flops_per_sample * 32 == own.flops_per_sample * length
+        # another workload, another hash (paper's 32 is the network's own length: the same network)
+        assert (net.definition_hash == own.definition_hash) == (length == 32)
+
+
+def test_transformer_suite_lengths_keep_the_published_tables(catalog):
+    cpu = {b.network.name: b.network for b in catalog.load_suite(SUITES / "transformer.yaml", "default", "cpu").benchmarks}
+    gpu = {b.network.name: b.network for b in catalog.load_suite(SUITES / "transformer.yaml", "default", "cuda").benchmarks}
+    assert cpu["gpt2_small"].resolved["input"]["sequence_length"] == 128
+    assert gpu["gpt2_small"].resolved["input"]["sequence_length"] == 1024
+    assert cpu["gpt2_small"].params == gpu["gpt2_small"].params == 124_439_808
+    assert cpu["vit_b16"].params == 86_567_656
+
+
+def test_sequence_length_errors_name_the_suite_field(catalog, tmp_path):
+    lengths = {"smoke": 8, "default": 8, "paper": 8}
+    path = write_yaml(tmp_path / "mine.yaml", suite_doc(entry("fcn5", sequence_length=lengths)))
+    err = suite_error(catalog, path)
+    assert err.field == "benchmarks[0].sequence_length" and "no sequence length" in err.reason
+    too_long = {"smoke": 2048, "default": 8, "paper": 8}  # gpt2_small's position table holds 1,024
+    path = write_yaml(tmp_path / "long.yaml", suite_doc(entry("fcn5"), entry("gpt2_small", sequence_length=too_long)))
+    err = suite_error(catalog, path)
+    assert err.field == "benchmarks[1].sequence_length"
+    assert "2048 positions" in err.reason and "gpt2_small.yaml: layers[1]" in err.reason
+    assert "max_length 1024" in err.reason
+    path = write_yaml(tmp_path / "zero.yaml", suite_doc(entry("lstm32", sequence_length={**lengths, "paper": 0})))
+    assert suite_error(catalog, path).field == "benchmarks[0].sequence_length.paper"
+
+
 # --------------------------------------------------------------------------- errors
 
 def suite_error(catalog, path: Path, profile: str = "smoke", device: str = "cpu") -> DefinitionError:

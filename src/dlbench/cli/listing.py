@@ -37,12 +37,14 @@ def list_suites(
             return
     suites = lookup.load_suites(suite or "all", profile, resolve_device(device))
     table = Table(title=f"dlbench suites (profile {profile})")
-    for col in ("suite", "benchmark", "network", "mode", "batch sizes", "params", "GFLOPs/sample"):
-        table.add_column(col, justify="right" if col in ("params", "GFLOPs/sample") else "left")
+    for col in ("suite", "benchmark", "network", "mode", "batch sizes", "sequence", "params", "GFLOPs/sample"):
+        table.add_column(col, justify="right" if col in ("sequence", "params", "GFLOPs/sample") else "left")
     for s in suites:
         for b in s.benchmarks:
+            length = b.network.resolved["input"].get("sequence_length")  # token inputs: the suite's length
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
-                          f"{b.network.params:,}", f"{b.network.flops_per_sample / 1e9:.4f}")
+                          "" if length is None else str(length), f"{b.network.params:,}",
+                          f"{b.network.flops_per_sample / 1e9:.4f}")
     catalog = lookup.catalog()
     table.caption = (f"frameworks: {', '.join(lookup.registry().names())}; distributed suites (--workers): "
                      f"{', '.join(catalog.distributed_suite_names())}; kernel suites: "

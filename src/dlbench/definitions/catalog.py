@@ -9,7 +9,7 @@ from typing import Any
 
 from .distributed import load_comm, load_distributed
 from .loader import DefinitionError, load_network, read_yaml, validate
-from .suite import Benchmark, Device, Mode, PerDevice, ProfilesFile, Suite, SuiteFile
+from .suite import Benchmark, Device, Mode, PerDevice, PerDeviceLength, ProfilesFile, Suite, SuiteFile
 
 # kind -> how `dlbench run` treats its suites: "single" (`--suite all`, one process per repeat),
 # "distributed" (--workers: a job of ranks per repeat) or "kernels" (performance/kernel_suite.py,
@@ -82,7 +82,12 @@ class SuiteCatalog:
         seen: set[str] = set()
         for i, entry in enumerate(spec.benchmarks):
             net_path = self._network_path(entry.network, path, f"benchmarks[{i}].network")
-            network = load_network(net_path)
+            length = None
+            if entry.sequence_length is not None:
+                length = getattr(entry.sequence_length, profile)
+                if isinstance(length, PerDeviceLength):
+                    length = getattr(length, device)
+            network = load_network(net_path, length, (path, f"benchmarks[{i}].sequence_length"))
             sizes = getattr(entry.batch_sizes, profile)
             if isinstance(sizes, PerDevice):
                 sizes = getattr(sizes, device)

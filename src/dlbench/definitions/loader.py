@@ -93,10 +93,25 @@ def validate(model: type[M], data: Any, path: Path) -> M:
         raise DefinitionError(path, _field_path(err["loc"], union_tags(model)), msg + extra) from None
 
 
-def load_network(path: Path) -> NetworkSummary:
-    """Load, validate and analyse one network description."""
+def load_network(path: Path, sequence_length: int | None = None,
+                 asked_by: tuple[Path, str] | None = None) -> NetworkSummary:
+    """Load, validate and analyse one network description.
+
+    `sequence_length` replaces a token input's own (a suite runs a language model at a length per
+    profile and device); a network that cannot take it is reported against `asked_by`, the suite
+    file and field that asked, with the network's layer that refused."""
     network = validate(layers.network_model(), read_yaml(path), path)
+    if sequence_length is not None:
+        where = asked_by or (path, "input.sequence_length")
+        if not hasattr(network.input, "sequence_length"):
+            raise DefinitionError(*where, f"network {network.name} takes {network.input.kind} input, "
+                                          "which has no sequence length")
+        network = network.model_copy(update={"input": network.input.model_copy(
+            update={"sequence_length": sequence_length})})
     try:
         return analyse(network)
     except ShapeError as e:
+        if sequence_length is not None and asked_by is not None:
+            raise DefinitionError(*asked_by, f"{sequence_length} positions: {path}: layers[{e.index}]: "
+                                             f"{e.reason}") from None
         raise DefinitionError(path, f"layers[{e.index}]", e.reason) from None

@@ -75,6 +75,20 @@ class BatchSizes(_Strict):
     paper: BatchList
 
 
+class PerDeviceLength(_Strict):
+    cpu: PositiveInt
+    cuda: PositiveInt
+
+
+class SequenceLengths(_Strict):
+    """A language model's sequence length per profile (and, in `default`, per device): it replaces
+    the network's own `input.sequence_length`, which stays the context its tables are sized for."""
+
+    smoke: PositiveInt
+    default: Union[PositiveInt, PerDeviceLength]
+    paper: PositiveInt
+
+
 class Hyperparameters(_Strict):
     learning_rate: Annotated[float, Field(gt=0)] = 0.01
     momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
@@ -84,6 +98,7 @@ class BenchmarkEntry(_Strict):
     network: str  # a name in suites/networks, or a path to a .yaml relative to the suite file
     modes: Annotated[list[Mode], Field(min_length=1)] = ["train", "infer"]
     batch_sizes: BatchSizes
+    sequence_length: SequenceLengths | None = None  # token inputs only; the network's own when absent
     # one value or a list: the benchmark runs under each (`--precision`/`--compile` replace them)
     precision: Precision | Annotated[list[Precision], Field(min_length=1)] = "fp32"
     compile: Compile | Annotated[list[Compile], Field(min_length=1)] = "default"
