@@ -147,7 +147,19 @@ def patch_embedding(x, w, p, layer):
     return tokens
 
 
-def forward(network: dict, weights: dict, x: np.ndarray) -> np.ndarray:
+def pretraining_heads(x, w, p, layer, inp):
+    """(masked-LM logits (N, M, V), next-sentence logits (N, 2)): schema.PretrainingHeads."""
+    pooled = np.tanh(_affine(x[:, 0], w, f"{p}.pooler"))
+    next_sentence = _affine(pooled, w, f"{p}.next_sentence")
+    h = x[:, inp["masked_positions"]]
+    h = gelu(_affine(h, w, f"{p}.transform"), layer["gelu"])
+    h = layer_norm(h, w[f"{p}.transform_ln.gamma"], w[f"{p}.transform_ln.beta"], layer["eps"])
+    table = w["000.weight"] if layer["tied"] else w[f"{p}.decoder.weight"]
+    return h @ table.T + w[f"{p}.decoder.bias"], next_sentence
+
+
+def forward(network: dict, weights: dict, x: np.ndarray, side: dict | None = None) -> np.ndarray:
+    """The logits; `side`, when given, receives the outputs beside them (`next_sentence`)."""
     w = {k: v.astype(np.float64) for k, v in weights.items()}
     x = x if x.dtype.kind == "i" else x.astype(np.float64)
     for i, layer in enumerate(network["layers"]):
@@ -197,6 +209,14 @@ def forward(network: dict, weights: dict, x: np.ndarray) -> np.ndarray:
         elif t == "lm_head":
             table = w["000.weight"] if layer["tied"] else w[f"{p}.weight"]  # tied: the token embedding's
             x = x @ table.T + w.get(f"{p}.bias", 0.0)
+        elif t == "segment_embedding":
+            boundary = network["input"]["segment_boundary"]  # sentence A, then sentence B
+            segments = (np.arange(x.shape[1]) >= boundary).astype(np.int64)
+            x = x + w[f"{p}.weight"][segments]
+        elif t == "pretraining_heads":
+            x, next_sentence = pretraining_heads(x, w, p, layer, network["input"])
+            if side is not None:
+                side["next_sentence"] = next_sentence
         else:
             raise ValueError(t)
     return x
@@ -207,3 +227,14 @@ def cross_entropy(logits: np.ndarray, y: np.ndarray) -> float:
     z = z - z.max(axis=1, keepdims=True)
     logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     return float(-logp[np.arange(z.shape[0]), y.reshape(-1)].mean())
+
+
+def network_loss(network: dict, weights: dict, x: np.ndarray, y: np.ndarray) -> float:
+    """The network's loss (schema.LOSS_OF_INPUT): masked_lm_and_next_sentence is the masked-LM
+    cross-entropy over the N x M masked positions plus the next-sentence one over the N samples."""
+    side: dict = {}
+    logits = forward(network, weights, x, side)
+    if network["loss"] == "masked_lm_and_next_sentence":
+        masked = logits.shape[1]
+        return cross_entropy(logits, y[:, :masked]) + cross_entropy(side["next_sentence"], y[:, masked])
+    return cross_entropy(logits, y)

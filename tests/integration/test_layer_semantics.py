@@ -26,6 +26,7 @@ from . import numpy_reference
 pytestmark = pytest.mark.integration
 
 IMAGE = {"kind": "tensor", "shape": [3, 9, 9], "classes": 5}
+MASKED = {"kind": "masked_tokens", "vocabulary": 11, "sequence_length": 10, "mask_seed": 4}
 TINY = {
     "dense_sigmoid_tanh_relu": ({"kind": "tensor", "shape": [12], "classes": 5}, [
         {"type": "dense", "units": 16}, {"type": "sigmoid"}, {"type": "dense", "units": 16}, {"type": "tanh"},
@@ -84,9 +85,18 @@ TINY.update({
     "patches_mean_pool": ({"kind": "tensor", "shape": [2, 6, 4], "classes": 5}, [
         {"type": "patch_embedding", "patch": 2, "dim": 8, "class_token": False},
         {"type": "token_pool", "mode": "mean"}, {"type": "layer_norm"}, {"type": "dense", "units": 5}]),
+    # BERT's input and heads: 10 positions, segments 0-4 and 5-9, 2 masked positions gathered
+    "bert_segments_pretraining_heads": (MASKED, [
+        {"type": "embedding", "vocabulary": 11, "dim": 8}, {"type": "position_embedding", "max_length": 12},
+        {"type": "segment_embedding"}, {"type": "layer_norm", "eps": 1e-3},
+        {"type": "transformer_block", "heads": 2, "norm": "post", "gelu": "erf", "eps": 1e-3},
+        {"type": "pretraining_heads", "gelu": "erf", "eps": 1e-3, "tied": True}]),
+    "pretraining_heads_untied_tanh": (MASKED, [
+        {"type": "embedding", "vocabulary": 11, "dim": 6}, {"type": "segment_embedding", "segments": 3},
+        {"type": "pretraining_heads", "gelu": "tanh", "tied": False}]),
 })
 TRANSFORMER_TYPES = {"position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
-                     "token_pool", "lm_head"}
+                     "token_pool", "lm_head", "segment_embedding", "pretraining_heads"}
 TRANSFORMER_CASES = {kind for kind, (_, layers) in TINY.items() if any(x["type"] in TRANSFORMER_TYPES for x in layers)}
 
 
@@ -101,14 +111,15 @@ def runners():
 def test_every_framework_matches_numpy(runners, kind, tmp_path):
     inp, layers = TINY[kind]
     path = tmp_path / f"{kind}.yaml"
-    path.write_text(yaml.safe_dump({"name": kind, "input": inp, "layers": layers}))
+    loss = {"loss": "masked_lm_and_next_sentence"} if inp["kind"] == "masked_tokens" else {}
+    path.write_text(yaml.safe_dump({"name": kind, "input": inp, "layers": layers, **loss}))
     net = load_network(path)
     weights = random_weights(net.resolved, seed=3)
     inputs = make_inputs(net, 4, seed=3)
     np.savez(tmp_path / "weights.npz", **weights)
     np.savez(tmp_path / "inputs.npz", **inputs)
     expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
-    expected_loss = numpy_reference.cross_entropy(expected, inputs["y"])
+    expected_loss = numpy_reference.network_loss(net.resolved, weights, inputs["x"], inputs["y"])
     # The probe runs in float64 (_probe's default). The transformer cases are held to float64's
     # tolerance: at float32's (1e-4) the two GELU forms, 1-2e-4 apart in these logits, would pass for each other.
     tol = tolerance_for(net, "float64" if kind in TRANSFORMER_CASES else "fp32")

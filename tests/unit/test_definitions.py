@@ -84,7 +84,7 @@ def test_shipped_network_loads_and_is_consistent(name):
         assert {"type", "in_shape", "out_shape"} <= entry.keys()
     # shapes chain from the input to the output
     inp = resolved["input"]
-    first_in = [inp["sequence_length"]] if inp["kind"] == "tokens" else inp["shape"]
+    first_in = [inp["sequence_length"]] if inp["kind"] in ("tokens", "masked_tokens") else inp["shape"]
     assert entries[0]["in_shape"] == first_in
     for before, after in zip(entries, entries[1:]):
         assert before["out_shape"] == after["in_shape"]
@@ -653,7 +653,7 @@ def test_the_layer_table_holds_every_layer_model_of_the_schema_in_its_order():
     assert layers.names() == ("dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu",
                               "sigmoid", "tanh", "flatten", "dropout", "embedding", "lstm", "residual",
                               "position_embedding", "patch_embedding", "layer_norm", "gelu", "attention",
-                              "transformer_block", "token_pool", "lm_head")
+                              "transformer_block", "token_pool", "lm_head", "segment_embedding", "pretraining_heads")
     for name in layers.names():
         assert name in layers.lookup(name).names
 
@@ -664,7 +664,7 @@ def test_the_loader_reads_the_union_tags_from_the_model():
     from dlbench.definitions import layers
     from dlbench.definitions.loader import union_tags
 
-    assert union_tags(layers.network_model()) == frozenset(layers.names()) | {"tensor", "tokens"}
+    assert union_tags(layers.network_model()) == frozenset(layers.names()) | {"tensor", "tokens", "masked_tokens"}
 
 
 # --------------------------------------------------------------------------- transformers

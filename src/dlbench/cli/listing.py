@@ -43,10 +43,16 @@ def list_suites(
         for b in s.benchmarks:
             length = b.network.resolved["input"].get("sequence_length")  # token inputs: the suite's length
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
-                          "" if length is None else str(length), f"{b.network.params:,}",
+                          "" if length is None else str(length), params_text(b.network),
                           f"{b.network.flops_per_sample / 1e9:.4f}")
     catalog = lookup.catalog()
     table.caption = (f"frameworks: {', '.join(lookup.registry().names())}; distributed suites (--workers): "
                      f"{', '.join(catalog.distributed_suite_names())}; kernel suites: "
                      f"{', '.join(catalog.kernel_suite_names())}")
     out.print(table)
+
+
+def params_text(network) -> str:
+    """The parameter count; a pre-trained model's heads apart, as its published size leaves them out."""
+    heads = network.head_params
+    return f"{network.params - heads:,} + {heads:,} heads" if heads else f"{network.params:,}"

@@ -23,13 +23,17 @@ FLOP convention (forward pass, per sample, batch axis excluded): a multiply-add 
   dropout 0, as the dropout layer.
 - token_pool: mean 1 per input element, class 0; lm_head: a dense layer (D -> vocabulary at every
   position, + vocabulary for a bias), tied or not.
+- segment_embedding: 1 per element (the addition); pretraining_heads: the pooler's and the
+  next-sentence classifier's dense layers on position 0 (+ 1 per element for the tanh), and at the
+  M masked positions the transform's dense layer, gelu and layer norm and the decoder's dense layer
+  (D -> vocabulary, + vocabulary for its bias); the gathers 0.
 - the loss is not counted.
 These are the usual analytical counts (as in most papers' "GFLOPs per image"), not what a given
 kernel executes. Each layer type counts its own, in its `infer` function in definitions/layers/
 (one module per type, found through the layer table there); this module chains them.
 
 The *resolved* network is plain JSON: every layer with its defaults filled in, its input and output
-shape, residual and transformer_block `repeat` expanded into one entry per block (with the shortcut
+shape, a masked_tokens input's `masked_positions` and `segment_boundary` drawn (schema.MaskedTokenInput), residual and transformer_block `repeat` expanded into one entry per block (with the shortcut
 each residual block actually uses; each transformer block with its head size filled in), attention's
 head size filled in, and the totals. Runners build from it and need no validation or shape logic of their own.
 """
@@ -56,6 +60,7 @@ class LayerSummary:
     params: int
     flops: int
     resolved: list[dict] = field(default_factory=list)
+    head_params: int = 0
 
 
 @dataclass
@@ -66,6 +71,11 @@ class NetworkSummary:
     output_shape: tuple[int, ...]
     layers: list[LayerSummary]
     resolved: dict
+
+    @property
+    def head_params(self) -> int:
+        """Of `params`, a pre-training task's heads (BERT's), which a published model size leaves out."""
+        return sum(x.head_params for x in self.layers)
 
     @property
     def definition_hash(self) -> str:
@@ -81,8 +91,8 @@ def analyse(network: s.Strict) -> NetworkSummary:
     """Infer every shape and count parameters and forward FLOPs, each layer by the `infer` of its
     type in the layer table (definitions/layers/); raise ShapeError on a mismatch."""
     inp = network.input
-    shape: tuple[int, ...] = (inp.sequence_length,) if isinstance(inp, s.TokenInput) else tuple(inp.shape)
-    tokens = isinstance(inp, s.TokenInput)
+    tokens = isinstance(inp, (s.TokenInput, s.MaskedTokenInput))
+    shape: tuple[int, ...] = (inp.sequence_length,) if tokens else tuple(inp.shape)
     summaries: list[LayerSummary] = []
     for i, layer in enumerate(network.layers):
         in_shape = shape
@@ -98,9 +108,17 @@ def analyse(network: s.Strict) -> NetworkSummary:
         resolved = found.resolved
         if resolved is None:
             resolved = [layers.resolved_entry(layer, in_shape, shape)]
-        summaries.append(LayerSummary(i, t, in_shape, shape, found.params, found.flops, resolved))
+        summaries.append(LayerSummary(i, t, in_shape, shape, found.params, found.flops, resolved, found.head_params))
 
-    if tokens:
+    resolved_input = network.input.model_dump(mode="json")
+    if isinstance(inp, s.MaskedTokenInput):
+        positions = inp.masked_positions()
+        resolved_input.update(masked_positions=positions, segment_boundary=inp.segment_boundary())
+        expected = (len(positions), inp.vocabulary)
+        if shape != expected:
+            raise ShapeError(len(network.layers) - 1, "a masked_tokens network must end in its pretraining_heads' "
+                                                      f"(masked positions, vocabulary) = {list(expected)}, got {list(shape)}")
+    elif tokens:
         expected = (inp.sequence_length, inp.vocabulary)
         if shape != expected:
             raise ShapeError(len(network.layers) - 1,
@@ -112,7 +130,7 @@ def analyse(network: s.Strict) -> NetworkSummary:
     total_flops = sum(x.flops for x in summaries)
     resolved = {
         "name": network.name,
-        "input": network.input.model_dump(mode="json"),
+        "input": resolved_input,
         "loss": network.loss,
         "layers": [entry for x in summaries for entry in x.resolved],
         "params": total_params,

@@ -45,6 +45,9 @@ Transformers (sequences are (T, D): T tokens of width D, no batch axis):
 - lm_head: (T, D) -> (T, vocabulary) logits, y = x E^T (+ b): `tied` uses the token embedding's
   (vocabulary, D) table E (the network's first layer; no weight of its own), untied a (vocabulary, D)
   weight of its own.
+- segment_embedding: y = x + S[s_t], the segment row of each position (BERT's token types).
+- pretraining_heads: BERT's pooler, next-sentence and masked-LM heads (PretrainingHeads below), on
+  a masked_tokens input (MaskedTokenInput below), trained with `masked_lm_and_next_sentence`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -252,6 +257,30 @@ class LMHead(_Strict):
     bias: bool = False
 
 
+class SegmentEmbedding(_Strict):
+    """y = x + S[s_t]: at each position t the row of a learned (segments, D) table for the segment
+    s_t that the input's layout gives it (MaskedTokenInput: sentence A, then sentence B)."""
+
+    type: Literal["segment_embedding"]
+    segments: Annotated[int, Field(ge=2)] = 2
+
+
+class PretrainingHeads(_Strict):
+    """BERT's pooler and pre-training heads on the encoder's (T, D) output h:
+    - pooled = tanh(W_p h_0 + b_p) at position 0 (the [CLS] token), and the next-sentence logits
+      W_n pooled + b_n (2 classes);
+    - at the input's M masked positions m, t = layer_norm(gelu(W_t h_m + b_t)) (eps, the GELU form
+      as given) and the masked-LM logits t E^T + b over the vocabulary, E being the token
+      embedding's table when `tied` (BERT's) or a (vocabulary, D) weight of the head's own.
+    Its output is the (M, vocabulary) masked-LM logits; the next-sentence logits go to the loss
+    beside them (`masked_lm_and_next_sentence`)."""
+
+    type: Literal["pretraining_heads"]
+    gelu: Literal["erf", "tanh"]
+    eps: Eps = 1e-12
+    tied: bool = True
+
+
 class TensorInput(_Strict):
     """A dense float input of `shape` (no batch axis) labelled with one class per sample."""
 
@@ -277,6 +306,42 @@ class TokenInput(_Strict):
     dtype: Literal["int64"] = "int64"
 
 
+class MaskedTokenInput(_Strict):
+    """BERT pre-training's input (Devlin et al. 2019; MLPerf Training's BERT): T token ids, positions
+    0 .. ceil(T/2) - 1 in segment 0 (sentence A) and the rest in segment 1 (sentence B), with two
+    tasks' labels per sample. The masked positions are a fixed set the same in every framework:
+    M = max(1, round(mask_fraction * T)) of positions 1 .. T-1 (position 0 is the [CLS] token the
+    pooler reads) drawn without replacement by numpy's default_rng(mask_seed) and sorted; the
+    analysis draws them and the resolved input lists them (`masked_positions`, with
+    `segment_boundary`), so a runner gathers exactly those. Labels `y` are (M + 1,) per sample: the
+    token ids at the M masked positions in that order, then the next-sentence label (0 or 1)."""
+
+    kind: Literal["masked_tokens"]
+    vocabulary: PositiveInt
+    sequence_length: Annotated[int, Field(ge=2)]
+    mask_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.15
+    mask_seed: Annotated[int, Field(ge=0)] = 0
+    dtype: Literal["int64"] = "int64"
+
+    def masked_positions(self) -> list[int]:
+        count = max(1, round(self.mask_fraction * self.sequence_length))
+        count = min(count, self.sequence_length - 1)
+        drawn = np.random.default_rng(self.mask_seed).choice(
+            np.arange(1, self.sequence_length), size=count, replace=False)
+        return sorted(int(t) for t in drawn)
+
+    def segment_boundary(self) -> int:
+        return -(-self.sequence_length // 2)
+
+
+# Which loss each input kind trains with: mean softmax cross-entropy over the samples (or, for
+# tokens, every position's next token); masked_lm_and_next_sentence: the mean cross-entropy over the
+# B * M masked positions plus the mean next-sentence cross-entropy over the B samples (the sum
+# HuggingFace's BertForPreTraining and MLPerf's BERT reference train on).
+LOSS_OF_INPUT = {"tensor": "softmax_cross_entropy", "tokens": "softmax_cross_entropy",
+                 "masked_tokens": "masked_lm_and_next_sentence"}
+
+
 @functools.cache
 def network_model(layer_models: tuple[type[Strict], ...]) -> type[Strict]:
     """The Network model whose layers are one of `layer_models`, told apart by their `type`.
@@ -289,8 +354,17 @@ def network_model(layer_models: tuple[type[Strict], ...]) -> type[Strict]:
     class Network(Strict):
         name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
         description: str = ""
-        input: Annotated[Union[TensorInput, TokenInput], Field(discriminator="kind")]
+        input: Annotated[Union[TensorInput, TokenInput, MaskedTokenInput], Field(discriminator="kind")]
         layers: Annotated[list[Layer], Field(min_length=1)]
-        loss: Literal["softmax_cross_entropy"] = "softmax_cross_entropy"
+        loss: Literal["softmax_cross_entropy", "masked_lm_and_next_sentence"] = "softmax_cross_entropy"
+
+        @model_validator(mode="after")
+        def _loss_fits_input(self):
+            expected = LOSS_OF_INPUT[self.input.kind]
+            if self.loss != expected:
+                raise PydanticCustomError(
+                    "loss_for_input", "loss: an input of kind {kind} trains with loss {expected}, not {loss}",
+                    {"kind": self.input.kind, "expected": expected, "loss": self.loss})
+            return self
 
     return Network

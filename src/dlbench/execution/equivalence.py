@@ -115,7 +115,7 @@ def uses_batch_norm(network: NetworkSummary) -> bool:
 # projection, the scores, the weighted sum and the out projection; a transformer block's attention
 # and its MLP's two products (its residual joins are the shorter paths).
 _PRODUCTS_IN_SEQUENCE = {"dense": 1, "conv2d": 1, "patch_embedding": 1, "lm_head": 1, "attention": 4,
-                         "transformer_block": 6}
+                         "transformer_block": 6, "pretraining_heads": 2}  # the transform and the decoder
 
 
 def rounding_depth(network: NetworkSummary) -> int:
@@ -234,6 +234,11 @@ def make_inputs(network: NetworkSummary, batch: int, seed: int = 0) -> dict[str,
         shape = (batch, inp["sequence_length"])
         return {"x": rng.integers(0, inp["vocabulary"], shape, dtype=np.int64),
                 "y": rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)}
+    if inp["kind"] == "masked_tokens":  # y: the masked positions' tokens, then the next-sentence label
+        masked = len(inp["masked_positions"])
+        y = rng.integers(0, inp["vocabulary"], (batch, masked + 1), dtype=np.int64)
+        y[:, masked] = rng.integers(0, 2, batch)
+        return {"x": rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]), dtype=np.int64), "y": y}
     return {"x": rng.standard_normal((batch, *inp["shape"])).astype(np.float32),
             "y": rng.integers(0, inp["classes"], (batch,), dtype=np.int64)}
 

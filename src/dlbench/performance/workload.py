@@ -1,9 +1,11 @@
 """A resolved network at a batch size, broken into the work of one iteration: per layer, its forward
 and backward operations, and the update.
 
-Each `Op` is either a kernel (`KernelSpec`: a GEMM, a convolution, an LSTM step) whose time a
-machine profile may hold as measured, or memory-bound element-wise work (activations, batch norm,
-pooling, the loss, the optimiser) that the model estimates from its bytes and FLOPs. Counts follow
+Each `Op` is either a kernel (`KernelSpec`: a GEMM, a convolution, an LSTM layer, attention's core, a
+layer norm, a GELU, the loss, the optimiser) whose time a machine profile may hold as measured, or
+memory-bound element-wise work (activations, batch norm, pooling, joins) that the model estimates
+from its bytes and FLOPs; a kernel may name other kernels that do its work (`alternatives`) or the
+operations it is made of (`parts`), which stand in for it when it was not measured. Counts follow
 definitions/network.py (a multiply-add is 2 FLOPs); bytes are what each operation must read and
 write at the least, `E` bytes per element (float32: 4):
 
@@ -32,12 +34,17 @@ write at the least, `E` bytes per element (float32: 4):
   convolution (as conv2d, with bias), the patches copied into tokens behind the class token, and
   back in the backward pass. token_pool: a copy of row 0 (class) or a mean over the rows, and
   their gradients.
-- layer_norm: forward reads x twice and writes y (3 passes, in inference too); backward reads x and
-  dy twice and writes dx (5). gelu: as an activation (2 and 3 passes), 8 FLOPs per element forward.
+- layer_norm: the `layer_norm_fwd` kernel (rows, dim: x read twice, y written, 3 passes, in inference
+  too) and `layer_norm_bwd` (x and dy read twice, dx written: 5; without an input gradient 3).
+  gelu: the `gelu_fwd` kernel in the layer's form (2 passes, 8 FLOPs per element) and `gelu_bwd`
+  (3 passes, 16).
 - attention: the q, k, v and out projections as dense layers (`matmul` kernels, forward, input and
-  weight gradients); the scores q k^T and the weighted sum p v (and their gradients, twice each) as
-  work from their FLOPs and bytes (the kernel suite has no batched matmul yet), the softmax (2
-  passes; backward 3) and, in training, dropout on the probabilities when its rate is not 0.
+  weight gradients); the heads' core as the `attention_fwd` kernel (its dropout on the
+  probabilities in training only) and `attention_bwd`, whose parts, where the fused kernel was not
+  measured, are what an unfused framework runs: forward the scores q k^T and the weighted sum p v
+  as `batched_matmul` kernels (batch x heads products) around the softmax (2 passes) and the
+  dropout (3), backward the four products of the gradients (dp, dv, dq, dk), the dropout's and the
+  softmax's gradients (3 passes each).
 - transformer_block: its layer norms, attention and MLP (fc1, gelu, fc2 as above) and, per residual
   join, the branch's dropout (training, rate not 0), the addition (3 passes) and in the backward
   the two gradients meeting again (3). lm_head: a dense layer without its own weight when tied (the
@@ -80,6 +87,10 @@ class Op:
     # when `kernel` was not measured: other kernels doing the same work, each with its count (a
     # fused LSTM layer is also its steps); the first one measured stands in for it
     alternatives: tuple[tuple[KernelSpec, int], ...] = ()
+    # when neither `kernel` nor an alternative was measured: the operations the same work is made of
+    # where a framework does not fuse it (attention: two batched products around the softmax), each
+    # timed as any operation is (measured, or its roofline); their sum stands in for it
+    parts: tuple[Op, ...] = ()
 
 
 @dataclass
@@ -132,10 +143,10 @@ class _Builder:
     def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0) -> Op:
         return _passes(label, elements, passes, flops_per_element)
 
-    def kernel(self, label: str, kind: str, alternatives: tuple = (), **shape) -> Op:
+    def kernel(self, label: str, kind: str, alternatives: tuple = (), parts: tuple = (), **shape) -> Op:
         spec = KernelSpec.of(kind, self.dtype, **shape)
         others = tuple((KernelSpec.of(k, self.dtype, **s), count) for k, count, s in alternatives)
-        return Op(label, spec.flops, spec.bytes, spec, alternatives=others)
+        return Op(label, spec.flops, spec.bytes, spec, alternatives=others, parts=tuple(parts))
 
     def conv(self, work: LayerWork, name: str, in_shape, filters, kernel, stride, padding, input_grad, bias):
         c, h, w = in_shape
@@ -200,9 +211,19 @@ def decompose(network: dict, batch: int, mode: str, precision: str = "fp32") -> 
     inp = network["input"]
     if inp["kind"] == "tokens":  # int64 ids in, int64 next-token labels
         input_bytes = 2 * 8 * inp["sequence_length"]
+    elif inp["kind"] == "masked_tokens":  # int64 ids in; the masked positions' labels and the next-sentence one
+        input_bytes = 8 * (inp["sequence_length"] + len(inp["masked_positions"]) + 1)
     else:  # float32 features, an int64 class
         input_bytes = ELEMENT_BYTES * _numel(inp["shape"]) + 8
     return Workload(network["name"], batch, mode, dtype, layers, input_bytes)
+
+
+def op_kernels(op: Op) -> list[KernelSpec]:
+    """The kernels one operation may be timed by: its own, its alternatives', its parts' (in that order)."""
+    out = ([op.kernel] if op.kernel is not None else []) + [k for k, _ in op.alternatives]
+    for part in op.parts:
+        out += op_kernels(part)
+    return out
 
 
 def kernel_specs(workload: Workload) -> list[KernelSpec]:
@@ -210,6 +231,6 @@ def kernel_specs(workload: Workload) -> list[KernelSpec]:
     seen: dict[str, KernelSpec] = {}
     for layer in workload.layers:
         for op in layer.forward + layer.backward + layer.update:
-            for kernel in ([op.kernel] if op.kernel is not None else []) + [k for k, _ in op.alternatives]:
+            for kernel in op_kernels(op):
                 seen.setdefault(kernel.key, kernel)
     return list(seen.values())

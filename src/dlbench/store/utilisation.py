@@ -50,7 +50,7 @@ def model_tflops(flops_per_iter: int | None, median_s: float | None) -> float | 
 def tokens_per_s(definition: dict[str, Any], samples_per_s: float | None) -> float | None:
     """samples/s x sequence length for a token network (its resolved input); None for the others."""
     inp = definition.get("input") if isinstance(definition, dict) else None
-    if samples_per_s is None or not isinstance(inp, dict) or inp.get("kind") != "tokens":
+    if samples_per_s is None or not isinstance(inp, dict) or inp.get("kind") not in ("tokens", "masked_tokens"):
         return None
     length = inp.get("sequence_length")
     return samples_per_s * length if isinstance(length, int) else None

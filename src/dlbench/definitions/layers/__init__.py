@@ -23,8 +23,8 @@ from pydantic import BaseModel
 
 from .. import schema
 from . import (activation, attention, batch_norm, conv2d, dense, dropout, embedding, flatten, gelu, layer_norm,
-               lm_head, lstm, patch_embedding, pooling, position_embedding, residual, token_pool,
-               transformer_block)
+               lm_head, lstm, patch_embedding, pooling, position_embedding, pretraining_heads, residual,
+               segment_embedding, token_pool, transformer_block)
 from .base import Inferred, LayerType, ShapeError, Site, Work, resolved_entry
 
 __all__ = ["BUILTIN", "Inferred", "LayerType", "ShapeError", "Site", "Work", "lookup", "names", "network_model",
@@ -52,6 +52,8 @@ BUILTIN: tuple[LayerType, ...] = (
     transformer_block.LAYER,
     token_pool.LAYER,
     lm_head.LAYER,
+    segment_embedding.LAYER,
+    pretraining_heads.LAYER,
 )
 
 _TABLE: dict[str, LayerType] = {}

@@ -62,40 +62,52 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
     return tensors(prefix, entry["in_shape"][-1], entry["heads"], entry["head_size"], entry["bias"])
 
 
+def dropout_thousandths(rate: float) -> int:
+    """The attention kernels' `dropout` shape parameter (kernel shapes are integers): the rate in
+    thousandths."""
+    return int(round(1000 * rate))
+
+
 def products(b, layer, name: str, steps: int, dim: int, heads: int, size: int, bias: bool,
-             dropout: float, input_grad: bool) -> None:
+             dropout: float, input_grad: bool, causal: bool = False) -> None:
     """One attention's operations at the workload's batch. The projections are `matmul` kernels
-    (forward, input and weight gradients, as dense layers); the two batched products per head, the
-    scores q k^T and the weighted sum p v, and their gradients are `b.op` work from their FLOPs and
-    bytes: the kernel suite has no batched-matmul kind yet, so no profile can hold their time.
-    The softmax reads the scores and writes the probabilities (2 passes; scale and mask fused into
-    it, as the frameworks' attention paths do); its backward reads p and dp and writes ds (3)."""
-    e = b.element_bytes
+    (forward, input and weight gradients, as dense layers). The heads' core, scores, softmax and
+    weighted sum, is one `attention_fwd` kernel (backward `attention_bwd`), as each framework's
+    attention call computes it; its dropout on the probabilities is there in training only, when
+    its rate is not 0 (torch, Keras and flax return the input itself at rate 0). Where that kernel
+    was not measured, its parts stand in for it: the two batched products per head, the scores
+    q k^T and the weighted sum p v (`batched_matmul` kernels over batch x heads), the softmax
+    reading the scores and writing the probabilities (2 passes; scale and mask fused into it, as
+    the frameworks' attention paths do), the dropout (3); backward dp = da v^T and dv = p^T da,
+    the dropout's gradient (3), the softmax's (reads p and dp, writes ds: 3), dq = ds k, dk = ds^T q."""
     inner = heads * size
     rows = b.batch * steps
     scores = b.batch * heads * steps * steps  # elements of the score (and probability) tensors
-    product_flops = 2 * scores * size  # one (T x S) by (S x T) product per head, or (T x T) by (T x S)
+    pairs = b.batch * heads
+    rate = dropout_thousandths(dropout) if b.train else 0
+    core = dict(batch=b.batch, heads=heads, steps=steps, head_size=size, causal=int(causal), dropout=rate)
 
     def label(what: str) -> str:
         return f"{name} {what}" if name else what
 
     for part in ("q", "k", "v"):
         dense.products(b, layer, label(part), rows, dim, inner, bias, input_grad)
-    layer.forward.append(b.op(label("scores q k^T"), product_flops, e * (2 * rows * inner + scores)))
-    layer.forward.append(b.passes(label("softmax"), scores, 2, SOFTMAX_FLOPS))
-    if b.train and dropout > 0:  # torch, Keras and flax return the input itself at rate 0
-        layer.forward.append(b.passes(label("attention dropout"), scores, 3))
-    layer.forward.append(b.op(label("weighted sum p v"), product_flops, e * (scores + 2 * rows * inner)))
+    forward = [b.kernel(label("scores q k^T"), "batched_matmul", batch=pairs, m=steps, n=steps, k=size),
+               b.passes(label("softmax"), scores, 2, SOFTMAX_FLOPS)]
+    if rate:
+        forward.append(b.passes(label("attention dropout"), scores, 3))
+    forward.append(b.kernel(label("weighted sum p v"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps))
+    layer.forward.append(b.kernel(label("attention"), "attention_fwd", parts=tuple(forward), **core))
     dense.products(b, layer, label("out"), rows, inner, dim, bias, input_grad=True)
     if b.train:
-        # dp = da v^T and dv = p^T da, then ds from dp, then dq = ds k and dk = ds^T q
-        layer.backward.append(b.op(label("weighted sum gradients"), 2 * product_flops,
-                                   e * (2 * scores + 4 * rows * inner)))
-        if dropout > 0:
-            layer.backward.append(b.passes(label("attention dropout"), scores, 3))
-        layer.backward.append(b.passes(label("softmax gradient"), scores, 3, SOFTMAX_FLOPS))
-        layer.backward.append(b.op(label("scores gradients"), 2 * product_flops,
-                                   e * (2 * scores + 4 * rows * inner)))
+        backward = [b.kernel(label("dp = da v^T"), "batched_matmul", batch=pairs, m=steps, n=steps, k=size),
+                    b.kernel(label("dv = p^T da"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps)]
+        if rate:
+            backward.append(b.passes(label("attention dropout"), scores, 3))
+        backward += [b.passes(label("softmax gradient"), scores, 3, SOFTMAX_FLOPS),
+                     b.kernel(label("dq = ds k"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps),
+                     b.kernel(label("dk = ds^T q"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps)]
+        layer.backward.append(b.kernel(label("attention"), "attention_bwd", parts=tuple(backward), **core))
         if input_grad:  # the three projections' input gradients meet at x
             layer.backward.append(b.passes(label("q k v gradient sum"), rows * dim, 4, 2))
 
@@ -103,7 +115,7 @@ def products(b, layer, name: str, steps: int, dim: int, heads: int, size: int, b
 def work(b, layer, entry: dict, input_grad: bool) -> None:
     steps, dim = entry["in_shape"]
     products(b, layer, "", steps, dim, entry["heads"], entry["head_size"], entry["bias"], entry["dropout"],
-             input_grad)
+             input_grad, causal=entry["causal"])
 
 
 LAYER = LayerType(schema.Attention, infer, work, weights)

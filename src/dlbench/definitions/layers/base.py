@@ -53,7 +53,8 @@ class Site:
 
     @property
     def tokens(self) -> bool:
-        return getattr(self.input, "kind", None) == "tokens"
+        """A token input (ids through an embedding first), a language model's or BERT's masked one."""
+        return getattr(self.input, "kind", None) in ("tokens", "masked_tokens")
 
     def error(self, reason: str) -> ShapeError:
         return ShapeError(self.index, reason)
@@ -65,12 +66,15 @@ class Site:
 @dataclass
 class Inferred:
     """What `infer` found: the output shape, trainable parameters, forward FLOPs per sample, and the
-    resolved entries when they are not the layer's own fields (see `resolved_entry`)."""
+    resolved entries when they are not the layer's own fields (see `resolved_entry`). `head_params`:
+    those of the parameters that are a pre-training task's heads, which a model's published size
+    leaves out (BERT's masked-LM and next-sentence heads); counted in `params` too."""
 
     shape: tuple[int, ...]
     params: int = 0
     flops: int = 0
     resolved: list[dict] | None = None
+    head_params: int = 0
 
 
 class Work(Protocol):
@@ -87,9 +91,11 @@ class Work(Protocol):
     def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0) -> Any:
         """Element-wise work over `elements` values read or written `passes` times."""
 
-    def kernel(self, label: str, kind: str, alternatives: tuple = (), **shape) -> Any:
+    def kernel(self, label: str, kind: str, alternatives: tuple = (), parts: tuple = (), **shape) -> Any:
         """A kernel of performance/kernels.py at the workload's dtype; `alternatives`: ((kind, count,
-        shape), ...) kernels that do the same work, the first measured one standing in for it."""
+        shape), ...) kernels that do the same work, the first measured one standing in for it;
+        `parts`: operations made by this builder that the same work is made of unfused, their sum
+        standing in for it where neither it nor an alternative was measured."""
 
     def conv(self, layer: Any, name: str, in_shape, filters, kernel, stride, padding, input_grad, bias):
         """A convolution's forward and backward kernels (and bias gradient); returns its output shape."""

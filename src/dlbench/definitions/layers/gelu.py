@@ -16,17 +16,19 @@ def infer(layer: schema.Gelu, site: Site) -> Inferred:
     return Inferred(site.shape, 0, FLOPS_PER_ELEMENT * numel(site.shape))
 
 
-def passes(b, layer, name: str, elements: int, input_grad: bool) -> None:
-    """Forward reads x and writes y (2 passes); backward reads x and dy and writes dx (3), the
-    derivative recomputed from x (about twice the forward's FLOPs)."""
+def passes(b, layer, name: str, elements: int, input_grad: bool, form: str = "erf") -> None:
+    """The `gelu_fwd` kernel in the form given, erf or tanh (reads x and writes y: 2 passes); backward
+    `gelu_bwd` (reads x and dy and writes dx: 3), the derivative recomputed from x (about twice the
+    forward's FLOPs)."""
     label = f"{name} gelu".strip()
-    layer.forward.append(b.passes(label, elements, 2, FLOPS_PER_ELEMENT))
+    approximate = int(form == "tanh")
+    layer.forward.append(b.kernel(label, "gelu_fwd", elements=elements, approximate=approximate))
     if b.train and input_grad:
-        layer.backward.append(b.passes(label, elements, 3, 2 * FLOPS_PER_ELEMENT))
+        layer.backward.append(b.kernel(label, "gelu_bwd", elements=elements, approximate=approximate))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:
-    passes(b, layer, "", b.batch * numel(entry["in_shape"]), input_grad)
+    passes(b, layer, "", b.batch * numel(entry["in_shape"]), input_grad, form=entry["form"])
 
 
 LAYER = LayerType(schema.Gelu, infer, work)

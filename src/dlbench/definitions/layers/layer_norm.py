@@ -31,18 +31,18 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
 
 
 def passes(b, layer, name: str, shape, input_grad: bool) -> None:
-    """Forward: x read twice (statistics, then normalise), y written: 3 passes, in inference too (the
-    statistics are always the sample's own). Backward: x and dy read twice (the two row reductions,
-    then dx) and dx written, 5 passes, the gamma and beta gradients reduced on the way; without an
-    input gradient only x and dy are read for gamma's and beta's (the row statistics recomputed)."""
-    n = b.batch * numel(shape)
+    """The `layer_norm_fwd` kernel over the rows of `shape` (performance/kernels.py counts it: x read
+    twice, for the statistics then to normalise, y written: 3 passes, in inference too, since the
+    statistics are always the sample's own), and in training `layer_norm_bwd`: x and dy read twice
+    (the two row reductions, then dx) and dx written, 5 passes, the gamma and beta gradients reduced
+    on the way; without an input gradient only gamma's and beta's (x and dy read, the row statistics
+    recomputed: 3)."""
+    rows, dim = b.batch * numel(shape[:-1]), shape[-1]
     label = f"{name} layer norm".strip()
-    layer.forward.append(b.passes(label, n, 3, FLOPS_PER_ELEMENT))
+    layer.forward.append(b.kernel(label, "layer_norm_fwd", rows=rows, dim=dim))
     if b.train:
-        if input_grad:
-            layer.backward.append(b.passes(label, n, 5, 8))
-        else:
-            layer.backward.append(b.passes(f"{label} parameter gradient", n, 3, 4))
+        layer.backward.append(b.kernel(label if input_grad else f"{label} parameter gradient", "layer_norm_bwd",
+                                       rows=rows, dim=dim, input_grad=int(input_grad)))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:

@@ -56,11 +56,11 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
 
     def attn(grad_of_input: bool) -> None:
         attention.products(b, layer, "attn", steps, dim, entry["heads"], entry["head_size"], entry["bias"],
-                           rate, grad_of_input)
+                           rate, grad_of_input, causal=entry["causal"])
 
     def mlp() -> None:
         dense.products(b, layer, "mlp fc1", rows, dim, hidden, entry["bias"], input_grad=True)
-        gelu.passes(b, layer, "mlp", rows * hidden, input_grad=True)
+        gelu.passes(b, layer, "mlp", rows * hidden, input_grad=True, form=entry["gelu"])
         dense.products(b, layer, "mlp fc2", rows, hidden, dim, entry["bias"], input_grad=True)
 
     def join(name: str, into_input: bool) -> None:
