@@ -141,12 +141,26 @@ def test_list_shows_every_suite_and_parameter_counts():
             line = next((ln for ln in out.splitlines() if f" {b.name} " in ln), None)
             assert line is not None, f"{b.name} missing from `dlbench list`"
             assert f" {name} " in line
-            assert f"{b.network.params:,}" in line
+            heads = b.network.head_params
+            assert f"{b.network.params - heads:,}" in line and (not heads or f"+ {heads:,} heads" in line)
     from dlbench.execution.registry import RunnerRegistry
 
     names = RunnerRegistry(ROOT / "runners").names()
     assert "torch" in names
     assert f"frameworks: {', '.join(names)}" in out
+
+
+def test_list_transformer_suite_prints_the_published_counts_and_lengths():
+    code, out, _ = invoke("list", "--suite", "transformer", "--device", "cpu")
+    assert code == 0
+    rows = {ln.split("│")[2].strip(): [c.strip() for c in ln.split("│")] for ln in out.splitlines() if "-train" in ln}
+    # sequence column, then the parameters: GPT-2 small, BERT-base (encoder with pooler), ViT-B/16
+    assert rows["gpt2_small-train"][6:8] == ["128", "124,439,808"]
+    assert rows["bert_base-train"][6:8] == ["128", "109,482,240 + 624,188 heads"]
+    assert rows["vit_b16-train"][6:8] == ["", "86,567,656"]
+    code, out, _ = invoke("list", "--suite", "transformer", "--device", "cuda")
+    gpu = {ln.split("│")[2].strip(): [c.strip() for c in ln.split("│")] for ln in out.splitlines() if "-train" in ln}
+    assert code == 0 and gpu["gpt2_small-train"][6] == "1024" and gpu["bert_base-train"][6] == "512"
 
 
 def test_list_one_suite_with_profile():

@@ -728,6 +728,68 @@ def test_vit_b16_is_the_published_count():
                for e in s.resolved["layers"] if e["type"] == "transformer_block")
 
 
+def test_bert_base_is_the_published_count():
+    s = load_network(NETWORKS / "bert_base.yaml")
+    d, v, t = 768, 30522, 512
+    block_params, block_flops = block_counts(t, d, 12)
+    encoder = v * d + t * d + 2 * d + 2 * d + 12 * block_params + dense(d, d)  # tables, embedding norm, blocks, pooler
+    assert encoder == 109_482_240  # Devlin et al. 2019; HuggingFace's BertModel with its pooler
+    heads = dense(d, 2) + dense(d, d) + 2 * d + v  # next sentence, the MLM transform and its norm, the decoder bias
+    assert s.params == encoder + heads == 110_106_428  # BertForPreTraining's count (the decoder tied)
+    assert s.head_params == heads
+    inp = s.resolved["input"]
+    m = round(0.15 * t)
+    assert len(inp["masked_positions"]) == m == 77 and inp["segment_boundary"] == 256
+    assert inp["masked_positions"] == sorted(set(inp["masked_positions"])) and 0 not in inp["masked_positions"]
+    assert s.output_shape == (m, v)
+    # position add, segment add, embedding norm, 12 blocks, then the heads: pooler (+ tanh) and next
+    # sentence on one position; transform, gelu, norm and the decoder (with its bias) at the m masked
+    heads_flops = (2 * d * d + d + d) + (2 * d * 2 + 2) + m * (2 * d * d + d) + 8 * m * d + 5 * m * d + m * (2 * d * v + v)
+    assert s.flops_per_sample == t * d + t * d + 5 * t * d + 12 * block_flops + heads_flops
+    assert all(e["norm"] == "post" and e["gelu"] == "erf" and not e["causal"] and e["eps"] == 1e-12
+               for e in s.resolved["layers"] if e["type"] == "transformer_block")
+
+
+def test_masked_positions_are_seeded_and_follow_the_length(tmp_path):
+    layers = [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "segment_embedding"},
+              {"type": "pretraining_heads", "gelu": "erf"}]
+
+    def positions(**inp):
+        doc = {"kind": "masked_tokens", "vocabulary": 9, **inp}
+        return load_tiny(tmp_path, doc, layers, loss="masked_lm_and_next_sentence").resolved["input"]["masked_positions"]
+
+    assert positions(sequence_length=40) == positions(sequence_length=40)  # drawn by the analysis, not a framework
+    assert positions(sequence_length=40) != positions(sequence_length=40, mask_seed=1)
+    assert len(positions(sequence_length=40)) == 6 and len(positions(sequence_length=40, mask_fraction=0.5)) == 20
+    assert positions(sequence_length=2) == [1]  # at least one, never the [CLS] position 0
+
+
+@pytest.mark.parametrize("inp,layers,loss,field,reason", [
+    ({"kind": "tokens", "vocabulary": 9, "sequence_length": 6},
+     [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "lm_head", "tied": True}],
+     "masked_lm_and_next_sentence", "loss", "tokens trains with loss softmax_cross_entropy"),
+    ({"kind": "masked_tokens", "vocabulary": 9, "sequence_length": 6},
+     [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "pretraining_heads", "gelu": "erf"}],
+     None, "loss", "masked_tokens trains with loss masked_lm_and_next_sentence"),
+    ({"kind": "tokens", "vocabulary": 9, "sequence_length": 6},
+     [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "segment_embedding"}, {"type": "lm_head", "tied": True}],
+     None, "layers[1]", "segment_embedding needs a masked_tokens input"),
+    ({"kind": "masked_tokens", "vocabulary": 9, "sequence_length": 6},
+     [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "lm_head", "tied": True}],
+     "masked_lm_and_next_sentence", "layers[1]", "must end in its pretraining_heads' (masked positions, vocabulary) = [1, 9]"),
+    ({"kind": "masked_tokens", "vocabulary": 9, "sequence_length": 6},
+     [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "dense", "units": 6},
+      {"type": "pretraining_heads", "gelu": "erf", "tied": True}],
+     "masked_lm_and_next_sentence", "layers[2]", "take the embedding's width 4, got 6"),
+    ({"kind": "masked_tokens", "vocabulary": 9, "sequence_length": 1},
+     [{"type": "embedding", "vocabulary": 9, "dim": 4}, {"type": "pretraining_heads", "gelu": "erf"}],
+     "masked_lm_and_next_sentence", "input.sequence_length", "greater than or equal to 2"),
+])
+def test_bert_input_and_heads_errors(tmp_path, inp, layers, loss, field, reason):
+    extra = {"loss": loss} if loss else {}
+    assert_error(network_file(tmp_path, inp, layers, **extra), field, reason)
+
+
 def test_transformer_tiny_is_small():
     s = load_network(NETWORKS / "transformer_tiny.yaml")
     block_params, _ = block_counts(32, 64, 4)

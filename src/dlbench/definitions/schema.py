@@ -56,7 +56,7 @@ import functools
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -356,15 +356,19 @@ def network_model(layer_models: tuple[type[Strict], ...]) -> type[Strict]:
         description: str = ""
         input: Annotated[Union[TensorInput, TokenInput, MaskedTokenInput], Field(discriminator="kind")]
         layers: Annotated[list[Layer], Field(min_length=1)]
-        loss: Literal["softmax_cross_entropy", "masked_lm_and_next_sentence"] = "softmax_cross_entropy"
+        # validated when left out too: the default is wrong for a masked_tokens input
+        loss: Annotated[Literal["softmax_cross_entropy", "masked_lm_and_next_sentence"],
+                        Field(validate_default=True)] = "softmax_cross_entropy"
 
-        @model_validator(mode="after")
-        def _loss_fits_input(self):
-            expected = LOSS_OF_INPUT[self.input.kind]
-            if self.loss != expected:
+        @field_validator("loss")
+        @classmethod
+        def _loss_fits_input(cls, loss, info):
+            inp = info.data.get("input")  # absent when the input itself failed validation
+            expected = LOSS_OF_INPUT[inp.kind] if inp is not None else loss
+            if loss != expected:
                 raise PydanticCustomError(
-                    "loss_for_input", "loss: an input of kind {kind} trains with loss {expected}, not {loss}",
-                    {"kind": self.input.kind, "expected": expected, "loss": self.loss})
-            return self
+                    "loss_for_input", "an input of kind {kind} trains with loss {expected}, not {loss}",
+                    {"kind": inp.kind, "expected": expected, "loss": loss})
+            return loss
 
     return Network
