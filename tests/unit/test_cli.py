@@ -323,6 +323,28 @@ def test_check_steps_with_each_networks_suite_hyperparameters(project, tmp_path,
     assert code == 0 and seen == {"fcn5": (0.05, 0.9, "fp32")}, err
 
 
+def test_check_at_a_sequence_length_and_says_dropout_is_off(project, tmp_path, monkeypatch):
+    import dlbench.execution.equivalence as equivalence
+
+    seen = {}
+
+    def fake_check(summary, envs, device, timeout, learning_rate, momentum, precision):
+        seen[summary.name] = (summary.resolved["input"].get("sequence_length"), summary.params)
+        return []
+
+    monkeypatch.setattr(equivalence, "check_network", fake_check)
+    code, out, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "gpt2_small",
+                            "--network", "bert_base", "--network", "fcn5", "--sequence-length", "64",
+                            "--store", str(tmp_path / "s"))
+    assert code == 0, err
+    assert seen == {"gpt2_small": (64, 124_439_808), "bert_base": (64, 110_106_428), "fcn5": (None, 14_205_962)}
+    # gpt2_small and bert_base have dropout 0.1; the check's step is deterministic and says so
+    assert "dropout forced to 0" in out and "gpt2_small, bert_base" in out and "fcn5" not in out.split("forced")[1]
+    code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "gpt2_small",
+                          "--sequence-length", "4096", "--store", str(tmp_path / "s"))
+    assert code != 0 and "--sequence-length: 4096 positions" in err and "max_length 1024" in err
+
+
 def test_check_refuses_an_unknown_precision(project, tmp_path):
     code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--precision", "bf16",
                           "--store", str(tmp_path / "s"))

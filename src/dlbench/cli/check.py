@@ -37,6 +37,10 @@ def check(
         help="float64 (where rounding decides no ReLU or max-pool: every tensor gated to 1e-9) | fp32 | "
              "amp_bf16 | amp_fp16 (each framework's mixed-precision step against the reference framework's float64 "
              "one, to its unit roundoff scaled by the network's depth)")] = "float64",
+    sequence_length: Annotated[Optional[int], typer.Option(
+        "--sequence-length", min=2,
+        help="Check the token networks at this sequence length (default: each network's own context; a suite "
+             "runs them at its own lengths, `dlbench list` shows them).")] = None,
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
     from ..execution.equivalence import PRECISIONS, check_network
@@ -55,6 +59,10 @@ def check(
         check_choice("network", n, catalog.network_names())
     try:
         summaries = [load_network(catalog.networks_dir / f"{n}.yaml") for n in names]
+        if sequence_length is not None:  # the token networks again at that length; the others as they are
+            summaries = [load_network(catalog.networks_dir / f"{s.name}.yaml", sequence_length,
+                                      (catalog.networks_dir / f"{s.name}.yaml", "--sequence-length"))
+                         if "sequence_length" in s.resolved["input"] else s for s in summaries]
     except DefinitionError as e:
         raise fail(str(e)) from None
     resolved_device = resolve_device(device)
@@ -97,6 +105,16 @@ def check(
             if res.reason and res.status != "equivalent":
                 err.print(f"[{style}]{res.status}[/] {summary.name} on {res.framework}: {escape(res.reason)}",
                           highlight=False, soft_wrap=True)
+    dropped = [s.name for s in summaries if has_dropout(s.resolved)]
+    if dropped:  # the step is deterministic to be comparable: each framework draws its own masks
+        table.caption = (f"dropout forced to 0 in this check (timed runs use the network's rates): "
+                         f"{', '.join(dropped)}")
     out.print(table)
     if bad:
         raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)
+
+
+def has_dropout(network: dict) -> bool:
+    """A dropout layer, or attention dropout, at a rate above 0 anywhere in a resolved network."""
+    return any(layer.get("rate", 0) > 0 if layer["type"] == "dropout" else layer.get("dropout", 0) > 0
+               for layer in network["layers"])
