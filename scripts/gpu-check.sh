@@ -2,7 +2,7 @@
 # CUDA checks for a GPU host: the torch and jax runners on the GPU through the whole spine (smoke
 # profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
-# (scripts/gpu_pinning.py), `dlbench check` on CUDA (float64 and amp_bf16), then results and the report.
+# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16), then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -53,6 +53,12 @@ done
 # Every precision x compile mode on the smallest CNN (issue 16): ok, or skipped with a reason.
 "${DLBENCH[@]}" run --suite cnn --framework torch,jax --benchmark alexnet_r-train --profile smoke --device cuda \
    --precision all --compile all "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/axes.log" || status=1
+# The transformer suite on CUDA in amp_bf16, compiled (issue 17): the GPU lengths and batches
+# (GPT-2 small at 1,024 tokens, BERT-base at 512, ViT-B/16), each run's attention kernel recorded
+# (flash / memory-efficient / cuDNN), its MFU against the profile; one repeat each to fit the lease.
+"${DLBENCH[@]}" run --suite transformer --framework torch,jax --benchmark gpt2_small-train \
+   --benchmark bert_base-train --benchmark vit_b16-train --precision amp_bf16 --compile compiled --repeats 1 \
+   --device cuda "${ENV[@]}" --store "$OUT/store" --timeout 900 2>&1 | tee "$OUT/transformer.log" || status=1
 # fp32 pinned: an 8192^2 float32 matmul well below the TF32 rate in every framework, flags read back.
 "$PY" scripts/gpu_pinning.py 2>&1 | tee "$OUT/pinning.txt" || status=1
 "${DLBENCH[@]}" check --framework torch,jax --device cuda --precision amp_bf16 "${ENV[@]}" --store "$OUT/store" \

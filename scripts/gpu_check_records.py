@@ -1,6 +1,8 @@
 """Checks on the records of a GPU run (scripts/gpu-check.sh): every run ok on cuda, NVML telemetry
 present with power > 0 and SM clock > 0, and where the GPU has an energy counter, the counter's
-energy and the integral of sampled power agree within 5% over each measured window."""
+energy and the integral of sampled power agree within 5% over each measured window; and every
+attention network's run on CUDA in half precision got a fused attention kernel (not torch's math
+path of separate products), the kernel printed per run."""
 
 from __future__ import annotations
 
@@ -54,6 +56,16 @@ def main(store_dir: str) -> int:
                          f"gap {100 * gap:.1f}%")
             if gap > 0.05:
                 problems.append(lines[-1])
+        attention = r.settings.runner.get("attention")
+        if attention:
+            kernel = attention.get("kernel")
+            half = r.workload.precision in ("amp_bf16", "amp_fp16")
+            kernels = set(kernel.values()) if isinstance(kernel, dict) else {kernel}
+            print(f"{name}: attention {attention.get('function')} -> {kernel}")
+            # torch's math backend is its unfused fallback; JAX's "xla" is XLA's own fusion, which is
+            # what flax's attention gets with dropout on the probabilities (cuDNN's takes none)
+            if half and any(k is None or k == "math" or str(k).startswith("unknown") for k in kernels):
+                problems.append(f"{name}: attention in {r.workload.precision} ran {kernel}, not a fused kernel")
         print(f"{name}: {r.summary.samples_per_s:.1f} samples/s, {s.get('avg_power_w')} W, "
               f"{s.get('joules_per_sample')} J/sample, SM {s.get('mean_sm_clock_mhz')} MHz, "
               f"throttled {s.get('throttled_pct')}%, peak {s.get('peak_mem_mb')} MiB, method {s.get('energy_method')}")
