@@ -15,14 +15,17 @@ from dlbench.execution.registry import RunnerRegistry
 pytestmark = pytest.mark.integration
 
 DLBENCH = [sys.executable, "-m", "dlbench.cli"]
-NOT_YET_BUILT = {"gpt2_small", "vit_b16", "transformer_tiny"}
+# The published transformers (86-124 million parameters, a float64 copy of each in every framework)
+# take minutes per framework on CI's two cores: transformer_tiny and the layer-semantics cases cover
+# their layer types here; they are checked by `dlbench check --network gpt2_small --network bert_base
+# --network vit_b16` by hand (issue 17's note has the tables).
+CHECKED_BY_HAND = {"gpt2_small", "bert_base", "vit_b16"}
 
 
 def test_every_framework_builds_every_network_equivalently(tmp_path):
     frameworks = RunnerRegistry(paths.runners_dir()).names()
-    # The transformer networks (issue 17) are described before the runners build them (a later step
-    # of that issue): until then every shipped network but those is checked.
-    networks = [n for n in SuiteCatalog(paths.suites_dir()).network_names() if n not in NOT_YET_BUILT]
+    networks = [n for n in SuiteCatalog(paths.suites_dir()).network_names() if n not in CHECKED_BY_HAND]
+    assert "transformer_tiny" in networks
     selected = [arg for n in networks for arg in ("--network", n)]
     check = subprocess.run(DLBENCH + ["check", "--framework", "all", "--device", "cpu", "--store", str(tmp_path),
                                       *selected], capture_output=True, text=True, timeout=3000)
