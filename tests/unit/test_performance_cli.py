@@ -48,7 +48,8 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     code, out, err = kernels(store)
     assert code == 0, err
     records = list(KernelStore(Store(store)).records())
-    assert sorted(r.benchmark for r in records) == ["cnn-layers", "fcn-layers", "matmul", "rnn-layers", "transpose"]
+    assert sorted(r.benchmark for r in records) == ["cnn-layers", "fcn-layers", "matmul", "rnn-layers",
+                                                    "transformer-layers", "transpose"]
     matmul = next(r for r in records if r.benchmark == "matmul")
     by_dtype = {(k.spec["dtype"], k.status) for k in matmul.kernels}
     assert by_dtype == {("float32", "ok"), ("float16", "ok"), ("bfloat16", "skipped")}
@@ -74,13 +75,16 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     code, out, _ = invoke("predict", "--network", "fcn5", "--framework", "fake", "--batch", "16", "--threads", "1",
                           "--store", str(store), "--layers")
     assert code == 0 and "iteration" in out and "000 dense" in out
-    # the transformers (in no suite yet): no kernel of theirs measured, every operation still predicted
-    for name, batch in (("transformer_tiny", "4"), ("vit_b16", "2"), ("gpt2_small", "1")):
+    # the transformers: transformer_tiny at the smoke profile's batch and sequence (4 x 32) has every
+    # kernel measured (attention's core, layer norm, GELU with the rest); the others none, and every
+    # operation is still predicted
+    for name, batch, unmeasured in (("transformer_tiny", "4", 0), ("vit_b16", "2", None), ("gpt2_small", "1", None)):
         code, out, err = invoke("predict", "--network", name, "--framework", "fake", "--batch", batch,
                                 "--threads", "1", "--store", str(store), "--format", "json")
         assert code == 0, err
         p = json.loads(out)
         assert p["iteration_s"] > 0 and p["phases"]["backward"] > p["phases"]["forward"] > 0, name
+        assert (p["unmeasured_kernels"] == 0) is (unmeasured == 0), (name, p["unmeasured_kernels"])
     code, out, _ = invoke("predict", "--network", "transformer_tiny", "--framework", "fake", "--batch", "4",
                           "--mode", "infer", "--threads", "1", "--store", str(store), "--layers")
     assert code == 0 and "003 transformer_block" in out and "006 lm_head" in out

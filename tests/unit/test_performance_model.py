@@ -14,7 +14,7 @@ from dlbench.definitions.network import analyse
 from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
 from dlbench.performance.kernels import KernelSpec
 from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, gradient_layers,
-                                      predict)
+                                      predict, roofline_time)
 from dlbench.performance.workload import decompose, kernel_specs
 from dlbench.store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
 
@@ -52,6 +52,29 @@ def test_kernel_counts_by_hand():
     assert KernelSpec.from_dict(bwd.to_dict()) == bwd
     step = KernelSpec.of("lstm_step_fwd", batch=2, input=3, hidden=4)
     assert step.flops == 2 * (2 * 16 * 7 + 13 * 4)
+
+
+def test_transformer_kernel_counts_by_hand():
+    bmm = KernelSpec.of("batched_matmul", batch=3, m=2, n=5, k=4)
+    assert bmm.key == "batched_matmul batch=3 m=2 n=5 k=4 float32" and not bmm.memory_bound
+    assert (bmm.flops, bmm.bytes) == (3 * 2 * 2 * 5 * 4, 4 * 3 * (8 + 20 + 10))
+    # 2 samples, 3 heads, 4 steps, head size 5: 24 score rows of 4; per head 2*T*T*S twice, 5 per score
+    fwd = KernelSpec.of("attention_fwd", batch=2, heads=3, steps=4, head_size=5, causal=1, dropout=100)
+    assert fwd.key == "attention_fwd batch=2 heads=3 steps=4 head_size=5 causal=1 dropout=100 float32"
+    assert fwd.flops == 2 * 3 * (2 * (2 * 4 * 4 * 5) + 5 * 4 * 4)
+    assert fwd.bytes == 4 * 4 * (2 * 3 * 4 * 5)  # q, k, v read, o written
+    bwd = KernelSpec.of("attention_bwd", batch=2, heads=3, steps=4, head_size=5, causal=1, dropout=100)
+    assert bwd.flops == 2 * 3 * (4 * (2 * 4 * 4 * 5) + 5 * 4 * 4) and bwd.bytes == 2 * fwd.bytes
+    ln = KernelSpec.of("layer_norm_fwd", rows=6, dim=10)
+    assert (ln.flops, ln.bytes, ln.memory_bound) == (300, 4 * (3 * 60 + 20), True)
+    ln_bwd = KernelSpec.of("layer_norm_bwd", rows=6, dim=10, input_grad=1)
+    assert (ln_bwd.flops, ln_bwd.bytes) == (480, 4 * (5 * 60 + 30))
+    assert KernelSpec.of("layer_norm_bwd", rows=6, dim=10, input_grad=0).bytes == 4 * (3 * 60 + 30)
+    gelu = KernelSpec.of("gelu_fwd", "bfloat16", elements=100, approximate=1)
+    assert (gelu.flops, gelu.bytes) == (800, 2 * 2 * 100)
+    assert KernelSpec.of("gelu_bwd", elements=100, approximate=0).flops == 1600
+    # the harness times a backward that needs its forward both ways: the forward is the same shape
+    assert KernelSpec.from_dict(dict(bwd.to_dict(), kind="attention_fwd")) == fwd
 
 
 def test_kernel_spec_refuses_what_it_does_not_know():
@@ -100,11 +123,16 @@ def test_transformer_work_adds_up_to_the_descriptions_counts(name, products):
     # the analysis' count; only the patch convolution's bias, fused into its kernel, is not counted
     assert forward == pytest.approx(2 * summary.flops_per_sample, rel=1e-4)
     # the products exactly (what torch's FlopCounterMode counts): matmul and convolution kernels and
-    # attention's two batched products, which are work by FLOPs (no batched-matmul kernel kind yet)
+    # attention's two batched products, the `batched_matmul` parts of its fused `attention_fwd` kernel
     matmuls = sum(op.flops for l in infer.layers for op in l.forward
-                  if (op.kernel is not None and op.kernel.kind in ("matmul", "conv2d_fwd"))
-                  or op.label.endswith(("scores q k^T", "weighted sum p v")))
-    assert matmuls == 2 * products
+                  if op.kernel is not None and op.kernel.kind in ("matmul", "conv2d_fwd"))
+    attention = [op for l in infer.layers for op in l.forward if op.kernel is not None
+                 and op.kernel.kind == "attention_fwd"]
+    batched = [p for op in attention for p in op.parts if p.kernel is not None and p.kernel.kind == "batched_matmul"]
+    assert len(batched) == 2 * len(attention) > 0
+    assert matmuls + sum(p.flops for p in batched) == 2 * products
+    # the fused kernel's FLOPs are its parts' (the products and the softmax)
+    assert all(op.flops == sum(p.flops for p in op.parts) for op in attention)
     # a training step's backward is about twice its forward; the model predicts it without a crash
     train_forward = sum(op.flops for l in train.layers[:-1] for op in l.forward)
     train_backward = sum(op.flops for l in train.layers[:-1] for op in l.backward)
@@ -118,22 +146,41 @@ def test_a_transformer_blocks_operations():
     block = work.layers[3]
     assert block.label == "003 transformer_block" and block.params == 49_984
     kernels = [op.kernel.key for op in block.forward if op.kernel is not None]
-    assert kernels == ["matmul m=64 n=64 k=64 float32"] * 4 + ["matmul m=64 n=256 k=64 float32",
-                                                              "matmul m=64 n=64 k=256 float32"]
+    # batch 2 x 32 tokens, width 64, 4 causal heads of 16, dropout 0.1 on the probabilities in training
+    core = "batch=2 heads=4 steps=32 head_size=16 causal=1 dropout=100 float32"
+    assert kernels == ["layer_norm_fwd rows=64 dim=64 float32"] + ["matmul m=64 n=64 k=64 float32"] * 3 + [
+        f"attention_fwd {core}", "matmul m=64 n=64 k=64 float32", "layer_norm_fwd rows=64 dim=64 float32",
+        "matmul m=64 n=256 k=64 float32", "gelu_fwd elements=16384 approximate=1 float32",
+        "matmul m=64 n=64 k=256 float32"]
     labels = [op.label for op in block.forward]
-    assert labels.index("ln1 layer norm") < labels.index("attn q matmul") < labels.index("attn scores q k^T") \
-        < labels.index("attn weighted sum p v") < labels.index("attn join") < labels.index("ln2 layer norm") \
+    assert labels.index("ln1 layer norm") < labels.index("attn q matmul") < labels.index("attn attention") \
+        < labels.index("attn out matmul") < labels.index("attn join") < labels.index("ln2 layer norm") \
         < labels.index("mlp gelu") < labels.index("mlp join")
-    assert "attn attention dropout" in labels and "mlp branch dropout" in labels  # rate 0.1, training
+    assert "mlp branch dropout" in labels  # rate 0.1, training
+    attention = block.forward[labels.index("attn attention")]
+    # unfused: 8 (batch x heads) products of 32 x 16 by 16 x 32, the softmax, its dropout, 32 x 32 by 32 x 16
+    assert [(p.label, p.kernel.key if p.kernel else None) for p in attention.parts] == [
+        ("attn scores q k^T", "batched_matmul batch=8 m=32 n=32 k=16 float32"), ("attn softmax", None),
+        ("attn attention dropout", None), ("attn weighted sum p v", "batched_matmul batch=8 m=32 n=16 k=32 float32")]
     back = [op.label for op in block.backward]
-    assert {"attn q input gradient", "attn q weight gradient", "mlp fc2 weight gradient", "attn softmax gradient",
-            "attn scores gradients", "attn join gradient"} <= set(back)
+    assert {"attn q input gradient", "attn q weight gradient", "mlp fc2 weight gradient", "attn attention",
+            "attn join gradient"} <= set(back)
+    gradients = block.backward[back.index("attn attention")]
+    assert gradients.kernel.key == f"attention_bwd {core}"
+    assert [p.kernel.key for p in gradients.parts if p.kernel] == [
+        "batched_matmul batch=8 m=32 n=32 k=16 float32"] + ["batched_matmul batch=8 m=32 n=16 k=32 float32"] * 3
+    assert gradients.flops == 2 * attention.flops - 5 * 2 * 4 * 32 * 32  # twice the products, one softmax
+    assert {op.kernel.key for op in block.backward if op.kernel and op.kernel.kind != "matmul"} == {
+        f"attention_bwd {core}", "layer_norm_bwd rows=64 dim=64 input_grad=1 float32",
+        "gelu_bwd elements=16384 approximate=1 float32"}
     head = work.layers[6]  # tied: no parameters of its own, but its weight gradient is computed
     assert head.label == "006 lm_head" and head.params == 0 and not head.update
     assert [op.label for op in head.backward] == ["input gradient", "weight gradient", "tied gradient sum"]
     assert work.layers[0].update[0].kernel["elements"] == 512 * 64  # the table's update, once
     infer = decompose(load_network(NETWORKS / "transformer_tiny.yaml").resolved, 2, "infer")
     assert not any("dropout" in op.label for l in infer.layers for op in l.forward)
+    inferred = next(op for op in infer.layers[3].forward if op.label == "attn attention")
+    assert inferred.kernel["dropout"] == 0 and not any("dropout" in p.label for p in inferred.parts)
 
 
 def test_first_layer_computes_no_input_gradient():
@@ -177,6 +224,38 @@ def test_an_lstm_layer_is_its_fused_layer_or_else_its_steps():
     by_step = next(l for l in predict(infer, "torch", step_only).layers if "lstm" in l.label)
     by_layer = next(l for l in predict(infer, "torch", fused).layers if "lstm" in l.label)
     assert by_step.forward_s == pytest.approx(2 * 32 * 1e-4) and by_layer.forward_s == pytest.approx(2 * 1e-3)
+
+
+def test_attention_is_its_fused_kernel_or_else_its_parts():
+    net = load_network(NETWORKS / "transformer_tiny.yaml").resolved
+    work = decompose(net, 2, "infer")
+    key = "attention_fwd batch=2 heads=4 steps=32 head_size=16 causal=1 dropout=0 float32"
+    scores, weighted = ("batched_matmul batch=8 m=32 n=32 k=16 float32", "batched_matmul batch=8 m=32 n=16 k=32 float32")
+    assert {key, scores, weighted} <= {s.key for s in kernel_specs(work)}  # what the kernels suite times
+
+    def attention_time(kernels):
+        p = predict(work, "torch", profile(dispatch_s={"torch": 1e-5},
+                                          kernels={"torch": {k: KernelTime(median_s=t, run_id="r")
+                                                             for k, t in kernels.items()}}))
+        return p.layers[3], p.unmeasured
+
+    nothing, unmeasured = attention_time({})
+    assert key in unmeasured and scores in unmeasured
+    fused, unmeasured = attention_time({key: 1e-3})
+    assert key not in unmeasured and scores not in unmeasured
+    # the fused kernel stands for its parts: 1 ms in the first block instead of the products and the softmax
+    parts_alone = nothing.forward_s - sum(
+        roofline_time(p, profile(dispatch_s={"torch": 1e-5}), "torch") + 1e-5 for op in work.layers[3].forward
+        if op.label == "attn attention" for p in op.parts)
+    assert fused.forward_s == pytest.approx(parts_alone + 1e-3)
+    # only the products measured: they and the softmax's roofline (with its call: torch is eager)
+    composed, unmeasured = attention_time({scores: 2e-4, weighted: 3e-4})
+    assert key not in unmeasured and scores not in unmeasured
+    softmax = next(p for op in work.layers[3].forward if op.label == "attn attention" for p in op.parts
+                   if p.label == "attn softmax")
+    assert composed.forward_s == pytest.approx(
+        parts_alone + (2e-4 + 3e-4 + roofline_time(softmax, profile(dispatch_s={"torch": 1e-5}), "torch") + 1e-5))
+    assert composed.measured_s == pytest.approx(fused.measured_s - 1e-3 + 5e-4)
 
 
 # ------------------------------------------------------------------ roofline and phases

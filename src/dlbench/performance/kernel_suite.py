@@ -1,12 +1,14 @@
-"""The `kernels` suite: matrix multiply, transpose, convolution and LSTM-step kernels timed in every
-framework, at square sizes and at the shapes of dlbench's own networks, and the ceilings
-`dlbench calibrate` measures the same way.
+"""The `kernels` suite: matrix multiply, transpose, convolution, LSTM, attention, layer-norm and GELU
+kernels timed in every framework, at square sizes and at the shapes of dlbench's own networks, and
+the ceilings `dlbench calibrate` measures the same way.
 
 A suite file of `kind: kernels` (suites/kernels.yaml) lists benchmarks, each a set of kernels:
 - `kind: matmul` / `kind: transpose`: square n x n matrices, per profile `sizes`;
-- `kind: layer_shapes`: every GEMM, convolution (forward and backward) and LSTM step of the networks of
-  another suite (`suite: cnn`), at the batch sizes that suite runs in the same profile on the same
-  device (`performance/workload.py` names them), optionally only some of its networks per profile;
+- `kind: layer_shapes`: every kernel of a training and an inference iteration of the networks of
+  another suite (`suite: cnn`): GEMMs, convolutions (forward and backward), LSTM layers and steps,
+  attention cores and their batched products, layer norms, GELUs, the loss and the update, at the
+  batch sizes (and sequence lengths) that suite runs in the same profile on the same device
+  (`performance/workload.py` names them), optionally only some of its networks per profile;
 each in the `dtypes` listed. A profile's `policy` says how each kernel is timed inside a worker
 (a first call apart, warm-up calls, then at least `min_iters` calls and `min_time_s`, each between
 two synchronisations) and how many fresh worker processes (`repeats`) time the whole set.
@@ -219,7 +221,6 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
                                               f"{n} workers cannot split {b.network.name}'s global batch: {e}") from None
             batches_of[b.network.name] = list(dict.fromkeys(sizes))
     else:
-        # every mode's kernels: a training iteration's are a superset of inference's at the same batch
         suite = catalog.load_suite(suite_path, profile, device, ("train", "infer"))
         batches_of = {}
         for b in suite.benchmarks:
@@ -239,8 +240,10 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
             continue
         for batch in batches_of[name]:
             used.append(f"{name} b={batch}")
-            work = decompose(network.resolved, batch, "train")
-            for s in kernel_specs(work):
+            # both modes' kernels: inference's are mostly training's, but not all (attention's core
+            # without the dropout on its probabilities that training applies)
+            specs = [s for mode in ("train", "infer") for s in kernel_specs(decompose(network.resolved, batch, mode))]
+            for s in specs:
                 for dtype in entry.dtypes:
                     if dtype != "float32" and s.kind in FLOAT32_ONLY:
                         continue

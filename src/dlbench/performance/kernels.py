@@ -28,6 +28,41 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
   read twice and the log-probabilities written once.
 - softmax_xent_bwd (rows, classes): its gradient with respect to the logits: softmax minus the one-hot
   label, 2 FLOPs per logit; logits (or log-probabilities) read, gradient written.
+- batched_matmul (batch, m, n, k): `batch` independent products C[m, n] = A[m, k] B[k, n] (either
+  operand may be transposed: the same work): 2·batch·mnk FLOPs; A, B and C each moved once. What
+  attention's products are when a framework does not fuse them (torch.bmm, tf.linalg.matmul,
+  jnp.matmul, mx.nd.batch_dot on (batch, m, k) by (batch, k, n)).
+- attention_fwd (batch, heads, steps, head_size, causal, dropout): the core of multi-head
+  self-attention on q, k, v of (batch, heads, steps, head_size) each, as the framework's fused
+  attention call computes it (torch's F.scaled_dot_product_attention, Keras' MultiHeadAttention
+  core, jax.nn.dot_product_attention or flax.linen's with dropout, MXNet's
+  interleaved_matmul_selfatt_qk / valatt): the scores q k^T / sqrt(S) (2·T·T·S per head), the
+  softmax (5 FLOPs per score: scale, max, exponential, sum, division; a causal mask is a select,
+  not counted: the whole T x T product is computed and masked), and the weighted sum p v (2·T·T·S
+  per head). `causal` is 0 or 1; `dropout` is the rate of dropout on the probabilities in
+  thousandths (100 for 0.1; 0 for none, as in inference), which changes the path frameworks take
+  (torch's CPU flash kernel has none, Keras and flax compute the products themselves then) but
+  adds no FLOPs (as the dropout layer's). Bytes at the least: q, k, v read and the output written
+  once (a fused kernel keeps the scores to itself; an unfused one also moves them, which the
+  workload's `batched_matmul` parts count).
+- attention_bwd (same): its gradients of q, k and v from the output's: dp = do v^T, dv = p^T do,
+  the softmax gradient (5 per score), dq = ds k, dk = ds^T q: twice the forward's products (a
+  flash kernel's recomputation of the scores is not counted); q, k, v, o and do read, dq, dk, dv
+  written.
+- layer_norm_fwd (rows, dim): layer normalisation of `rows` vectors of `dim` over the last axis,
+  with gamma and beta (the framework's layer: nn.LayerNorm, keras LayerNormalization, flax
+  nn.LayerNorm, gluon nn.LayerNorm): 5 FLOPs per element (definitions/layers/layer_norm.py); x
+  read twice (statistics, then normalised), y written, gamma and beta read.
+- layer_norm_bwd (rows, dim, input_grad): the gradients of gamma and beta, and of x when
+  `input_grad`: 8 FLOPs per element, x and dy read twice and dx written; without dx 4 FLOPs per
+  element, x and dy read and x again (the row statistics recomputed); gamma read, its and beta's
+  gradients written.
+- gelu_fwd (elements, approximate): GELU, the exact erf form (`approximate` 0) or the tanh
+  approximation (1), the framework's own (nn.GELU, keras.activations.gelu, jax.nn.gelu, gluon
+  nn.GELU or the mxnet runner's tanh form from operators): 8 FLOPs per element whichever the form
+  (definitions/layers/gelu.py), read once and written once.
+- gelu_bwd (elements, approximate): its input gradient, the derivative recomputed from x: 16 FLOPs
+  per element; x and dy read, dx written.
 - sgd_momentum (elements): one SGD-with-momentum update of a parameter of `elements` values, the
   framework's optimiser as the runners use it: m = momentum m + g, w = w - lr m: 4 FLOPs; w, g, m
   read and w, m written.
@@ -55,9 +90,20 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "softmax_xent_fwd": ("rows", "classes"),
     "softmax_xent_bwd": ("rows", "classes"),
     "sgd_momentum": ("elements",),
+    "batched_matmul": ("batch", "m", "n", "k"),
+    "attention_fwd": ("batch", "heads", "steps", "head_size", "causal", "dropout"),
+    "attention_bwd": ("batch", "heads", "steps", "head_size", "causal", "dropout"),
+    "layer_norm_fwd": ("rows", "dim"),
+    "layer_norm_bwd": ("rows", "dim", "input_grad"),
+    "gelu_fwd": ("elements", "approximate"),
+    "gelu_bwd": ("elements", "approximate"),
 }
+SOFTMAX_FLOPS = 5  # per attention score (definitions/layers/attention.py)
+LAYER_NORM_FLOPS = {"layer_norm_fwd": 5, "layer_norm_bwd": 8}  # per element (definitions/layers/layer_norm.py)
+GELU_FLOPS = {"gelu_fwd": 8, "gelu_bwd": 16}  # per element (definitions/layers/gelu.py)
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
-MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum")
+MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum",
+                "layer_norm_fwd", "layer_norm_bwd", "gelu_fwd", "gelu_bwd")
 
 
 @dataclass(frozen=True)
@@ -117,6 +163,18 @@ class KernelSpec:
             return (5 if k == "softmax_xent_fwd" else 2) * self["rows"] * self["classes"]
         if k == "sgd_momentum":
             return 4 * self["elements"]
+        if k == "batched_matmul":
+            return 2 * self["batch"] * self["m"] * self["n"] * self["k"]
+        if k.startswith("attention"):
+            scores = self["batch"] * self["heads"] * self["steps"] * self["steps"]
+            products = 2 * 2 * scores * self["head_size"]  # two products of 2·T·T·S per head
+            return (products if k == "attention_fwd" else 2 * products) + SOFTMAX_FLOPS * scores
+        if k.startswith("layer_norm"):
+            if k == "layer_norm_bwd" and not self["input_grad"]:
+                return 4 * self["rows"] * self["dim"]
+            return LAYER_NORM_FLOPS[k] * self["rows"] * self["dim"]
+        if k.startswith("gelu"):
+            return GELU_FLOPS[k] * self["elements"]
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
             fwd = 2 * self["batch"] * self["kh"] * self["kw"] * self["channels"] * self["filters"] * ho * wo
@@ -149,6 +207,19 @@ class KernelSpec:
             return (3 if k == "softmax_xent_fwd" else 2) * s * self["rows"] * self["classes"]
         if k == "sgd_momentum":
             return 5 * s * self["elements"]
+        if k == "batched_matmul":
+            m, n, kk = self["m"], self["n"], self["k"]
+            return s * self["batch"] * (m * kk + kk * n + m * n)
+        if k.startswith("attention"):
+            tensor = self["batch"] * self["heads"] * self["steps"] * self["head_size"]
+            return s * tensor * (4 if k == "attention_fwd" else 8)  # q, k, v, o (, do; dq, dk, dv)
+        if k.startswith("layer_norm"):
+            n, d = self["rows"] * self["dim"], self["dim"]
+            if k == "layer_norm_fwd":
+                return s * (3 * n + 2 * d)
+            return s * ((5 if self["input_grad"] else 3) * n + 3 * d)
+        if k.startswith("gelu"):
+            return s * (2 if k == "gelu_fwd" else 3) * self["elements"]
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
             x = self["batch"] * self["channels"] * self["height"] * self["width"]

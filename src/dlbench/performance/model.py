@@ -6,8 +6,9 @@ dlbench's runners use is already on the device: t_io = t_h2d = 0.
 
 t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operation whose kernel
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
-(a whole LSTM layer; where only its step was measured, the step once per time step); any other
-operation takes its roofline time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set),
+(a whole LSTM layer; where only its step was measured, the step once per time step; attention's
+fused core, where it was not measured, the sum of its parts: the batched products, measured too,
+and the softmax); any other operation takes its roofline time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set),
 the bandwidth being what the framework's own element-wise operation (relu) reached at that size
 where calibrate measured it, else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
 is reported beside it.
@@ -179,9 +180,11 @@ def kernel_roofline(kernel: KernelSpec, profile: MachineProfile) -> float:
 
 
 def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
-            compiled: bool = False) -> tuple[float, bool]:
-    """(seconds for all `op.repeat` executions, whether it was measured); `compiled`: the framework's
-    step is one compiled call (FrameworkFacts.step graph)."""
+            compiled: bool = False) -> tuple[float, float, list[str]]:
+    """(seconds for all `op.repeat` executions, how many of them come from measured kernel times, the
+    keys of the kernels estimated by the roofline instead); `compiled`: the framework's step is one
+    compiled call (FrameworkFacts.step graph). The op's kernel, else the first measured alternative,
+    else the sum of its parts (each timed so in turn), else its roofline."""
     call = profile.dispatch_s.get(framework, 0.0)
     candidates = ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives)
     for kernel, count in candidates:
@@ -191,8 +194,19 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
             if compiled:  # the step is one call: the kernel's own call, timed as it was, is not part of it
                 own_call = profile.dispatch_cold_s.get(framework, call) if timed.cache == "cold" else call
                 seconds = max(seconds - own_call, kernel_roofline(kernel, profile))
-            return op.repeat * count * seconds, True
-    return op.repeat * (roofline_time(op, profile, framework) + (0.0 if compiled else call)), False
+            total = op.repeat * count * seconds
+            return total, total, []
+    missing = [k.key for k, _ in candidates]
+    if op.parts:  # the kernel counts as unmeasured only where none of its parts' kernels was measured
+        seconds = from_measured = 0.0
+        parts_missing: list[str] = []
+        for part in op.parts:
+            s, m, keys = op_time(part, framework, profile, measured, compiled)
+            seconds, from_measured = seconds + s, from_measured + m
+            parts_missing += keys
+        return op.repeat * seconds, op.repeat * from_measured, (parts_missing if from_measured else
+                                                                missing + parts_missing)
+    return op.repeat * (roofline_time(op, profile, framework) + (0.0 if compiled else call)), 0.0, missing
 
 
 def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,
@@ -215,15 +229,11 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         lt = LayerTimes(work.index, work.label, work.params)
         for phase, ops in (("forward_s", work.forward), ("backward_s", work.backward), ("update_s", work.update)):
             for op in ops:
-                seconds, was_measured = op_time(op, framework, profile, measured, facts.compiled)
+                seconds, from_measured, missing = op_time(op, framework, profile, measured, facts.compiled)
                 setattr(lt, phase, getattr(lt, phase) + seconds)
-                if was_measured:
-                    lt.measured_s += seconds
-                else:
-                    lt.estimated_s += seconds
-                    if op.kernel is not None:
-                        unmeasured[op.kernel.key] = None
-                        unmeasured.update((k.key, None) for k, _ in op.alternatives)
+                lt.measured_s += from_measured
+                lt.estimated_s += seconds - from_measured
+                unmeasured.update((key, None) for key in missing)
         layers.append(lt)
     forward = sum(l.forward_s for l in layers)
     backward = sum(l.backward_s for l in layers)
