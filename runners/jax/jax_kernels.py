@@ -7,13 +7,20 @@ passed to the jitted function as an argument): it holds the forward's residuals 
 computes the gradients only, as the backward of a training step does. The LSTM step is the
 runner's cell (gates i, f, g, o from x W_x + h W_h + b; one bias). The loss is optax's
 softmax_cross_entropy_with_integer_labels (mean) and the update optax's sgd with momentum, jitted
-with the parameter and its state donated, as the runner's step does.
+with the parameter and its state donated, as the runner's step does. Transformer kernels:
+`jnp.matmul` on (batch, m, k) by (batch, k, n) for a batched product; attention's core as the
+runner's SelfAttention calls it on (B, T, heads, head_size) q, k and v: jax.nn.dot_product_attention
+(is_causal, the `implementation` the runner asks: cuDNN's on a GPU in half precision, else None),
+or flax.linen.dot_product_attention where training applies dropout to the probabilities (a causal
+mask, per-element dropout, as the runner's); flax's nn.LayerNorm and jax.nn.gelu in the layer's
+form; each backward the pullback of jax.vjp.
 """
 
 from __future__ import annotations
 
 from contract import Kernel
-from jax_network import load_jax, lstm_layer_class
+from jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, load_jax,
+                         lstm_layer_class)
 
 
 class JitKernel(Kernel):
@@ -140,4 +147,58 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
                 self._out = holder["param"]
 
         return ready(Update(None, (), {"op": "optax.sgd(momentum=0.9), jitted, donated"}))
+    def backward(fn, args, settings):  # the pullback of fn at args, cotangents of ones
+        out, pullback = jax.vjp(fn, *args)
+        return ready(JitKernel(jax.jit(lambda pb, g: pb(g)), (pullback, jnp.ones_like(out)),
+                               {**settings, "backward": "jax.vjp pullback"}))
+
+    if kind == "batched_matmul":
+        a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
+        return ready(JitKernel(jax.jit(jnp.matmul), (a, b), {"op": "jnp.matmul"}))
+    if kind.startswith("attention"):
+        import flax.linen as nn
+
+        b, h, t, s = shape["batch"], shape["heads"], shape["steps"], shape["head_size"]
+        rate, causal = shape["dropout"] / 1000, bool(shape["causal"])
+        function, why = attention_function(spec["dtype"], rate > 0)
+        implementation = attention_asked(spec["dtype"], device_name)
+        rng = jax.random.PRNGKey(1)
+        if function == ATTENTION_FUNCTION:
+            def attend(q, k, v):
+                return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+        else:
+            mask = nn.make_causal_mask(jnp.ones((b, t)), dtype=jnp.bool_) if causal else None
+
+            def attend(q, k, v):
+                return nn.dot_product_attention(q, k, v, mask=mask, dropout_rate=rate, dropout_rng=rng,
+                                                broadcast_dropout=False, deterministic=False, dtype=dtype)
+
+        args = tuple(rand(b, t, h, s) for _ in range(3))
+        settings = {"function": function, **({"implementation": implementation} if why is None else {"why": why})}
+        if kind == "attention_fwd":
+            return ready(JitKernel(jax.jit(attend), args, settings))
+        return backward(attend, args, settings)
+    if kind.startswith("layer_norm"):
+        import flax.linen as nn
+
+        layer = nn.LayerNorm(epsilon=1e-5, dtype=dtype)
+        x = rand(shape["rows"], shape["dim"])
+        variables = jax.device_put(layer.init(next(keys), x), device)
+        settings = {"op": "flax.linen.LayerNorm"}
+        if kind == "layer_norm_fwd":
+            return ready(JitKernel(jax.jit(layer.apply), (variables, x), settings))
+        if shape["input_grad"]:
+            return backward(layer.apply, (variables, x), settings)
+        return backward(lambda v: layer.apply(v, x), (variables,), settings)
+    if kind.startswith("gelu"):
+        approximate = bool(shape["approximate"])
+
+        def gelu(x):
+            return jax.nn.gelu(x, approximate=approximate)
+
+        settings = {"op": f"jax.nn.gelu(approximate={approximate})"}
+        x = rand(shape["elements"])
+        if kind == "gelu_fwd":
+            return ready(JitKernel(jax.jit(gelu), (x,), settings))
+        return backward(gelu, (x,), settings)
     raise ValueError(f"jax runner: unknown kernel kind {kind!r}")

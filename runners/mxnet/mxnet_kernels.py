@@ -9,13 +9,19 @@ backward on its own: a backward kernel is one autograd forward and backward, and
 times the forward and takes the difference. Reduced precisions are cast with `amp_cast` (how MXNet's
 AMP makes bfloat16 tensors for oneDNN). The loss is Gluon's SoftmaxCrossEntropyLoss (mean), its
 backward timed with its forward; the update is `sgd_mom_update` in place, the operator behind the
-runner's Trainer (which aggregates it over tensors).
+runner's Trainer (which aggregates it over tensors). Transformer kernels: `batch_dot` for a batched
+product; attention's core as the runner's SelfAttention runs it (hybridised): on the interleaved,
+sequence-first (T, B, 3HS) projection, contrib.interleaved_matmul_selfatt_qk, the causal mask
+added, softmax, Dropout where training applies it, contrib.interleaved_matmul_selfatt_valatt (in
+float32 where their kernels refuse the dtype, as the runner's AMP keeps them); the runner's layer
+norm (nn.LayerNorm) and GELU blocks (nn.GELU, or the tanh form from operators), hybridised.
+Their backward is one autograd forward and backward, less the forward.
 """
 
 from __future__ import annotations
 
 import contract
-from mxnet_network import block_classes, load_mxnet
+from mxnet_network import block_classes, fused_attention_unavailable, load_mxnet
 
 
 def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
@@ -122,4 +128,75 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
         weight, grad, mom = rand(shape["elements"]), rand(shape["elements"]), rand(shape["elements"])
         return kernel(lambda: mx.nd.sgd_mom_update(weight, grad, mom, lr=0.01, momentum=0.9, out=weight),
                       settings={"op": "sgd_mom_update, in place"})
+    if kind == "batched_matmul":
+        a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
+        return kernel(lambda: mx.nd.batch_dot(a, b), settings={"op": "batch_dot"})
+    if kind.startswith(("attention", "layer_norm", "gelu")):
+        if kind.startswith("attention"):
+            b, h, t, s = shape["batch"], shape["heads"], shape["steps"], shape["head_size"]
+            refused = fused_attention_unavailable(ctx, dtype)
+            block = _attention_core(mx, h, shape["dropout"] / 1000, refused is not None)
+            inputs = [rand(t, b, 3 * h * s)]  # q, k, v interleaved per head, sequence-first
+            if shape["causal"]:
+                import numpy as np
+
+                mask = np.triu(np.full((t, t), -np.inf, dtype=np.float32), k=1)[None]
+                inputs.append(mx.nd.array(mask, ctx=ctx, dtype="float32" if refused else dtype))
+            settings = {"op": "contrib.interleaved_matmul_selfatt_qk/valatt, softmax"
+                              + (", Dropout" if shape["dropout"] else "") + " (the runner's SelfAttention core)",
+                        **({"float32": f"the fused operators refuse {dtype}: {refused}"} if refused else {})}
+            grads = inputs[:1]
+            train = bool(shape["dropout"])  # Dropout is active in training mode only
+        elif kind.startswith("layer_norm"):
+            rows, dim = shape["rows"], shape["dim"]
+            block = block_classes()["layer_norm_block"](dim, 1e-5, False)
+            inputs = [rand(rows, dim)]
+            settings = {"op": "nn.LayerNorm"}
+            grads = inputs if kind == "layer_norm_fwd" or shape["input_grad"] else []
+            train = False
+        else:
+            block = block_classes()["gelu_block"]("tanh" if shape["approximate"] else "erf", False)
+            inputs = [rand(shape["elements"])]
+            settings = {"op": "the tanh form from operators" if shape["approximate"] else "nn.GELU"}
+            grads, train = inputs, False
+        block.initialize(ctx=ctx)
+        if dtype != "float32" and not kind.startswith("attention"):
+            block.cast(dtype)
+        block.hybridize(static_alloc=True, static_shape=True)
+        settings["block"] = "hybridised"
+        if kind.endswith("_fwd"):
+            def forward():
+                with mx.autograd.train_mode() if train else mx.autograd.predict_mode():
+                    block(*inputs)
+
+            return kernel(forward, settings=settings)
+        for a in grads:
+            a.attach_grad()
+        dy = mx.nd.ones_like(block(*inputs))  # in the output's dtype (float32 from fused operators that refused it)
+
+        def forward_backward():
+            with mx.autograd.record():
+                out = block(*inputs)
+            out.backward(dy)
+
+        return kernel(forward_backward, includes_forward=True, settings=settings)
     raise ValueError(f"mxnet runner: unknown kernel kind {kind!r}")
+
+
+def _attention_core(mx, heads: int, rate: float, in_float32: bool):
+    """The heads' part of mxnet_network's SelfAttention: scores, the mask added, softmax, dropout,
+    the weighted values, on the interleaved projection (and the additive causal mask, if given)."""
+
+    class AttentionCore(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, qkv, causal_mask=None):
+            if in_float32:  # as the runner's AMP keeps the fused operators (no reduced-precision kernels)
+                qkv = F.amp_cast(qkv, dtype="float32")
+            scores = F.contrib.interleaved_matmul_selfatt_qk(qkv, heads=heads)  # (B*H, T, T), scaled
+            if causal_mask is not None:
+                scores = F.broadcast_add(scores, causal_mask)
+            probs = F.softmax(scores, axis=-1)
+            if rate:
+                probs = F.Dropout(probs, p=rate)
+            return F.contrib.interleaved_matmul_selfatt_valatt(qkv, probs, heads=heads)
+
+    return AttentionCore()

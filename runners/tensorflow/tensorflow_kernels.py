@@ -9,12 +9,22 @@ its backward runs in one GradientTape with its forward, so the harness times the
 takes the difference; so does the loss's (`sparse_softmax_cross_entropy_with_logits`, mean, the
 runner's loss), whose kernel computes the gradient with the loss. The update is Keras' SGD with
 momentum applying a gradient to one variable, in a tf.function as the runner's step does.
+Transformer kernels, built under the runner's Keras dtype policy for the kernel's precision
+(`precision_scope`): `tf.linalg.matmul` on (batch, m, k) by (batch, k, n) for a batched product;
+attention's core as the runner's keras.layers.MultiHeadAttention computes it from its projected
+(B, T, heads, head_size) q, k, v (its `_compute_attention`, called as its `call` does: the causal
+mask left to it, keras.ops.dot_product_attention without dropout, its own einsum path with it);
+keras.layers.LayerNormalization and the runner's GELU (keras.activations.gelu in the layer's
+form). Their backward runs in a GradientTape with the forward (the output's gradient given), so
+the harness also times the forward and takes the difference.
 """
 
 from __future__ import annotations
 
 from contract import Kernel
-from tensorflow_network import load_keras, load_tf, lstm_layer, padding_plan
+from contract import KERNEL_PRECISION
+from tensorflow_network import (load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
+                                transformer_classes)
 
 
 class GraphKernel(Kernel):
@@ -151,4 +161,58 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             optimizer.build([variable])
         return make(lambda g: optimizer.apply_gradients([(g, variable)]), (grad,),
                     settings={"op": "keras.optimizers.SGD(momentum=0.9).apply_gradients"})
+    if kind == "batched_matmul":
+        a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
+        return make(tf.linalg.matmul, (a, b), settings={"op": "tf.linalg.matmul"})
+    if kind.startswith(("attention", "layer_norm", "gelu")):
+        return _transformer_kernel(tf, kind, shape, spec["dtype"], rand, make)
     raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")
+
+
+def _transformer_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> GraphKernel:
+    """Attention's core, a layer norm or a GELU: the forward as the runner's layers compute it, and the
+    backward as forward + backward in one tape (the harness takes the forward off)."""
+    keras = load_keras()
+    with precision_scope(KERNEL_PRECISION[dtype]):
+        if kind.startswith("attention"):
+            b, h, t, s = shape["batch"], shape["heads"], shape["steps"], shape["head_size"]
+            rate, causal = shape["dropout"] / 1000, bool(shape["causal"])
+            layer = transformer_classes().SelfAttention({"heads": h, "head_size": s, "dropout": rate, "bias": True,
+                                                         "causal": causal})
+            layer.build((b, t, h * s))
+            mha = layer.mha
+            # as MultiHeadAttention.call hands it over when causal masking is the only mask
+            extra = {"use_causal_mask": True} if causal else {}
+
+            def forward(q, k, v):
+                return mha._compute_attention(q, k, v, None, rate > 0, **extra)[0]
+
+            args = tuple(tf.cast(rand(b, t, h, s), mha.compute_dtype) for _ in range(3))
+            settings = {"op": "keras.layers.MultiHeadAttention._compute_attention",
+                        "path": "its own einsum path (dropout)" if rate > 0 else "keras.ops.dot_product_attention",
+                        "dropout": rate, "causal": causal}
+        elif kind.startswith("layer_norm"):
+            rows, dim = shape["rows"], shape["dim"]
+            layer = keras.layers.LayerNormalization(epsilon=1e-5)
+            layer.build((rows, dim))
+            args = (tf.cast(rand(rows, dim), layer.compute_dtype),)
+            forward = layer
+            settings = {"op": "keras.layers.LayerNormalization"}
+        else:
+            form = "tanh" if shape["approximate"] else "erf"
+            forward = transformer_classes().gelu(form)
+            args = (rand(shape["elements"]),)
+            settings = {"op": f"keras.activations.gelu (approximate={bool(shape['approximate'])})"}
+    if kind.endswith("_fwd"):
+        return make(forward, args, settings=settings)
+    weights = [] if kind.startswith("gelu") else list(layer.trainable_variables)  # a layer norm's gamma, beta
+    input_grad = not (kind == "layer_norm_bwd" and not shape["input_grad"])
+    dy = tf.ones_like(forward(*args))
+
+    def forward_backward(*inputs):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = forward(*inputs)
+        return tape.gradient(out, (list(inputs) if input_grad else []) + weights, output_gradients=dy)
+
+    return make(forward_backward, args, includes_forward=True, settings=settings)

@@ -7,7 +7,13 @@ its backward as autograd runs it (`aten.convolution_backward`, with the input gr
 asked), and one step of the LSTM cell (`torch._VF.lstm_cell`, ATen's fused cell behind
 nn.LSTMCell) and its backward (autograd.grad of that step, the graph kept between calls); the loss
 (`F.cross_entropy`, mean) and its gradient (autograd.grad); one `torch.optim.SGD` step with
-momentum over a parameter with a gradient, as the runner's optimiser makes it.
+momentum over a parameter with a gradient, as the runner's optimiser makes it. Transformer kernels:
+`torch.bmm` for a batched product; attention's core as the runner's SelfAttention calls it,
+`F.scaled_dot_product_attention` on q, k, v viewed (B, H, T, S) from (B, T, H, S) projections,
+is_causal, dropout_p where training applies it (torch then runs its math backend on the CPU, its
+flash kernel without), torch choosing the kernel, and its backward by autograd.grad of that call;
+`F.layer_norm` with gamma and beta (nn.LayerNorm's call) and `F.gelu` in the layer's form
+(nn.GELU's), their backward by autograd.grad.
 """
 
 from __future__ import annotations
@@ -117,4 +123,78 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         opt = torch.optim.SGD([param], lr=0.01, momentum=0.9)
         opt.step()  # the momentum buffer exists from the first step on
         return Kernel(opt.step, sync, {"op": "torch.optim.SGD(momentum=0.9).step"})
+    if kind == "batched_matmul":
+        a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
+        return Kernel(lambda: torch.bmm(a, b), sync, {"op": "torch.bmm"})
+    if kind.startswith("attention"):
+        return _attention(torch, kind, shape, rand, sync)
+    if kind.startswith("layer_norm"):
+        rows, dim = shape["rows"], shape["dim"]
+        grad = kind == "layer_norm_bwd"
+        x = rand(rows, dim, requires_grad=grad and bool(shape["input_grad"]))
+        gamma, beta = rand(dim, requires_grad=grad), rand(dim, requires_grad=grad)
+        layer_norm = torch.nn.functional.layer_norm
+        if not grad:
+            def forward():
+                with torch.no_grad():
+                    layer_norm(x, (dim,), gamma, beta, 1e-5)
+
+            return Kernel(forward, sync, {"op": "F.layer_norm (nn.LayerNorm's)"})
+        y = layer_norm(x, (dim,), gamma, beta, 1e-5)
+        dy = torch.randn_like(y)
+        inputs = ((x,) if shape["input_grad"] else ()) + (gamma, beta)
+        return Kernel(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True), sync,
+                      {"op": "autograd.grad of F.layer_norm"})
+    if kind.startswith("gelu"):
+        approximate = "tanh" if shape["approximate"] else "none"
+        x = rand(shape["elements"], requires_grad=kind == "gelu_bwd")
+        if kind == "gelu_fwd":
+            def forward():
+                with torch.no_grad():
+                    torch.nn.functional.gelu(x, approximate=approximate)
+
+            return Kernel(forward, sync, {"op": f"F.gelu(approximate={approximate!r}) (nn.GELU's)"})
+        y = torch.nn.functional.gelu(x, approximate=approximate)
+        dy = torch.randn_like(y)
+        return Kernel(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), sync,
+                      {"op": f"autograd.grad of F.gelu(approximate={approximate!r})"})
     raise ValueError(f"torch runner: unknown kernel kind {kind!r}")
+
+
+def _attention(torch, kind: str, shape: dict, rand, sync) -> Kernel:
+    """Attention's core as the runner's SelfAttention calls it: F.scaled_dot_product_attention on
+    (B, H, T, S) views of (B, T, H, S) projections; the kernel torch chose on this call is recorded."""
+    b, h, t, s = shape["batch"], shape["heads"], shape["steps"], shape["head_size"]
+    grad = kind == "attention_bwd"
+    rate, causal = shape["dropout"] / 1000, bool(shape["causal"])
+    q, k, v = (rand(b, t, h, s).transpose(1, 2).requires_grad_(grad) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    settings = {"op": "F.scaled_dot_product_attention", "dropout_p": rate, "is_causal": causal,
+                "operator": _sdpa_operator(torch, lambda: sdpa(q, k, v, dropout_p=rate, is_causal=causal))}
+    if not grad:
+        def forward():
+            with torch.no_grad():
+                sdpa(q, k, v, dropout_p=rate, is_causal=causal)
+
+        return Kernel(forward, sync, settings)
+    out = sdpa(q, k, v, dropout_p=rate, is_causal=causal)
+    do = torch.randn_like(out)
+    return Kernel(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), sync,
+                  {**settings, "op": "autograd.grad of F.scaled_dot_product_attention"})
+
+
+def _sdpa_operator(torch, call) -> str:
+    """The aten operator scaled_dot_product_attention dispatched to on one call (no grad)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func.overloadpacket.__name__))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Watch():
+        call()
+    fused = [name for name in seen if "scaled_dot_product" in name]
+    return fused[0] if fused else "+".join(dict.fromkeys(seen))

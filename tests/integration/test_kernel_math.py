@@ -1,8 +1,13 @@
 """The kernels suite's float32 is IEEE float32 in every framework, as an fp32 run's is: each runner
 pins TF32 off before it prepares a kernel and says so in the kernel's settings (on the CPU the
-flags are what the same code sets on a GPU, where JAX, TensorFlow and cuDNN default to TF32)."""
+flags are what the same code sets on a GPU, where JAX, TensorFlow and cuDNN default to TF32).
+And every runner times the transformer kernels (batched products, attention's core with and
+without dropout on the probabilities, layer norm, both GELU forms, forward and backward) with the
+op its network builder calls, at the smallest shapes. One worker per framework serves both."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -24,19 +29,67 @@ IEEE_FLOAT32 = {
     "jax": {"jax_default_matmul_precision": "highest"},
     "mxnet": {"NVIDIA_TF32_OVERRIDE": "0", "MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION": "0"},
 }
+MATMULS = [KernelSpec.of("matmul", "float32", m=64, n=64, k=64), KernelSpec.of("matmul", "bfloat16", m=64, n=64, k=64)]
+# 2 samples, 2 heads of 8 over 4 steps: causal with dropout 0.1 (a training step of a decoder),
+# causal without (its inference), and an encoder's
+CORE = dict(batch=2, heads=2, steps=4, head_size=8)
+TRANSFORMER = [
+    KernelSpec.of("batched_matmul", batch=4, m=4, n=4, k=8),
+    KernelSpec.of("attention_fwd", causal=1, dropout=100, **CORE),
+    KernelSpec.of("attention_bwd", causal=1, dropout=100, **CORE),
+    KernelSpec.of("attention_fwd", causal=1, dropout=0, **CORE),
+    KernelSpec.of("attention_bwd", causal=0, dropout=0, **CORE),
+    KernelSpec.of("layer_norm_fwd", rows=8, dim=16),
+    KernelSpec.of("layer_norm_bwd", rows=8, dim=16, input_grad=1),
+    KernelSpec.of("layer_norm_bwd", rows=8, dim=16, input_grad=0),
+    KernelSpec.of("gelu_fwd", elements=128, approximate=1),
+    KernelSpec.of("gelu_bwd", elements=128, approximate=0),
+]
+# the op each network builder runs for attention's core, as the kernel's settings name it
+ATTENTION_OP = {"torch": "scaled_dot_product_attention", "tensorflow": "MultiHeadAttention._compute_attention",
+                "jax": "dot_product_attention", "mxnet": "interleaved_matmul_selfatt_qk/valatt"}
+
+
+@functools.lru_cache(maxsize=None)
+def kernels_of(framework: str) -> tuple[dict, ...]:
+    """One worker of `framework` timing the matmuls and the transformer kernels (cached per module run)."""
+    runner = RunnerRegistry(paths.runners_dir()).get(framework)
+    env = VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
+    policy = KernelPolicy(warmup_iters=1, min_iters=2, min_time_s=0.0, max_iters=3, repeats=1, cache="warm")
+    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER, policy, "cpu", 1),
+                         timeout_s=300)
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    return tuple(outcome.result["kernels"])
 
 
 @pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
 def test_kernels_run_under_the_precisions_math_and_record_it(framework):
-    runner = RunnerRegistry(paths.runners_dir()).get(framework)
-    env = VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
-    specs = [KernelSpec.of("matmul", "float32", m=64, n=64, k=64), KernelSpec.of("matmul", "bfloat16", m=64, n=64, k=64)]
-    policy = KernelPolicy(warmup_iters=1, min_iters=2, min_time_s=0.0, max_iters=3, repeats=1, cache="warm")
-    outcome = run_worker(env.python, runner.worker, kernel_request(specs, policy, "cpu", 1), timeout_s=300)
-    assert outcome.status == "ok", outcome.reason or outcome.output_tail
-    fp32, bf16 = outcome.result["kernels"]
+    fp32, bf16 = kernels_of(framework)[:2]
     assert fp32["status"] == "ok", fp32
     flags = fp32["settings"]["precision_effective"]
     assert {k: flags.get(k) for k in IEEE_FLOAT32[framework]} == IEEE_FLOAT32[framework]
     # bfloat16 runs, or is skipped with the framework's reason (MXNet's oneDNN needs AVX-512 for it)
     assert bf16["status"] == "ok" or (bf16["status"] == "skipped" and bf16["reason"]), bf16
+
+
+@pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
+def test_transformer_kernels_are_timed_with_the_networks_own_ops(framework):
+    results = kernels_of(framework)[len(MATMULS):]
+    assert [r["spec"] for r in results] == [s.to_dict() for s in TRANSFORMER]
+    for r in results:
+        assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
+        assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
+        if r.get("with_forward_median_s") is not None:  # forward + backward less the forward
+            assert r["settings"]["backward_time"] == "forward+backward minus forward (medians)"
+    attention = [r for r in results if r["spec"]["kind"].startswith("attention")]
+    assert all(ATTENTION_OP[framework] in str(r["settings"]) for r in attention), attention
+    by_kind = {(r["spec"]["kind"], r["spec"]["shape"].get("dropout")): r["settings"] for r in results}
+    if framework == "torch":  # the CPU flash kernel, but the math backend where there is dropout
+        assert by_kind[("attention_fwd", 0)]["operator"] == "_scaled_dot_product_flash_attention_for_cpu"
+        assert "bmm" in by_kind[("attention_fwd", 100)]["operator"]
+    if framework == "tensorflow":  # Keras' own einsum path wherever the layer has dropout
+        assert by_kind[("attention_fwd", 100)]["path"] == "its own einsum path (dropout)"
+        assert by_kind[("attention_fwd", 0)]["path"] == "keras.ops.dot_product_attention"
+    if framework == "jax":  # jax.nn's has no dropout: flax.linen's then
+        assert by_kind[("attention_fwd", 100)]["function"] == "flax.linen.dot_product_attention"
+        assert by_kind[("attention_fwd", 0)]["function"] == "jax.nn.dot_product_attention"

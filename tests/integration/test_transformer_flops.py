@@ -4,8 +4,8 @@ torch venv by runners/torch/torch_network.py, one sample, inference, within 1%.
 
 FlopCounterMode counts matrix products and convolutions only (2 FLOPs per multiply-add, the
 analysis' convention), so it is compared with the workload's products: the `matmul` and
-`conv2d_fwd` kernels and attention's two batched products (`scores q k^T`, `weighted sum p v`),
-as tests/unit/test_performance_model.py picks them out. Its blind spot: it has formulas for the
+`conv2d_fwd` kernels and attention's two batched products (the `batched_matmul` parts of its fused
+`attention_fwd` kernel), as tests/unit/test_performance_model.py picks them out. Its blind spot: it has formulas for the
 CUDA kernels of scaled_dot_product_attention (flash, memory-efficient, cuDNN) but none for the
 CPU's flash kernel (`aten._scaled_dot_product_flash_attention_for_cpu`), which torch 2.13 runs in
 inference on the CPU, so there it counts attention's products as 0. The model is therefore counted
@@ -36,7 +36,6 @@ pytestmark = pytest.mark.integration
 
 # network -> the sequence length it is counted at (None: as described)
 NETWORKS = {"transformer_tiny": None, "gpt2_small": 128, "vit_b16": None}
-ATTENTION_PRODUCTS = ("scores q k^T", "weighted sum p v")
 
 COUNT = r"""
 import contextlib, json, sys
@@ -94,7 +93,8 @@ def _network(name: str, steps: int | None, tmp_path: Path):
 def _analysis_products(resolved: dict) -> tuple[int, int]:
     """(every product's FLOPs, attention's batched products') of one sample's forward pass."""
     ops = [op for layer in decompose(resolved, 1, "infer").layers for op in layer.forward]
-    attention = sum(op.flops for op in ops if op.label.endswith(ATTENTION_PRODUCTS))
+    attention = sum(part.flops for op in ops if op.kernel is not None and op.kernel.kind == "attention_fwd"
+                    for part in op.parts if part.kernel is not None and part.kernel.kind == "batched_matmul")
     kernels = sum(op.flops for op in ops if op.kernel is not None and op.kernel.kind in ("matmul", "conv2d_fwd"))
     return kernels + attention, attention
 
