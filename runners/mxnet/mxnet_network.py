@@ -1,6 +1,7 @@
 """The MXNet runner's building blocks: the Gluon network from a resolved dlbench description (one
-builder per layer type, in LAYERS), its canonical weights in and out, and what the single-process
-and the multi-worker steps share (initialisation, the loss block, data, output shape).
+builder per layer type, in LAYERS, BERT's segment_embedding and pretraining_heads among them), its
+canonical weights in and out, and what the single-process and the multi-worker steps share
+(initialisation, the loss block with masked_lm_and_next_sentence, data, output shape).
 mxnet_runner.py, mxnet_kernels.py and mxnet_distributed.py all build from here.
 
 mxnet is imported on first use (`load_mxnet()`), after the runner has set the OpenMP variables
@@ -313,30 +314,88 @@ def block_classes() -> dict:
                 return F.reshape(F.slice_axis(x, axis=1, begin=0, end=1), shape=(0, -1))  # row 0: (B, D)
             return F.mean(x, axis=1)
 
-    class WithLoss(mx.gluon.HybridBlock):
-        """The network and its mean softmax cross-entropy (over the batch, and the steps of an LM)."""
+    class SegmentEmbedding(mx.gluon.HybridBlock):
+        """x + S[s]: BERT's token-type embedding, a learned (segments, dim) table looked up (take on
+        axis 0, the Embedding operator's gather) at the fixed (T,) segment ids of the input's layout
+        (0 before segment_boundary, 1 from it), a constant of the graph, and broadcast over the batch."""
 
-        def __init__(self, net, **kwargs):
+        def __init__(self, segments: int, steps: int, dim: int, boundary: int, **kwargs):
             super().__init__(**kwargs)
+            with self.name_scope():
+                # BERT's initialisation of the table (the canonical weights replace it in a check)
+                self.weight = self.params.get("weight", shape=(segments, dim), init=mx.init.Normal(0.02))
+                ids = (np.arange(steps) >= boundary).astype(np.float32)  # indices, as the token ids: float32
+                self.segment_ids = self.params.get_constant("segment_ids", mx.nd.array(ids))
+
+        def hybrid_forward(self, F, x, weight, segment_ids):
+            rows = F.take(weight, segment_ids, axis=0)  # (T, D)
+            return F.broadcast_add(x, F.expand_dims(rows, axis=0))
+
+    class PretrainingHeads(mx.gluon.HybridBlock):
+        """BERT's pooler and pre-training heads the GluonNLP way: the pooler a tanh Dense on the [CLS]
+        token (row 0) and the next-sentence Dense (2 classes); at the input's masked positions (a
+        constant of the graph, the same for every sample) the rows gathered by take on the sequence
+        axis, the transform Dense, GELU and layer norm, then the decoder Dense over the vocabulary,
+        tied (built with the token embedding's ParameterDict: its weight is the embedding's Parameter,
+        the bias its own) or untied. Returns (masked-LM logits (B, M, V), next-sentence logits (B, 2))."""
+
+        def __init__(self, spec: dict, positions: list, embedding, float64: bool, **kwargs):
+            super().__init__(**kwargs)
+            dim, vocabulary = spec["in_shape"][-1], spec["out_shape"][-1]
+            with self.name_scope():
+                self.pooler = nn.Dense(dim, activation="tanh", in_units=dim)
+                self.next_sentence = nn.Dense(2, in_units=dim)
+                self.transform = nn.Dense(dim, flatten=False, in_units=dim)
+                self.gelu = gelu_block(spec["gelu"], float64)
+                self.transform_ln = layer_norm_block(dim, spec["eps"], float64)
+                shared = {"params": embedding.params} if embedding is not None else {}
+                self.decoder = nn.Dense(vocabulary, flatten=False, use_bias=True, in_units=dim, **shared)
+                self.positions = self.params.get_constant(
+                    "masked_positions", mx.nd.array(np.asarray(positions, dtype=np.float32)))
+
+        def hybrid_forward(self, F, h, positions):
+            first = F.reshape(F.slice_axis(h, axis=1, begin=0, end=1), shape=(0, -1))  # the [CLS] row: (B, D)
+            next_sentence = self.next_sentence(self.pooler(first))
+            masked = F.take(h, positions, axis=1)  # (B, M, D)
+            return self.decoder(self.transform_ln(self.gelu(self.transform(masked)))), next_sentence
+
+    class WithLoss(mx.gluon.HybridBlock):
+        """The network and its loss: the mean softmax cross-entropy (over the batch, and the steps of an
+        LM), or with `masked` (the M masked positions of a masked_tokens input) BERT's
+        masked_lm_and_next_sentence: the network gives (masked-LM logits, next-sentence logits), y is
+        (B, M + 1), and the loss is the mean cross-entropy over the B*M masked positions plus the mean
+        next-sentence cross-entropy over the B samples. Returns (logits, loss): the masked-LM logits."""
+
+        def __init__(self, net, masked: int | None = None, **kwargs):
+            super().__init__(**kwargs)
+            self.masked = masked
             with self.name_scope():
                 self.net = net
                 self.loss = mx.gluon.loss.SoftmaxCrossEntropyLoss(axis=-1, sparse_label=True)
 
         def hybrid_forward(self, F, x, y):
             out = self.net(x)
-            # per sample the loss is already the mean over the steps (of an LM); then the batch mean
-            return out, F.mean(self.loss(out, y))
+            if self.masked is None:
+                # per sample the loss is already the mean over the steps (of an LM); then the batch mean
+                return out, F.mean(self.loss(out, y))
+            masked_lm, next_sentence = out
+            m = self.masked
+            lm = F.mean(self.loss(masked_lm, F.slice_axis(y, axis=1, begin=0, end=m)))  # M per sample: B*M mean
+            ns = F.mean(self.loss(next_sentence, F.reshape(F.slice_axis(y, axis=1, begin=m, end=m + 1), shape=(-1,))))
+            return masked_lm, lm + ns
 
     return {"SequenceLSTM": SequenceLSTM, "OptionA": OptionA, "Residual": Residual, "WithLoss": WithLoss,
             "PositionEmbedding": PositionEmbedding, "PatchEmbedding": PatchEmbedding, "SelfAttention": SelfAttention,
             "TransformerBlock": TransformerBlock, "TokenPool": TokenPool, "gelu_block": gelu_block,
-            "layer_norm_block": layer_norm_block}
+            "layer_norm_block": layer_norm_block, "SegmentEmbedding": SegmentEmbedding,
+            "PretrainingHeads": PretrainingHeads}
 
 
 # ------------------------------------------------------------------ layers: type -> builder(spec, build)
 # `build` (build_network's namespace) carries what a builder may need besides its entry: the block
-# classes, the blocks built before it (a tied head takes the embedding's parameters), and how the
-# network computes (fused attention or not, float64 or not).
+# classes, the blocks built before it (a tied head takes the embedding's parameters), how the
+# network computes (fused attention or not, float64 or not) and the resolved input (a masked_tokens
+# input's segment_boundary and masked_positions).
 
 
 def _nn():
@@ -443,13 +502,29 @@ def _lm_head(spec, build):
     return _nn().Dense(vocabulary, flatten=False, use_bias=spec["bias"], in_units=dim, params=embedding.params)
 
 
+def _segment_embedding(spec, build):
+    steps, dim = spec["in_shape"]
+    return build.classes["SegmentEmbedding"](spec["segments"], steps, dim, build.input["segment_boundary"])
+
+
+def _pretraining_heads(spec, build):
+    embedding = None
+    if spec["tied"]:  # the decoder shares the token embedding's table, as a tied lm_head (above)
+        embedding = build.built[0]
+        if not isinstance(embedding, _nn().Embedding):
+            raise TypeError("tied pretraining_heads need the token embedding as layer 0, found "
+                            f"{type(embedding).__name__}")
+    return build.classes["PretrainingHeads"](spec, build.input["masked_positions"], embedding, build.float64)
+
+
 LAYERS = LayerTable("mxnet", {
     "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
     "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _activation, "sigmoid": _activation,
     "tanh": _activation, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
     "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
     "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
-    "token_pool": _token_pool, "lm_head": _lm_head,
+    "token_pool": _token_pool, "lm_head": _lm_head, "segment_embedding": _segment_embedding,
+    "pretraining_heads": _pretraining_heads,
 })
 
 ATTENTION_TYPES = ("attention", "transformer_block")
@@ -472,7 +547,8 @@ def build_network(network: dict, deterministic: bool = False, fused_attention: b
     fused_attention_unavailable). `float64`: the network will be cast to float64 (GELU's erf form and
     layer norm are then built from operators that compute in float64; see GeluErf, LayerNormFloat64)."""
     mx = load_mxnet()
-    build = types.SimpleNamespace(classes=block_classes(), built=[], fused_attention=fused_attention, float64=float64)
+    build = types.SimpleNamespace(classes=block_classes(), built=[], fused_attention=fused_attention, float64=float64,
+                                  input=network["input"])
     net = mx.gluon.nn.HybridSequential(prefix="net_")
     with net.name_scope():
         for layer in network["layers"]:
@@ -507,8 +583,9 @@ def fused_attention_unavailable(ctx, dtype: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Canonical weights (see src/dlbench/definitions/weights.py) <-> Gluon parameters. Gluon's layouts
 # are the canonical ones (OIHW, out x in, LSTM gates i f g o, LayerNorm's gamma and beta), so only
-# the LSTM's biases and attention's interleaved q/k/v projection need care. A tied lm_head's weight
-# is the embedding's Parameter: it is exported once, as the embedding's.
+# the LSTM's biases and attention's interleaved q/k/v projection need care. A tied lm_head's weight,
+# and a tied pretraining_heads' decoder weight, is the embedding's Parameter: it is exported once, as
+# the embedding's (000.weight).
 
 
 def _bn_params(prefix: str, bn) -> dict:
@@ -581,6 +658,15 @@ def canonical_params(blocks: list, network: dict) -> dict:
                     out[f"{p}.bias"] = block.bias
             else:
                 out.update(_weight_bias(p, block))
+        elif t == "segment_embedding":
+            out[f"{p}.weight"] = block.weight
+        elif t == "pretraining_heads":
+            for part in ("pooler", "next_sentence", "transform"):
+                out.update(_weight_bias(f"{p}.{part}", getattr(block, part)))
+            out.update(_ln_params(f"{p}.transform_ln", block.transform_ln))
+            if not layer["tied"]:  # tied: the decoder's weight is 000.weight, the embedding's
+                out[f"{p}.decoder.weight"] = block.decoder.weight
+            out[f"{p}.decoder.bias"] = block.decoder.bias
     return out
 
 
@@ -685,10 +771,17 @@ def build_model(network: dict, ctx, deterministic: bool = False, dtype: str = "f
     if dtype != "float32":
         net.cast(dtype)  # the Embedding operator takes its dtype from the (now float64) weight
     net.initialize(mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=2), ctx=ctx)
-    model = classes["WithLoss"](net)
+    model = classes["WithLoss"](net, masked_count(network))
     if hybridize:
         hybridize_model(model)
     return net, blocks, model
+
+
+def masked_count(network: dict) -> int | None:
+    """M, the masked positions of a network trained with masked_lm_and_next_sentence (else None)."""
+    if network.get("loss") != "masked_lm_and_next_sentence":
+        return None
+    return len(network["input"]["masked_positions"])
 
 
 def hybridize_model(model) -> None:
@@ -773,18 +866,21 @@ def probe_dtypes(net, blocks: list, network: dict, x, precision: str, train: boo
         for i in range(len(net)):
             try:
                 h = net[i](h)
-                h.wait_to_read()
+                # pretraining_heads give (masked-LM logits, next-sentence logits): the logits are the first
+                outputs = list(h) if isinstance(h, (list, tuple)) else [h]
+                for o in outputs:
+                    o.wait_to_read()
             except mx.base.MXNetError as e:
                 if not amp:
                     raise
                 kind = layers[i]["type"] if i < len(layers) else type(net[i]).__name__
                 raise unsupported(f"layer {i} ({kind}, {type(net[i]).__name__})", e) from e
             if i == 0:
-                dtypes["first_layer_output_dtype"] = dtype_name(h.dtype)
-        dtypes["logits_dtype"] = dtype_name(h.dtype)
+                dtypes["first_layer_output_dtype"] = dtype_name(outputs[0].dtype)
+        dtypes["logits_dtype"] = dtype_name(outputs[0].dtype)
     if amp and train:
         try:
-            h.backward(mx.nd.ones_like(h))
+            mx.autograd.backward(outputs, [mx.nd.ones_like(o) for o in outputs])
             mx.nd.waitall()
         except mx.base.MXNetError as e:
             raise unsupported("the backward pass", e) from e
@@ -893,13 +989,20 @@ def attention_record(blocks: list, network: dict, ctx, dtype: str, train: bool,
 
 
 def synthetic_batch(network: dict, batch: int, rng):
-    """(x, y) as numpy arrays drawn from `rng` (numpy.random.Generator), channels-first images."""
+    """(x, y) as numpy arrays drawn from `rng` (numpy.random.Generator), channels-first images; a
+    masked_tokens input's y is (batch, M + 1), as equivalence.make_inputs draws it."""
     import numpy as np
 
     inp = network["input"]
     if inp["kind"] == "tokens":
         shape = (batch, inp["sequence_length"])
         return rng.integers(0, inp["vocabulary"], shape), rng.integers(0, inp["vocabulary"], shape)
+    if inp["kind"] == "masked_tokens":  # y: the M masked positions' tokens, then the next-sentence label
+        masked = len(inp["masked_positions"])
+        x_np = rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]))
+        y_np = rng.integers(0, inp["vocabulary"], (batch, masked + 1))
+        y_np[:, masked] = rng.integers(0, 2, batch)
+        return x_np, y_np
     x_np = rng.standard_normal((batch, *inp["shape"]), dtype=np.float32)
     return x_np, rng.integers(0, inp["classes"], (batch,))
 
@@ -976,11 +1079,11 @@ def float64_composites(network: dict, fused_unavailable: str | None) -> list[str
     """What a float64 network builds from MXNet's operators instead of the operator float32 uses."""
     notes = []
     layers = network["layers"]
-    if any(l["type"] == "gelu" and l["form"] == "erf" or l["type"] == "transformer_block" and l["gelu"] == "erf"
-           for l in layers):
+    if any(l["type"] == "gelu" and l["form"] == "erf" or l["type"] in ("transformer_block", "pretraining_heads")
+           and l["gelu"] == "erf" for l in layers):
         notes.append("GELU (erf form): 0.5 x (1 + erf(x / sqrt(2))) from the erf operator, not nn.GELU: MXNet's "
                      "gelu computes in float32 for every dtype (src/operator/mshadow_op.h casts to float)")
-    if any(l["type"] in ("layer_norm", "transformer_block") for l in layers):
+    if any(l["type"] in ("layer_norm", "transformer_block", "pretraining_heads") for l in layers):
         notes.append("layer norm: nn.LayerNorm's gamma and beta, normalised by mean, square, sqrt and broadcast "
                      "operators with eps a double: the LayerNorm operator declares eps a float32 parameter")
     if has_attention(network) and fused_unavailable:
@@ -1012,5 +1115,7 @@ def output_shape(net, x) -> list[int]:
     """The per-sample output shape as the framework infers it (no computation, no rebinding)."""
     mx = load_mxnet()
     sym = net(mx.sym.var("data"))
+    if isinstance(sym, (list, tuple)):  # pretraining_heads: (masked-LM logits, next-sentence logits)
+        sym = sym[0]
     _, out_shapes, _ = sym.infer_shape(data=(1, *x.shape[1:]))
     return list(out_shapes[0][1:])

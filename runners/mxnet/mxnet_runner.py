@@ -14,6 +14,14 @@ interleaved_matmul_selfatt_valatt (the weighted values, heads concatenated), the
 constant added to the scores; settings["attention"] records the operators MXNet's profiler saw it
 run on one sample in the step's mode. Layer norm is nn.LayerNorm, GELU's erf form nn.GELU (the
 LeakyReLU operator's gelu); its tanh form has no MXNet operator and is written from operators.
+BERT (a masked_tokens input): the segment embedding is its (segments, D) table looked up by `take`
+at the input's fixed segment ids (a graph constant) and broadcast-added; the pre-training heads are
+GluonNLP's: a tanh Dense pooler on the [CLS] row with the next-sentence Dense, the masked positions
+(a graph constant, the same for every sample) gathered by `take` on the sequence axis, the transform
+Dense, GELU and nn.LayerNorm, and the decoder Dense, tied as lm_head is (below). The network gives
+(masked-LM logits, next-sentence logits); the loss block takes masked_lm_and_next_sentence (the mean
+cross-entropy over the B*M masked positions plus the next-sentence one over B) and returns the
+masked-LM logits as the logits. y is (B, M + 1) float32 indices, as the token ids.
 Not used: gluon.nn.BatchNormReLU (1.9.1's fused batch norm + relu returns wrong gamma/beta
 gradients, measured) and the MKLDNN subgraph backend for inference (it folds batch norm into the
 convolution weights once and does not see weights loaded afterwards).
@@ -75,8 +83,12 @@ Semantics (see src/dlbench/definitions/schema.py):
   operator's gate blocks are ordered i, f, g (cell), o, as in the canonical format.
 - Attention's projection is one (3*H*S, D) Dense whose output feature h*3S + j*S + s is row h*S + s
   of the canonical q (j = 0), k (1) or v (2): q/k/v are interleaved on load and split on export.
-  A tied lm_head is a Dense built with the token embedding's ParameterDict (Gluon's sharing): its
-  weight is the embedding's Parameter, exported once as 000.weight.
+  A tied lm_head, and a tied pretraining_heads' decoder, is a Dense built with the token embedding's
+  ParameterDict (Gluon's sharing): its weight is the embedding's Parameter, exported once as
+  000.weight; its bias is its own (the heads': NNN.decoder.bias). In AMP and float64 the heads are
+  built as the other layers: their Dense layers in AMP's target dtype, layer norm and the loss in
+  float32, `take` in float32 for bfloat16 and in its input's dtype for float16 (AMP's lists); in
+  float64 the composed GELU and layer norm.
 - AMP bfloat16 on a network with attention keeps the fused attention operators and Dropout in
   float32 (amp.init's fp32_ops): neither has a bfloat16 kernel in 1.9.1, and AMP lists neither.
 - Trainer.step(batch_size) divides gradients by batch_size; the loss here is already the mean
@@ -291,7 +303,7 @@ class MXNetRunner:
                 x_np, y_np = data["x"], data["y"]
         else:
             x_np, y_np = mn.synthetic_batch(network, request["batch_size"], np.random.default_rng(seed))
-        if inp["kind"] == "tokens" and inp["vocabulary"] > 2 ** 24:
+        if inp["kind"] in ("tokens", "masked_tokens") and inp["vocabulary"] > 2 ** 24:
             raise ValueError("the mxnet runner passes token ids as float32: vocabulary must be <= 2**24")
         x, y = mn.to_device(x_np, y_np, ctx, dtype=storage)
 

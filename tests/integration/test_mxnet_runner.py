@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from dlbench import paths
 from dlbench.definitions.loader import load_network
@@ -336,3 +337,63 @@ def test_transformer_tiny_check_step_matches_numpy_in_float64(mxnet_env, transfo
     for name in ("003.attn.q.weight", "004.attn.v.bias"):  # the interleaved layout undone exactly
         assert np.array_equal(arrays[f"loaded/{name}"], weights[name].astype(np.float64))
     assert_tiny_step(arrays, net, weights, inputs)
+
+
+# ------------------------------------------------------------------ BERT's input and heads (issue 17): masked_tokens
+# bert_base's layer types at sequence 10 (2 masked positions, segments 0-4 and 5-9, dropout 0.1 in the
+# encoder), one training step's worth of smoke runs in fp32 and amp_bf16, two workers at once.
+MASKED_TINY = {
+    "name": "bert_masked_tiny", "loss": "masked_lm_and_next_sentence",
+    "input": {"kind": "masked_tokens", "vocabulary": 11, "sequence_length": 10, "mask_seed": 4},
+    "layers": [{"type": "embedding", "vocabulary": 11, "dim": 8}, {"type": "position_embedding", "max_length": 12},
+               {"type": "segment_embedding"}, {"type": "layer_norm", "eps": 1e-3}, {"type": "dropout", "rate": 0.1},
+               {"type": "transformer_block", "heads": 2, "norm": "post", "gelu": "erf", "eps": 1e-3, "dropout": 0.1},
+               {"type": "pretraining_heads", "gelu": "erf", "eps": 1e-3, "tied": True}]}
+
+
+@pytest.fixture(scope="module")
+def masked_tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("masked") / "bert_masked_tiny.yaml"
+    path.write_text(yaml.safe_dump(MASKED_TINY))
+    return load_network(path)
+
+
+@pytest.fixture(scope="module")
+def masked_runs(mxnet_env, masked_tiny):
+    runner, env = mxnet_env
+
+    def run(precision):
+        try:
+            return precision, run_worker(env.python, runner.worker,
+                                         _request(masked_tiny.resolved, "benchmark", "train", 2, precision=precision),
+                                         timeout_s=300)
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            return precision, e
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, ["fp32", "amp_bf16"]))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp_bf16"])
+def test_masked_tokens_network_trains_with_segment_embedding_and_pretraining_heads(masked_runs, masked_tiny,
+                                                                                   precision):
+    outcome = masked_runs[precision]
+    if isinstance(outcome, Exception):
+        raise outcome
+    if precision == "amp_bf16" and not BF16_CPU:  # an AVX2 CPU: the block's bfloat16 projection is refused
+        assert outcome.status == "skipped", outcome.reason or outcome.output_tail
+        assert outcome.reason.startswith("amp_bf16: MXNet 1.9.1 cannot run layer 5 (transformer_block, "
+                                         "TransformerBlock) in bfloat16 on the CPU"), outcome.reason
+        return
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    masked = len(masked_tiny.resolved["input"]["masked_positions"])
+    assert masked == 2 and len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    # the tied decoder has no weight of its own: the description's count, and the (M, V) masked-LM logits
+    assert res["params"] == masked_tiny.params and res["output_shape"] == [masked, 11]
+    s = res["settings"]
+    assert s["precision_effective"]["logits_dtype"] == ("bfloat16" if precision == "amp_bf16" else "float32")
+    attention = s["attention"]
+    assert attention["kernel"] == "fused interleaved_matmul_selfatt", attention
+    assert "causal_mask" not in attention  # BERT's encoder attends both ways
+    assert {"_backward_interleaved_matmul_selfatt_qk", "_backward_Dropout"} <= set(attention["operators"])
