@@ -24,7 +24,7 @@ FORMATS = ("table", "csv", "json", "parquet")
 RICH_TABLE_MAX_ROWS = 200
 RESULTS_TABLE_COLUMNS = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "precision",
                          "compile", "status",
-                         "ms_per_iter", "ci_pct", "samples_per_s", "mfu", "stability", "params", "params_described",
+                         "ms_per_iter", "ci_pct", "samples_per_s", "tokens_per_s", "mfu", "stability", "params", "params_described",
                          "flops_per_sample", "equivalence")
 
 
