@@ -2,6 +2,15 @@
 per layer type, in LAYERS), canonical weights in and out, the data, the loss, the optimiser and
 the training step. torch_runner.py, torch_kernels.py and torch_distributed.py all build from here.
 
+The transformer layers are torch.nn modules of transformer_modules(): attention through
+F.scaled_dot_product_attention, a tied head on the token embedding's own Parameter, and BERT's
+segment_embedding (F.embedding of a fixed segment-id buffer) and pretraining_heads (pooler,
+next-sentence classifier, and the masked-LM head on the masked rows gathered by index_select), on
+a masked_tokens input whose batch is x (B, T) ids and y (B, M + 1): the masked tokens, then the
+next-sentence label. Pretraining heads make the model's output the pair (masked-LM logits,
+next-sentence logits): its logits (`logits_of`) are the first, the loss
+(masked_lm_and_next_sentence) takes both.
+
 torch itself is imported on first use (`load_torch()`), never at module level: the runner sets the
 OpenMP variables that torch reads at import first.
 """
@@ -235,9 +244,46 @@ def transformer_modules():
         def forward(self, x):
             return F.linear(x, self.weight, self.bias)
 
+    class SegmentEmbedding(nn.Module):
+        """x + S[s]: each position's row of a learned (segments, dim) table, looked up with
+        F.embedding from a fixed (T,) segment-id buffer (0 before `boundary`, 1 from it), broadcast
+        over the batch: HuggingFace BERT's token_type_embeddings of its token_type_ids."""
+
+        def __init__(self, segments: int, dim: int, steps: int, boundary: int):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(segments, dim))
+            nn.init.normal_(self.weight, std=0.02)  # BERT's initialisation of its embedding tables
+            self.register_buffer("ids", (torch.arange(steps) >= boundary).long(), persistent=False)
+
+        def forward(self, x):
+            return x + F.embedding(self.ids[: x.shape[1]], self.weight)
+
+    class PretrainingHeads(nn.Module):
+        """BERT's pooler, next-sentence and masked-LM heads (HuggingFace's BertPooler and
+        BertPreTrainingHeads) on h (B, T, D): returns (masked-LM logits (B, M, V), next-sentence
+        logits (B, 2)). The M masked rows are gathered with index_select from a fixed positions
+        buffer; the decoder is a TiedLMHead on the token embedding's Parameter when tied."""
+
+        def __init__(self, dim: int, vocabulary: int, positions: list[int], gelu: str, eps: float, embedding=None):
+            super().__init__()
+            self.pooler = nn.Linear(dim, dim)
+            self.next_sentence = nn.Linear(dim, 2)
+            self.transform = nn.Linear(dim, dim)
+            self.gelu = nn.GELU(approximate=GELU_FORMS[gelu])
+            self.transform_ln = nn.LayerNorm(dim, eps=eps)
+            self.decoder = (TiedLMHead(embedding, vocabulary, True) if embedding is not None
+                            else nn.Linear(dim, vocabulary, bias=True))
+            self.register_buffer("positions", torch.tensor(positions, dtype=torch.long), persistent=False)
+
+        def forward(self, h):
+            next_sentence = self.next_sentence(torch.tanh(self.pooler(h[:, 0])))
+            masked = h.index_select(1, self.positions)  # (B, M, D)
+            return self.decoder(self.transform_ln(self.gelu(self.transform(masked)))), next_sentence
+
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
                                  SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, TokenPool=TokenPool,
-                                 TiedLMHead=TiedLMHead)
+                                 TiedLMHead=TiedLMHead, SegmentEmbedding=SegmentEmbedding,
+                                 PretrainingHeads=PretrainingHeads)
 
 
 GELU_FORMS = {"erf": "none", "tanh": "tanh"}  # the schema's form -> nn.GELU's `approximate`
@@ -272,14 +318,31 @@ def _token_pool(spec: dict):
     return transformer_modules().TokenPool(spec["mode"])
 
 
+def _token_embedding(built: list, layer: str):
+    """The network's first module, the token embedding a tied head shares its Parameter with."""
+    embedding = built[0]  # the schema ties a head to the network's first layer, the token embedding
+    if not isinstance(embedding, load_torch().nn.Embedding):
+        raise TypeError(f"a tied {layer} needs the token embedding as layer 0, found {type(embedding).__name__}")
+    return embedding
+
+
 def _lm_head(spec: dict, built: list):
     dim, vocabulary = spec["in_shape"][-1], spec["out_shape"][-1]
     if not spec["tied"]:
         return load_torch().nn.Linear(dim, vocabulary, bias=spec["bias"])
-    embedding = built[0]  # the schema ties the head to the network's first layer, the token embedding
-    if not isinstance(embedding, load_torch().nn.Embedding):
-        raise TypeError(f"a tied lm_head needs the token embedding as layer 0, found {type(embedding).__name__}")
-    return transformer_modules().TiedLMHead(embedding, vocabulary, spec["bias"])
+    return transformer_modules().TiedLMHead(_token_embedding(built, "lm_head"), vocabulary, spec["bias"])
+
+
+def _segment_embedding(spec: dict, inp: dict):
+    steps, dim = spec["in_shape"]
+    return transformer_modules().SegmentEmbedding(spec["segments"], dim, steps, inp["segment_boundary"])
+
+
+def _pretraining_heads(spec: dict, built: list, inp: dict):
+    dim, vocabulary = spec["in_shape"][-1], spec["out_shape"][-1]
+    embedding = _token_embedding(built, "pretraining_heads") if spec["tied"] else None
+    return transformer_modules().PretrainingHeads(dim, vocabulary, inp["masked_positions"], spec["gelu"], spec["eps"],
+                                                  embedding)
 
 
 LAYERS = LayerTable("torch", {
@@ -288,11 +351,15 @@ LAYERS = LayerTable("torch", {
     "tanh": _tanh, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
     "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
     "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
-    "token_pool": _token_pool, "lm_head": _lm_head,
+    "token_pool": _token_pool, "lm_head": _lm_head, "segment_embedding": _segment_embedding,
+    "pretraining_heads": _pretraining_heads,
 })
-# Builders that also take the modules built before them (in network order): a tied lm_head shares
-# the token embedding's Parameter, so it needs that module, not a description of it.
-TAKES_EARLIER = frozenset({"lm_head"})
+# Builders that also take the modules built before them (in network order, as `built`): a tied head
+# shares the token embedding's Parameter, so it needs that module, not a description of it.
+TAKES_EARLIER = frozenset({"lm_head", "pretraining_heads"})
+# Builders that also take the resolved network's input (as `inp`): the masked_tokens layout
+# (segment_boundary, masked_positions) that BERT's segments and heads are built on.
+TAKES_INPUT = frozenset({"segment_embedding", "pretraining_heads"})
 
 
 def lstm_layer(features: int, hidden: int, layers: int):
@@ -321,11 +388,17 @@ def lstm_layer(features: int, hidden: int, layers: int):
     return SequenceLSTM()
 
 
-def build_module(spec: dict, built: list | tuple = ()):
+def build_module(spec: dict, built: list | tuple = (), inp: dict | None = None):
     """One resolved layer (see dlbench.definitions.network) as a torch module; `built`: the modules of
-    the layers before it (what a TAKES_EARLIER builder is handed)."""
+    the layers before it (what a TAKES_EARLIER builder is handed); `inp`: the network's resolved
+    input (a TAKES_INPUT builder's)."""
     builder = LAYERS.builder(spec["type"])
-    return builder(spec, list(built)) if spec["type"] in TAKES_EARLIER else builder(spec)
+    extra = {}
+    if spec["type"] in TAKES_EARLIER:
+        extra["built"] = list(built)
+    if spec["type"] in TAKES_INPUT:
+        extra["inp"] = inp
+    return builder(spec, **extra)
 
 
 def build_network(network: dict, deterministic: bool = False):
@@ -340,7 +413,7 @@ def build_network(network: dict, deterministic: bool = False):
             continue
         if deterministic and layer.get("dropout"):  # attention, transformer_block: their own dropout rate
             layer = {**layer, "dropout": 0.0}
-        built.append(build_module(layer, built))
+        built.append(build_module(layer, built, network["input"]))
     return nn.Sequential(*built)
 
 
@@ -380,6 +453,10 @@ def synthetic_batch(network: dict, batch: int, device, memory_format, generator=
     if inp["kind"] == "tokens":
         x = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), **where)
         y = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), **where)
+    elif inp["kind"] == "masked_tokens":  # y: the M masked positions' tokens, then the next-sentence label
+        x = torch.randint(0, inp["vocabulary"], (batch, inp["sequence_length"]), **where)
+        y = torch.cat([torch.randint(0, inp["vocabulary"], (batch, len(inp["masked_positions"])), **where),
+                       torch.randint(0, 2, (batch, 1), **where)], dim=1)
     else:
         x = torch.randn(batch, *inp["shape"], **where)
         y = torch.randint(0, inp["classes"], (batch,), **where)
@@ -402,9 +479,23 @@ def loaded_batch(network: dict, path: str, device, memory_format):
     return x, y
 
 
+def logits_of(out):
+    """The logits of a model's output: pretraining heads return (masked-LM logits, next-sentence
+    logits), whose logits are the masked-LM ones; every other network its logits alone."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 def loss(out, y):
-    """Mean cross-entropy over the batch (and the steps of a language model)."""
-    return load_torch().nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+    """Mean cross-entropy over the batch (and the steps of a language model); for pretraining heads'
+    (masked-LM (B, M, V), next-sentence (B, 2)) output, masked_lm_and_next_sentence: the mean over
+    the B*M masked positions against y[:, :M] plus the mean over the batch against y[:, M]."""
+    F = load_torch().nn.functional
+    if isinstance(out, tuple):
+        masked_lm, next_sentence = out
+        m = masked_lm.shape[1]
+        return (F.cross_entropy(masked_lm.reshape(-1, masked_lm.shape[-1]), y[:, :m].reshape(-1))
+                + F.cross_entropy(next_sentence, y[:, m]))
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
 # ------------------------------------------------------------------ precision (contract.PRECISIONS)
@@ -567,7 +658,7 @@ def probe_dtypes(model, x, autocast, precision: str, network: dict) -> dict:
                 h = out
                 if i == 0:
                     seen["first_layer_output_dtype"] = str(h.dtype).removeprefix("torch.")
-            seen["logits_dtype"] = str(h.dtype).removeprefix("torch.")
+            seen["logits_dtype"] = str(logits_of(h).dtype).removeprefix("torch.")
     finally:
         model.train(was_training)
     seen["dtype_probe"] = ("one sample through the eager module layer by layer, eval mode, no autograd, "
@@ -687,7 +778,7 @@ def output_shape(model, x, train: bool) -> list[int]:
     torch = load_torch()
     with torch.inference_mode():
         model.eval()
-        shape = list(model(x[:1]).shape[1:])
+        shape = list(logits_of(model(x[:1])).shape[1:])
         if train:
             model.train()
     return shape
@@ -701,8 +792,9 @@ def synchronizer(device):
 # ------------------------------------------------------------------ canonical weights
 # Canonical weights (see src/dlbench/definitions/weights.py) <-> torch tensors. torch's own layouts
 # are the canonical ones (OIHW, out x in, gates i f g o, nn.Linear's (out, in) for q/k/v/out with the
-# heads' rows in order), so only the LSTM's two biases need care. A tied lm_head's weight is the
-# embedding's Parameter: it is exported once, as the embedding's.
+# heads' rows in order), so only the LSTM's two biases need care. A tied lm_head's weight, and a
+# tied pretraining_heads' decoder weight, is the embedding's Parameter: it is exported once, as the
+# embedding's (000.weight).
 
 
 def _bn_tensors(prefix: str, bn) -> dict:
@@ -777,6 +869,15 @@ def canonical_tensors(model, network: dict) -> dict:
                     out[f"{p}.bias"] = module.bias
             else:
                 out.update(_weight_bias(p, module))
+        elif t == "segment_embedding":
+            out[f"{p}.weight"] = module.weight
+        elif t == "pretraining_heads":
+            for part in ("pooler", "next_sentence", "transform"):
+                out.update(_weight_bias(f"{p}.{part}", getattr(module, part)))
+            out.update(_ln_tensors(f"{p}.transform_ln", module.transform_ln))
+            if not layer["tied"]:  # tied: the decoder's weight is 000.weight
+                out[f"{p}.decoder.weight"] = module.decoder.weight
+            out[f"{p}.decoder.bias"] = module.decoder.bias
     return out
 
 

@@ -112,7 +112,7 @@ class TorchRunner:
             with grad, autocast():
                 out = model(x)
                 loss = tn.loss(out, y)
-            return tn.host_array(out), float(loss)
+            return tn.host_array(tn.logits_of(out)), float(loss)
 
         # the timed module: torch.compile's, compiled lazily by its first call (the harness's first iteration)
         stepped = torch.compile(model, mode=compile_settings["compile_mode"]) if compiled else model

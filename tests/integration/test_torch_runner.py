@@ -355,3 +355,60 @@ def test_transformer_tiny_check_step_matches_numpy_in_float64(torch_env, tmp_pat
                                     tmp_path / "inputs.npz", 2, precision="float64")
     assert arrays is not None, f"{status}: {reason}"
     assert_tiny_step(arrays, net, weights, inputs)
+
+
+# ------------------------------------------------------------------ BERT's input and heads (issue 17)
+# The layer-semantics case bert_segments_pretraining_heads (10 tokens, segments 0-4 and 5-9, 2 masked
+# positions, a tied masked-LM decoder) with BERT's dropout 0.1 in its block: a training step in fp32
+# and amp_bf16, two runs side by side.
+BERT_TINY = """
+name: bert_tiny
+input: {kind: masked_tokens, vocabulary: 11, sequence_length: 10, mask_seed: 4}
+layers:
+  - {type: embedding, vocabulary: 11, dim: 8}
+  - {type: position_embedding, max_length: 12}
+  - {type: segment_embedding}
+  - {type: layer_norm, eps: 1.0e-3}
+  - {type: transformer_block, heads: 2, norm: post, gelu: erf, dropout: 0.1, eps: 1.0e-3}
+  - {type: pretraining_heads, gelu: erf, eps: 1.0e-3, tied: true}
+loss: masked_lm_and_next_sentence
+"""
+BERT_PRECISIONS = ["fp32", "amp_bf16"]
+
+
+@pytest.fixture(scope="module")
+def bert_runs(torch_env, tmp_path_factory):
+    """(network summary, precision -> outcome or the exception) for a train step in each of BERT_PRECISIONS."""
+    runner, env = torch_env
+    path = tmp_path_factory.mktemp("bert") / "bert_tiny.yaml"
+    path.write_text(BERT_TINY)
+    net = load_network(path)
+
+    def run(precision):
+        try:
+            return run_worker(env.python, runner.worker, _request(net.resolved, "benchmark", "train", 2, precision),
+                              timeout_s=300)
+        except Exception as e:  # noqa: BLE001 - reported by the test that reads it
+            return e
+
+    with ThreadPoolExecutor(2) as pool:
+        return net, {(precision,): outcome for precision, outcome in zip(BERT_PRECISIONS, pool.map(run, BERT_PRECISIONS))}
+
+
+@pytest.mark.parametrize("precision", BERT_PRECISIONS)
+def test_masked_tokens_network_trains_with_pretraining_heads(bert_runs, precision):
+    net, runs = bert_runs
+    outcome = _outcome(runs, precision)
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    masked = net.resolved["input"]["masked_positions"]
+    assert len(masked) == 2
+    # the tied decoder shares the embedding's table: counted once, as the description counts it
+    assert res["params"] == net.params and res["output_shape"] == [2, 11]  # (M, V): the masked-LM logits
+    eff = res["settings"]["precision_effective"]
+    assert eff["logits_dtype"] == ("bfloat16" if precision == "amp_bf16" else "float32")  # the decoder's product
+    attention = res["settings"]["attention"]
+    assert attention["function"] == "torch.nn.functional.scaled_dot_product_attention"
+    # torch 2.13 on the CPU trains with dropout on the probabilities in the math backend
+    assert attention["kernel"] == "math" and attention["operator"] == "aten.bmm (the math backend's products)"
