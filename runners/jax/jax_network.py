@@ -11,10 +11,14 @@ Canonical weights (src/dlbench/definitions/weights.py) <-> flax variables:
   also attention's q, k, v and out, a block's mlp.fc1/fc2 and an untied lm_head (nn.Dense; the q,
   k, v kernels' columns are the canonical head-major rows); layer norm gamma/beta <-> scale/bias; a
   position table and a class token as they are; a tied lm_head has only its bias (its weight is
-  000.weight, the Embed table its attend decodes with); LSTM w_ih (4h, in) / w_hh (4h, h) <-> fused
-  (in, 4h) / (h, 4h) kernels, gates i, f, g, o, one bias; a dense layer fed by a flatten of an NHWC
-  map takes its rows in H, W, C order, so its canonical C, H, W rows are permuted on load and
-  export (likewise a batch norm between the two), which keeps the flatten free at run time.
+  000.weight, the Embed table its attend decodes with); a segment embedding's (segments, D) table is
+  its nn.Embed's; pretraining heads' pooler, next_sentence, transform and an untied decoder weight
+  are nn.Dense kernels (transposed), transform_ln the nn.LayerNorm, decoder.bias the decoder's bias
+  (tied: a bias only, decoding with the token embedding's Embed.attend, as a tied lm_head); LSTM
+  w_ih (4h, in) / w_hh (4h, h) <-> fused (in, 4h) / (h, 4h) kernels, gates i, f, g, o, one bias; a
+  dense layer fed by a flatten of an NHWC map takes its rows in H, W, C order, so its canonical
+  C, H, W rows are permuted on load and export (likewise a batch norm between the two), which keeps
+  the flatten free at run time.
 """
 
 from __future__ import annotations
@@ -128,7 +132,8 @@ def precision_flags() -> dict:
 # Build plan: the decisions that depend on the description only (no framework needed).
 
 def build_plan(network: dict) -> list[dict]:
-    """Per layer: how the flatten is done and which flat-feature permutation a layer's weights see.
+    """Per layer: how the flatten is done and which flat-feature permutation a layer's weights see
+    (and, from a masked_tokens input, a segment embedding's boundary and the heads' masked positions).
 
     A flatten of an image is done on the NHWC map as it is (rows in H, W, C order) when the flat
     vector reaches a dense layer through element-wise layers only: that dense layer's weight rows
@@ -162,6 +167,10 @@ def build_plan(network: dict) -> list[dict]:
                 perm = None
         elif t not in _FLAT_ELEMENTWISE:
             perm = None
+        if t == "segment_embedding":  # the masked_tokens input's layout: segment 0, then 1
+            plan[i]["segment_boundary"] = network["input"]["segment_boundary"]
+        elif t == "pretraining_heads":  # the positions the masked-LM head gathers (sorted, unique)
+            plan[i]["masked_positions"] = tuple(network["input"]["masked_positions"])
     return plan
 
 
@@ -406,7 +415,7 @@ def attention_asked(dtype: str, device: str) -> str | None:
 
 
 TRANSFORMER_TYPES = ("position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
-                     "token_pool", "lm_head")
+                     "token_pool", "lm_head", "segment_embedding", "pretraining_heads")
 CUDNN_PRIMITIVE = "dot_product_attention"  # jax/_src/cudnn/fused_attention_stablehlo.py's primitives' prefix
 
 
@@ -595,8 +604,36 @@ def transformer_modules():
         def __call__(self, x):
             return x + self.param("bias", nn.initializers.zeros_init(), (self.features,)).astype(self.dtype)
 
+    class PretrainingHeads(nn.Module):
+        """BERT's pooler and pre-training heads (HuggingFace's FlaxBertForPreTraining): pooled =
+        tanh(pooler(h[:, 0])), the next-sentence logits next_sentence(pooled); at the masked
+        positions, gathered with jnp.take (one XLA gather, the positions static, sorted and unique),
+        transform, GELU, transform_ln, then the decoder: an nn.Dense of its own, or with `embed` (the
+        token embedding, tied) that module's Embed.attend plus the decoder's Bias. -> (masked-LM
+        logits (B, M, V), next-sentence logits (B, 2))."""
+
+        masked_positions: tuple
+        vocabulary: int
+        approximate: bool
+        eps: float
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, embed=None):
+            d = x.shape[-1]
+            pooled = jnp.tanh(nn.Dense(d, dtype=self.dtype, name="pooler")(x[:, 0]))
+            next_sentence = nn.Dense(2, dtype=self.dtype, name="next_sentence")(pooled)
+            h = jnp.take(x, jnp.asarray(self.masked_positions, jnp.int32), axis=1, mode="clip",
+                         indices_are_sorted=True, unique_indices=True)  # (B, M, D)
+            h = jax.nn.gelu(nn.Dense(d, dtype=self.dtype, name="transform")(h), approximate=self.approximate)
+            h = nn.LayerNorm(epsilon=self.eps, dtype=self.dtype, name="transform_ln")(h)
+            if embed is None:
+                return nn.Dense(self.vocabulary, dtype=self.dtype, name="decoder")(h), next_sentence
+            return Bias(self.vocabulary, self.dtype, name="decoder")(embed.attend(h)), next_sentence
+
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
-                                 SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, Bias=Bias)
+                                 SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, Bias=Bias,
+                                 PretrainingHeads=PretrainingHeads)
 
 
 def _position_embedding(x, spec, at):
@@ -646,13 +683,36 @@ def _lm_head(x, spec, at):
     return transformer_modules().Bias(vocabulary, at.dtype, name=at.name)(logits) if spec["bias"] else logits
 
 
+def _segment_embedding(x, spec, at):
+    import numpy as np
+
+    # BERT's token types: the fixed (T,) segment of each position looked up in an nn.Embed table
+    # (flax BERT's token_type_embeddings), the same rows for every sample of the batch
+    segment = np.asarray(np.arange(x.shape[1]) >= at.how["segment_boundary"], np.int32)
+    table = _linen().Embed(spec["segments"], x.shape[-1], dtype=at.dtype, name=at.name)
+    return x + table(_jnp().asarray(segment))[None]
+
+
+def _pretraining_heads(x, spec, at):
+    nn = _linen()
+    embed = None
+    if spec["tied"]:  # the decoder is layer 0's table, as a tied lm_head's (Embed.attend)
+        embed = at.modules.get("layer000")
+        if not isinstance(embed, nn.Embed):
+            raise TypeError(f"tied pretraining_heads need the token embedding as layer 0, found {type(embed).__name__}")
+    return transformer_modules().PretrainingHeads(at.how["masked_positions"], spec["out_shape"][-1],
+                                                  spec["gelu"] == "tanh", spec["eps"], at.dtype,
+                                                  name=at.name)(x, embed)
+
+
 LAYERS = LayerTable("jax", {
     "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
     "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _relu, "sigmoid": _sigmoid,
     "tanh": _tanh, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
     "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
     "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
-    "token_pool": _token_pool, "lm_head": _lm_head,
+    "token_pool": _token_pool, "lm_head": _lm_head, "segment_embedding": _segment_embedding,
+    "pretraining_heads": _pretraining_heads,
 })
 
 
@@ -736,6 +796,15 @@ def _entries(network: dict, plan: list[dict]):
                 yield from _weight_bias_entries(p, (m,), layer["bias"])
             elif layer["bias"]:  # tied: the weight is 000.weight, the embedding's table; only a bias of its own
                 yield f"{p}.bias", "params", (m, "bias"), "vector", None
+        elif t == "segment_embedding":
+            yield f"{p}.weight", "params", (m, "embedding"), "vector", None
+        elif t == "pretraining_heads":
+            for part in ("pooler", "next_sentence", "transform"):
+                yield from _weight_bias_entries(f"{p}.{part}", (m, part), True)
+            yield from _ln_entries(f"{p}.transform_ln", (m, "transform_ln"))
+            if not layer["tied"]:  # tied: the weight is 000.weight, the embedding's table
+                yield f"{p}.decoder.weight", "params", (m, "decoder", "kernel"), "dense", None
+            yield f"{p}.decoder.bias", "params", (m, "decoder", "bias"), "vector", None
 
 
 def _weight_bias_entries(prefix: str, path: tuple, bias: bool, kind: str = "dense"):
@@ -879,6 +948,12 @@ def host_init(abstract: dict, rng) -> dict:
     return jax.tree_util.tree_map_with_path(one, abstract)
 
 
+def logits_of(out):
+    """The logits of a network's output: pretraining heads' output is (masked-LM logits,
+    next-sentence logits), whose logits are the first; any other network's output is its logits."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 class TrainingModel:
     """What a training run of one resolved network needs, independent of where it runs: the flax
     module, host (numpy) data and initial variables, the loss, the optimiser and one iteration's
@@ -904,7 +979,8 @@ class TrainingModel:
         self.plan = build_plan(network)
         inp = network["input"]
         self.images = inp["kind"] == "tensor" and len(inp["shape"]) == 3
-        self.tokens = inp["kind"] == "tokens"
+        self.tokens = inp["kind"] in ("tokens", "masked_tokens")  # int32 token ids
+        self.masked = inp["kind"] == "masked_tokens"
         self.has_lstm = any(layer["type"] == "lstm" for layer in network["layers"])
         self.lstm_unroll = 1  # the recurrence is small next to the vocabulary dense; unrolling only slows compilation
         for layer in network["layers"]:
@@ -941,7 +1017,8 @@ class TrainingModel:
         return out
 
     def host_batch(self, batch: int, rng, inputs: str | None = None):
-        """(x, y) as contiguous numpy arrays: images NHWC, tokens int32."""
+        """(x, y) as contiguous numpy arrays: images NHWC, tokens int32; masked tokens' y is (B, M + 1),
+        the M masked positions' tokens then the next-sentence label (equivalence.make_inputs' draw)."""
         import numpy as np
 
         inp = self.network["input"]
@@ -950,6 +1027,11 @@ class TrainingModel:
                 x_np, y_np = data["x"], data["y"]
             if self.images:
                 x_np = x_np.transpose(0, 2, 3, 1)  # canonical NCHW -> NHWC, once
+        elif self.masked:
+            masked = len(inp["masked_positions"])
+            x_np = rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]))
+            y_np = rng.integers(0, inp["vocabulary"], (batch, masked + 1))
+            y_np[:, masked] = rng.integers(0, 2, batch)
         elif self.tokens:
             shape = (batch, inp["sequence_length"])
             x_np = rng.integers(0, inp["vocabulary"], shape)
@@ -995,7 +1077,7 @@ class TrainingModel:
 
     def output_shape(self, params, stats, x) -> list[int]:
         """Per-sample output shape (traced, not compiled); `x` may be a ShapeDtypeStruct."""
-        out = load_jax().eval_shape(lambda p, s, x: self.apply(p, s, None, x, False)[0], params, stats, x)
+        out = load_jax().eval_shape(lambda p, s, x: logits_of(self.apply(p, s, None, x, False)[0]), params, stats, x)
         return list(out.shape[1:])
 
     def apply(self, p, stats, key, x, train: bool):
@@ -1008,13 +1090,24 @@ class TrainingModel:
         return self.model.apply(variables, x, train=train, rngs=rngs), stats
 
     @staticmethod
-    def loss_of(logits, y):
+    def loss_of(out, y):
+        """The network's loss on its output: softmax cross-entropy, mean over the samples (or every
+        position's token); for pretraining heads' (masked-LM, next-sentence) logits
+        masked_lm_and_next_sentence, the mean over the B x M masked positions against y[:, :M] plus
+        the mean over the B samples against y[:, M]."""
         import jax.numpy as jnp
         import optax
 
-        logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # bfloat16 up, float64 kept
-        return optax.softmax_cross_entropy_with_integer_labels(
-            logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).mean()
+        def cross_entropy(logits, labels):
+            logits = logits.astype(jnp.promote_types(logits.dtype, jnp.float32))  # bfloat16 up, float64 kept
+            return optax.softmax_cross_entropy_with_integer_labels(
+                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).mean()
+
+        if isinstance(out, tuple):
+            masked_lm, next_sentence = out
+            masked = masked_lm.shape[1]
+            return cross_entropy(masked_lm, y[:, :masked]) + cross_entropy(next_sentence, y[:, masked])
+        return cross_entropy(out, y)
 
     def gradients(self, p, stats, key, x, y, loss_scale=None):
         """(loss, new batch statistics, gradients) of one batch; `key` is this step's dropout key.
@@ -1083,7 +1176,8 @@ class TrainingModel:
             return out, state["intermediates"]["first_layer_output"][0]
 
         key = jax.ShapeDtypeStruct((2,), np.uint32)
-        logits, first = jax.eval_shape(forward, variables, x, key)
+        out, first = jax.eval_shape(forward, variables, x, key)
+        logits = logits_of(out)
         return {"first_layer_output_dtype": str(first.dtype), "logits_dtype": str(logits.dtype)}
 
     def attention_settings(self, p, stats, x) -> dict | None:
@@ -1108,7 +1202,8 @@ class TrainingModel:
 
             def forward(variables):
                 out = self.model.apply(variables, x, train=self.train, mutable=mutable, rngs=rngs)
-                return (out[0] if mutable else out).astype(np.float32).sum()
+                out = out[0] if mutable else out
+                return sum(o.astype(np.float32).sum() for o in jax.tree.leaves(out))  # both heads' logits
 
             return jax.grad(forward)(variables) if self.train else forward(variables)
 
@@ -1180,6 +1275,11 @@ class TrainingModel:
                             "head-major; flax nn.LayerNorm, jax.nn.gelu in the network's form; a tied head is the "
                             "token embedding's Embed.attend"
                             if any(layer["type"] in TRANSFORMER_TYPES for layer in network["layers"]) else None),
+            "pretraining_heads": ("segments: nn.Embed lookup of the fixed (T,) segment ids, broadcast over the batch; "
+                                  "masked positions gathered by jnp.take (static, sorted, unique: one XLA gather); "
+                                  "loss masked_lm_and_next_sentence (optax cross-entropy over B*M masked tokens + "
+                                  "over B next-sentence labels)"
+                                  if any(layer["type"] == "pretraining_heads" for layer in network["layers"]) else None),
             "precision": self.precision,
             "precision_effective": self.precision_settings(params, stats, x),
             "attention": self.attention_settings(params, stats, x) if params is not None and x is not None else None,

@@ -26,6 +26,12 @@ A network with attention records in settings["attention"] the function each atte
 (jax.nn.dot_product_attention, its `implementation` asked: cuDNN's on a GPU in half precision, else
 None; flax.linen.dot_product_attention for dropout on the probabilities and in float64) and the kernel
 jax traced for it (cuDNN's fused attention or XLA's), read from the step's jaxpr.
+
+BERT (masked_tokens input): the segment embedding is an nn.Embed lookup of the fixed segment ids
+added to every sample; the pretraining heads (pooler + next-sentence, and the masked-LM transform
+and decoder, tied to the token embedding through Embed.attend) gather the masked positions with
+jnp.take inside the same jitted step; the network's output is (masked-LM, next-sentence) logits, the
+loss masked_lm_and_next_sentence, and the check's logits the masked-LM ones.
 """
 
 from __future__ import annotations
@@ -253,8 +259,9 @@ class JaxRunner:
         train = mode == "train"
 
         def forward_loss_fn(p, stats, key, x, y):
-            logits, _ = apply(p, stats, key, x, train)  # train mode: batch statistics, no state change
-            return logits.astype(jax.numpy.promote_types(logits.dtype, np.float32)), loss_of(logits, y)
+            out, _ = apply(p, stats, key, x, train)  # train mode: batch statistics, no state change
+            logits = jn.logits_of(out)  # pretraining heads: the masked-LM logits (B, M, V)
+            return logits.astype(jax.numpy.promote_types(logits.dtype, np.float32)), loss_of(out, y)
 
         device_state = jn.DeviceState({"params": params, "batch_stats": batch_stats,
                                        "opt_state": make_opt_state(params),

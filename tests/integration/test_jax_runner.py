@@ -524,3 +524,60 @@ def test_transformer_tiny_is_equivalent_to_torch(transformer_runs):
     assert jax_res.status == "equivalent", (jax_res.reason, jax_res.errors)
     assert jax_res.params == _transformer_tiny().params == jax_res.params_described
     assert jax_res.errors["roundtrip"] == 0.0
+
+
+# ------------------------------------------------------------------ BERT's input and heads (issue 17)
+# bert_base's layer types at sequence 10 (2 masked positions, segments 0-4 and 5-9), trained in fp32
+# and amp_bf16 in workers of their own. No dropout: each dropout site's threefry costs XLA:CPU ~10 s
+# of compilation, and transformer_tiny's runs above train through dropout already.
+BERT_TINY = """
+name: bert_tiny
+input: {kind: masked_tokens, vocabulary: 11, sequence_length: 10, mask_seed: 4}
+layers:
+  - {type: embedding, vocabulary: 11, dim: 8}
+  - {type: position_embedding, max_length: 12}
+  - {type: segment_embedding}
+  - {type: layer_norm, eps: 1.0e-12}
+  - {type: transformer_block, heads: 2, norm: post, gelu: erf, causal: false, eps: 1.0e-12}
+  - {type: pretraining_heads, gelu: erf, eps: 1.0e-12, tied: true}
+loss: masked_lm_and_next_sentence
+"""
+BERT_PRECISIONS = ["fp32", "amp_bf16"]
+
+
+@pytest.fixture(scope="module")
+def bert_runs(envs, tmp_path_factory):
+    runner, env = envs["jax"]
+    path = tmp_path_factory.mktemp("bert") / "bert_tiny.yaml"
+    path.write_text(BERT_TINY)
+    net = load_network(path)
+
+    def run(precision):
+        return run_worker(env.python, runner.worker, _request(net.resolved, "benchmark", "train", 2, precision),
+                          timeout_s=300)
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        return net, dict(zip(BERT_PRECISIONS, pool.map(run, BERT_PRECISIONS)))
+
+
+@pytest.mark.parametrize("precision", BERT_PRECISIONS)
+def test_bert_heads_train_in_every_precision(bert_runs, precision):
+    net, runs = bert_runs
+    outcome = runs[precision]
+    assert outcome.status == "ok", outcome.reason or outcome.output_tail
+    res = outcome.result
+    masked = net.resolved["input"]["masked_positions"]
+    assert res["params"] == net.params == 1277
+    assert res["output_shape"] == [len(masked), 11]  # the masked-LM logits (M, V)
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert res["compile"]["step_compiles"] == 1
+    eff = res["settings"]["precision_effective"]
+    # Embed ... the heads' Embed.attend: the compute dtype from the first layer to the masked-LM logits
+    assert eff["first_layer_output_dtype"] == eff["logits_dtype"] == COMPUTE_DTYPE[precision]
+    assert eff["param_dtype"] == "float32"
+    assert "jnp.take" in res["settings"]["pretraining_heads"]
+    attention = res["settings"]["attention"]
+    assert attention["kernel"] == "xla", attention
+    assert attention["function"] == "jax.nn.dot_product_attention"
+    assert attention["implementation_asked"] is None and "why" not in attention  # jax chooses: XLA on the CPU
+    assert "cudnn_refused" not in attention
