@@ -243,7 +243,12 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         # each worker trains on its own synthetic batch (as a sharded data set would give it)
         batch = request["batch_size"]
         rng = np.random.default_rng(request.get("seed", 0) * 1000 + cluster.rank + 1)
-        if tokens:
+        masked = tn.masked_count(network)
+        if masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
+            x_np = rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]), dtype=np.int64)
+            y_np = rng.integers(0, inp["vocabulary"], (batch, masked + 1), dtype=np.int64)
+            y_np[:, masked] = rng.integers(0, 2, batch)
+        elif tokens:
             shape = (batch, inp["sequence_length"])
             x_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
             y_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
@@ -252,14 +257,18 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             y_np = rng.integers(0, inp["classes"], (batch,), dtype=np.int64)
         with tf.device(self.device):
             x, y = tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
+        masked_loss, _ = tn.loss_function(network) if masked is not None else (None, None)
 
         def replica_step():
             with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=tf.reshape(y, [-1]), logits=tf.reshape(logits, [-1, logits.shape[-1]]))
-                # the mean over the global batch: the summed all-reduce then gives its gradient
-                loss = tf.reduce_sum(per_example) / (tf.cast(tf.size(per_example), tf.float32) * workers)
+                outputs = model(x, training=True)
+                if masked_loss is not None:  # each worker's batch is the same size: its mean / workers
+                    loss = masked_loss(y, outputs) / workers
+                else:
+                    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                        labels=tf.reshape(y, [-1]), logits=tf.reshape(outputs, [-1, outputs.shape[-1]]))
+                    # the mean over the global batch: the summed all-reduce then gives its gradient
+                    loss = tf.reduce_sum(per_example) / (tf.cast(tf.size(per_example), tf.float32) * workers)
             grads = tape.gradient(loss, trainable)
             optimizer.apply_gradients(zip(grads, trainable))
             return loss
@@ -311,7 +320,9 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
                                   f"of every gradient; the traced step holds {collectives} {GRADIENT_COLLECTIVE}"
                                   + (" (one worker: the strategy reduces nothing)" if workers == 1 else "")),
             "exposed_communication": exposed,
-            "loss": "sparse_softmax_cross_entropy_with_logits, summed / global batch",
+            "loss": ("masked_lm_and_next_sentence (the masked-LM and next-sentence means of the worker's batch) "
+                     "/ workers"
+                     if masked is not None else "sparse_softmax_cross_entropy_with_logits, summed / global batch"),
             "optimizer": "keras.optimizers.SGD(momentum)",
             "step": "tf.function around strategy.run",
             "input_transpose": "synthetic inputs made in NHWC" if images else None,
@@ -321,7 +332,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             "lstm": tn.lstm_setting(has_lstm, cuda),
             **tn.thread_settings(),
         }
-        output_shape = [int(d) for d in model.output_shape[1:]]
+        output_shape = tn.output_shape(model)
         return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, output_shape, settings,
                             grad_bytes, trainable)
 

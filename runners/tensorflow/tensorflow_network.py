@@ -53,8 +53,18 @@ Choices (all recorded in the result's `settings`):
   read from a trace into settings["attention"] (`attention_setting`). The position table and class
   token are weights of small layers; patches are a strided Conv2D on the NHWC image, its grid
   reshaped to tokens (row-major, the canonical order); a tied lm_head is the token embedding's
-  reverse projection, keras.layers.ReversibleEmbedding(tie_weights=True): one variable. With
-  `deterministic`, every dropout rate is 0. In float64 two Keras/TensorFlow constants are made
+  reverse projection, keras.layers.ReversibleEmbedding(tie_weights=True): one variable.
+- BERT (a masked_tokens input): segment_embedding is a keras.layers.Embedding (token types) looked up
+  at the fixed segment vector (sentence A, then B) and added, broadcast over the batch;
+  pretraining_heads (`PretrainingHeads`) is Keras' Dense(tanh) pooler on position 0 with a Dense(2)
+  next-sentence classifier, tf.gather of the input's fixed masked positions on the sequence axis,
+  Dense(GELU) + LayerNormalization, and the decoder: the tied lm_head's reverse projection of the
+  token embedding plus its bias (one table variable) or a Dense(vocabulary) untied. Its output is
+  the pair (masked-LM logits (B, M, vocabulary), next-sentence logits (B, 2)), both cast to float32
+  by the mixed-precision tail; `loss_function` sums the two mean cross-entropies (labels: the M
+  masked tokens, then the next-sentence label), and the logits the check and output_shape report
+  are the masked-LM ones (`logits_of`).
+- With `deterministic`, every dropout rate is 0. In float64 two Keras/TensorFlow constants are made
   exact (tf.nn.gelu's and MultiHeadAttention's scale go through float32 tensors otherwise).
 """
 
@@ -500,12 +510,76 @@ def transformer_classes():
             return 0.5 * x * (1.0 + tf.math.tanh(inner))
         return 0.5 * x * tf.math.erfc(-x * tf.constant(0.7071067811865476, x.dtype))
 
+    class SegmentEmbedding(keras.layers.Layer):
+        """x + S[s]: BERT's token-type embedding, a keras.layers.Embedding (segments, dim) looked up
+        at each position's fixed segment (positions before the input's segment_boundary in 0, the
+        rest in 1: the same for every sample), the (T, dim) rows broadcast over the batch."""
+
+        def __init__(self, segments: int, dim: int, segment_ids, **kwargs):
+            super().__init__(**kwargs)
+            self.segment_ids = numpy.asarray(segment_ids, dtype=numpy.int32)
+            self.table = keras.layers.Embedding(segments, dim, name="token_type",
+                                                embeddings_initializer=keras.initializers.RandomNormal(stddev=0.02))
+
+        def build(self, input_shape):
+            self.table.build(self.segment_ids.shape)
+
+        def call(self, x):
+            # the lookup (tf.gather) gives the rows in the embedding's compute dtype
+            return x + tf.cast(self.table(tf.constant(self.segment_ids)), x.dtype)
+
+        def compute_output_shape(self, s):
+            return s
+
+    class PretrainingHeads(keras.layers.Layer):
+        """BERT's heads (HuggingFace's BertPooler + BertPreTrainingHeads) on the encoder's (B, T, D):
+        the pooler keras.layers.Dense(D, tanh) on position 0 and the next-sentence Dense(2) on it;
+        the masked positions gathered (tf.gather on the sequence axis, a fixed index vector), the
+        transform Dense(D, GELU in the network's form), LayerNormalization(eps), and the decoder: the
+        token embedding's reverse projection plus a bias (TiedLMHead, tied) or a Dense(vocabulary) of
+        its own. Returns (masked-LM logits (B, M, vocabulary), next-sentence logits (B, 2))."""
+
+        def __init__(self, spec: dict, masked_positions, embedding=None, **kwargs):
+            super().__init__(**kwargs)
+            dim, (masked, vocabulary) = spec["in_shape"][-1], spec["out_shape"]
+            self.positions = numpy.asarray(masked_positions, dtype=numpy.int32)
+            if self.positions.shape != (masked,):
+                raise ValueError(f"pretraining_heads: {self.positions.size} masked positions, the layer gives {masked}")
+            self.vocabulary = vocabulary
+            self.pooler = keras.layers.Dense(dim, activation="tanh", name="pooler")
+            self.next_sentence = keras.layers.Dense(NEXT_SENTENCE_CLASSES, name="next_sentence")
+            self.transform = keras.layers.Dense(dim, activation=gelu(spec["gelu"]), name="transform")
+            self.transform_ln = keras.layers.LayerNormalization(epsilon=spec["eps"], name="transform_ln")
+            self.decoder = (TiedLMHead(embedding, True, name="decoder") if embedding is not None else
+                            keras.layers.Dense(vocabulary, name="decoder"))
+
+        def build(self, input_shape):
+            batch, _, dim = tuple(input_shape)
+            gathered = (batch, int(self.positions.size), dim)
+            self.pooler.build((batch, dim))
+            self.next_sentence.build((batch, dim))
+            self.transform.build(gathered)
+            self.transform_ln.build(gathered)
+            self.decoder.build(gathered)
+
+        def call(self, h):
+            next_sentence = self.next_sentence(self.pooler(h[:, 0]))
+            masked = tf.gather(h, tf.constant(self.positions), axis=1)  # (B, M, D)
+            return self.decoder(self.transform_ln(self.transform(masked))), next_sentence
+
+        def compute_output_shape(self, s):
+            return (s[0], int(self.positions.size), self.vocabulary), (s[0], NEXT_SENTENCE_CLASSES)
+
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
                                  SelfAttention=SelfAttention, TransformerBlock=TransformerBlock,
-                                 ClassTokenPool=ClassTokenPool, TiedLMHead=TiedLMHead, gelu=gelu)
+                                 ClassTokenPool=ClassTokenPool, TiedLMHead=TiedLMHead,
+                                 SegmentEmbedding=SegmentEmbedding, PretrainingHeads=PretrainingHeads, gelu=gelu)
 
 
 GELU_APPROXIMATE = {"erf": False, "tanh": True}  # the schema's form -> keras.activations.gelu's `approximate`
+NEXT_SENTENCE_CLASSES = 2  # pretraining_heads' next-sentence classifier (definitions/layers/pretraining_heads.py)
+TIED_HEADS = ("lm_head", "pretraining_heads")  # the layer types that may reuse the token embedding's table
+TOKEN_INPUTS = ("tokens", "masked_tokens")  # the input kinds of int64 token ids
 
 
 # --------------------------------------------------------------------------------------------------
@@ -547,8 +621,9 @@ class LayerPlan:
     """What a layer's builder may need beyond its resolved spec."""
 
     def __init__(self, hw, flatten: str | None, deterministic: bool, built: list | None = None,
-                 tied_embedding: bool = False):
+                 tied_embedding: bool = False, inp: dict | None = None):
         self.hw = hw  # (H, W) of an image input, else None
+        self.inp = inp  # the resolved network's input (masked_tokens: its masked positions, segment boundary)
         self.flatten = flatten  # a flatten's mode ("reshape" | "channels_first"), else None
         self.deterministic = deterministic
         self.built = built if built is not None else []  # the Keras layers of the layers before, per layer
@@ -653,13 +728,28 @@ def _token_pool(spec, plan):
 
 
 def _lm_head(spec, plan):
-    keras = load_keras()
     if not spec["tied"]:
-        return [keras.layers.Dense(spec["out_shape"][-1], use_bias=spec["bias"])]
+        return [load_keras().layers.Dense(spec["out_shape"][-1], use_bias=spec["bias"])]
+    return [transformer_classes().TiedLMHead(_tied_embedding(plan, "lm_head"), spec["bias"])]
+
+
+def _tied_embedding(plan, what: str):
+    """The token embedding (layer 0, a ReversibleEmbedding) whose table a tied head projects onto."""
     (embedding,) = plan.built[0]  # the schema ties the head to the network's first layer, the token embedding
-    if not isinstance(embedding, keras.layers.ReversibleEmbedding):
-        raise TypeError(f"a tied lm_head needs the token embedding as layer 0, found {type(embedding).__name__}")
-    return [transformer_classes().TiedLMHead(embedding, spec["bias"])]
+    if not isinstance(embedding, load_keras().layers.ReversibleEmbedding):
+        raise TypeError(f"a tied {what} needs the token embedding as layer 0, found {type(embedding).__name__}")
+    return embedding
+
+
+def _segment_embedding(spec, plan):
+    steps, dim = spec["in_shape"]
+    boundary = plan.inp["segment_boundary"]  # sentence A (segment 0), then sentence B (segment 1)
+    return [transformer_classes().SegmentEmbedding(spec["segments"], dim, [int(t >= boundary) for t in range(steps)])]
+
+
+def _pretraining_heads(spec, plan):
+    embedding = _tied_embedding(plan, "pretraining_heads") if spec["tied"] else None
+    return [transformer_classes().PretrainingHeads(spec, plan.inp["masked_positions"], embedding)]
 
 
 LAYERS = LayerTable("tensorflow", {
@@ -668,7 +758,8 @@ LAYERS = LayerTable("tensorflow", {
     "tanh": _activation, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
     "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
     "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
-    "token_pool": _token_pool, "lm_head": _lm_head,
+    "token_pool": _token_pool, "lm_head": _lm_head, "segment_embedding": _segment_embedding,
+    "pretraining_heads": _pretraining_heads,
 })
 
 
@@ -719,7 +810,7 @@ def _build_network(network: dict, deterministic: bool, precision: str):
     keras = load_keras()
     layers = network["layers"]
     flatten_modes, permuted = _flatten_plan(layers)
-    tied = any(spec["type"] == "lm_head" and spec["tied"] for spec in layers)
+    tied = any(spec["type"] in TIED_HEADS and spec["tied"] for spec in layers)
     per_layer: list[list] = []
     for i, spec in enumerate(layers):
         in_shape = spec["in_shape"]
@@ -727,18 +818,19 @@ def _build_network(network: dict, deterministic: bool, precision: str):
         if deterministic and spec.get("dropout"):  # attention, transformer_block: their own dropout rate
             spec = {**spec, "dropout": 0.0}
         per_layer.append(build_layer(spec, LayerPlan(hw, flatten_modes.get(i), deterministic, per_layer,
-                                                     tied_embedding=tied and i == 0)))
+                                                     tied_embedding=tied and i == 0, inp=network["input"])))
 
     inp = network["input"]
     dtype = storage_dtype(precision)
-    if inp["kind"] == "tokens":
+    if inp["kind"] in TOKEN_INPUTS:
         first = keras.Input(shape=(inp["sequence_length"],), dtype="int64")
     elif len(inp["shape"]) == 3:
         c, h, w = inp["shape"]
         first = keras.Input(shape=(h, w, c), dtype=dtype)
     else:
         first = keras.Input(shape=tuple(inp["shape"]), dtype=dtype)
-    # mixed precision: the output in float32, as Keras recommends (a weightless float32 last layer)
+    # mixed precision: the output in float32, as Keras recommends (a weightless float32 last layer;
+    # pretraining_heads' two outputs, the masked-LM and next-sentence logits, each cast by it)
     tail = [keras.layers.Activation("linear", dtype="float32", name="logits_float32")] if precision in MIXED else []
     model = keras.Sequential([first] + [layer for made in per_layer for layer in made] + tail, name=network["name"])
     return model, per_layer, flatten_modes, permuted
@@ -829,6 +921,18 @@ def canonical_variables(network: dict, per_layer: list, permuted: dict) -> dict:
                     out[f"{p}.bias"] = (made[0].bias, *same)
             else:
                 out.update(dense_entries(p, made[0], transposed))
+        elif t == "segment_embedding":
+            out[f"{p}.weight"] = (made[0].table.embeddings, *same)
+        elif t == "pretraining_heads":
+            heads = made[0]
+            out.update(dense_entries(f"{p}.pooler", heads.pooler, transposed))
+            out.update(dense_entries(f"{p}.next_sentence", heads.next_sentence, transposed))
+            out.update(dense_entries(f"{p}.transform", heads.transform, transposed))
+            out.update(ln_entries(f"{p}.transform_ln", heads.transform_ln))
+            if spec["tied"]:  # the decoder's weight is 000.weight, the embedding's own variable
+                out[f"{p}.decoder.bias"] = (heads.decoder.bias, *same)
+            else:
+                out.update(dense_entries(f"{p}.decoder", heads.decoder, transposed))
     return out
 
 
@@ -1043,11 +1147,57 @@ FP16_ACCUMULATION = ("TF_FP16_MATMUL_USE_FP32_COMPUTE", "TF_FP16_CONV_USE_FP32_C
 
 
 def input_kind(network: dict) -> tuple[bool, bool, bool]:
-    """(tokens, images, has_lstm) of a resolved network."""
+    """(tokens, images, has_lstm) of a resolved network; tokens: int64 token ids (a tokens or a
+    masked_tokens input)."""
     inp = network["input"]
-    tokens = inp["kind"] == "tokens"
+    tokens = inp["kind"] in TOKEN_INPUTS
     images = not tokens and len(inp["shape"]) == 3
     return tokens, images, any(layer["type"] == "lstm" for layer in network["layers"])
+
+
+def masked_count(network: dict) -> int | None:
+    """M, the masked positions of a masked_tokens input (its labels: M tokens, then the
+    next-sentence label), else None."""
+    inp = network["input"]
+    return len(inp["masked_positions"]) if inp["kind"] == "masked_tokens" else None
+
+
+def logits_of(outputs):
+    """The logits of the model's output: pretraining_heads' masked-LM logits (B, M, vocabulary) of
+    its (masked-LM, next-sentence) pair, else the output itself."""
+    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
+def output_shape(model) -> list[int]:
+    """The per-sample shape of the logits (the masked-LM logits' (M, vocabulary) for BERT's heads)."""
+    shape = model.output_shape
+    if isinstance(shape, list) or (shape and isinstance(shape[0], (tuple, list))):
+        shape = shape[0]  # (masked-LM logits, next-sentence logits)
+    return [int(d) for d in shape[1:]]
+
+
+def loss_function(network: dict):
+    """(labels, model output) -> the network's mean loss (schema.LOSS_OF_INPUT), and its description.
+    softmax_cross_entropy: tf.nn.sparse_softmax_cross_entropy_with_logits averaged over every label
+    (the samples, or every token's next token); masked_lm_and_next_sentence: its mean over the B * M
+    masked positions (labels[:, :M] against the masked-LM logits) plus its mean over the B samples'
+    next-sentence labels (labels[:, M])."""
+    tf = load_tf()
+
+    def cross_entropy(labels, logits):
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=tf.reshape(labels, [-1]), logits=tf.reshape(logits, [-1, logits.shape[-1]])))
+
+    masked = masked_count(network)
+    if masked is None:
+        return cross_entropy, "sparse_softmax_cross_entropy_with_logits, mean"
+
+    def masked_lm_and_next_sentence(labels, outputs):
+        mlm, next_sentence = outputs
+        return cross_entropy(labels[:, :masked], mlm) + cross_entropy(labels[:, masked], next_sentence)
+
+    return masked_lm_and_next_sentence, ("masked_lm_and_next_sentence: sparse_softmax_cross_entropy_with_logits, "
+                                         "mean over the batch's masked positions + mean over its next-sentence labels")
 
 
 def sample_shape(network: dict, batch: int) -> tuple:

@@ -4,7 +4,8 @@ Runs inside the tensorflow environment only. TensorFlow is imported in `configur
 TF_CPP_MIN_LOG_LEVEL is set (tensorflow_network.py, imported first), and its thread pools are sized
 there, before any op runs. The choices (layout, padding, flatten, batch norm, LSTM) are
 tensorflow_network.py's, where the network is built; the train step is one tf.function (forward,
-sparse softmax cross-entropy, gradient, Keras SGD update).
+sparse softmax cross-entropy, or for a masked_tokens input (BERT) the masked-LM plus next-sentence
+cross-entropies, gradient, Keras SGD update).
 
 Compile (the request's `compile`): `eager`, the runner's default (runner.toml [execution]), is that
 tf.function as a TensorFlow graph run by TF's executor, without XLA; `compiled` is the same
@@ -141,6 +142,7 @@ class TensorFlowRunner:
         keras.utils.set_random_seed(request.get("seed", 0))
         inp = network["input"]
         tokens, images, has_lstm = tn.input_kind(network)
+        masked = tn.masked_count(network)  # masked_tokens: M, the masked-LM labels before the next-sentence one
         settings: dict = {"precision": precision, "precision_effective": tn.float32_math(precision),
                           "data_format": "channels_last" if images else None}
         bn_floor = tn.set_batch_norm_floor(cuda)
@@ -169,6 +171,10 @@ class TensorFlowRunner:
                     x_np = x_np.astype(storage)
                 x = tf.identity(tf.constant(x_np))
                 y = tf.identity(tf.constant(y_np))
+            elif masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
+                x = tf.random.uniform((batch, inp["sequence_length"]), 0, inp["vocabulary"], dtype=tf.int64)
+                y = tf.concat([tf.random.uniform((batch, masked), 0, inp["vocabulary"], dtype=tf.int64),
+                               tf.random.uniform((batch, 1), 0, 2, dtype=tf.int64)], axis=1)
             elif tokens:
                 shape = (batch, inp["sequence_length"])
                 x = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
@@ -177,9 +183,7 @@ class TensorFlowRunner:
                 x = tf.random.normal(tn.sample_shape(network, batch), dtype=float_dtype)
                 y = tf.random.uniform((batch,), 0, inp["classes"], dtype=tf.int64)
 
-            def loss_of(labels, logits):
-                return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=tf.reshape(labels, [-1]), logits=tf.reshape(logits, [-1, logits.shape[-1]])))
+            loss_of, loss_setting = tn.loss_function(network)  # (labels, the model's output) -> mean loss
 
             trainable = model.trainable_variables
             params = tn.count_params(trainable)
@@ -192,7 +196,7 @@ class TensorFlowRunner:
             # the dtypes of a real forward pass (one sample, inference mode: no state changes)
             probe = x[:1]
             first_dtype = model.layers[0](probe, training=False).dtype.name
-            logits_dtype = model(probe, training=False).dtype.name
+            logits_dtype = tn.logits_of(model(probe, training=False)).dtype.name
 
             attention = tn.attention_setting(network, per_layer, request["mode"] == "train", jit, cuda)
             if attention is not None:  # which of Keras' attention paths ran, read from a trace
@@ -220,9 +224,9 @@ class TensorFlowRunner:
 
         def forward_loss():
             with tf.device(device):
-                logits = model(x, training=train)
-                loss = loss_of(y, logits)
-            return logits.numpy(), float(loss)
+                outputs = model(x, training=train)
+                loss = loss_of(y, outputs)
+            return tn.logits_of(outputs).numpy(), float(loss)
 
         if train:
             @tf.function(jit_compile=jit)
@@ -273,7 +277,7 @@ class TensorFlowRunner:
                            "(FusedBatchNormV3 has no float64 kernel), running variance unbiased as the kernel's"),
             "batch_norm_epsilon_floor": bn_floor,
             "lstm": tn.lstm_setting(has_lstm, cuda),
-            "loss": "sparse_softmax_cross_entropy_with_logits, mean",
+            "loss": loss_setting,
             "optimizer": "keras.optimizers.SGD(momentum)" + (
                 f" in keras.optimizers.LossScaleOptimizer (dynamic: initial scale {float(optimizer.initial_scale):g}, "
                 f"doubled after {int(optimizer.dynamic_growth_steps)} finite steps, halved and the step skipped on a "
@@ -287,7 +291,7 @@ class TensorFlowRunner:
                 "keras.layers.Activation('linear', dtype='float32'), the loss float32")}),
             **tn.thread_settings(),
         })
-        output_shape = [int(d) for d in model.output_shape[1:]]
+        output_shape = tn.output_shape(model)
         if cuda:  # the allocator's peak from here on: model, data and the steps
             synchronize()
             tf.config.experimental.reset_memory_stats("GPU:0")

@@ -5,7 +5,8 @@ a time, and the tests read their outcomes; the whole file takes a few minutes on
 precision x compile mode runs on a tiny network through the harness's own `run_request`, grouped in
 two processes (one per compile mode: TensorFlow's import costs more than a tiny step, and the XLA
 compiles stay in one process). transformer_tiny (issue 17) is inspected with the others, its smoke
-runs share one process, and its float64 check step is compared with the numpy reference.
+runs share one process (with a tiny BERT-style masked_tokens network's fp32 and amp_bf16 runs), and
+its float64 check step is compared with the numpy reference.
 """
 
 from __future__ import annotations
@@ -56,6 +57,20 @@ layers:
   - {type: max_pool, size: 2, stride: 2}
   - {type: flatten}
   - {type: dense, units: 5}
+""",
+    # BERT's input and heads (issue 17) at sequence 10: two segments (0-4, 5-9), 2 masked positions,
+    # a post-norm block with dropout, the tied masked-LM decoder
+    "zoo_bert": """
+input: {kind: masked_tokens, vocabulary: 11, sequence_length: 10, mask_seed: 4}
+layers:
+  - {type: embedding, vocabulary: 11, dim: 8}
+  - {type: position_embedding, max_length: 12}
+  - {type: segment_embedding}
+  - {type: layer_norm, eps: 1.0e-3}
+  - {type: dropout, rate: 0.1}
+  - {type: transformer_block, heads: 2, norm: post, gelu: erf, eps: 1.0e-3, dropout: 0.1}
+  - {type: pretraining_heads, gelu: erf, eps: 1.0e-3, tied: true}
+loss: masked_lm_and_next_sentence
 """,
 }
 PRECISIONS = ["fp32", "tf32", "amp_bf16", "amp_fp16"]
@@ -299,6 +314,7 @@ def test_check_is_equivalent_to_torch(checked, name):
 # a second process at the same time.
 TRANSFORMER_RUNS = [("train", "fp32", False), ("train", "amp_bf16", False), ("infer", "amp_bf16", False),
                     ("train", "fp32", True)]
+BERT_RUNS = [("zoo_bert", "train", precision, False) for precision in ("fp32", "amp_bf16")]  # in the same process
 DOT_PRODUCT = ("keras.ops.dot_product_attention (Keras' TensorFlow backend: einsum, softmax in at least float32, "
                "einsum; it has no flash kernel)")
 
@@ -315,9 +331,11 @@ def transformer_outcomes(tensorflow_env, tmp_path_factory):
     np.savez(tmp / "inputs.npz", **inputs)
 
     def smoke():
-        return dict(zip(TRANSFORMER_RUNS, _run_requests(env.python, [
-            {**_request(net.resolved, "benchmark", mode, 2, precision=precision), "deterministic": deterministic}
-            for mode, precision, deterministic in TRANSFORMER_RUNS])))
+        runs = [(net.resolved, key) for key in TRANSFORMER_RUNS]
+        runs += [(_summary(key[0]).resolved, key[1:]) for key in BERT_RUNS]
+        return dict(zip(TRANSFORMER_RUNS + BERT_RUNS, _run_requests(env.python, [
+            {**_request(network, "benchmark", mode, 2, precision=precision), "deterministic": deterministic}
+            for network, (mode, precision, deterministic) in runs])))
 
     def probe():
         return _probe(runner, env, net, tmp, "cpu", 300, tmp / "weights.npz", tmp / "inputs.npz", 2,
@@ -368,3 +386,29 @@ def test_transformer_tiny_check_step_matches_numpy_in_float64(transformer_outcom
     net = _summary("transformer_tiny")
     assert arrays is not None, f"{status}: {reason}"
     assert_tiny_step(arrays, net, weights, inputs)
+
+
+@pytest.mark.parametrize("key", BERT_RUNS, ids=[key[2] for key in BERT_RUNS])
+def test_masked_tokens_network_trains_with_the_pretraining_heads(transformer_outcomes, key):
+    """BERT's segment embedding and pre-training heads on a masked_tokens input train in fp32 and
+    amp_bf16: the described parameters (the tied decoder no second table), the masked-LM logits
+    (M, vocabulary) as the output, float32 logits under the mixed policy, the two-task loss, and
+    the block's attention recorded (its dropout: MultiHeadAttention's own einsum path)."""
+    res = transformer_outcomes[0][key]
+    assert res["status"] == "ok", res.get("reason") or res
+    net = _summary("zoo_bert")
+    assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
+    assert res["params"] == net.params
+    assert res["output_shape"] == [len(net.resolved["input"]["masked_positions"]), 11] == [2, 11]
+    settings = res["settings"]
+    effective = settings["precision_effective"]
+    precision = key[2]
+    assert effective["keras_dtype_policy"] == KERAS_POLICY[precision]
+    assert effective["logits_layer_compute_dtype"] == COMPUTE_DTYPE[precision]  # the heads' products
+    assert effective["logits_dtype"] == "float32"
+    assert settings["loss"].startswith("masked_lm_and_next_sentence")
+    attention = settings["attention"]
+    assert attention["function"] == "keras.layers.MultiHeadAttention"
+    assert attention["kernel"].startswith("MultiHeadAttention's own einsum path"), attention["kernel"]
+    assert "Dropout 0.1 on the probabilities" in attention["kernel"]
+    assert attention["flash_attention"]["argument"] is None and "Softmax" in attention["tf_ops"]
