@@ -160,7 +160,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
         b, h, t, s = shape["batch"], shape["heads"], shape["steps"], shape["head_size"]
         rate, causal = shape["dropout"] / 1000, bool(shape["causal"])
-        function, why = attention_function(spec["dtype"], rate > 0)
+        function, why = attention_function(spec["dtype"], rate > 0, device_name)
         implementation = attention_asked(spec["dtype"], device_name)
         rng = jax.random.PRNGKey(1)
         if function == ATTENTION_FUNCTION:

@@ -395,16 +395,21 @@ DROPOUT_ATTENTION = ("dropout on the probabilities in training: jax.nn.dot_produ
                      "flax.linen.dot_product_attention applies it to the softmax it computes")
 FLOAT64_ATTENTION = ("float64: jax.nn.dot_product_attention's XLA implementation casts the scores to float32 for "
                      "its softmax (jax/_src/nn/functions.py), flax.linen.dot_product_attention keeps float64")
+CPU_FLOAT16_ATTENTION = ("float16 on the CPU: jax.nn.dot_product_attention's XLA implementation asks dot_general "
+                         "for float32 results of float16 operands (F16_F16_F32), which XLA:CPU does not offer; "
+                         "flax.linen.dot_product_attention multiplies in float16")
 # cuDNN's fused attention (implementation="cudnn") takes fp16/bf16 (and fp8) q, k, v only
 CUDNN_DTYPES = ("bfloat16", "float16")
 
 
-def attention_function(dtype: str, dropout_on: bool) -> tuple[str, str | None]:
+def attention_function(dtype: str, dropout_on: bool, device: str) -> tuple[str, str | None]:
     """(the function an attention calls, why it is not jax.nn.dot_product_attention or None)."""
     if dropout_on:
         return FLAX_ATTENTION_FUNCTION, DROPOUT_ATTENTION
     if dtype == "float64":
         return FLAX_ATTENTION_FUNCTION, FLOAT64_ATTENTION
+    if dtype == "float16" and device == "cpu":
+        return FLAX_ATTENTION_FUNCTION, CPU_FLOAT16_ATTENTION
     return ATTENTION_FUNCTION, None
 
 
@@ -528,6 +533,7 @@ def transformer_modules():
         deterministic: bool
         implementation: str | None = None
         dtype: object = jnp.float32
+        function: str = ATTENTION_FUNCTION  # the runner's choice for this layer (plan_attention)
 
         @nn.compact
         def __call__(self, x, train: bool):
@@ -540,8 +546,7 @@ def transformer_modules():
 
             q, k, v = heads("q"), heads("k"), heads("v")
             dropout_on = train and not self.deterministic and self.dropout > 0
-            function, _ = attention_function(jnp.dtype(self.dtype).name, dropout_on)
-            if function == ATTENTION_FUNCTION:
+            if self.function == ATTENTION_FUNCTION and not dropout_on:
                 a = jax.nn.dot_product_attention(q, k, v, is_causal=self.causal, implementation=self.implementation)
             else:
                 mask = nn.make_causal_mask(x[..., 0], dtype=jnp.bool_) if self.causal else None
@@ -574,6 +579,7 @@ def transformer_modules():
         deterministic: bool
         implementation: str | None = None
         dtype: object = jnp.float32
+        function: str = ATTENTION_FUNCTION
 
         @nn.compact
         def __call__(self, x, train: bool):
@@ -581,7 +587,7 @@ def transformer_modules():
             ln1 = nn.LayerNorm(epsilon=s["eps"], dtype=self.dtype, name="ln1")
             ln2 = nn.LayerNorm(epsilon=s["eps"], dtype=self.dtype, name="ln2")
             attn = SelfAttention(s["heads"], s["head_size"], s["causal"], s["bias"], s["dropout"], self.deterministic,
-                                 self.implementation, self.dtype, name="attn")
+                                 self.implementation, self.dtype, self.function, name="attn")
             mlp = Mlp(s["mlp_ratio"] * x.shape[-1], s["bias"], s["gelu"] == "tanh", self.dtype, name="mlp")
             dropout_on = train and not self.deterministic and s["dropout"] > 0
 
@@ -657,12 +663,12 @@ def _attention(x, spec, at):
     return transformer_modules().SelfAttention(spec["heads"], spec["head_size"], spec["causal"], spec["bias"],
                                                spec["dropout"], at.net.deterministic,
                                                at.how.get("attention_implementation"), at.dtype,
-                                               name=at.name)(x, at.train)
+                                               at.how["attention_function"], name=at.name)(x, at.train)
 
 
 def _transformer_block(x, spec, at):
     return transformer_modules().TransformerBlock(spec, at.net.deterministic, at.how.get("attention_implementation"),
-                                                  at.dtype, name=at.name)(x, at.train)
+                                                  at.dtype, at.how["attention_function"], name=at.name)(x, at.train)
 
 
 def _token_pool(x, spec, at):
@@ -1003,8 +1009,9 @@ class TrainingModel:
             if layer["type"] not in ("attention", "transformer_block"):
                 continue
             dropout_on = self.train and not self.deterministic and layer["dropout"] > 0
-            function, why = attention_function(self.compute_dtype, dropout_on)
+            function, why = attention_function(self.compute_dtype, dropout_on, self.device)
             entry = {"function": function, **({"why": why} if why else {})}
+            self.plan[i]["attention_function"] = function
             if function == ATTENTION_FUNCTION:
                 asked = attention_asked(self.compute_dtype, self.device)
                 refused = cudnn_refusal(layer, self.compute_dtype, self.train) if asked == "cudnn" else None
