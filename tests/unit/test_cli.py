@@ -334,15 +334,18 @@ def test_check_at_a_sequence_length_and_says_dropout_is_off(project, tmp_path, m
 
     monkeypatch.setattr(equivalence, "check_network", fake_check)
     code, out, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "gpt2_small",
-                            "--network", "bert_base", "--network", "fcn5", "--sequence-length", "64",
-                            "--store", str(tmp_path / "s"))
+                            "--network", "bert_base", "--network", "fcn5", "--network", "transformer_tiny",
+                            "--sequence-length", "64", "--store", str(tmp_path / "s"))
     assert code == 0, err
-    assert seen == {"gpt2_small": (64, 124_439_808), "bert_base": (64, 110_106_428), "fcn5": (None, 14_205_962)}
+    # transformer_tiny's own context, 32, is shorter: it is checked at 32
+    assert seen == {"gpt2_small": (64, 124_439_808), "bert_base": (64, 110_106_428), "fcn5": (None, 14_205_962),
+                    "transformer_tiny": (32, 134_912)}
     # gpt2_small and bert_base have dropout 0.1; the check's step is deterministic and says so
     assert "dropout forced to 0" in out and "gpt2_small, bert_base" in out and "fcn5" not in out.split("forced")[1]
+    seen.clear()  # a length beyond a network's context leaves it at its context
     code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--network", "gpt2_small",
                           "--sequence-length", "4096", "--store", str(tmp_path / "s"))
-    assert code != 0 and "--sequence-length: 4096 positions" in err and "max_length 1024" in err
+    assert code == 0 and seen == {"gpt2_small": (1024, 124_439_808)}, err
 
 
 def test_check_refuses_an_unknown_precision(project, tmp_path):

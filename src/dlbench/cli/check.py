@@ -39,8 +39,9 @@ def check(
              "one, to its unit roundoff scaled by the network's depth)")] = "float64",
     sequence_length: Annotated[Optional[int], typer.Option(
         "--sequence-length", min=2,
-        help="Check the token networks at this sequence length (default: each network's own context; a suite "
-             "runs them at its own lengths, `dlbench list` shows them).")] = None,
+        help="Check the token networks at this sequence length, or at their own context where that is shorter "
+             "(default: each network's own context; a suite runs them at its own lengths, `dlbench list` shows "
+             "them).")] = None,
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
     from ..execution.equivalence import PRECISIONS, check_network
@@ -59,10 +60,10 @@ def check(
         check_choice("network", n, catalog.network_names())
     try:
         summaries = [load_network(catalog.networks_dir / f"{n}.yaml") for n in names]
-        if sequence_length is not None:  # the token networks again at that length; the others as they are
+        if sequence_length is not None:  # the longer token networks again at that length; the others as they are
             summaries = [load_network(catalog.networks_dir / f"{s.name}.yaml", sequence_length,
                                       (catalog.networks_dir / f"{s.name}.yaml", "--sequence-length"))
-                         if "sequence_length" in s.resolved["input"] else s for s in summaries]
+                         if s.resolved["input"].get("sequence_length", 0) > sequence_length else s for s in summaries]
     except DefinitionError as e:
         raise fail(str(e)) from None
     resolved_device = resolve_device(device)
