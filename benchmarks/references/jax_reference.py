@@ -4,6 +4,13 @@
 There is no flax model zoo to import: flax's ImageNet example defines its ResNet in the example
 itself, so this file does the same, in the example's structure (NHWC, bias-free convolutions, batch
 norm with momentum 0.9, the stride on the 3x3 convolution, projection shortcuts where shapes change).
+For GPT-2 small likewise: flax has no GPT-2 of its own (transformers' Flax models were removed in
+its version 5), so the decoder is written the way flax's lm1b example writes its TransformerLM
+(nn.Embed, a learned position table sliced to the sequence, nn.Dropout, pre-norm blocks of
+nn.LayerNorm, nn.MultiHeadDotProductAttention with nn.make_causal_mask and broadcast_dropout=False,
+an MLP of nn.Dense, the head tied through Embed.attend), sized and shaped as GPT-2 small (biases
+everywhere, tanh GELU, no dropout inside the MLP, eps 1e-5), and trained by lm1b's step: the dropout
+key folded with the step number, optax's integer-label cross-entropy averaged over every position.
 Threads: JAX ignores XLA's thread flags, so CPU affinity is set before jax is imported.
 """
 
@@ -12,8 +19,8 @@ from __future__ import annotations
 import os
 from functools import partial
 
-from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            time_steps)
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            sequence, time_steps)
 
 
 def main() -> None:
@@ -70,6 +77,40 @@ def main() -> None:
             h = nn.RNN(nn.OptimizedLSTMCell(HIDDEN))(h)
             return nn.Dense(VOCABULARY)(h)
 
+    init = nn.initializers.normal(stddev=0.02)  # GPT-2's initialisation
+
+    class MlpBlock(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.gelu(nn.Dense(4 * GPT2["width"], kernel_init=init)(x), approximate=True)
+            return nn.Dense(GPT2["width"], kernel_init=init)(x)
+
+    class DecoderBlock(nn.Module):
+        deterministic: bool
+
+        @nn.compact
+        def __call__(self, inputs, mask):
+            x = nn.LayerNorm(epsilon=GPT2["eps"])(inputs)
+            x = nn.MultiHeadDotProductAttention(num_heads=GPT2["heads"], qkv_features=GPT2["width"], kernel_init=init,
+                                                broadcast_dropout=False, dropout_rate=GPT2["dropout"],
+                                                deterministic=self.deterministic)(x, mask=mask)
+            x = inputs + nn.Dropout(GPT2["dropout"], deterministic=self.deterministic)(x)
+            z = MlpBlock()(nn.LayerNorm(epsilon=GPT2["eps"])(x))
+            return x + nn.Dropout(GPT2["dropout"], deterministic=self.deterministic)(z)
+
+    class GPT2Small(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, train: bool = True):
+            embed = nn.Embed(GPT2["vocabulary"], GPT2["width"], embedding_init=init)
+            positions = self.param("pos_embedding", nn.initializers.normal(stddev=0.01),
+                                   (1, GPT2["context"], GPT2["width"]))
+            y = embed(tokens) + positions[:, : tokens.shape[1]]
+            y = nn.Dropout(GPT2["dropout"], deterministic=not train)(y)
+            mask = nn.make_causal_mask(tokens)
+            for i in range(GPT2["layers"]):
+                y = DecoderBlock(deterministic=not train, name=f"block_{i}")(y, mask)
+            return embed.attend(nn.LayerNorm(epsilon=GPT2["eps"], name="final_norm")(y))  # the tied head
+
     class TrainState(train_state.TrainState):
         batch_stats: dict
 
@@ -78,6 +119,12 @@ def main() -> None:
         model, source = ResNet50(), "flax linen ResNet-50 in the style of flax's ImageNet example"
         x = jax.random.normal(key, (args.batch, *IMAGE))
         y = jax.random.randint(key, (args.batch,), 0, CLASSES)
+    elif args.network == "gpt2_small":
+        model = GPT2Small()
+        source = ("flax linen GPT-2 small in the style of flax's lm1b example (MultiHeadDotProductAttention, "
+                  "make_causal_mask, Embed.attend)")
+        x = jax.random.randint(key, (args.batch, sequence(args)), 0, GPT2["vocabulary"])
+        y = jax.random.randint(key, (args.batch, sequence(args)), 0, GPT2["vocabulary"])
     else:
         model, source = LanguageModel(), "flax linen Embed + RNN(OptimizedLSTMCell) x2 + Dense"
         x = jax.random.randint(key, (args.batch, SEQUENCE), 0, VOCABULARY)
@@ -90,10 +137,14 @@ def main() -> None:
                               batch_stats=variables.get("batch_stats", {}),
                               tx=optax.sgd(args.learning_rate, momentum=args.momentum))
 
+    dropout_key = jax.random.PRNGKey(1)
+
     def train_step(state, x, y):
+        rngs = {"dropout": jax.random.fold_in(dropout_key, state.step)}  # lm1b's per-step dropout key
+
         def loss_fn(params):
             logits, updates = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, x,
-                                             train=True, mutable=["batch_stats"])
+                                             train=True, mutable=["batch_stats"], rngs=rngs)
             loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
             return loss, updates
 

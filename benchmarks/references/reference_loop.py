@@ -16,8 +16,10 @@ from typing import Callable
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--network", required=True, choices=["resnet50", "lstm32"])
+    ap.add_argument("--network", required=True, choices=["resnet50", "lstm32", "gpt2_small"])
     ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--sequence", type=int, default=None,
+                    help="tokens per sample for gpt2_small (the suite's per profile; at most its 1,024 context)")
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of measured steps, at least")
     ap.add_argument("--min-iters", type=int, default=5)
@@ -46,6 +48,21 @@ def canonical_inputs(args: argparse.Namespace, channels_last: bool = False):
 # The shapes the suite's descriptions use (suites/networks/resnet50.yaml, lstm32.yaml).
 IMAGE, CLASSES = (224, 224, 3), 1000
 VOCABULARY, SEQUENCE, EMBEDDING, HIDDEN = 10000, 32, 256, 256
+# GPT-2 small (suites/networks/gpt2_small.yaml, HuggingFace's gpt2 configuration): the tables are sized
+# for the context, a step runs --sequence positions of it
+GPT2 = {"vocabulary": 50257, "context": 1024, "width": 768, "layers": 12, "heads": 12, "dropout": 0.1, "eps": 1e-5}
+GPT2_PARAMS = 124_439_808  # the count GPT2LMHeadModel reports, the tied table counted once
+
+
+def sequence(args: argparse.Namespace) -> int:
+    """gpt2_small's tokens per sample: --sequence, else the --inputs batch's, else 128 (the CPU default)."""
+    given = canonical_inputs(args)
+    length = args.sequence or (given[0].shape[1] if given is not None else 128)
+    if given is not None and given[0].shape[1] != length:
+        raise SystemExit(f"--sequence {length} but --inputs holds {given[0].shape[1]} tokens per sample")
+    if not 0 < length <= GPT2["context"]:
+        raise SystemExit(f"--sequence {length}: GPT-2's context is {GPT2['context']}")
+    return length
 
 
 def time_steps(step: Callable[[], object], sync: Callable[[], object], args: argparse.Namespace,
@@ -65,5 +82,9 @@ def time_steps(step: Callable[[], object], sync: Callable[[], object], args: arg
         elapsed = time.perf_counter() - started
         if n >= args.min_iters and elapsed >= args.min_time:
             break
-    print(json.dumps({"samples_per_s": n * args.batch / elapsed, "mean_s": elapsed / n, "iterations": n,
-                      **facts}))
+    result = {"samples_per_s": n * args.batch / elapsed, "mean_s": elapsed / n, "iterations": n}
+    if args.network == "gpt2_small":
+        result.update(sequence=sequence(args), tokens_per_s=n * args.batch * sequence(args) / elapsed)
+        if facts.get("params") != GPT2_PARAMS:  # said, not hidden: the table shows both counts
+            result["params_differ"] = f"{facts.get('params')} parameters, not GPT-2 small's {GPT2_PARAMS:,}"
+    print(json.dumps({**result, **facts}))

@@ -1,5 +1,11 @@
-"""TensorFlow reference: keras.applications.ResNet50 and, for LSTM-32, Keras' own Embedding + LSTM +
-Dense, trained by the custom-loop idiom of the Keras guides (GradientTape in a tf.function).
+"""TensorFlow reference: keras.applications.ResNet50, for LSTM-32 Keras' own Embedding + LSTM + Dense,
+and for GPT-2 small keras_hub's GPT2CausalLM around a GPT2Backbone built from the gpt2 (small)
+configuration (random initialisation, no preset downloaded, no preprocessor: token ids and a padding
+mask of ones in, the backbone's output through the token embedding's reverse projection, the tied
+head, out), all trained by the custom-loop idiom of the Keras guides (GradientTape in a tf.function)
+with SparseCategoricalCrossentropy(from_logits=True), the mean over every position. keras_hub is not
+in the runner's environment: fairness.py installs benchmarks/references/requirements-tensorflow.txt
+into a folder of its own and puts it on PYTHONPATH for this process only.
 
 keras.applications' ResNet-50 is the original v1: the stride sits on the first 1x1 convolution of a
 block and every convolution has a bias (25.6 M parameters against the suite's 25.56 M); the JSON line
@@ -8,8 +14,21 @@ carries its parameter count so the difference stays visible.
 
 from __future__ import annotations
 
-from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            time_steps)
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            sequence, time_steps)
+
+
+def gpt2_small(keras):
+    """keras_hub's GPT-2 causal LM on a backbone of the gpt2 (small) preset's configuration: dropout 0.1
+    on the embeddings, the attention probabilities and both branches of each TransformerDecoder."""
+    import keras_hub
+
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=GPT2["vocabulary"], num_layers=GPT2["layers"], num_heads=GPT2["heads"],
+        hidden_dim=GPT2["width"], intermediate_dim=4 * GPT2["width"], dropout=GPT2["dropout"],
+        max_sequence_length=GPT2["context"])
+    model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    return model, f"keras_hub {keras_hub.__version__} GPT2CausalLM(GPT2Backbone(gpt2 small), preprocessor=None)"
 
 
 def main() -> None:
@@ -29,6 +48,10 @@ def main() -> None:
         source = "keras.applications.ResNet50"
         x = tf.random.normal((args.batch, *IMAGE))
         y = tf.random.uniform((args.batch,), 0, CLASSES, dtype=tf.int32)
+    elif args.network == "gpt2_small":
+        model, source = gpt2_small(keras)
+        x = tf.random.uniform((args.batch, sequence(args)), 0, GPT2["vocabulary"], dtype=tf.int32)
+        y = tf.random.uniform((args.batch, sequence(args)), 0, GPT2["vocabulary"], dtype=tf.int32)
     else:
         model = keras.Sequential([keras.Input((SEQUENCE,), dtype="int32"),
                                   keras.layers.Embedding(VOCABULARY, EMBEDDING),
@@ -40,7 +63,10 @@ def main() -> None:
         y = tf.random.uniform((args.batch, SEQUENCE), 0, VOCABULARY, dtype=tf.int32)
     given = canonical_inputs(args, channels_last=True)
     if given is not None:  # the runner's batch, NHWC as keras' ResNet50 takes it
-        x, y = tf.constant(given[0]), tf.constant(given[1].astype("int32"))
+        ids = given[0].dtype.kind in "iu"  # token ids as int32, as Keras' embeddings take them
+        x, y = tf.constant(given[0].astype("int32") if ids else given[0]), tf.constant(given[1].astype("int32"))
+    if args.network == "gpt2_small":  # GPT2CausalLM's inputs: the ids and a padding mask (no padding)
+        x = {"token_ids": x, "padding_mask": tf.ones_like(x)}
     opt = keras.optimizers.SGD(learning_rate=args.learning_rate, momentum=args.momentum)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 

@@ -1,5 +1,15 @@
 """PyTorch reference: torchvision's resnet50 where torchvision imports, else a hand-written model of
-the same architecture in torchvision's style; for LSTM-32, torch.nn's own Embedding + LSTM + Linear.
+the same architecture in torchvision's style; for LSTM-32, torch.nn's own Embedding + LSTM + Linear;
+for GPT-2 small, HuggingFace transformers' GPT2LMHeadModel built from a GPT2Config (random
+initialisation, nothing downloaded) with attn_implementation="sdpa", trained on its logits with the
+suite's loss (cross-entropy at every position against the given labels: not HF's `labels=`, which
+shifts them and drops the last position). transformers is not in the runner's environment: fairness.py
+installs benchmarks/references/requirements-torch.txt into a folder of its own and puts it on
+PYTHONPATH for this process only.
+
+GELU: the gpt2 configuration's own activation, "gelu_new" (NewGELUActivation, the tanh form written
+out in five element-wise torch operations); DLBENCH_REFERENCE_GPT2_GELU=gelu_pytorch_tanh runs the same
+function as torch's fused F.gelu(approximate="tanh"), which is what dlbench's runner calls.
 
 torchvision cannot be used with the local CPU torch wheel of the development machine (its compiled
 operators do not register against that build), so there the hand-written model stands in; the JSON
@@ -11,8 +21,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from reference_loop import (CLASSES, EMBEDDING, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            time_steps)
+import os
+
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
+                            sequence, time_steps)
 
 
 class Bottleneck(nn.Module):
@@ -83,6 +95,26 @@ def resnet50() -> tuple[nn.Module, str]:
         return ResNet50(), f"hand-written torchvision-style ResNet-50 (torchvision unusable: {reason})"
 
 
+def gpt2_small() -> tuple[nn.Module, str]:
+    """HuggingFace's GPT2LMHeadModel from the gpt2 (small) configuration: tied head, dropout 0.1 on the
+    embeddings, the attention probabilities and both branches; no key/value cache (a training step)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a configuration only: nothing is fetched
+    import transformers
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gelu = os.environ.get("DLBENCH_REFERENCE_GPT2_GELU", "gelu_new")
+    config = GPT2Config(vocab_size=GPT2["vocabulary"], n_positions=GPT2["context"], n_embd=GPT2["width"],
+                        n_layer=GPT2["layers"], n_head=GPT2["heads"], resid_pdrop=GPT2["dropout"],
+                        embd_pdrop=GPT2["dropout"], attn_pdrop=GPT2["dropout"], layer_norm_epsilon=GPT2["eps"],
+                        activation_function=gelu, tie_word_embeddings=True, use_cache=False,
+                        attn_implementation="sdpa")
+    model = GPT2LMHeadModel(config)
+    assert model.lm_head.weight is model.transformer.wte.weight, "the head is not tied"
+    attention = model.config._attn_implementation
+    return model, (f"transformers {transformers.__version__} GPT2LMHeadModel(GPT2Config(gpt2 small, "
+                   f"activation_function={gelu!r})), attn_implementation={attention!r}")
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -92,10 +124,14 @@ def main() -> None:
         model, source = resnet50()
         x = torch.randn(args.batch, IMAGE[2], IMAGE[0], IMAGE[1], device=device)
         y = torch.randint(0, CLASSES, (args.batch,), device=device)
-    else:
+    elif args.network == "lstm32":
         model, source = LanguageModel(), "torch.nn Embedding + LSTM(num_layers=2) + Linear"
         x = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
         y = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
+    else:
+        model, source = gpt2_small()
+        x = torch.randint(0, GPT2["vocabulary"], (args.batch, sequence(args)), device=device)
+        y = torch.randint(0, GPT2["vocabulary"], (args.batch, sequence(args)), device=device)
     given = canonical_inputs(args)
     if given is not None:  # the runner's batch
         x, y = (torch.from_numpy(a).to(device) for a in given)
@@ -108,6 +144,7 @@ def main() -> None:
     def step():
         opt.zero_grad(set_to_none=True)
         out = model(x)
+        out = out.logits if args.network == "gpt2_small" else out
         loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
         opt.step()
 
