@@ -136,7 +136,7 @@ def suite_kind(path: Path, data: Any) -> str:
     if not isinstance(data, dict) or "kind" not in data:
         return "benchmark"
     kind = data["kind"]
-    if kind == "benchmark" or kind not in SUITE_KINDS:
+    if not isinstance(kind, str) or kind == "benchmark" or kind not in SUITE_KINDS:
         named = ", ".join(k for k in SUITE_KINDS if k != "benchmark")
         raise DefinitionError(path, "kind", f"unknown kind {kind!r}; expected {named} "
                                             "(or none, for a suite of single-process benchmarks)")

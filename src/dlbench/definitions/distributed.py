@@ -25,18 +25,20 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from .loader import DefinitionError, load_network, validate
 from .network import NetworkSummary
-from .schema import PositiveInt, _Strict
-from .suite import BatchList, Device, Hyperparameters, PerDevice, Precision
+from .schema import Int, _Strict
+from .suite import (MAX_ITERS, MAX_REPEATS, BatchList, Device, Hyperparameters, LearningRate, Momentum, PerDevice,
+                    Precision)
 
 Collective = Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
 Scaling = Literal["strong", "weak"]
 DTYPE_BYTES = {"float32": 4}
+MessageBytes = Int(1, 1 << 40)  # a collective's message: up to 1 TiB
 
 
 class FixedIterations(_Strict):
-    warmup_iters: Annotated[int, Field(ge=0)]
-    measure_iters: Annotated[int, Field(ge=5)]
-    repeats: Annotated[int, Field(ge=1)] = 1  # fresh jobs (every process started anew)
+    warmup_iters: Int(0, MAX_ITERS)
+    measure_iters: Int(5, MAX_ITERS)
+    repeats: Int(1, MAX_REPEATS) = 1  # fresh jobs (every process started anew)
 
 
 class FixedPolicies(_Strict):
@@ -57,8 +59,8 @@ class DistributedEntry(_Strict):
     network: str  # a name in suites/networks, or a path to a .yaml relative to the suite file
     batch_sizes: DistributedBatchSizes
     precision: Precision = "fp32"
-    learning_rate: Annotated[float, Field(gt=0)] | None = None
-    momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
+    learning_rate: LearningRate | None = None
+    momentum: Momentum | None = None
 
 
 class DistributedSuiteFile(_Strict):
@@ -74,9 +76,9 @@ class DistributedSuiteFile(_Strict):
 class SizeRange(_Strict):
     """start, start*factor, ... up to stop (inclusive), in bytes."""
 
-    start: PositiveInt
-    stop: PositiveInt
-    factor: Annotated[int, Field(ge=2)] = 2
+    start: MessageBytes
+    stop: MessageBytes
+    factor: Int(2, 1 << 20) = 2
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -93,7 +95,7 @@ class SizeRange(_Strict):
 
 
 # A list of sizes, or a range; told apart by their YAML shape so that an error names the one meant.
-SizeSpec = Annotated[Union[Annotated[Annotated[list[PositiveInt], Field(min_length=1)], Tag("list")],
+SizeSpec = Annotated[Union[Annotated[Annotated[list[MessageBytes], Field(min_length=1, max_length=1024)], Tag("list")],
                            Annotated[SizeRange, Tag("range")]],
                      Discriminator(lambda v: "range" if isinstance(v, dict) else "list")]
 

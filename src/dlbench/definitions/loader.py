@@ -64,9 +64,15 @@ def union_tags(model: type[BaseModel]) -> frozenset[str]:
 
 def read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise DefinitionError(path, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DefinitionError(path, "", f"not UTF-8 text: byte 0x{raw[e.start]:02x} on line {line} "
+                                        f"(offset {e.start}); save the file as UTF-8") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -74,6 +80,8 @@ def read_yaml(path: Path) -> Any:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise DefinitionError(path, "", f"invalid YAML: {where}{problem}") from None
+    except RecursionError:
+        raise DefinitionError(path, "", "invalid YAML: nested too deeply") from None
 
 
 def validate(model: type[M], data: Any, path: Path) -> M:

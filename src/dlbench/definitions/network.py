@@ -48,7 +48,7 @@ from . import layers
 from . import schema as s
 from .layers import ShapeError, Site
 
-__all__ = ["LayerSummary", "NetworkSummary", "ShapeError", "analyse", "definition_hash"]
+__all__ = ["LayerSummary", "NetworkSummary", "ShapeError", "analyse", "check_size", "definition_hash"]
 
 
 @dataclass
@@ -87,10 +87,43 @@ def definition_hash(resolved: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _expanded(layer) -> int:
+    """How many entries (or, for an lstm, stacked layers) one layer becomes when it is resolved."""
+    return getattr(layer, "repeat", None) or getattr(layer, "layers", None) or 1
+
+
+def check_size(network: s.Strict) -> None:
+    """The estimate of the resolved network's size made before anything is expanded: the entries
+    its layers become (residual and transformer_block repeats, lstm layers) within MAX_LAYERS; the
+    parameters, activations and FLOPs are checked layer by layer as `analyse` goes. ShapeError
+    naming the layer where the network outgrows what a machine (and a record) can hold."""
+    entries = 0
+    for i, layer in enumerate(network.layers):
+        entries += _expanded(layer)
+        if entries > s.MAX_LAYERS:
+            raise ShapeError(i, f"the network resolves to more than {s.MAX_LAYERS} layers by here "
+                                f"(repeats and lstm layers expanded); dlbench runs nothing that large")
+
+
+def _check_totals(i: int, shape: tuple[int, ...], params: int, flops: int) -> None:
+    elements = 1
+    for d in shape:
+        elements *= d
+    for what, value, most in (("elements in one sample's output of this layer", elements, s.MAX_ACTIVATIONS),
+                              ("parameters up to this layer", params, s.MAX_PARAMS),
+                              ("forward FLOPs per sample up to this layer", flops, s.MAX_FLOPS)):
+        if value > most:
+            raise ShapeError(i, f"{value:.3g} {what}: more than the {most:.3g} dlbench allows "
+                                "(no machine holds or runs a network that large)")
+
+
 def analyse(network: s.Strict) -> NetworkSummary:
     """Infer every shape and count parameters and forward FLOPs, each layer by the `infer` of its
-    type in the layer table (definitions/layers/); raise ShapeError on a mismatch."""
+    type in the layer table (definitions/layers/); raise ShapeError on a mismatch, or on a network
+    larger than the bounds of schema.py (`check_size`, then the totals after every layer)."""
+    check_size(network)
     inp = network.input
+    params_so_far = flops_so_far = 0
     tokens = isinstance(inp, (s.TokenInput, s.MaskedTokenInput))
     shape: tuple[int, ...] = (inp.sequence_length,) if tokens else tuple(inp.shape)
     summaries: list[LayerSummary] = []
@@ -108,6 +141,9 @@ def analyse(network: s.Strict) -> NetworkSummary:
         resolved = found.resolved
         if resolved is None:
             resolved = [layers.resolved_entry(layer, in_shape, shape)]
+        params_so_far += found.params
+        flops_so_far += found.flops
+        _check_totals(i, shape, params_so_far, flops_so_far)
         summaries.append(LayerSummary(i, t, in_shape, shape, found.params, found.flops, resolved, found.head_params))
 
     resolved_input = network.input.model_dump(mode="json")

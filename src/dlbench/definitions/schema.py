@@ -59,8 +59,39 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+# Every number of a definition is bounded by what storage and the machine can hold: integers are
+# strict (a boolean, a float or a string is not one) and within int64, floats finite, and counts have
+# sane maxima, so that nothing a definition says can overflow a record or the row index, or make the
+# analysis itself grow without end (a residual `repeat: 100000000`). A network's totals are bounded
+# too (network.py checks them layer by layer, before a runner builds it or `dlbench list` prints it).
+INT64_MAX = 2**63 - 1
+MAX_WIDTH = 1 << 24  # units, filters, channels, features, hidden size, widths, heads, vocabulary, classes
+MAX_EXTENT = 1 << 16  # an image side, a kernel, stride, padding or patch
+MAX_SEQUENCE = 1 << 20  # tokens of a sequence
+MAX_REPEAT = 1024  # blocks of a residual stage or a transformer_block, layers of an lstm
+MAX_LAYERS = 4096  # layers of a network, and entries of its resolved form (repeats expanded)
+MAX_PARAMS = 1 << 40  # parameters of a network (4 TiB in float32: more than any machine holds)
+MAX_ACTIVATIONS = 1 << 32  # elements of one layer's output, per sample
+MAX_FLOPS = 1 << 53  # forward FLOPs per sample
+
+
+def Int(minimum: int = 1, maximum: int = INT64_MAX):  # noqa: N802 - a type, used as one
+    """A strict integer in [minimum, maximum]: `true` or `64.0` is not one."""
+    low = {"gt": 0} if minimum == 1 else {"ge": minimum}  # "greater than 0" says "positive" best
+    return Annotated[int, Field(strict=True, le=maximum, **low)]
+
+
+def Real(**bounds):  # noqa: N802 - a type, used as one
+    """A finite number (an integer is one; a boolean, a string, .inf or .nan is not), within `bounds`
+    (pydantic's gt/ge/lt/le)."""
+    return Annotated[float, Field(strict=True, allow_inf_nan=False, **bounds)]
+
+
+PositiveInt = Int(1)
+NonNegativeInt = Int(0)
+Bool = Annotated[bool, Field(strict=True)]  # `1` or "yes" is not a boolean either
+Width = Int(1, MAX_WIDTH)
+Repeat = Int(1, MAX_REPEAT)
 
 
 class Strict(BaseModel):
@@ -73,7 +104,8 @@ class Strict(BaseModel):
 _Strict = Strict  # the name the suite files' models import
 
 
-def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int) -> tuple[int, int]:
+def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int,
+          maximum: int = MAX_EXTENT) -> tuple[int, int]:
     def is_int(v) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
 
@@ -86,22 +118,24 @@ def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int) -> 
         raise ValueError(f"{name} must be an integer or a pair [height, width] of integers")
     if min(pair) < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {list(pair)}")
+    if max(pair) > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {list(pair)}")
     return pair
 
 
 class Dense(_Strict):
     type: Literal["dense"]
-    units: PositiveInt
-    bias: bool = True
+    units: Width
+    bias: Bool = True
 
 
 class Conv2d(_Strict):
     type: Literal["conv2d"]
-    filters: PositiveInt
+    filters: Width
     kernel: tuple[int, int]
     stride: tuple[int, int] = (1, 1)
     padding: tuple[int, int] = (0, 0)
-    bias: bool = True
+    bias: Bool = True
 
     @field_validator("kernel", "stride", mode="before")
     @classmethod
@@ -148,8 +182,8 @@ class GlobalAvgPool(_Strict):
 
 class BatchNorm(_Strict):
     type: Literal["batch_norm"]
-    eps: Annotated[float, Field(gt=0)] = 1e-5
-    momentum: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    eps: Real(gt=0, le=1) = 1e-5
+    momentum: Real(gt=0, lt=1) = 0.1
 
 
 class Activation(_Strict):
@@ -162,19 +196,19 @@ class Flatten(_Strict):
 
 class Dropout(_Strict):
     type: Literal["dropout"]
-    rate: Annotated[float, Field(ge=0, lt=1)]
+    rate: Real(ge=0, lt=1)
 
 
 class Embedding(_Strict):
     type: Literal["embedding"]
-    vocabulary: PositiveInt
-    dim: PositiveInt
+    vocabulary: Width
+    dim: Width
 
 
 class LSTM(_Strict):
     type: Literal["lstm"]
-    hidden: PositiveInt
-    layers: PositiveInt = 1
+    hidden: Width
+    layers: Repeat = 1
 
 
 class Residual(_Strict):
@@ -186,26 +220,26 @@ class Residual(_Strict):
 
     type: Literal["residual"]
     block: Literal["basic", "bottleneck"]
-    filters: PositiveInt
-    stride: PositiveInt = 1
-    repeat: PositiveInt = 1
+    filters: Width
+    stride: Int(1, MAX_EXTENT) = 1
+    repeat: Repeat = 1
     shortcut: Literal["option_a", "projection"] = "projection"
 
 
-Rate = Annotated[float, Field(ge=0, lt=1)]
-Eps = Annotated[float, Field(gt=0)]
+Rate = Real(ge=0, lt=1)
+Eps = Real(gt=0, le=1)
 
 
 class PositionEmbedding(_Strict):
     type: Literal["position_embedding"]
-    max_length: PositiveInt
+    max_length: Int(1, MAX_SEQUENCE)
 
 
 class PatchEmbedding(_Strict):
     type: Literal["patch_embedding"]
-    patch: PositiveInt
-    dim: PositiveInt
-    class_token: bool = True
+    patch: Int(1, MAX_EXTENT)
+    dim: Width
+    class_token: Bool = True
 
 
 class LayerNorm(_Strict):
@@ -222,10 +256,10 @@ class Gelu(_Strict):
 
 class Attention(_Strict):
     type: Literal["attention"]
-    heads: PositiveInt
-    head_size: PositiveInt | None = None  # D / heads; resolved to the number
-    causal: bool = False
-    bias: bool = True
+    heads: Width
+    head_size: Width | None = None  # D / heads; resolved to the number
+    causal: Bool = False
+    bias: Bool = True
     dropout: Rate = 0.0
 
 
@@ -234,16 +268,16 @@ class TransformerBlock(_Strict):
     stages), each with every field but `repeat` and its head size filled in."""
 
     type: Literal["transformer_block"]
-    heads: PositiveInt
-    head_size: PositiveInt | None = None
-    mlp_ratio: PositiveInt = 4
+    heads: Width
+    head_size: Width | None = None
+    mlp_ratio: Int(1, 1024) = 4
     norm: Literal["pre", "post"]
     gelu: Literal["erf", "tanh"]
-    causal: bool = False
-    bias: bool = True
+    causal: Bool = False
+    bias: Bool = True
     dropout: Rate = 0.0
     eps: Eps = 1e-5
-    repeat: PositiveInt = 1
+    repeat: Repeat = 1
 
 
 class TokenPool(_Strict):
@@ -253,8 +287,8 @@ class TokenPool(_Strict):
 
 class LMHead(_Strict):
     type: Literal["lm_head"]
-    tied: bool
-    bias: bool = False
+    tied: Bool
+    bias: Bool = False
 
 
 class SegmentEmbedding(_Strict):
@@ -262,7 +296,7 @@ class SegmentEmbedding(_Strict):
     s_t that the input's layout gives it (MaskedTokenInput: sentence A, then sentence B)."""
 
     type: Literal["segment_embedding"]
-    segments: Annotated[int, Field(ge=2)] = 2
+    segments: Int(2, MAX_WIDTH) = 2
 
 
 class PretrainingHeads(_Strict):
@@ -278,22 +312,24 @@ class PretrainingHeads(_Strict):
     type: Literal["pretraining_heads"]
     gelu: Literal["erf", "tanh"]
     eps: Eps = 1e-12
-    tied: bool = True
+    tied: Bool = True
 
 
 class TensorInput(_Strict):
     """A dense float input of `shape` (no batch axis) labelled with one class per sample."""
 
     kind: Literal["tensor"]
-    shape: tuple[PositiveInt, ...]
+    shape: tuple[Width, ...]
     dtype: Literal["float32"] = "float32"
-    classes: PositiveInt
+    classes: Width
 
     @field_validator("shape")
     @classmethod
     def _rank(cls, v):
         if len(v) not in (1, 3):
             raise ValueError("shape must be [features] or [channels, height, width]")
+        if int(np.prod(v, dtype=object)) > MAX_ACTIVATIONS:
+            raise ValueError(f"shape {list(v)} holds more than {MAX_ACTIVATIONS} elements per sample")
         return v
 
 
@@ -301,8 +337,8 @@ class TokenInput(_Strict):
     """A sequence of token ids labelled with the next token at every step (language modelling)."""
 
     kind: Literal["tokens"]
-    vocabulary: PositiveInt
-    sequence_length: PositiveInt
+    vocabulary: Width
+    sequence_length: Int(1, MAX_SEQUENCE)
     dtype: Literal["int64"] = "int64"
 
 
@@ -317,10 +353,10 @@ class MaskedTokenInput(_Strict):
     token ids at the M masked positions in that order, then the next-sentence label (0 or 1)."""
 
     kind: Literal["masked_tokens"]
-    vocabulary: PositiveInt
-    sequence_length: Annotated[int, Field(ge=2)]
-    mask_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.15
-    mask_seed: Annotated[int, Field(ge=0)] = 0
+    vocabulary: Width
+    sequence_length: Int(2, MAX_SEQUENCE)
+    mask_fraction: Real(gt=0, lt=1) = 0.15
+    mask_seed: NonNegativeInt = 0
     dtype: Literal["int64"] = "int64"
 
     def masked_positions(self) -> list[int]:
@@ -355,7 +391,7 @@ def network_model(layer_models: tuple[type[Strict], ...]) -> type[Strict]:
         name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]*$")]
         description: str = ""
         input: Annotated[Union[TensorInput, TokenInput, MaskedTokenInput], Field(discriminator="kind")]
-        layers: Annotated[list[Layer], Field(min_length=1)]
+        layers: Annotated[list[Layer], Field(min_length=1, max_length=MAX_LAYERS)]
         # validated when left out too: the default is wrong for a masked_tokens input
         loss: Annotated[Literal["softmax_cross_entropy", "masked_lm_and_next_sentence"],
                         Field(validate_default=True)] = "softmax_cross_entropy"

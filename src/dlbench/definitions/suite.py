@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Union
 from pydantic import Field
 
 from .network import NetworkSummary
-from .schema import PositiveInt, _Strict
+from .schema import MAX_SEQUENCE, Int, Real, _Strict
 
 Mode = Literal["train", "infer"]
 # What each precision means in every runner: runners/common/contract.py (fp32: IEEE float32 with
@@ -30,29 +30,38 @@ Device = Literal["cpu", "cuda"]
 PROFILES = ("smoke", "default", "paper")
 
 
+# The bounds of a profile's and a suite's numbers (schema.py says why every number has one).
+MAX_ITERS = 10_000_000
+MAX_SECONDS = 7 * 86400.0  # a week: longer than any timeout a benchmark could ask for
+MAX_REPEATS = 1000  # worker processes (or jobs) per run
+MAX_BATCH = 1 << 20
+Iterations = Int(0, MAX_ITERS)
+Seconds = Real(ge=0, le=MAX_SECONDS)
+
+
 class WarmupPolicy(_Strict):
-    min_iters: Annotated[int, Field(ge=0)] = 2
-    max_iters: PositiveInt = 50
-    max_time_s: Annotated[float, Field(gt=0)] = 30.0
-    window: PositiveInt = 3
-    tolerance: Annotated[float, Field(gt=0)] = 0.1
+    min_iters: Iterations = 2
+    max_iters: Int(1, MAX_ITERS) = 50
+    max_time_s: Real(gt=0, le=MAX_SECONDS) = 30.0
+    window: Int(1, 10_000) = 3
+    tolerance: Real(gt=0, le=100) = 0.1
 
 
 class MeasurePolicy(_Strict):
-    min_iters: Annotated[int, Field(ge=5)] = 5
-    min_time_s: Annotated[float, Field(ge=0)] = 1.0
-    max_iters: PositiveInt = 10000
+    min_iters: Int(5, MAX_ITERS) = 5
+    min_time_s: Seconds = 1.0
+    max_iters: Int(1, MAX_ITERS) = 10000
 
 
 class Profile(_Strict):
     description: str = ""
     warmup: WarmupPolicy
     measure: MeasurePolicy
-    repeats: Annotated[int, Field(ge=1)] = 3
+    repeats: Int(1, MAX_REPEATS) = 3
     # How many of each network's modes this profile runs, in the order the suite lists them; None
     # runs them all. `smoke` takes one (train in the shipped suites): one run per network and
     # framework keeps a look over every suite and framework within minutes.
-    modes_per_network: PositiveInt | None = None
+    modes_per_network: Int(1, 16) | None = None
 
 
 class ProfilesFile(_Strict):
@@ -61,7 +70,7 @@ class ProfilesFile(_Strict):
     paper: Profile
 
 
-BatchList = Annotated[list[PositiveInt], Field(min_length=1)]
+BatchList = Annotated[list[Int(1, MAX_BATCH)], Field(min_length=1, max_length=1024)]
 
 
 class PerDevice(_Strict):
@@ -75,23 +84,30 @@ class BatchSizes(_Strict):
     paper: BatchList
 
 
+SequenceLength = Int(1, MAX_SEQUENCE)
+
+
 class PerDeviceLength(_Strict):
-    cpu: PositiveInt
-    cuda: PositiveInt
+    cpu: SequenceLength
+    cuda: SequenceLength
 
 
 class SequenceLengths(_Strict):
     """A language model's sequence length per profile (and, in `default`, per device): it replaces
     the network's own `input.sequence_length`, which stays the context its tables are sized for."""
 
-    smoke: PositiveInt
-    default: Union[PositiveInt, PerDeviceLength]
-    paper: PositiveInt
+    smoke: SequenceLength
+    default: Union[SequenceLength, PerDeviceLength]
+    paper: SequenceLength
+
+
+LearningRate = Real(gt=0, le=1e6)
+Momentum = Real(ge=0, lt=1)
 
 
 class Hyperparameters(_Strict):
-    learning_rate: Annotated[float, Field(gt=0)] = 0.01
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    learning_rate: LearningRate = 0.01
+    momentum: Momentum = 0.9
 
 
 class BenchmarkEntry(_Strict):
@@ -102,8 +118,8 @@ class BenchmarkEntry(_Strict):
     # one value or a list: the benchmark runs under each (`--precision`/`--compile` replace them)
     precision: Precision | Annotated[list[Precision], Field(min_length=1)] = "fp32"
     compile: Compile | Annotated[list[Compile], Field(min_length=1)] = "default"
-    learning_rate: Annotated[float, Field(gt=0)] | None = None
-    momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
+    learning_rate: LearningRate | None = None
+    momentum: Momentum | None = None
 
 
 class SuiteFile(_Strict):
