@@ -120,7 +120,7 @@ def test_unreadable_result(monkeypatch, fake, req):
     behave(monkeypatch, "garbage")
     o = run_worker(PYTHON, fake.worker, req, 30)
     assert o.status == "failed" and o.result is None
-    assert "unreadable result" in o.reason
+    assert o.reason.startswith("worker result: not valid JSON")
 
 
 def test_protocol_mismatch_is_failed(fake, req):
@@ -159,10 +159,10 @@ def test_exited_worker_child_is_also_ended(tmp_path, fake):
         "import json, subprocess, sys\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-        "json.dump({'status': 'ok'}, open(sys.argv[2], 'w'))\n"
+        "json.dump({'status': 'skipped', 'reason': 'nothing to do'}, open(sys.argv[2], 'w'))\n"
     )
     o = run_worker(PYTHON, script, {"protocol": 1}, 30)
-    assert o.status == "ok"
+    assert o.status == "skipped"
     assert wait_dead(int(pidfile.read_text()))
 
 

@@ -87,7 +87,7 @@ def _protocol(path: Path) -> int:
 
 
 def test_protocol_versions_match():
-    controller = _protocol(SRC / "execution" / "launcher.py")
+    controller = _protocol(SRC / "execution" / "worker_result.py")
     worker = _protocol(ROOT / "runners" / "common" / "harness.py")
     assert isinstance(controller, int) and controller == worker
 

@@ -41,6 +41,7 @@ import psutil
 
 from .launch_styles import ProcessSpec
 from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S
+from .launcher import tagged as tagged_processes
 
 PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/distributed_harness.py
 POLL_S = 0.05
@@ -162,17 +163,7 @@ def _signal_all(procs: list[subprocess.Popen], known: dict[int, float], sig: int
 
 def tagged(token: str) -> dict[int, float]:
     """pid -> create time of this machine's processes whose environment carries DLBENCH_JOB=token."""
-    found = {}
-    me = os.getpid()
-    for p in psutil.process_iter(["pid", "create_time"]):
-        if p.info["pid"] == me:
-            continue
-        try:
-            if p.environ().get(JOB_VARIABLE) == token:
-                found[p.info["pid"]] = p.info["create_time"]
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
+    return tagged_processes(JOB_VARIABLE, token)
 
 
 def teardown(procs: list[subprocess.Popen], known: dict[int, float], grace_s: float = TERMINATE_GRACE_S,

@@ -27,6 +27,7 @@ from ..telemetry import Sampler, TelemetryConfig, derive
 from ..telemetry.summary import summarise_repeats
 from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
+from .interrupts import shielded
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
 from .registry import RunnerInfo
 
@@ -208,11 +209,12 @@ class Orchestrator:
                 sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
                 outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
                                      thread_env(opts.threads), sampler, container=env.container)
-                res = outcome.result or {}
+                res = outcome.result or {}  # validated at the boundary (launcher: worker_result.py)
                 series = sampler.result if sampler else None
                 window = res.get("window_monotonic_ns") or []
                 derived = (derive(series, tuple(window), len(res["iter_s"]), run.batch_size)
-                           if series is not None and len(window) == 2 and res.get("iter_s") else None)
+                           if series is not None and outcome.status == "ok" and window and res.get("iter_s")
+                           else None)
                 last_result = res or last_result
                 tail = outcome.output_tail
                 rep = Repeat(
@@ -266,6 +268,7 @@ class Orchestrator:
         record.telemetry = self._telemetry_summary(repeats, run.batch_size)
         record.equivalence = CheckStore(self.store.root).status(
             b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"))
-        self.store.write(record)
+        with shielded():  # a signal now still lets the finished run's record land whole
+            self.store.write(record)
         self.events.run_done(run, record)
         return record

@@ -1,0 +1,196 @@
+"""The worker's result file, parsed against one schema at the boundary (issue 18).
+
+Whatever a worker wrote (another runner's bug, a framework printing into the wrong file, a hostile
+process), `parse_result` returns a `WorkerResult` whose every field has the type and range the
+controller relies on, or raises `ResultError` naming the first offending field. Nothing downstream
+(the statistics, the telemetry's window, the record) ever sees the raw JSON.
+
+Rules beyond the types: iteration times are finite and positive; the measured window is two marks
+on the monotonic clock, the end after the start, both within the worker's lifetime when that is
+known; integers fit in int64 (SQLite's); an `ok` benchmark has measured iterations; booleans are
+not numbers and strings are not numbers (strict mode). A size limit and UTF-8 are checked before
+JSON is parsed; pydantic's JSON parser refuses NaN/Infinity in the fields below, trailing bytes
+and nesting deeper than its recursion limit.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/protocol.py
+INT64_MAX = 2**63 - 1
+REASON_CHARS = 4000  # a reason longer than this is cut (the output tail carries the rest)
+TRACEBACK_CHARS = 20000
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # an iteration time: finite and positive
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+Mark = Annotated[int, Field(ge=0, le=INT64_MAX)]  # time.monotonic_ns
+
+
+class ResultError(ValueError):
+    """The one error of `parse_result`: `field` is the offending field's dotted path ("result" for
+    the file as a whole), `problem` what is wrong with it."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"worker result field {field!r}: {problem}" if field != "result"
+                         else f"worker result: {problem}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class FrameworkInfo(BaseModel):
+    """What `runner.framework_info` returned: a name and a version at least; the rest is the runner's."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    name: str
+    version: str | None = None
+    build: dict[str, Any] = {}
+    devices: list[Any] = []
+
+
+class KernelEntry(BaseModel):
+    """One kernel of a `kernels` request (harness.measure_kernels)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    spec: dict[str, Any]
+    status: Literal["ok", "failed", "skipped"]
+    reason: str | None = None
+    first_s: Seconds | None = None
+    times_s: list[Seconds] = []
+    # a backward kernel timed with its forward is the difference of two medians, which may be 0
+    median_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    forward_median_s: Seconds | None = None
+    with_forward_median_s: Seconds | None = None
+    settings: dict[str, Any] = {}
+    traceback: str | None = None
+
+    @model_validator(mode="after")
+    def _measured(self):
+        if self.status == "ok" and (not self.times_s or self.median_s is None):
+            raise ValueError("an ok kernel needs its times (times_s) and median_s")
+        return self
+
+
+class WorkerResult(_Strict):
+    """RESULT.json of runners/common/harness.py, for every action (benchmark, kernels, check)."""
+
+    protocol: Literal[PROTOCOL_VERSION] | None = None  # type: ignore[valid-type]
+    status: Literal["ok", "failed", "skipped"]
+    reason: str | None = None
+    traceback: str | None = None
+    framework: FrameworkInfo | None = None
+    threads: dict[str, Any] = {}
+    params: Count | None = None
+    output_shape: list[Count] | None = None
+    settings: dict[str, Any] = {}
+    # action benchmark (harness.measure)
+    first_iter_s: Seconds | None = None
+    warmup_iter_s: list[Seconds] = []
+    warmup_settled: bool | None = None
+    iter_s: list[Seconds] = []
+    window_monotonic_ns: list[Mark] = []
+    memory: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None
+    # action kernels
+    kernels: list[KernelEntry] | None = None
+    # action check
+    outputs: str | None = None
+
+    @field_validator("reason")
+    @classmethod
+    def _short_reason(cls, v: str | None) -> str | None:
+        return v if v is None or len(v) <= REASON_CHARS else v[:REASON_CHARS] + " [...]"
+
+    @field_validator("traceback")
+    @classmethod
+    def _short_traceback(cls, v: str | None) -> str | None:
+        return v if v is None or len(v) <= TRACEBACK_CHARS else "[...] " + v[-TRACEBACK_CHARS:]
+
+    @field_validator("window_monotonic_ns")
+    @classmethod
+    def _window(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        if not v:
+            return v
+        if len(v) != 2:
+            raise ValueError(f"needs two marks [start, end], not {len(v)}")
+        start, end = v
+        if end <= start:
+            raise ValueError(f"the end {end} is not after the start {start}")
+        lifetime = (info.context or {}).get("lifetime_ns")
+        if lifetime is not None and not (lifetime[0] <= start and end <= lifetime[1]):
+            raise ValueError(f"[{start}, {end}] lies outside the worker's lifetime [{lifetime[0]}, {lifetime[1]}] "
+                             "on the monotonic clock")
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self, info: ValidationInfo):
+        action = (info.context or {}).get("action", "benchmark")
+        if self.status != "ok":
+            return self
+        if self.framework is None:
+            raise _FieldProblem("framework", "an ok result names its framework")
+        if action == "benchmark":
+            if not self.iter_s:
+                raise _FieldProblem("iter_s", "an ok result has no measured iterations")
+            if not self.window_monotonic_ns:
+                raise _FieldProblem("window_monotonic_ns", "an ok result has no measured window")
+        elif action == "kernels" and self.kernels is None:
+            raise _FieldProblem("kernels", "an ok result of a kernels request has no kernels")
+        return self
+
+
+class _FieldProblem(ValueError):
+    """Raised inside a model validator to name a field (pydantic would locate it at the model)."""
+
+    def __init__(self, field: str, problem: str):
+        self.field = field
+        super().__init__(problem)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return "a JSON object"
+    if isinstance(value, list):
+        return "a JSON array"
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _first_error(e: ValidationError) -> ResultError:
+    error = e.errors(include_url=False)[0]
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _FieldProblem):
+        return ResultError(cause.field, str(cause))
+    msg = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "json_invalid":
+        return ResultError("result", f"not valid JSON ({msg.removeprefix('Invalid JSON: ')})")
+    if not loc:
+        return ResultError("result", f"not a JSON object but {_shown(error.get('input'))}"
+                           if error["type"] == "model_type" else msg)
+    if error["type"] not in ("value_error", "missing", "extra_forbidden"):
+        msg += f", not {_shown(error.get('input'))}"
+    extra = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
+    return ResultError(loc, msg + extra)
+
+
+def parse_result(data: bytes | str, action: str = "benchmark",
+                 lifetime_ns: tuple[int, int] | None = None) -> WorkerResult:
+    """The result a worker wrote, validated for a request of `action`; `lifetime_ns` (monotonic
+    clock) bounds its measured window. Raises ResultError and nothing else."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ResultError("result", f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
+    try:
+        return WorkerResult.model_validate_json(data, context={"action": action, "lifetime_ns": lifetime_ns})
+    except ValidationError as e:
+        raise _first_error(e) from None
+    except (ValueError, RecursionError, MemoryError) as e:  # never expected from pydantic; still one error
+        raise ResultError("result", f"unreadable ({type(e).__name__}: {e})") from None
