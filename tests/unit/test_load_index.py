@@ -30,15 +30,15 @@ def store(tmp_path):
 
 @pytest.fixture
 def parsed(monkeypatch):
-    """The record files Store.read was asked for, in this process."""
+    """The record files Store.inspect was asked for (every parse of a record goes through it), in this process."""
     calls: list[str] = []
-    original = Store.read
+    original = Store.inspect
 
     def counting(self, path):
         calls.append(Path(path).name)
         return original(self, path)
 
-    monkeypatch.setattr(Store, "read", counting)
+    monkeypatch.setattr(Store, "inspect", counting)
     return calls
 
 

@@ -3,13 +3,14 @@ store; each unknown or invalid name is an error that exits 2 with the valid ones
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from .. import paths
 from ..definitions.catalog import SuiteCatalog
 from ..definitions.loader import DefinitionError
 from ..execution.registry import RunnerRegistry
-from ..store.store import Store
+from ..store.store import Store, StoreError, StoreWriteError
 from .console import fail
 from .options import listed_choices
 
@@ -17,6 +18,32 @@ from .options import listed_choices
 def open_store(store: Path | None) -> Store:
     """`--store`, else $DLBENCH_STORE, else ./results."""
     return Store(store or paths.default_store())
+
+
+def writable_store(store: Path | None) -> Store:
+    """The store of `dlbench run`, checked before its first benchmark (Store.check_writable: a
+    directory, writable, with room for a record): otherwise one error and exit 2, nothing run."""
+    st = open_store(store)
+    try:
+        st.check_writable()
+    except StoreError as e:
+        raise fail(str(e)) from None
+    return st
+
+
+def reports_unsaved_records(command):
+    """A record the store refused after the run began (a full disk, a mount gone read-only): the
+    store kept it elsewhere (Store.keep_elsewhere) and the command ends with that one error, which
+    says where and how to merge it back, exit 1; the records written before it are in the store."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except StoreWriteError as e:
+            raise fail(str(e), 1) from None
+
+    return wrapper
 
 
 def refresh_index(st: Store) -> None:

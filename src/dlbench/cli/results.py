@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..store.rows import COLUMNS
 from . import lookup
-from .console import err, fail, out
+from .console import err, fail, out, safe
 from .options import FrameworkFilter, MachineFilter, StoreOption, check_format
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -114,7 +114,8 @@ def results(
 
 
 def _cell(value) -> str:
-    return "" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
+    """A value as a table shows it: floats to 3 places, text with its control characters escaped."""
+    return "" if value is None else (f"{value:.3f}" if isinstance(value, float) else safe(str(value)))
 
 
 def _plain_table(title: str, rows: list[dict]) -> str:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun
 
 
+@lookup.reports_unsaved_records
 def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: FrameworksOption = ["all"],
@@ -95,7 +96,7 @@ def run(
 
         run_kernel_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
                          device=resolve_device(device), env=env, threads=threads, repeats=repeats,
-                         max_repeats=max_repeats, target_ci=target_ci, store=lookup.open_store(store),
+                         max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
                          timeout=timeout, workers=workers, scaling=scaling, hosts=hosts)
         return
     if kind != "benchmark":
@@ -103,7 +104,7 @@ def run(
 
         run_distributed_suite(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
                               device=resolve_device(device), env=env, threads=threads, repeats=repeats,
-                              max_repeats=max_repeats, target_ci=target_ci, store=lookup.open_store(store),
+                              max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
                               timeout=timeout, workers=workers or 2, scaling=scaling, hosts=hosts)
         return
     for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
@@ -143,7 +144,7 @@ def run(
                          nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"),
                          max_repeats=max_repeats, target_ci_pct=target_ci, compile_mode=compile_mode)
     runs = plan(runners, selected)
-    st = lookup.open_store(store)
+    st = lookup.writable_store(store)  # before the first benchmark: a record must have a place
     from ..performance.runtime import run_predictor
 
     predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads,

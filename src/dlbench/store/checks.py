@@ -11,6 +11,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .store import StoreError, read_regular
+
 
 class CheckStore:
     """STORE/checks/<network>--<framework>--<version>.json: the latest check of each."""
@@ -74,7 +76,9 @@ class FrameworkCheck:
 def check_file_problem(path: Path) -> str | None:
     """Why an equivalence check file cannot be used, or None (see CheckStore)."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = json.loads(read_regular(Path(path)))
+    except StoreError as e:
+        return str(e)
     except (OSError, ValueError, RecursionError) as e:
         return f"{path}: unreadable check: {e}"
     if not isinstance(data, dict) or not isinstance(data.get("status"), str):

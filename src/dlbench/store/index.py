@@ -2,10 +2,16 @@
 
 The record files in runs/ are the only source of truth; the index holds what was derived from each
 one (the row of `dlbench results` plus the run's key fields, its iteration times, or why it could
-not be read), keyed by the file's name, size and mtime_ns. Every read lists runs/ and compares: a
-file that is new or changed since it was indexed is parsed again, an entry whose file is gone is
-dropped. So records written by `dlbench run`, copied in from another store or deleted by hand are
-all noticed, and deleting STORE/.index/ loses nothing but time.
+not be read), keyed by the file's name (its run id: a record named otherwise is unreadable, so a
+copy under another name is never a second run), size, mtime_ns and the SHA-256 of its bytes. Every
+read lists runs/ and compares: a file that is new or whose size or mtime changed is parsed again,
+and every other file is read and hashed: bytes that differ from those verified when the row was
+made (a byte flipped, with size and mtime put back) are parsed, verified and reported like any
+damaged record, so each read checks every record's checksum, the cheap way for the unchanged ones.
+An entry whose file is gone is dropped. So records written by `dlbench run`, copied in from another
+store or deleted by hand are all noticed, and deleting STORE/.index/ loses nothing but time.
+Whatever a record holds, its row is storable: an integer beyond int64 (a derived product) is
+kept as a float, any other value that is not a number or a string as its JSON text.
 
 The index is rebuilt from the records when it is missing, corrupt (the file is removed first) or
 was built by other code: its fingerprint covers this layout, the record schema version, the row
@@ -23,7 +29,7 @@ import json
 import multiprocessing
 import os
 import sqlite3
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,10 +40,10 @@ import numpy as np
 
 from .record import SCHEMA_VERSION, Record
 from .rows import COLUMNS, run_row
-from .store import Store, StoreError, Unreadable
+from .store import Store, StoreError, Unreadable, file_digest, read_regular
 from .utilisation import Peaks
 
-INDEX_LAYOUT = 1
+INDEX_LAYOUT = 2
 INDEX_DIR = ".index"
 INDEX_FILE = "rows.sqlite"
 # Below this many files to parse, starting worker processes costs more than it saves.
@@ -89,6 +95,7 @@ class Derived(NamedTuple):
     file: str
     size: int
     mtime_ns: int
+    digest: str | None  # file_digest of the bytes the row was made from (None: the file could not be read)
     row: tuple | None  # the row's values in ROW_COLUMNS order; None when the file is unreadable
     error: str | None  # why it is unreadable, without the path (the store may move)
     repeats: str | None  # JSON [[repeat index, repeat status, measured iterations], ...]
@@ -111,9 +118,27 @@ class Snapshot:
     iterations: dict[str, Iterations] | None = None  # by run_id, when asked for
 
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
 def _plain(value):
-    """numpy scalars (e.g. from scipy) as the Python numbers they are, for SQLite."""
-    return value.item() if isinstance(value, np.generic) else value
+    """A row value as SQLite can hold it: numpy scalars (e.g. from scipy) as the Python numbers they
+    are, an integer beyond int64 (a product of bounded fields can be) as a float, a string with a
+    lone surrogate with U+FFFD, anything else that is not a number or a string as its JSON text."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, float)):
+        return value
+    if isinstance(value, int):
+        if INT64[0] <= value <= INT64[1]:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return str(value)
+    if isinstance(value, str):
+        return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
+    return _plain(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
 
 
 def _strip_path(reason: str, path: Path) -> str:
@@ -126,17 +151,34 @@ def derive(root: Path, file: str, size: int, mtime_ns: int) -> Derived:
     store = Store(root)
     path = store.runs / file
     try:
-        record = store.read(path)
-    except StoreError as e:
-        return Derived(file, size, mtime_ns, None, _strip_path(str(e), path), None, None)
+        stored = store.inspect(path)
+    except StoreError as e:  # its digest too: a damaged file is not parsed again until its bytes change
+        return Derived(file, size, mtime_ns, _digest_of(path), None, _strip_path(str(e), path), None, None)
+    record, digest = stored.record, file_digest(stored.raw)
     try:
         row = {**key_fields(record), **run_row(record)}
         values = tuple(_plain(row.get(c)) for c in ROW_COLUMNS)
         repeats = [[rep.index, rep.status, len(rep.iter_s)] for rep in record.repeats]
         seconds = np.array([t for rep in record.repeats for t in rep.iter_s], dtype=np.float64).tobytes()
-        return Derived(file, size, mtime_ns, values, None, json.dumps(repeats), seconds)
+        return Derived(file, size, mtime_ns, digest, values, None, json.dumps(repeats), seconds)
     except Exception as e:  # a record the row code cannot handle is reported like an unreadable one
-        return Derived(file, size, mtime_ns, None, f"cannot make its row: {type(e).__name__}: {e}", None, None)
+        return Derived(file, size, mtime_ns, digest, None, f"cannot make its row: {type(e).__name__}: {e}", None, None)
+
+
+def _digest_of(path: Path) -> str | None:
+    try:
+        return file_digest(read_regular(path))
+    except StoreError:
+        return None
+
+
+def _digests(store: Store, files: list[str]) -> dict[str, str | None]:
+    """file -> the digest of its bytes now. Threads: reading and hashing release the GIL."""
+    paths = [store.runs / f for f in files]
+    if len(paths) < PARALLEL_FROM or _workers() < 2:
+        return dict(zip(files, map(_digest_of, paths)))
+    with ThreadPoolExecutor(min(_workers(), 8)) as pool:
+        return dict(zip(files, pool.map(_digest_of, paths, chunksize=64)))
 
 
 def _deriving_sources() -> list[Path]:
@@ -200,8 +242,8 @@ class _Corrupt(Exception):
 _ROW_SQL = ", ".join(f'"{c}"' for c in ROW_COLUMNS)
 _TABLES = (
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    f"CREATE TABLE runs (file TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, error TEXT, "
-    f"{_ROW_SQL})",
+    f"CREATE TABLE runs (file TEXT PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL, digest TEXT, "
+    f"error TEXT, {_ROW_SQL})",
     "CREATE TABLE iterations (file TEXT PRIMARY KEY, repeats TEXT NOT NULL, seconds BLOB NOT NULL)",
 )
 
@@ -230,7 +272,7 @@ class RowIndex:
         return found is not None and found[0] == expected
 
     def cached(self, expected: str) -> dict[str, tuple]:
-        """file -> (size, mtime_ns, error, *row values) as indexed; empty when the index is absent or stale."""
+        """file -> (size, mtime_ns, digest, error, *row values) as indexed; empty when the index is absent or stale."""
         if not self.path.exists():
             return {}
         db = self._connect()
@@ -238,7 +280,7 @@ class RowIndex:
             db.execute("BEGIN")
             if not self._current(db, expected):
                 return {}
-            query = f"SELECT file, size, mtime_ns, error, {_ROW_SQL} FROM runs"
+            query = f"SELECT file, size, mtime_ns, digest, error, {_ROW_SQL} FROM runs"
             return {file: rest for file, *rest in db.execute(query)}
         finally:
             db.close()
@@ -260,8 +302,8 @@ class RowIndex:
             db.executemany("DELETE FROM runs WHERE file = ?", gone)
             db.executemany("DELETE FROM iterations WHERE file = ?", gone)
             blank = (None,) * len(ROW_COLUMNS)
-            db.executemany(f"INSERT INTO runs VALUES (?, ?, ?, ?, {', '.join('?' * len(ROW_COLUMNS))})",
-                           [(d.file, d.size, d.mtime_ns, d.error, *(d.row or blank)) for d in derived])
+            db.executemany(f"INSERT INTO runs VALUES (?, ?, ?, ?, ?, {', '.join('?' * len(ROW_COLUMNS))})",
+                           [(d.file, d.size, d.mtime_ns, d.digest, d.error, *(d.row or blank)) for d in derived])
             db.executemany("INSERT INTO iterations VALUES (?, ?, ?)",
                            [(d.file, d.repeats, d.seconds) for d in derived if d.row is not None])
             db.execute("COMMIT")
@@ -316,6 +358,11 @@ class RowIndex:
                 notes.append(self._unusable(e))
                 use_index = False
         stale = {f for f, (size, mtime, *_rest) in cached.items() if listing.get(f) != (size, mtime)}
+        # the files that look unchanged are read and hashed: bytes other than those the row was made
+        # from are parsed (and verified) again, whatever their size and mtime say
+        unchanged = [f for f in cached if f in listing and f not in stale]
+        now = _digests(self.store, unchanged)
+        stale.update(f for f in unchanged if now[f] != cached[f][2])
         wanted = [(f, *key) for f, key in listing.items() if f not in cached or f in stale]
         if self.on_parse is not None and len(wanted) >= PARALLEL_FROM:
             self.on_parse(len(wanted))
@@ -323,13 +370,13 @@ class RowIndex:
         if use_index and (fresh or stale):  # nothing to record: leave the store untouched
             try:
                 self.write(expected, fresh, sorted(stale - listing.keys()))
-            except (sqlite3.Error, OSError) as e:
+            except (sqlite3.Error, OSError, ValueError, OverflowError) as e:  # ValueError: a file name not UTF-8
                 if _damaged(e):
                     raise
                 notes.append(self._unusable(e))
                 use_index = False
-        known = {f: Derived(f, size, mtime, None if error is not None else tuple(row), error, None, None)
-                 for f, (size, mtime, error, *row) in cached.items() if f in listing and f not in stale}
+        known = {f: Derived(f, size, mtime, digest, None if error is not None else tuple(row), error, None, None)
+                 for f, (size, mtime, digest, error, *row) in cached.items() if f in listing and f not in stale}
         known.update((d.file, d) for d in fresh)
         snap = _assemble(self.store, listing, known, iterations, self.iterations if use_index else None)
         snap.notes[:0] = notes

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .store import CHECKSUM_PREFIX, Store, checksum_of
+from .store import CHECKSUM_PREFIX, Store, StoreError, checksum_of, read_regular
 
 KERNEL_RECORD_FORMAT = 1
 
@@ -82,8 +82,10 @@ class KernelStore:
     def read(path: Path) -> KernelRecord:
         """ValueError naming the file when it is damaged or not a kernel record."""
         try:
-            data = json.loads(Path(path).read_bytes())
-        except (OSError, ValueError) as e:
+            data = json.loads(read_regular(Path(path)))
+        except StoreError as e:
+            raise ValueError(str(e)) from None
+        except (OSError, ValueError, RecursionError) as e:
             raise ValueError(f"{path}: unreadable kernel record: {e}") from None
         stored = data.get("checksum") if isinstance(data, dict) else None
         if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX) or checksum_of(data) != stored:

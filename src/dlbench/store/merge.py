@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import check_file_problem
-from .store import Store, StoreError
+from .store import Store, StoreError, read_regular
 from .verify import performance_file_problems
 
 
@@ -83,7 +83,7 @@ def _merge_performance_file(destination: Store, source: Store, path: Path, probl
     if problem:
         report.unreadable.append((path, problem))
         return
-    raw = path.read_bytes()
+    raw = read_regular(path)
     target = destination.root / path.relative_to(source.root)
     try:
         destination.publish(raw, target)
@@ -91,7 +91,7 @@ def _merge_performance_file(destination: Store, source: Store, path: Path, probl
         return
     except FileExistsError:
         pass
-    if target.read_bytes() == raw:
+    if _bytes_of(target) == raw:
         report.duplicates.append(path)
         return
     report.conflicts.append((path, f"{path}: {target} exists with other content; kept it"))
@@ -103,9 +103,6 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
     except StoreError as e:
         report.unreadable.append((path, str(e)))
         return
-    if incoming.record.run_id != path.stem:
-        report.unreadable.append((path, f"{path}: run_id {incoming.record.run_id!r} does not match the file name"))
-        return
     target = destination.runs / path.name
     try:
         destination.publish(incoming.raw, target)
@@ -113,7 +110,7 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
         return
     except FileExistsError:
         pass
-    if target.read_bytes() == incoming.raw:
+    if _bytes_of(target) == incoming.raw:
         report.duplicates.append(path)
         return
     try:
@@ -130,6 +127,14 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
                                    f"content (differs in: {', '.join(differ)}); kept {target}"))
 
 
+def _bytes_of(path: Path) -> bytes | None:
+    """A destination file's bytes; None when it is not a regular file or cannot be read (never blocks on a FIFO)."""
+    try:
+        return read_regular(path)
+    except StoreError:
+        return None
+
+
 def _same_verdict(existing: dict, incoming: dict) -> bool:
     """Two checks of one (network, framework, version) that agree on the network's hash and the
     status are the same evidence (nightly runners re-check every night, at different times, with
@@ -144,7 +149,7 @@ def _merge_check(destination: Store, path: Path, report: MergeReport) -> None:
     if problem:
         report.unreadable.append((path, problem))
         return
-    raw = path.read_bytes()
+    raw = read_regular(path)
     target = destination.checks / path.name
     try:
         destination.publish(raw, target)
@@ -152,8 +157,9 @@ def _merge_check(destination: Store, path: Path, report: MergeReport) -> None:
         return
     except FileExistsError:
         pass
-    existing = target.read_bytes()
-    if existing == raw or (check_file_problem(target) is None and _same_verdict(json.loads(existing), json.loads(raw))):
+    existing = _bytes_of(target)
+    if existing == raw or (existing is not None and check_file_problem(target) is None
+                           and _same_verdict(json.loads(existing), json.loads(raw))):
         report.duplicates.append(path)
         return
     report.conflicts.append((path, f"{path}: {target} holds another result for this network, framework and "

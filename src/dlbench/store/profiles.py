@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .store import CHECKSUM_PREFIX, Store, checksum_of
+from .store import CHECKSUM_PREFIX, Store, StoreError, checksum_of, read_regular
 
 PROFILE_FORMAT = 1
 
@@ -135,8 +135,10 @@ def profile_file(profile: MachineProfile) -> bytes:
 def read_profile(path: Path) -> MachineProfile:
     """Read and verify one profile file; ProfileError naming it otherwise."""
     try:
-        data = json.loads(Path(path).read_bytes())
-    except (OSError, ValueError) as e:
+        data = json.loads(read_regular(Path(path)))
+    except StoreError as e:
+        raise ProfileError(str(e)) from None
+    except (OSError, ValueError, RecursionError) as e:
         raise ProfileError(f"{path}: unreadable machine profile: {e}") from None
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: not a machine profile (not a JSON object)")

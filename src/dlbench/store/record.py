@@ -46,15 +46,27 @@ records step by step and refuse newer ones):
 
 from __future__ import annotations
 
+import re
 import secrets
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 6
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
+# Every integer of a record fits the int64 that SQLite (the row index), numpy and parquet hold: a
+# record with a batch size of 1e20 is invalid (reported and skipped), never a crash of its readers.
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# What a run id may be: it names the record's file, STORE/runs/<run_id>.json (new_run_id's form is
+# 20261129T232046Z-0123456789ab). Letters, digits, '_', '-' and '.', not first: never a path.
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+RunId = Annotated[str, Field(pattern=RUN_ID_PATTERN)]
+
+
+def valid_run_id(run_id: object) -> bool:
+    return isinstance(run_id, str) and re.fullmatch(RUN_ID_PATTERN, run_id) is not None
 
 
 class _Model(BaseModel):
@@ -70,14 +82,14 @@ def new_run_id(now: datetime | None = None) -> str:
 class Repeat(_Model):
     """One worker process: first iteration, warm-up and the measured iterations."""
 
-    index: int
+    index: Int64
     status: Status
     reason: str | None = None
     first_iter_s: float | None = None
     warmup_iter_s: list[float] = []
     warmup_settled: bool | None = None
     iter_s: list[float] = []
-    window_monotonic_ns: list[int] = []
+    window_monotonic_ns: list[Int64] = []
     wall_s: float | None = None
     telemetry: dict[str, Any] | None = None  # the sampler's columnar series for this worker
     derived: dict[str, Any] | None = None  # figures for this repeat's measured window
@@ -97,8 +109,8 @@ class MedianInterval(_Model):
     confidence: float  # 0.95
     method: Literal["two-level bootstrap", "block bootstrap"]
     level: Literal["repeats", "iterations"]  # the outermost independent unit that was resampled
-    units: int  # how many of those units (repeats, or iteration blocks of a single repeat)
-    resamples: int
+    units: Int64  # how many of those units (repeats, or iteration blocks of a single repeat)
+    resamples: Int64
     median_s: tuple[float, float]  # low, high
     samples_per_s: tuple[float, float]  # low, high: batch / the time interval's high, low
     half_width_pct: float  # (high - low) / 2 of median_s, as a percentage of the median
@@ -116,8 +128,8 @@ class Stability(_Model):
 class Summary(_Model):
     """Over every measured iteration of every successful repeat."""
 
-    repeats: int
-    iterations: int
+    repeats: Int64
+    iterations: Int64
     median_s: float
     mean_s: float
     stdev_s: float
@@ -142,14 +154,14 @@ class NetworkInfo(_Model):
     name: str
     file: str
     hash: str
-    params_described: int
-    flops_per_sample: int
+    params_described: Int64
+    flops_per_sample: Int64
     definition: dict[str, Any]
 
 
 class Workload(_Model):
     mode: Literal["train", "infer", "collective"]
-    batch_size: int
+    batch_size: Int64
     precision: str  # fp32 | tf32 | amp_bf16 | amp_fp16 (a collective: its dtype; see update_to_6 for older names)
     compile: str = "eager"  # eager | compiled, as resolved for the framework (runner.toml [execution])
     # what the run asked for: default (each framework as it runs when not told: the leaderboard
@@ -163,8 +175,8 @@ class Workload(_Model):
 
 class Settings(_Model):
     profile: str
-    repeats: int
-    threads_requested: int | None
+    repeats: Int64
+    threads_requested: Int64 | None
     threads_effective: dict[str, Any] = {}
     timeout_s: float
     policy: dict[str, Any]
@@ -175,8 +187,8 @@ class RepeatPolicy(_Model):
     """How many repeats a run asked for and why it stopped where it did."""
 
     kind: Literal["fixed", "adaptive"]
-    min_repeats: int  # the profile's or --repeats; adaptive runs check their interval from here on
-    max_repeats: int  # --max-repeats (= min_repeats when fixed)
+    min_repeats: Int64  # the profile's or --repeats; adaptive runs check their interval from here on
+    max_repeats: Int64  # --max-repeats (= min_repeats when fixed)
     target_ci_pct: float | None = None  # --target-ci: half-width of the median's CI, % of the median
     achieved_ci_pct: float | None = None
     # fixed: ran the repeats asked for; target_met / cap_reached: adaptive outcomes;
@@ -199,17 +211,17 @@ class Scaling(_Model):
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
-    workers: int
+    workers: Int64
     hosts: list[str]  # one entry per host, in rank order
     placement: Literal["local", "hosts", "slurm"]
     launch: str  # how the ranks were started: torchrun | ranks
     backend: str | None = None  # the framework's communication backend (gloo, nccl, ...), as rank 0 reported it
-    threads_per_worker: int
-    per_worker_batch: int | None = None
-    global_batch: int | None = None
+    threads_per_worker: Int64
+    per_worker_batch: Int64 | None = None
+    global_batch: Int64 | None = None
     rank0_median_s: float | None = None
     slowest_median_s: float | None = None  # median over iterations of the slowest rank's time
-    grad_bytes: int | None = None  # gradient bytes all-reduced per iteration (each rank's payload)
+    grad_bytes: Int64 | None = None  # gradient bytes all-reduced per iteration (each rank's payload)
     exposed_comm_s: float | None = None  # communication not hidden behind backward (may be < 0 by noise)
     exposed_comm_method: str | None = None
     local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
@@ -217,12 +229,12 @@ class DistributedInfo(_Model):
 
 
 class CommSize(_Model):
-    size_bytes: int  # as the suite asked
-    bytes: int | None = None  # the collective's largest buffer as run (a multiple of the ranks' share)
+    size_bytes: Int64  # as the suite asked
+    bytes: Int64 | None = None  # the collective's largest buffer as run (a multiple of the ranks' share)
     time_s: float | None = None  # median over iterations (and repeats) of the slowest rank's time
     algbw_gbps: float | None = None  # GB/s, 1e9 bytes
     busbw_gbps: float | None = None
-    iterations: int = 0
+    iterations: Int64 = 0
     correct: bool | None = None  # None: not run at this size
     error: str | None = None  # the first wrong element, per rank
     skipped: str | None = None  # why not run at this size
@@ -231,7 +243,7 @@ class CommSize(_Model):
 class CommInfo(_Model):
     collective: Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
     dtype: str
-    workers: int
+    workers: Int64
     bus_factor: float
     sizes: list[CommSize]
 
@@ -240,21 +252,21 @@ class Prediction(_Model):
     """What the performance model (src/dlbench/performance/model.py) predicted for this run before
     it ran, from a machine profile: the iteration time and its phases, in seconds."""
 
-    model_version: int
+    model_version: Int64
     profile: str  # the machine profile: "<machine id prefix>@<revision>"
-    workers: int = 1
+    workers: Int64 = 1
     schedule: str | None = None  # gradient communication schedule (none | wfbp | mgwfbp), N workers
     iteration_s: float | None = None
     phases: dict[str, float] = {}  # io, forward, backward, update, communication, communication_exposed
     measured_share: float | None = None  # of the predicted time, the part from measured kernel times
-    unmeasured_kernels: int = 0  # kernels of this network the profile has no time for (roofline)
+    unmeasured_kernels: Int64 = 0  # kernels of this network the profile has no time for (roofline)
     notes: list[str] = []
     error: str | None = None  # why the profile could not predict this run
 
 
 class Record(_Model):
-    schema_version: int = SCHEMA_VERSION
-    run_id: str
+    schema_version: Int64 = SCHEMA_VERSION
+    run_id: RunId
     started_at: datetime
     ended_at: datetime
     dlbench: dict[str, Any]  # version, commit, dirty
@@ -268,7 +280,7 @@ class Record(_Model):
     settings: Settings
     repeats: list[Repeat] = []
     summary: Summary | None = None
-    params: int | None = Field(None, description="trainable parameters as the framework built them")
+    params: Int64 | None = Field(None, description="trainable parameters as the framework built them")
     status: Status
     reason: str | None = None
     output_tail: str = ""

@@ -44,12 +44,16 @@ which dlbench), replacing each file atomically (os.replace) after hard-linking t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
+import shutil
 import socket
+import stat
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -59,17 +63,87 @@ from typing import Iterator
 import orjson
 from pydantic import ValidationError
 
+from .. import paths
 from .migrations import upgrade
-from .record import SCHEMA_VERSION, Record
+from .record import SCHEMA_VERSION, Record, valid_run_id
 
 CHECKSUM_PREFIX = "sha256:"
 FIRST_CHECKSUMMED_VERSION = 4
 FILE_FIELDS = ("checksum", "upgraded_from")  # belong to the file, not to Record
 STALE_TEMP_AGE_S = 3600.0
+# What `dlbench run` asks of a store before its first benchmark: room for a record (most are
+# 50-500 kB; one with long telemetry series a few MB) with some to spare.
+MIN_FREE_BYTES = 64 * 2**20
 
 
 class StoreError(Exception):
     pass
+
+
+class StoreWriteError(StoreError):
+    """A record could not be written into the store; `kept` is where it was saved instead (a store
+    of its own, for `dlbench store merge`), None if nowhere could take it."""
+
+    def __init__(self, message: str, kept: Path | None):
+        super().__init__(message)
+        self.kept = kept
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file; StoreError for anything else (a FIFO, a device, a directory),
+    which is never read: opening a FIFO for reading blocks until a writer comes, which may be never.
+    The check is made on the open descriptor too (O_NONBLOCK: opening a FIFO so returns at once),
+    so a file swapped for a FIFO after the first look is refused as well."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); ignored, never opened")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise StoreError(f"{path}: unreadable: {type(e).__name__}: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); ignored")
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size + 1, 65536)):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as e:
+        raise StoreError(f"{path}: unreadable: {type(e).__name__}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def file_digest(raw: bytes) -> str:
+    """What the row index keeps of a record file's bytes: the same digest means the same bytes,
+    so a file verified once and unchanged since needs no second verification."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+# A lone surrogate ("\ud800") is valid JSON and a valid Python string, but no UTF-8 can encode it:
+# the table, csv, SQLite and the report could not write it. Files can only hold one as an escape.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(value):
+    """`value` with every lone surrogate in its strings (keys too) replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 @dataclass
@@ -220,13 +294,71 @@ class Store:
     # ------------------------------------------------------------------ writing
 
     def write(self, record: Record) -> Path:
-        """Add a record (stamped with its checksum); refuses, untouched, a run id already stored."""
+        """Add a record (stamped with its checksum); refuses, untouched, a run id already stored or
+        one that is not a run id (record.RUN_ID_PATTERN: never a path). A write the file system
+        refuses (a full disk, a read-only mount) keeps the record elsewhere and raises
+        StoreWriteError saying where (`keep_elsewhere`)."""
+        if not valid_run_id(record.run_id):
+            raise StoreError(f"{record.run_id!r} is not a run id (letters, digits, '_', '-' and '.', not first); "
+                             "not written")
         final = self.runs / f"{record.run_id}.json"
+        content = _record_file(record)
         try:
-            self.publish(_record_file(record), final)
+            self.publish(content, final)
         except FileExistsError:
             raise StoreError(f"{final}: a record with run id {record.run_id} already exists; not overwritten") from None
+        except OSError as e:
+            raise self.keep_elsewhere(record.run_id, content, e) from None
         return final
+
+    def keep_elsewhere(self, run_id: str, content: bytes, error: OSError) -> StoreWriteError:
+        """After a failed write: the record's file put into a store of its own under the cache
+        ($DLBENCH_CACHE/unsaved/<time>-<pid>/runs/, else the temporary folder), whence `dlbench store
+        merge` adds it to this store; the error to raise, saying where it is."""
+        why = f"cannot write {self.runs / (run_id + '.json')}: {error.strerror or error}"
+        stamp = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}"
+        for base in (paths.cache_dir() / "unsaved", Path(tempfile.gettempdir()) / f"dlbench-unsaved-{os.getuid()}"):
+            spare = Store(base / stamp)
+            if spare.root.resolve() == self.root.resolve():
+                continue
+            try:
+                spare.publish(content, spare.runs / f"{run_id}.json")
+            except FileExistsError:
+                pass  # the same run kept before
+            except OSError:
+                continue
+            kept = spare.runs / f"{run_id}.json"
+            return StoreWriteError(f"{why}; the record is kept in {kept}: once the store can take it, "
+                                   f"`dlbench store merge {spare.root} --store {self.root}` adds it", kept)
+        return StoreWriteError(f"{why}; nowhere else could take the record either (the cache and the temporary "
+                               "folder refused it too): this run is lost", None)
+
+    def check_writable(self, need_bytes: int = MIN_FREE_BYTES) -> None:
+        """What `dlbench run` checks before its first benchmark, so that no measurement is made that
+        cannot be kept: the store is a directory (made if missing), a record can be staged in
+        .incoming/ and linked into runs/ (a probe, removed at once), and `need_bytes` are free.
+        StoreError saying which, else nothing."""
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"store {self.root}: is not a directory")
+        try:
+            self.runs.mkdir(parents=True, exist_ok=True)
+            probe = self._stage(b"{}\n", ".probe")
+            try:
+                target = self.runs / f".probe-{secrets.token_hex(4)}.tmp"  # not a *.json: readers never see it
+                os.link(probe, target)
+                target.unlink()
+            finally:
+                probe.unlink(missing_ok=True)
+        except OSError as e:
+            where = e.filename or self.root
+            raise StoreError(f"store {self.root}: cannot write records ({where}: {e.strerror or e})") from None
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError as e:
+            raise StoreError(f"store {self.root}: cannot tell the free space ({e.strerror or e})") from None
+        if free < need_bytes:
+            raise StoreError(f"store {self.root}: only {free / 2**20:.1f} MiB free; a run needs room for its record "
+                             f"({need_bytes // 2**20} MiB asked); free some space or give another --store")
 
     def publish(self, content: bytes, final: Path) -> None:
         """Make `final` (in runs/ or checks/) appear with `content`, whole or not at all; raises
@@ -287,15 +419,18 @@ class Store:
     # ------------------------------------------------------------------ reading
 
     def paths(self) -> list[Path]:
+        """Every *.json in runs/, whatever kind of file it is: a FIFO or a directory is listed (and
+        reported by `inspect`, never opened), not silently passed over."""
         return sorted(self.runs.glob("*.json")) if self.runs.is_dir() else []
 
     def inspect(self, path: Path) -> StoredRecord:
         """Read, verify and upgrade one record file; StoreError (naming the file) if it is damaged,
-        invalid or of a newer schema."""
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as e:
-            raise StoreError(f"{path}: unreadable record: {type(e).__name__}: {e}") from None
+        invalid, of a newer schema, not a regular file (never opened), or, in this store's runs/,
+        named other than its run id (a copy under another name: one run is one file)."""
+        raw = read_regular(Path(path))
+        return self._inspect_bytes(Path(path), raw)
+
+    def _inspect_bytes(self, path: Path, raw: bytes) -> StoredRecord:
         data = _verified_fast(raw)
         verified = data is not None
         if data is None:
@@ -322,6 +457,8 @@ class Store:
                                  f"(it says {stored[:19]}..., its content hashes to {actual[:19]}...)")
         upgraded_from = data.get("upgraded_from")
         body = {k: v for k, v in data.items() if k not in FILE_FIELDS}
+        if _SURROGATE_ESCAPE.search(raw):  # verified as it is; read with U+FFFD for what UTF-8 cannot hold
+            body = _without_lone_surrogates(body)
         try:
             record = Record.model_validate(upgrade(body, SCHEMA_VERSION))
         except ValidationError as e:
@@ -329,7 +466,9 @@ class Store:
             raise StoreError(f"{path}: {_field_path(err)}: {err['msg']}") from None
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # a migration step met odd data
             raise StoreError(f"{path}: cannot upgrade from schema {version}: {type(e).__name__}: {e}") from None
-        return StoredRecord(Path(path), record, version, stored is not None, upgraded_from, raw)
+        if path.parent == self.runs and record.run_id != path.stem:
+            raise StoreError(f"{path}: run_id {record.run_id!r} does not match the file name")
+        return StoredRecord(path, record, version, stored is not None, upgraded_from, raw)
 
     def read(self, path: Path) -> Record:
         return self.inspect(path).record
