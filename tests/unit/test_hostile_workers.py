@@ -69,6 +69,8 @@ EXPECTED = {
     "framework_string": ("failed", rf"^{RESULT} field 'framework': Input should be an object, not 'faulty'$"),
     "framework_version_number": ("failed", rf"^{RESULT} field 'framework.version': Input should be a valid string, not 2$"),
     "settings_list": ("failed", rf"^{RESULT} field 'settings': Input should be an object, not a JSON array$"),
+    "settings_infinity": ("failed", rf"^{RESULT} field 'settings.scale': holds inf, which JSON cannot store$"),
+    "memory_huge_integer": ("failed", rf"^{RESULT} field 'memory.peak_allocated_bytes': holds an integer outside int64$"),
     "zero_times": ("failed", rf"^{RESULT} field 'iter_s\[0\]': Input should be greater than 0, not 0.0 \(and 4 more"),
     "nan_times": ("failed", rf"^{RESULT} field 'iter_s\[0\]': Input should be a finite number, not nan"),
     "negative_times": ("failed", rf"^{RESULT} field 'iter_s\[0\]': Input should be greater than 0, not -1.0"),

@@ -15,6 +15,7 @@ and nesting deeper than its recursion limit.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -129,6 +130,12 @@ class WorkerResult(_Strict):
 
     @model_validator(mode="after")
     def _complete(self, info: ValidationInfo):
+        # the free-form parts (threads, settings, memory, compile, the framework's build) go into
+        # the record as they are: strict JSON (no NaN or infinity) with integers the store can hold
+        for field in ("threads", "settings", "memory", "compile", "framework", "kernels"):
+            value = getattr(self, field)
+            if value is not None:
+                _storable(value.model_dump() if isinstance(value, BaseModel) else value, field)
         action = (info.context or {}).get("action", "benchmark")
         if self.status != "ok":
             return self
@@ -142,6 +149,24 @@ class WorkerResult(_Strict):
         elif action == "kernels" and self.kernels is None:
             raise _FieldProblem("kernels", "an ok result of a kernels request has no kernels")
         return self
+
+
+def _storable(value: Any, path: str) -> None:
+    """Raise _FieldProblem at the first float that is not finite or integer outside int64."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _FieldProblem(path, f"holds {value}, which JSON cannot store")
+    elif isinstance(value, int):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise _FieldProblem(path, "holds an integer outside int64")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _storable(v, f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _storable(v, f"{path}[{i}]")
 
 
 class _FieldProblem(ValueError):
