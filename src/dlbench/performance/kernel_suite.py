@@ -37,7 +37,8 @@ from typing import Annotated, Literal, Union
 from pydantic import Field
 
 from ..definitions.loader import DefinitionError, read_yaml, validate
-from ..definitions.schema import PositiveInt, _Strict
+from ..definitions.schema import Int, PositiveInt, Real, _Strict
+from ..definitions.suite import MAX_ITERS, MAX_REPEATS, MAX_SECONDS
 from ..store.profiles import MachineProfile
 from .kernels import KernelSpec
 from .workload import decompose, kernel_specs
@@ -51,11 +52,12 @@ FLOAT32_ONLY = ("softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum")
 # ---------------------------------------------------------------------------------------- the file
 
 class KernelPolicy(_Strict):
-    warmup_iters: Annotated[int, Field(ge=0)] = 2
-    min_iters: PositiveInt = 5
-    min_time_s: Annotated[float, Field(ge=0)] = 0.2
-    max_iters: PositiveInt = 1000
-    repeats: PositiveInt = 1  # fresh worker processes, each timing every kernel
+    # bounded as every number of a definition is (definitions/schema.py)
+    warmup_iters: Int(0, MAX_ITERS) = 2
+    min_iters: Int(1, MAX_ITERS) = 5
+    min_time_s: Real(ge=0, le=MAX_SECONDS) = 0.2
+    max_iters: Int(1, MAX_ITERS) = 1000
+    repeats: Int(1, MAX_REPEATS) = 1  # fresh worker processes, each timing every kernel
     # cold: the CPU's caches are flushed before every call (a layer's weights, gradients and momentum
     # come from memory in a training step, last touched an iteration ago); warm: calls back to back
     # (what the ceilings measure: a copy's bandwidth at each working-set size). GPU caches are not
