@@ -303,3 +303,17 @@ def test_run_whose_store_fills_up_keeps_the_measurement_and_says_where(project, 
     assert kept and "No space left on device" in err and "dlbench store merge" in err
     record = Store(Path(kept[1]).parent.parent).read(Path(kept[1]))
     assert record.benchmark == "fcn5-train" and record.status == "ok"
+
+
+def test_the_report_does_not_reuse_the_page_of_a_record_flipped_behind_its_manifest(tmp_path):
+    st, path, other = two_records(tmp_path)
+    site = tmp_path / "site"
+    assert invoke("report", "--store", str(st.root), "--out", str(site))[0] == 0
+    before = path.stat()
+    raw = path.read_bytes().replace(b'"batch_size": 16', b'"batch_size": 17')
+    path.write_bytes(raw)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    code, out, err = invoke("report", "--store", str(st.root), "--out", str(site))
+    assert code == 0 and "(1 runs" in out
+    assert "checksum mismatch" in (site / "index.html").read_text()
+    assert not (site / "runs" / f"{path.stem}.html").exists() and (site / "runs" / f"{other.stem}.html").exists()

@@ -55,7 +55,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 
 from .. import paths
 from ..store.record import SCHEMA_VERSION
-from ..store.store import Store, StoreError
+from ..store.store import Store, StoreError, file_digest, read_regular
 from ..store.utilisation import Peaks
 from ..version import __version__
 from . import charts, pages
@@ -203,7 +203,7 @@ def renderer_key(has_compare: bool, store: Store | None = None) -> str:
 
 def previous_runs(out_dir: Path, key: str) -> dict[str, dict]:
     """The manifest of the site in out_dir, if it was rendered under `key`: record file name ->
-    {"size", "mtime_ns", "view"}; empty when there is none or it does not fit."""
+    {"size", "mtime_ns", "digest", "view"}; empty when there is none or it does not fit."""
     try:
         data = json.loads((out_dir / SITE_MARKER).read_text())
     except (OSError, ValueError):
@@ -251,10 +251,15 @@ def read_and_render_runs(store: Store, build_dir: Path, generated_at: str, has_c
             st = path.stat()
         except FileNotFoundError:
             continue  # removed since the listing
-        seen[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        try:  # the bytes, not only size and mtime: a byte flipped with both put back is read (and refused) again
+            digest = file_digest(read_regular(path))
+        except StoreError:
+            digest = None
+        seen[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "digest": digest}
         entry = old_runs.get(path.name)
         view = None
-        if old_dir is not None and entry and (entry.get("size"), entry.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
+        if (old_dir is not None and entry and digest is not None
+                and (entry.get("size"), entry.get("mtime_ns"), entry.get("digest")) == (st.st_size, st.st_mtime_ns, digest)):
             view = _reuse(entry, old_dir, build_dir)
         if view is not None:
             views.append(view)
