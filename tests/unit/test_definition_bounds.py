@@ -203,12 +203,13 @@ def mutated(draw, base: dict):
         for key in where[:-1]:
             node = node[key]
         last = where[-1]
+        # a copy: a mutable value of INTERESTING must not be changed by a later mutation
         if last == "<new>":
-            node[draw(keys)] = draw(values)
+            node[draw(keys)] = copy.deepcopy(draw(values))
         elif isinstance(node, dict) and draw(st.booleans()) and draw(st.booleans()):
             del node[last]  # a field left out
         else:
-            node[last] = draw(values)
+            node[last] = copy.deepcopy(draw(values))
     return doc
 
 
