@@ -31,6 +31,7 @@ from dlbench.execution.containers import (
 )
 from dlbench.execution.backends import backend
 from dlbench.execution.environments import EnvironmentBuildError
+from dlbench.execution.interrupts import Interrupted, deliver_signals
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import Orchestrator, RunOptions, build_request, plan
 from dlbench.execution.registry import RunnerRegistry
@@ -316,6 +317,35 @@ def test_an_interrupt_stops_the_container(runner, docker, engine, suite, monkeyp
         run_worker(env.python, runner.worker, request_for(runner, suite), 60, None, monitor, container=env.container)
     name = option_values(engine.calls("run")[-1], "--name")[0]
     assert ["stop", "--time", str(STOP_GRACE_S), name] in engine.calls("stop")
+    pid = monitor.pids[0]
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_then_another_during_the_stop_still_stops_the_container(runner, docker, engine, suite, monkeypatch):
+    """`kill` of the controller, and again while it stops the container: the container is stopped
+    all the same (issue 18); the first signal is the one that counts."""
+    env = docker.ensure(runner, "cpu")
+    monkeypatch.setenv("DLBENCH_FAKE_BEHAVIOUR", "hang")
+    engine_type = type(env.container.engine)
+    real_stop = engine_type.stop
+
+    def stop_and_be_signalled(self, name, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.2)
+        return real_stop(self, name, *args, **kwargs)
+
+    def terminate():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+
+    monkeypatch.setattr(engine_type, "stop", stop_and_be_signalled)
+    monitor = WatchRecorder(then=terminate)
+    with pytest.raises(Interrupted) as caught, deliver_signals():
+        run_worker(env.python, runner.worker, request_for(runner, suite), 60, None, monitor, container=env.container)
+    assert caught.value.signum == signal.SIGTERM
+    name = option_values(engine.calls("run")[-1], "--name")[0]
+    assert ["stop", "--time", str(STOP_GRACE_S), name] in engine.calls("stop")
+    assert engine.running() == []
     pid = monitor.pids[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 

@@ -15,6 +15,7 @@ from rich.progress import Progress
 
 from .. import paths
 from ..definitions.loader import DefinitionError
+from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
@@ -120,9 +121,10 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
                 else:
                     records += orch.run_comm(runner, comm)
             progress.update(task, description="done")
-    except KeyboardInterrupt:
-        err.print(f"interrupted: every job's processes stopped; {len(records)} complete runs are in the store, none partial")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:
+        err.print(f"interrupted by {signal_name(e)}: every job's processes stopped; {len(records)} complete runs are "
+                  "in the store, none partial")
+        raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(store)
     if kind == "distributed":
         out.print(training_table(records, f"dlbench run: {suite.name}"))

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from .. import paths
 from ..definitions.loader import DefinitionError
+from ..execution.interrupts import exit_status, signal_name
 from ..execution.backends import BACKENDS
 from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
 from ..store.store import Store
@@ -223,9 +224,10 @@ def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, 
                     progress.console.print(f"[yellow]{record.status}[/]: {escape(label)}: {escape(str(record.reason))}",
                                            highlight=False, soft_wrap=True)
             progress.update(task, description="done")
-    except KeyboardInterrupt:
-        err.print(f"interrupted: workers stopped; {len(records)} complete kernel runs are in the store, none partial")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:
+        err.print(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete kernel runs are in the "
+                  "store, none partial")
+        raise typer.Exit(exit_status(e)) from None
     return records
 
 

@@ -4,6 +4,7 @@ kind distributed and comm go on to distributed.py, the kernels suite to performa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -15,6 +16,7 @@ from rich.table import Table
 from .. import paths
 from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, Benchmark
 from ..execution.backends import BACKENDS
+from ..execution.interrupts import deliver_signals, exit_status, signal_name
 from ..machine import available_cpus, fingerprint, gpus
 from ..store.rows import run_row
 from ..telemetry import TelemetryConfig
@@ -41,6 +43,22 @@ if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun
 
 
+def stops_on_signals(command):
+    """SIGINT, SIGTERM and SIGHUP alike (execution/interrupts.py): workers and containers stopped,
+    temporary folders removed, one line, exit 128 + the signal. A command that has more to say
+    about what was kept catches KeyboardInterrupt itself and exits with `exit_status`."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        with deliver_signals():
+            try:
+                return command(*args, **kwargs)
+            except KeyboardInterrupt as e:
+                err.print(f"interrupted by {signal_name(e)}: workers stopped, nothing partial kept", highlight=False)
+                raise typer.Exit(exit_status(e)) from None
+    return wrapper
+
+
+@stops_on_signals
 @lookup.reports_unsaved_records
 def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
@@ -161,9 +179,11 @@ def run(
             for r in runs:
                 records.append(orch.execute_one(r))
             progress.update(task, description="done")
-    except KeyboardInterrupt:
-        err.print(f"interrupted: workers stopped; {len(records)} complete runs are in the store, none partial")
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:
+        cut = f"; {escape(_label(runs[len(records)]))} was not recorded" if len(records) < len(runs) else ""
+        err.print(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
+                  f"none partial{cut}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(st)
     out.print(_summary_table(records))
     for r in records:
@@ -185,6 +205,10 @@ def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
     return TelemetryConfig(interval_s=interval_ms / 1000, gpu_indices=indices)
 
 
+def _label(run: PlannedRun) -> str:
+    return f"{run.runner.name} {run.benchmark.name} b={run.batch_size} {run.benchmark.precision} {run.compile}"
+
+
 class _ProgressEvents:
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
@@ -193,8 +217,7 @@ class _ProgressEvents:
         self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
 
     def run_started(self, run: PlannedRun, repeats: int):
-        self._label = escape(f"{run.runner.name} {run.benchmark.name} b={run.batch_size} "
-                             f"{run.benchmark.precision} {run.compile}")
+        self._label = escape(_label(run))
         self.progress.update(self.task, description=f"{self._label} (repeat 1/{repeats})")
         self._repeats = repeats
 

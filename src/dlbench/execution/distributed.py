@@ -47,6 +47,7 @@ from ..store.record import (
 from ..store.store import Store
 from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
+from .interrupts import shielded
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
 from .placement import Placement, free_port, free_ports
@@ -131,7 +132,8 @@ class DistributedOrchestrator:
             return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
                            placement.workers, self.options.timeout_s, cwd)
         finally:
-            shutil.rmtree(job_dir, ignore_errors=True)
+            with shielded():
+                shutil.rmtree(job_dir, ignore_errors=True)
 
     def _common(self, runner: RunnerInfo) -> tuple[Environment | None, str, str | None, dict]:
         """(environment, status, reason, env_info) before any job runs."""

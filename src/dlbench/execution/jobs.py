@@ -39,6 +39,7 @@ from pathlib import Path
 
 import psutil
 
+from .interrupts import shielded
 from .launch_styles import ProcessSpec
 from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S
 from .launcher import tagged as tagged_processes
@@ -257,8 +258,9 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
             time.sleep(poll_s)
         watch.remember_tree()
     except BaseException:  # Ctrl-C, an error here: nothing of the job may outlive the controller
-        watch.remember_tree()
-        teardown(procs, watch.known, token=token)
+        with shielded():  # nor may another signal cut the teardown short
+            watch.remember_tree()
+            teardown(procs, watch.known, token=token)
         raise
     codes = [p.poll() for p in procs]
     left = teardown(procs, watch.known, token=token)
