@@ -4,6 +4,7 @@ failed and the suite goes on), pooled per kernel into a kernel record (store/ker
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -101,8 +102,9 @@ def run_kernels(env, runner, specs: list[KernelSpec], policy: KernelPolicy, devi
             if res_outcome.status != "ok":
                 outcome.status, outcome.reason = res_outcome.status, res_outcome.reason
                 break
-            for entry in res.get("kernels", []):
-                key = KernelSpec.from_dict(entry["spec"]).key
+            asked = {_canonical(s.to_dict()): s.key for s in runnable}
+            for entry in res.get("kernels") or []:  # validated (launcher); a spec not asked for is ignored
+                key = asked.get(_canonical(entry["spec"]))
                 if key in pooled:
                     pooled[key].append(entry)
     for s in runnable:
@@ -111,6 +113,10 @@ def run_kernels(env, runner, specs: list[KernelSpec], policy: KernelPolicy, devi
             outcome.results[s.key].settings["arithmetic"] = emulated[s.key]
     outcome.results = {s.key: outcome.results[s.key] for s in specs}  # in the suite's order
     return outcome
+
+
+def _canonical(spec: dict) -> str:
+    return json.dumps(spec, sort_keys=True)
 
 
 def _pool(spec: KernelSpec, entries: list[dict], profile: MachineProfile | None, outcome: KernelOutcome) -> KernelResult:
