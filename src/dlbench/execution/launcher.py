@@ -4,7 +4,11 @@ The worker is started by path with its environment's interpreter, in a new sessi
 group), so that a timeout, an error in the controller or Ctrl-C ends the worker *and* anything it
 started. The request and the result travel as JSON files in a private temporary directory; the
 worker writes its result atomically, so a result is either whole or absent. Output (stdout and
-stderr together) goes to a file, whose tail is kept for the record: no pipe can fill and block.
+stderr together) goes to a file, whose tail is kept for the record: no pipe can fill and block;
+a worker that writes more than OUTPUT_LIMIT_BYTES is stopped. The result is read only if it is a
+regular file within RESULT_LIMIT_BYTES and is validated (worker_result.py) before anything else
+sees it: a malformed one is a `failed` outcome naming the field. Each worker's environment carries
+a token (WORKER_VARIABLE) by which the processes that left its process group are found and ended.
 
 With a container (the docker backend, containers.py) the process started is the `docker run`
 client, the temporary directory is mounted into the container, the sampler follows the container's
@@ -227,7 +231,9 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
                                      None, tail, returncode, wall)
             return WorkerOutcome("failed", _describe_exit(returncode, tail), None, tail, returncode, wall)
         try:
-            parsed = parse_result(raw, request.get("action", "benchmark"), (born_ns, ended_ns))
+            # a container shares the host's monotonic clock only where its kernel is the host's
+            lifetime = (born_ns, ended_ns) if container is None else None
+            parsed = parse_result(raw, request.get("action", "benchmark"), lifetime)
         except ResultError as e:
             return WorkerOutcome("failed", str(e), None, tail, returncode, wall)
         # the validated fields only, as the worker gave them (nothing downstream reads the raw JSON)
