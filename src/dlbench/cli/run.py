@@ -3,6 +3,7 @@ kind distributed and comm go on to distributed.py, the kernels suite to performa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -53,9 +54,15 @@ def stops_on_signals(command):
             try:
                 return command(*args, **kwargs)
             except KeyboardInterrupt as e:
-                err.print(f"interrupted by {signal_name(e)}: workers stopped, nothing partial kept", highlight=False)
+                _say(f"interrupted by {signal_name(e)}: workers stopped, nothing partial kept")
                 raise typer.Exit(exit_status(e)) from None
     return wrapper
+
+
+def _say(line: str) -> None:
+    """The one line of an interrupted command; a terminal that hung up (SIGHUP) may refuse it."""
+    with contextlib.suppress(OSError):
+        err.print(line, highlight=False, soft_wrap=True)
 
 
 @stops_on_signals
@@ -181,8 +188,8 @@ def run(
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
         cut = f"; {escape(_label(runs[len(records)]))} was not recorded" if len(records) < len(runs) else ""
-        err.print(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
-                  f"none partial{cut}", highlight=False, soft_wrap=True)
+        _say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
+             f"none partial{cut}")
         raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(st)
     out.print(_summary_table(records))
