@@ -369,7 +369,10 @@ def _dropout(x, spec, at):
 
 
 def _embedding(x, spec, at):
-    embed = _linen().Embed(spec["vocabulary"], spec["dim"], dtype=at.dtype, name=at.name)
+    nn = _linen()
+    # the described scale, else flax's own variance-scaling initialiser
+    init = {"embedding_init": nn.initializers.normal(stddev=spec["init_std"])} if spec.get("init_std") else {}
+    embed = nn.Embed(spec["vocabulary"], spec["dim"], dtype=at.dtype, name=at.name, **init)
     at.modules[at.name] = embed  # a tied lm_head decodes with this module's table (Embed.attend)
     return embed(x)
 
@@ -689,13 +692,18 @@ def _lm_head(x, spec, at):
     return transformer_modules().Bias(vocabulary, at.dtype, name=at.name)(logits) if spec["bias"] else logits
 
 
+SEGMENT_TABLE_STD = 0.02  # BERT's initialisation of its token-type table, as the other runners draw it
+
+
 def _segment_embedding(x, spec, at):
     import numpy as np
 
     # BERT's token types: the fixed (T,) segment of each position looked up in an nn.Embed table
     # (flax BERT's token_type_embeddings), the same rows for every sample of the batch
     segment = np.asarray(np.arange(x.shape[1]) >= at.how["segment_boundary"], np.int32)
-    table = _linen().Embed(spec["segments"], x.shape[-1], dtype=at.dtype, name=at.name)
+    nn = _linen()
+    table = nn.Embed(spec["segments"], x.shape[-1], dtype=at.dtype, name=at.name,
+                     embedding_init=nn.initializers.normal(stddev=SEGMENT_TABLE_STD))
     return x + table(_jnp().asarray(segment))[None]
 
 
@@ -925,12 +933,15 @@ def canonical_to_variables(arrays: dict, network: dict, plan: list[dict], like: 
 
 # ----------------------------------------------------------------------------------------------
 
-def host_init(abstract: dict, rng) -> dict:
+def host_init(abstract: dict, rng, embedding_std: dict | None = None) -> dict:
     """Initial values for flax's variable shapes, drawn with numpy (the same schemes as flax's
     defaults: LeCun-normal kernels, zero biases, N(0, 1/dim) embeddings, unit BN and layer-norm
     scales, unit BN variance, U(-1/sqrt(h), 1/sqrt(h)) LSTM weights; N(0, 0.02^2) position tables
-    and class tokens, as transformer_modules draws them)."""
+    and class tokens, as transformer_modules draws them). `embedding_std`: module name -> the
+    described N(0, std^2) of that embedding's table (its `init_std`), in place of flax's default."""
     import numpy as np
+
+    embedding_std = embedding_std or {}
 
     def one(path, s):
         leaf = path[-1].key
@@ -939,7 +950,8 @@ def host_init(abstract: dict, rng) -> dict:
             fan_in = int(np.prod(shape[:-1]))
             return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(fan_in)).astype(np.float32)
         if leaf == "embedding":
-            return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
+            std = embedding_std.get(getattr(path[-2], "key", None)) or 1 / np.sqrt(shape[-1])
+            return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
         if leaf in ("pos_embedding", "class_token"):  # transformer_modules' table_init
             return (0.02 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         if leaf in ("w_ih", "w_hh"):
@@ -1055,7 +1067,10 @@ class TrainingModel:
         jax = load_jax()
         abstract = jax.eval_shape(functools.partial(self.model.init, train=False), {"params": jax.random.PRNGKey(0)},
                                   jax.ShapeDtypeStruct((1, *sample_shape), dtype))
-        return jax.tree.map(lambda v: v.astype(self.storage), host_init(abstract, rng))
+        described = {f"layer{i:03d}": layer["init_std"] if layer["type"] == "embedding" else SEGMENT_TABLE_STD
+                     for i, layer in enumerate(self.network["layers"])
+                     if layer.get("init_std") or layer["type"] == "segment_embedding"}
+        return jax.tree.map(lambda v: v.astype(self.storage), host_init(abstract, rng, described))
 
     def host_opt_state(self, params):
         """optax.sgd's state is the momentum trace (zeros) and empty states: built on the host.

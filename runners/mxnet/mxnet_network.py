@@ -447,7 +447,9 @@ def _dropout(spec, build):
 
 
 def _embedding(spec, build):
-    return _nn().Embedding(spec["vocabulary"], spec["dim"])
+    # the described scale (a parameter's own initialiser outranks the network's Xavier), else that Xavier
+    init = {"weight_initializer": load_mxnet().init.Normal(spec["init_std"])} if spec.get("init_std") else {}
+    return _nn().Embedding(spec["vocabulary"], spec["dim"], **init)
 
 
 def _lstm(spec, build):

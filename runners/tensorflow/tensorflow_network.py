@@ -676,9 +676,13 @@ def _dropout(spec, plan):
 
 
 def _embedding(spec, plan):
+    keras = load_keras()
+    # the described scale, else Keras' own uniform(-0.05, 0.05)
+    init = ({"embeddings_initializer": keras.initializers.RandomNormal(stddev=spec["init_std"])}
+            if spec.get("init_std") else {})
     if plan.tied_embedding:  # Keras' embedding with the reverse projection a tied head calls
-        return [load_keras().layers.ReversibleEmbedding(spec["vocabulary"], spec["dim"], tie_weights=True)]
-    return [load_keras().layers.Embedding(spec["vocabulary"], spec["dim"])]
+        return [keras.layers.ReversibleEmbedding(spec["vocabulary"], spec["dim"], tie_weights=True, **init)]
+    return [keras.layers.Embedding(spec["vocabulary"], spec["dim"], **init)]
 
 
 def lstm_layer(hidden: int, **kwargs):

@@ -85,7 +85,11 @@ def _dropout(spec: dict):
 
 
 def _embedding(spec: dict):
-    return load_torch().nn.Embedding(spec["vocabulary"], spec["dim"])
+    torch = load_torch()
+    embedding = torch.nn.Embedding(spec["vocabulary"], spec["dim"])
+    if spec.get("init_std"):  # the described scale, else nn.Embedding's own N(0, 1)
+        torch.nn.init.normal_(embedding.weight, std=spec["init_std"])
+    return embedding
 
 
 def _lstm(spec: dict):

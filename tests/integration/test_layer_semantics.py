@@ -72,8 +72,9 @@ TINY.update({
         {"type": "transformer_block", "heads": 2, "head_size": 4, "mlp_ratio": 2, "norm": "post", "gelu": "erf",
          "bias": False, "eps": 1e-3},
         {"type": "lm_head", "tied": False, "bias": True}]),
+    # init_std far below every framework's default scale (the smallest, Keras', is about 0.03)
     "attention_gelu_layer_norm": (TOKENS, [
-        {"type": "embedding", "vocabulary": 11, "dim": 8},
+        {"type": "embedding", "vocabulary": 11, "dim": 8, "init_std": 0.005},
         {"type": "attention", "heads": 2, "head_size": 3, "causal": True, "dropout": 0.2},
         {"type": "gelu", "form": "erf"}, {"type": "layer_norm", "eps": 1e-3},
         {"type": "attention", "heads": 1, "bias": False}, {"type": "gelu", "form": "tanh"},
@@ -131,6 +132,11 @@ def test_every_framework_matches_numpy(runners, kind, tmp_path):
         if arrays is None:
             failures.append(f"{runner.name}: {status}: {reason}")
             continue
+        init_std = layers[0].get("init_std")
+        if init_std is not None:  # the table as the runner initialised it, before the shared weights
+            drawn = float(np.std(arrays["init/000.weight"]))
+            if not 0.6 * init_std < drawn < 1.5 * init_std:
+                failures.append(f"{runner.name}: embedding initialised with std {drawn:.3g}, described {init_std}")
         logits_err = relative_error(arrays["logits"], expected)
         loss_err = relative_error(arrays["loss"], np.asarray(expected_loss))
         if arrays["__params__"] != net.params or logits_err > tol or loss_err > tol:

@@ -960,3 +960,27 @@ def test_error_bad_transformer_fields(tmp_path, layer, field, reason):
 def test_error_attention_on_an_image(tmp_path):
     path = write(tmp_path, "t.yaml", IMAGE_HEAD + "  - {type: attention, heads: 1}\n")
     assert_error(path, "layers[0]", "attention needs a sequence (T, D) input", "[1, 8, 8]")
+
+
+# --------------------------------------------------------------------------- an embedding's scale
+
+TOKENS_IN = {"kind": "tokens", "vocabulary": 20, "sequence_length": 4}
+
+
+def test_embedding_init_std_is_resolved_when_described_and_left_out_when_not(tmp_path):
+    described = load_tiny(tmp_path, TOKENS_IN, [{"type": "embedding", "vocabulary": 20, "dim": 8, "init_std": 0.02},
+                                                {"type": "dense", "units": 20}])
+    default = load_tiny(tmp_path, TOKENS_IN, [{"type": "embedding", "vocabulary": 20, "dim": 8},
+                                              {"type": "dense", "units": 20}])
+    assert described.resolved["layers"][0]["init_std"] == 0.02
+    # absent: the framework's default; not written into the resolved form, so older hashes hold
+    assert "init_std" not in default.resolved["layers"][0]
+    assert described.definition_hash != default.definition_hash
+    assert described.params == default.params
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 2, float("inf"), True, "0.02"])
+def test_embedding_init_std_must_be_a_finite_scale_in_0_1(tmp_path, bad):
+    path = network_file(tmp_path, TOKENS_IN, [{"type": "embedding", "vocabulary": 20, "dim": 8, "init_std": bad},
+                                              {"type": "dense", "units": 20}])
+    assert "init_std" in str(load_error(path))

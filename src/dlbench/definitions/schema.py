@@ -19,6 +19,13 @@ Canonical forms where frameworks disagree (every runner must build exactly these
   channels after the existing ones (parameter free).
 - dense on a sequence (T, F) applies the same weights at every step.
 
+- embedding: `init_std` draws the (vocabulary, D) table from N(0, init_std^2) in every runner; absent,
+  each framework's default initialiser draws it, and those differ (torch N(0, 1), Keras U(-0.05,
+  0.05), flax about N(0, 1/D), MXNet the runner's Xavier). The scale is part of the workload, not
+  only of its numerics: a head tied to a 768-wide N(0, 1) table gives logits of std ~28, the softmax
+  underflows and the head's backward products run on subnormal numbers, measured 8x slower in
+  torch on x86 (a GPT-2 step 11.7 s instead of 1.5 s); a token network names its scale.
+
 Transformers (sequences are (T, D): T tokens of width D, no batch axis):
 - position_embedding: y = x + P[0:T], rows 0..T-1 of a learned (max_length, D) table P; T <= max_length.
 - patch_embedding: an image (C, H, W), H and W divisible by `patch`, through a convolution with
@@ -203,6 +210,8 @@ class Embedding(_Strict):
     type: Literal["embedding"]
     vocabulary: Width
     dim: Width
+    # N(0, init_std^2) for the table (GPT-2's and BERT's 0.02); absent: the framework's own default
+    init_std: Real(gt=0, le=1) | None = None
 
 
 class LSTM(_Strict):

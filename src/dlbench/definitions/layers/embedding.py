@@ -4,7 +4,7 @@ token-input network."""
 from __future__ import annotations
 
 from .. import schema
-from .base import Inferred, LayerType, Site, numel
+from .base import Inferred, LayerType, Site, numel, resolved_entry
 
 
 def infer(layer: schema.Embedding, site: Site) -> Inferred:
@@ -12,7 +12,11 @@ def infer(layer: schema.Embedding, site: Site) -> Inferred:
         raise site.error("embedding must be the first layer of a token-input network")
     if layer.vocabulary != site.input.vocabulary:
         raise site.error(f"embedding vocabulary {layer.vocabulary} != input vocabulary {site.input.vocabulary}")
-    return Inferred((site.shape[0], layer.dim), layer.vocabulary * layer.dim, 0)
+    shape = (site.shape[0], layer.dim)
+    entry = resolved_entry(layer, site.shape, shape)
+    if entry["init_std"] is None:  # the framework's default: left out, so the definition hash stays as before
+        del entry["init_std"]
+    return Inferred(shape, layer.vocabulary * layer.dim, 0, resolved=[entry])
 
 
 def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
