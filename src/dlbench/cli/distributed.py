@@ -48,7 +48,8 @@ class _Events:
 
 def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, mode, profile: str,
                      device: str, env: str, threads: int | None, repeats: int | None, max_repeats, target_ci,
-                     store: Store, timeout: float, workers: int, scaling: str | None, hosts: str | None) -> None:
+                     store: Path | None, timeout: float, workers: int, scaling: str | None,
+                     hosts: str | None) -> None:
     from ..definitions.distributed import batches
     from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
     from ..execution.placement import PlacementError, detect
@@ -92,6 +93,8 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
             except ValueError as e:
                 raise fail(f"{suite_path}: benchmarks: {b.network.name}: {e}") from None
     runners = [lookup.runner(registry, n) for n in names]
+    # once the options hold (a refused option leaves no store behind), before the first job
+    store = lookup.writable_store(store)
     remote = any(not h.local for h in placement.hosts)
     from ..machine import fingerprint
     from ..performance.runtime import run_predictor

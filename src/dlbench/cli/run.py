@@ -129,7 +129,7 @@ def run(
 
         run_distributed_suite(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
                               device=resolve_device(device), env=env, threads=threads, repeats=repeats,
-                              max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
+                              max_repeats=max_repeats, target_ci=target_ci, store=store,
                               timeout=timeout, workers=workers or 2, scaling=scaling, hosts=hosts)
         return
     for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
