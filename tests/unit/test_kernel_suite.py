@@ -69,7 +69,7 @@ def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
             "layer_norm_fwd rows=256 dim=768 float32", "layer_norm_bwd rows=788 dim=768 input_grad=1 float32",
             "gelu_fwd elements=786432 approximate=1 float32", "gelu_bwd elements=2420736 approximate=0 float32",
             "matmul m=256 n=50257 k=768 float32"} <= layers
-    assert default["transformer-layers"].source == "layers of transformer_tiny b=16, gpt2_small b=2, vit_b16 b=4"
+    assert default["transformer-layers"].source == "layers of transformer_tiny b=16, gpt2_small b=2, bert_base b=2, vit_b16 b=4"
     assert {s["batch"] for s in smoke["transformer-layers"].specs if s.kind == "attention_fwd"} == {4}
     assert not {s.kind for s in default["transformer-layers-reduced"].specs} & step
     # the layer shapes follow the device's batch sizes (cnn: 64 on cpu, 1024 on cuda for alexnet_r)
