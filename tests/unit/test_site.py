@@ -138,14 +138,16 @@ def test_ranks_scores_and_the_latest_failure_beside_an_older_success():
             benchmark=bench, network="n", mode="train", framework=fw, framework_version="1", device="cpu",
             batch_size=8, precision="float32", hardware="cpu", hostname="h", machine_id="m", dlbench_version="0",
             profile="p", status=status, reason=None if status == "ok" else "boom", equivalence="unchecked",
-            samples_per_s=sps if status == "ok" else None)
+            samples_per_s=sps if status == "ok" else None,
+            # three processes within 0.5% of each other: far apart frameworks are told apart
+            repeat_medians_ms=tuple(8e3 / (sps * f) for f in (0.995, 1.0, 1.005)) if status == "ok" else ())
 
     views = [view("a", 100, 1), view("b", 50, 1), view("a", 80, 2, bench="b2"), view("b", 80, 2, bench="b2"),
              view("b", None, 3, status="failed"), view("c", 400, 1)]
     m = site_model.build_model(views, [], t0, "0")
     (board,) = m.boards
     b1 = next(e for e in board.entries if e.benchmark == "b1")
-    assert [(r.framework, r.rank) for r in b1.rows] == [("c", 1), ("a", 2), ("b", 3)]
+    assert [(r.framework, r.rank, r.rank_label) for r in b1.rows] == [("c", 1, "1"), ("a", 2, "2"), ("b", 3, "3")]
     b_row = next(r for r in b1.rows if r.framework == "b")
     assert b_row.shown.run_id == "b-1" and b_row.latest_failed.run_id == "b-3" and b_row.runs == 2
     assert b_row.relative == pytest.approx(50 / 400)

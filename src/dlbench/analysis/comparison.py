@@ -325,7 +325,12 @@ class Comparison:
 
 def _welch_log(base: Side, cand: Side, confidence: float) -> tuple[float, float | None, float | None]:
     """Welch's t-test on log process throughputs: (p, ratio CI low, high)."""
-    b, c = np.log(base.process_throughputs()), np.log(cand.process_throughputs())
+    return welch_log(base.process_throughputs(), cand.process_throughputs(), confidence)
+
+
+def welch_log(base: np.ndarray, cand: np.ndarray, confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+    """Welch's t-test on the logs of two sets of process throughputs: (p, ratio CI low, high)."""
+    b, c = np.log(np.asarray(base, dtype=float)), np.log(np.asarray(cand, dtype=float))
     if np.ptp(np.concatenate([b, c])) == 0:
         return 1.0, 1.0, 1.0
     if np.var(b) == 0 and np.var(c) == 0:  # no spread at all yet different: Welch is undefined
@@ -333,6 +338,25 @@ def _welch_log(base: Side, cand: Side, confidence: float) -> tuple[float, float 
     res = stats.ttest_ind(c, b, equal_var=False)
     ci = res.confidence_interval(confidence_level=confidence)
     return float(res.pvalue), float(np.exp(ci.low)), float(np.exp(ci.high))
+
+
+def mann_whitney(base: np.ndarray, cand: np.ndarray) -> float:
+    """Two-sided Mann-Whitney U p-value; 1 when every value is equal (scipy would warn and answer NaN)."""
+    if np.ptp(np.concatenate([base, cand])) == 0:
+        return 1.0
+    return float(stats.mannwhitneyu(cand, base, alternative="two-sided").pvalue)
+
+
+def process_test(base: np.ndarray, cand: np.ndarray) -> tuple[float, str] | None:
+    """The p-value of `dlbench compare`'s process-level test of two sets of process throughputs and
+    its unit ("process": Mann-Whitney U, "process (t)": Welch's t on logs); None with fewer than 2
+    processes on a side, where only iterations could be tested (see the module docstring)."""
+    fewest = min(len(base), len(cand))
+    if fewest < 2:
+        return None
+    if fewest < MIN_PROCESSES:
+        return welch_log(base, cand)[0], "process (t)"
+    return mann_whitney(np.asarray(base, dtype=float), np.asarray(cand, dtype=float)), "process"
 
 
 def compare_sides(key: dict, base: Side, cand: Side, confidence: float = 0.95, seed: int = 0) -> Comparison:
@@ -346,10 +370,7 @@ def compare_sides(key: dict, base: Side, cand: Side, confidence: float = 0.95, s
         b_units, c_units = base.process_throughputs(), cand.process_throughputs()
     else:
         b_units, c_units = 1.0 / base.iterations, 1.0 / cand.iterations
-    if np.ptp(np.concatenate([b_units, c_units])) == 0:
-        p = 1.0  # every value equal: nothing to distinguish (scipy would warn and return NaN)
-    else:
-        p = float(stats.mannwhitneyu(c_units, b_units, alternative="two-sided").pvalue)
+    p = mann_whitney(b_units, c_units)
     lo, hi = _ratio_ci(base, cand, unit, confidence, seed)
     return Comparison(key=key, baseline=base, candidate=cand, ratio=cand.samples_per_s / base.samples_per_s,
                       ci_low=lo, ci_high=hi, unit=unit, p_value=p)

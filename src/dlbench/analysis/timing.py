@@ -27,11 +27,14 @@ the independent units. Two consequences shape everything below:
   unbiased one: a third too small with 3 repeats. The interval is therefore stretched about the
   median by sqrt(U/(U-1)) (1.22 at 3 repeats, 1.05 at 10). Measured on simulated runs
   (benchmarks/ci_coverage.py: log-normal iteration times, a random per-process offset, AR(1)
-  correlation inside a process; 300 runs each), 95% intervals cover the true median 96-99% of the
-  time when the iterations' own noise dominates or matches the processes' (93% from a single
-  repeat); when the process-to-process offset dominates, coverage drops to about 85% with 3
-  repeats, 87% with 5, 90% with 10 and 92% with 20 - the price of few independent units, which no
-  interval short of the wide t-interval avoids. That is the case the stability check flags, and the case for `--target-ci` (more repeats).
+  correlation inside a process; 1000 runs each), this interval covers the true median 97-99% of
+  the time when the iterations' own noise dominates or matches the processes' (92% from a single
+  repeat); when the process-to-process offset dominates, coverage drops to about 84% with 3
+  repeats, 87% with 5 to 10 and 92% with 20 - the price of few independent units. So this is the
+  interval the record stores (`Summary.ci`, with its method and level), but not the one dlbench
+  reports: store/intervals.py widens it, as the record is read, to Student's t interval on the
+  repeat medians where that reaches further (coverage 95-99% in every scenario with 2 or more
+  repeats; why, and why on read: that module's docstring).
 
 Throughput is batch / iteration time, a decreasing function, so its interval is batch over the
 time interval's ends, swapped.

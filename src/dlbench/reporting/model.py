@@ -12,7 +12,8 @@ Grouping:
              host: the GPU model (and count) on a CUDA run, the CPU model and thread count on a
              CPU run, so that identical machines share a board.
   entry      (benchmark, batch size, precision, compile mode) on a board: frameworks ranked by
-             throughput. Precision and compile mode are measured axes (record schema 6): a compiled
+             throughput, a shared rank (or a range of ranks) where the data does not separate them
+             (analysis/ranking.py: pairwise process-level tests, Holm-adjusted over the board). Precision and compile mode are measured axes (record schema 6): a compiled
              step and an eager one, or fp32 and amp_bf16, are different quantities.
   benchmark  (suite, hardware, benchmark): one benchmark page, every batch size, precision and
              compile mode (the precision x compile grid per framework).
@@ -35,6 +36,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..store.intervals import reported_interval
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb
 from ..store.utilisation import Peaks, model_flops_per_iter, model_tflops, tokens_per_s
@@ -115,6 +117,7 @@ class RunView:
     sps_high: float | None = None
     ci_level: float | None = None
     ci_note: str | None = None  # how the interval was made, for a tooltip
+    ci_nominal: bool = True  # False: one process, not a 95% interval of the run's median (store/intervals.py)
     tokens_per_s: float | None = None  # token networks: samples/s x sequence length (store/utilisation.py)
     model_tflops: float | None = None  # achieved model FLOP/s (forward x 3 in training), 1e12
     mfu: float | None = None  # model FLOP/s / the machine profile's peak matmul rate in the run's precision
@@ -190,15 +193,14 @@ class RunView:
 _RUN_VIEW_FIELDS = tuple(f.name for f in dataclasses.fields(RunView))
 
 
-def throughput_interval(r: Record) -> tuple[float | None, float | None, float | None, str | None]:
-    """(low, high, confidence, how) of the run's throughput interval (Summary.ci, statistics.py),
-    or Nones for records written before dlbench computed one."""
-    ci = getattr(r.summary, "ci", None) if r.summary is not None else None
+def throughput_interval(r: Record) -> tuple[float | None, float | None, float | None, str | None, bool]:
+    """(low, high, confidence, how, nominal) of the run's reported throughput interval
+    (store/intervals.py), or Nones where the record holds nothing to make one from."""
+    ci = reported_interval(r.summary, r.workload.batch_size)
     if ci is None:
-        return None, None, None, None
+        return None, None, None, None, True
     low, high = ci.samples_per_s
-    how = f"{100 * ci.confidence:.0f}% interval of the median, {ci.method} over {ci.units} {ci.level}"
-    return float(low), float(high), float(ci.confidence), how
+    return float(low), float(high), float(ci.confidence), ci.note, ci.nominal
 
 
 def stability(r: Record) -> tuple[bool | None, str | None]:
@@ -241,7 +243,7 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
     s = r.summary
     tel = (r.telemetry or {}).get("summary") or {}
     missing = tel.get("missing") or {}
-    low, high, level, how = throughput_interval(r)
+    low, high, level, how, nominal = throughput_interval(r)
     stable, note = stability(r)
     energy_missing = None
     if tel.get("joules_per_sample") is None:
@@ -259,6 +261,7 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         compile=r.workload.compile, compile_requested=r.workload.compile_requested,
         compile_mode=r.workload.compile_mode,
         samples_per_s=s.samples_per_s if s else None, sps_low=low, sps_high=high, ci_level=level, ci_note=how,
+        ci_nominal=nominal,
         ms_per_iter=s.ms_per_iter if s else None, iqr_ms=s.iqr_s * 1e3 if s else None, cv=s.cv if s else None,
         stable=stable, stability_note=note,
         box_ms=tuple(v * 1e3 for v in (s.min_s, s.q1_s, s.median_s, s.q3_s, s.max_s)) if s else None,
@@ -282,10 +285,12 @@ class Ranked:
 
     framework: str
     shown: RunView  # the latest successful run, else the latest run
-    rank: int | None  # None: no successful run
+    rank: int | None  # None: no successful run; else the best rank the data allows (analysis/ranking.py)
     relative: float | None  # throughput / the entry's best
     runs: int  # every run of this entry and framework
     latest_failed: RunView | None = None  # a run after the shown one that did not succeed
+    rank_high: int | None = None  # the worst rank the data allows
+    rank_label: str = "–"  # "2", "1=" (tied), "1–3" (a range)
 
 
 @dataclass
@@ -344,6 +349,10 @@ class Score:
     total: int
     rank: int | None
     equivalence: dict[str, int]  # status -> entries
+    low: float | None = None  # the score's interval (analysis/ranking.py)
+    high: float | None = None
+    rank_high: int | None = None
+    rank_label: str = "–"
 
 
 @dataclass
@@ -358,6 +367,7 @@ class Board:
     precisions: list[str] = field(default_factory=list)
     compiles: list[str] = field(default_factory=list)
     speedups: list[Speedup] = field(default_factory=list)  # every benchmark of the board
+    ranking: str = ""  # how this board's ranks were decided, in a sentence
 
 
 @dataclass
@@ -482,11 +492,41 @@ def _rank_entry(runs_by_framework: dict[str, list[RunView]]) -> list[Ranked]:
         rows.append(Ranked(framework, shown, None, None, len(runs), failed_after))
     best = max((r.shown.samples_per_s for r in rows if r.shown.ok), default=None)
     rows.sort(key=lambda r: (not r.shown.ok, -(r.shown.samples_per_s or 0), r.framework))
-    for i, r in enumerate(rows):
+    for r in rows:
         if r.shown.ok:
-            r.rank = i + 1
             r.relative = r.shown.samples_per_s / best if best else None
-    return rows
+    return rows  # ranked with the rest of the board (_rank_board)
+
+
+def _contestant(v: RunView):
+    from ..analysis.ranking import Contestant
+
+    processes = tuple(v.batch_size * 1e3 / ms for ms in v.repeat_medians_ms if ms > 0)
+    return Contestant(v.framework, v.samples_per_s, processes, v.sps_low, v.sps_high)
+
+
+def _rank_board(entries: list[Entry], scores: list[Score]) -> str:
+    """Ranks (ranges where the data does not separate frameworks) of every entry and of the scores,
+    from analysis/ranking.py; returns the sentence that says how they were decided."""
+    from ..analysis.ranking import ALPHA, CONFIDENCE, rank_board
+
+    contestants = [[_contestant(r.shown) for r in e.rows if r.shown.ok] for e in entries]
+    ranks = rank_board(contestants, {s.framework: (s.score, s.completed) for s in scores})
+    for e, placed in zip(entries, ranks.entries):
+        for r in e.rows:
+            if r.framework in placed:
+                p = placed[r.framework]
+                r.rank, r.rank_high, r.rank_label = p.low, p.high, p.label
+    for s in scores:
+        if s.framework in ranks.score_placings:
+            p = ranks.score_placings[s.framework]
+            s.rank, s.rank_high, s.rank_label = p.low, p.high, p.label
+        if s.framework in ranks.scores:
+            s.low, s.high = ranks.scores[s.framework].low, ranks.scores[s.framework].high
+    untested = sum(p.p is None for ps in ranks.pairs for p in ps)
+    return (f"{ranks.tests} pairwise comparisons of frameworks on this board's benchmarks, Holm-adjusted together "
+            f"at {ALPHA:g}" + (f"; {untested} pairs with a one-process run decided by their intervals" if untested else "")
+            + f"; scores: {len(ranks.score_pairs)} comparisons over {CONFIDENCE:.0%} score intervals' draws")
 
 
 def _scores(entries: list[Entry]) -> list[Score]:
@@ -508,10 +548,7 @@ def _scores(entries: list[Entry]) -> list[Score]:
                             dict(equivalence)))
     # Completing every entry comes first: a score over fewer entries is not comparable.
     scores.sort(key=lambda s: (s.score is None, -s.completed, -(s.score or 0), s.framework))
-    for i, s in enumerate(scores):
-        if s.score is not None:
-            s.rank = i + 1
-    return scores
+    return scores  # ranked with the board's entries (_rank_board)
 
 
 def build_model(views: list[RunView], problems: list[tuple[str, str]], generated_at: datetime,
@@ -535,11 +572,13 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
             shown = {(r.framework, e.batch_size, e.precision, r.shown.compile): r.shown
                      for e in entries if e.benchmark == bench for r in e.rows if r.shown.ok}
             board_speedups += speedups(shown, bench, benchmark_page_name((key[0], key[1], bench)))
-        boards.append(Board(key[0], key[1], runs[0].device, board_anchor(key), entries, _scores(entries),
+        scores = _scores(entries)
+        ranking = _rank_board(entries, scores)
+        boards.append(Board(key[0], key[1], runs[0].device, board_anchor(key), entries, scores,
                             max(v.started_at for v in runs), sorted({e.precision for e in entries}),
                             sorted({r.shown.compile for e in entries for r in e.rows},
                                    key=lambda c: (COMPILE_ORDER.get(c, 9), c)),
-                            board_speedups))
+                            board_speedups, ranking))
 
     # the compile mode is named in a series' label only where its benchmark has series of several modes
     modes_per_benchmark: dict[tuple, set[str]] = defaultdict(set)

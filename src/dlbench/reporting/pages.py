@@ -64,11 +64,11 @@ def speedup_matrix(board: Board) -> dict | None:
 
 
 def score_chart(board: Board, frameworks: list[str]) -> charts.Markup:
-    bars = [charts.Bar(s.framework, s.score, colour=charts.colour_for(s.framework, frameworks),
+    bars = [charts.Bar(s.framework, s.score, low=s.low, high=s.high, colour=charts.colour_for(s.framework, frameworks),
                        note=f"({s.completed}/{s.total})" if s.completed < s.total else "")
             for s in board.scores]
     return charts.hbar_chart(bars, f"overall score, {board.suite} on {board.hardware}",
-                             "geometric mean of throughput relative to the fastest (1 = fastest everywhere)",
+                             "geometric mean of throughput relative to the fastest (1 = fastest everywhere), 95% interval",
                              reference=1.0)
 
 

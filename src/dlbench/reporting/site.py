@@ -186,7 +186,7 @@ def _workers(n_records: int) -> int:
 
 def renderer_key(has_compare: bool, store: Store | None = None) -> str:
     """What a run page depends on besides its record: the templates, the static files, this
-    package's code, dlbench's version, whether the site has a compare page (its navigation
+    package's code and store/intervals.py, dlbench's version, whether the site has a compare page (its navigation
     links there) and the store's machine profiles (a run's MFU is divided by its machine's peak:
     a new calibration re-renders the pages). A previous site's run page is reused only under the
     same key."""
@@ -195,7 +195,9 @@ def renderer_key(has_compare: bool, store: Store | None = None) -> str:
     if machines is not None and machines.is_dir():  # profiles are never rewritten: their names suffice
         digest.update("|".join(sorted(p.relative_to(machines).as_posix() for p in machines.glob("*/*.json"))).encode())
     for folder, pattern in ((paths.reports_dir() / "templates", "*.j2"), (paths.reports_dir() / "static", "*"),
-                            (Path(__file__).parent, "*.py")):
+                            (Path(__file__).parent, "*.py"),
+                            # the reported interval is derived as a record is read (a run's view keeps it)
+                            (Path(__file__).parent.parent / "store", "intervals.py")):
         for f in sorted(folder.glob(pattern)):
             digest.update(f.name.encode() + b"\0" + f.read_bytes())
     return digest.hexdigest()

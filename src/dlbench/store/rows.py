@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .intervals import reported_interval
 from .record import Record, Summary
 from .utilisation import model_flops_per_iter, model_tflops, tokens_per_s
 
@@ -60,7 +61,7 @@ def run_row(r: Record) -> dict:
     profiles in the store, not on the record alone (utilisation.Peaks.attach fills them as rows are
     read, so the row index never caches them)."""
     s = r.summary
-    ci = s.ci if s else None
+    ci = reported_interval(s, r.workload.batch_size)
     flops_per_iter = model_flops_per_iter(r.workload.mode, r.workload.batch_size, r.network.flops_per_sample)
     return {
         "run_id": r.run_id,
@@ -82,7 +83,7 @@ def run_row(r: Record) -> dict:
         "tokens_per_s": tokens_per_s(r.network.definition, s.samples_per_s if s else None),
         "iqr_ms": s.iqr_s * 1e3 if s else None,
         "cv": s.cv if s else None,
-        # the 95% interval of the median (statistics.py: how, and at which level)
+        # the interval of the median as reported (intervals.py: how, and why it is derived on read)
         "ci_low_ms": ci.median_s[0] * 1e3 if ci else None,
         "ci_high_ms": ci.median_s[1] * 1e3 if ci else None,
         "ci_pct": ci.half_width_pct if ci else None,
