@@ -12,20 +12,16 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from ..store.rows import COLUMNS
-from . import lookup
-from .console import err, fail, out, safe
+from . import lookup, tables
+from .console import err, fail, out
 from .options import FrameworkFilter, MachineFilter, StoreOption, check_format
 
 FORMATS = ("table", "csv", "json", "parquet")
 # rich lays out a table cell by cell (about a second per 500 rows here): beyond this, plain columns.
 RICH_TABLE_MAX_ROWS = 200
-RESULTS_TABLE_COLUMNS = ("run_id", "benchmark", "framework", "framework_version", "device", "batch_size", "precision",
-                         "compile", "status",
-                         "ms_per_iter", "ci_pct", "samples_per_s", "tokens_per_s", "mfu", "stability", "params", "params_described",
-                         "flops_per_sample", "equivalence")
+RESULTS_TABLE_COLUMNS = tables.RESULTS_COLUMNS
 
 
 def results(
@@ -38,12 +34,24 @@ def results(
     since: Annotated[Optional[str], typer.Option(help="Only runs started at or after this date or datetime "
                                                       "(YYYY-MM-DD[THH:MM[:SS]][+HH:MM]; UTC when no zone).")] = None,
     status: Annotated[Optional[list[str]], typer.Option(help="ok | failed | timeout | skipped; repeatable.")] = None,
+    columns: Annotated[Optional[list[str]], typer.Option(
+        "--columns", help="The table's columns, comma-separated or repeated (any csv column); default: "
+                          f"{','.join(tables.RESULTS_COLUMNS)}.")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Every column, as plain columns as wide as they need.")] = False,
 ) -> None:
     """One row per run in the store; filters combine with AND, repeated values of one filter with OR."""
     from ..store.index import INDEX_DIR, read_rows
     from ..store.selection import STATUSES, Selection, parse_since, split_values
 
     check_format(format, FORMATS)
+    try:
+        chosen = tables.parse_columns(columns)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if (chosen or wide) and format != "table":
+        raise fail("--columns and --wide shape the table; csv, json and parquet hold every column")
+    if chosen and wide:
+        raise fail("--columns or --wide, not both")
     statuses = split_values(status)
     unknown = sorted(statuses - set(STATUSES))
     if unknown:
@@ -98,32 +106,24 @@ def results(
         return
     shown = len(rows) if len(rows) == len(snapshot.rows) else f"{len(rows)} of {len(snapshot.rows)}"
     title = f"{shown} runs in {st.root}"
-    if len(rows) > RICH_TABLE_MAX_ROWS:
-        sys.stdout.write(_plain_table(title, rows))
-        return
-    t = Table(title=escape(title))
-    for c in RESULTS_TABLE_COLUMNS:
-        t.add_column(c, overflow="fold")
-    for row in rows:
-        t.add_row(*(escape(_cell(row[c])) for c in RESULTS_TABLE_COLUMNS))
-    out.print(t)
+    shown_columns = COLUMNS if wide else chosen or tables.RESULTS_COLUMNS
+    if wide or len(rows) > RICH_TABLE_MAX_ROWS:
+        sys.stdout.write(tables.plain_table(title, rows, shown_columns))
+    else:
+        # the default columns fit WIDTH; chosen ones get the terminal
+        width = min(out.width, tables.WIDTH) if chosen is None else None
+        out.print(tables.rich_table(rows, shown_columns, title), width=width)
+        for note in tables.footnotes(rows, shown_columns):
+            out.print(escape(note), highlight=False, width=width)
     if any(row.get("workers") is not None for row in rows):
         from .distributed import print_distributed_details
 
         print_distributed_details(st, rows)
 
 
-def _cell(value) -> str:
-    """A value as a table shows it: floats to 3 places, text with its control characters escaped."""
-    return "" if value is None else (f"{value:.3f}" if isinstance(value, float) else safe(str(value)))
-
-
 def _plain_table(title: str, rows: list[dict]) -> str:
-    cells = [list(RESULTS_TABLE_COLUMNS)] + [[_cell(row[c]) for c in RESULTS_TABLE_COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(RESULTS_TABLE_COLUMNS))]
-    lines = ["  ".join(v.ljust(w) for v, w in zip(line, widths)).rstrip() for line in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([title, *lines]) + "\n"
+    """The default columns as plain columns (what the table turns into over RICH_TABLE_MAX_ROWS rows)."""
+    return tables.plain_table(title, rows, RESULTS_TABLE_COLUMNS)
 
 
 def _write_output(path: Path, write) -> None:

@@ -21,7 +21,7 @@ from ..execution.interrupts import deliver_signals, exit_status, signal_name
 from ..machine import available_cpus, fingerprint, gpus
 from ..store.rows import run_row
 from ..telemetry import TelemetryConfig
-from . import lookup
+from . import lookup, tables
 from .console import err, fail, out, progress_bar
 from .options import (
     DEVICES,
@@ -192,7 +192,9 @@ def run(
              f"none partial{cut}")
         raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(st)
-    out.print(_summary_table(records))
+    out.print(_summary_table(records), width=min(out.width, tables.WIDTH))
+    for note in tables.footnotes([run_row(r) for r in records], tables.RUN_COLUMNS):
+        out.print(escape(note), highlight=False)
     for r in records:
         if r.summary and r.summary.stability and r.summary.stability.unstable:
             err.print(f"[yellow]unstable[/]: {escape(r.benchmark)} on {escape(str(r.framework.get('name')))} "
@@ -240,27 +242,11 @@ class _ProgressEvents:
                                         highlight=False, soft_wrap=True)
 
 
-def _fmt(v, spec):
-    return "" if v is None else format(v, spec)
-
-
 def _summary_table(records) -> Table:
-    t = Table(title="dlbench run")
-    for col in ("benchmark", "framework", "batch", "status", "ms/iter", "95% CI ms", "samples/s", "IQR ms",
-                "repeats", "stability", "first iter ms"):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "stability") else "right")
-    for r in records:
-        row = run_row(r)
-        style = {"ok": "green", "skipped": "yellow"}.get(r.status, "red")
-        ci = (f"{row['ci_low_ms']:.2f}-{row['ci_high_ms']:.2f} (±{row['ci_pct']:.1f}%)"
-              if row["ci_low_ms"] is not None else "")
-        stop = {"target_met": " (target met)", "cap_reached": " (cap)"}.get(row["repeat_stop"] or "", "")
-        t.add_row(escape(row["benchmark"]), escape(f"{row['framework']} {row['framework_version'] or ''}".strip()),
-                  str(row["batch_size"]), f"[{style}]{r.status}[/]", _fmt(row["ms_per_iter"], ".2f"), ci,
-                  _fmt(row["samples_per_s"], ".1f"), _fmt(row["iqr_ms"], ".2f"), f"{row['repeats']}{stop}",
-                  "[yellow]unstable[/]" if row["stability"] == "unstable" else (row["stability"] or ""),
-                  _fmt(row["first_iter_ms"], ".1f"))
-    return t
+    """The key columns in at most tables.WIDTH characters (`dlbench results --wide` has them all)."""
+    rows = [run_row(r) for r in records]
+    styles = {r.run_id: {"ok": "green", "skipped": "yellow"}.get(r.status, "red") for r in records}
+    return tables.rich_table(rows, tables.RUN_COLUMNS, "dlbench run", styles)
 
 
 def with_axes(benchmarks: list[Benchmark], precisions: list[str] | None, compiles: list[str] | None) -> list[Benchmark]:
