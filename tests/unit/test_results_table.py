@@ -52,7 +52,7 @@ def test_the_default_table_fits_120_columns_with_run_ids_whole(store):
     for path in (store / "runs").glob("*.json"):
         assert sum(path.stem in line for line in lines) == 1  # whole, on one line
     header = next(line for line in lines if "run_id" in line)
-    assert header.split() == ["run_id", "benchmark", "framework", "batch", "prec.", "status", "ms/iter", "95%", "CI",
+    assert header.split() == ["run_id", "benchmark", "framework", "batch", "prec.", "compile", "status", "ms/iter", "95%", "CI",
                               "samples/s", "stability"]
     assert any("±" in line and "%" in line for line in lines)
     # the one-repeat run's interval is marked, and the mark explained

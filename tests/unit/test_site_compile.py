@@ -13,6 +13,7 @@ import pytest
 from store_records import T0, make_record, record_from_times
 from typer.testing import CliRunner
 
+from dlbench.store.intervals import reported_interval
 from dlbench.cli import app
 from dlbench.cli import results as results_cli
 from dlbench.reporting import charts, history_view, pages, site
@@ -172,7 +173,7 @@ def test_the_benchmark_page_grid_has_a_column_per_combination_and_the_status_of_
     fp32_eager = by_variant[("fp32", "eager")]
     assert cells[("fp32", "eager")]["attrs"]["data-status"] == "ok"
     assert float(cells[("fp32", "eager")]["attrs"]["data-value"]) == pytest.approx(fp32_eager.summary.samples_per_s)
-    low, high = fp32_eager.summary.ci.samples_per_s
+    low, high = reported_interval(fp32_eager.summary, fp32_eager.workload.batch_size).samples_per_s
     assert f"{charts.fmt(low)}–{charts.fmt(high)}" in cells[("fp32", "eager")]["text"]
     assert cells[("amp_bf16", "compiled")]["attrs"]["data-status"] == "failed"
     assert "it broke" in cells[("amp_bf16", "compiled")]["titles"]  # the reason, as the tooltip

@@ -18,7 +18,7 @@ from ..store.rows import COLUMNS
 from .console import safe
 
 WIDTH = 120
-RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision", "status", "ms_per_iter", "ci_pct",
+RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision", "compile", "status", "ms_per_iter", "ci_pct",
                    "samples_per_s", "stability")
 RUN_COLUMNS = ("benchmark", "framework", "framework_version", "batch_size", "precision", "status", "ms_per_iter",
                "ci_pct", "samples_per_s", "repeats", "stability")
@@ -66,7 +66,7 @@ def footnotes(rows: Sequence[dict], columns: Sequence[str]) -> list[str]:
 def rich_table(rows: Sequence[dict], columns: Sequence[str], title: str, styles: dict[str, str] | None = None) -> Table:
     """Compact: no vertical rules, a run id never wrapped, long text cut with an ellipsis.
     `styles`: run id -> a rich style for its status cell."""
-    t = Table(title=escape(title), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    t = Table(title=escape(title), box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))  # a space between columns
     for c in columns:
         t.add_column(HEADERS.get(c, c), justify="left" if c in NUMERIC_LEFT else "right",
                      no_wrap=c == "run_id", overflow="ellipsis" if c != "run_id" else "fold",
