@@ -232,7 +232,8 @@ def invoke(*args: str):
 
 
 def run_fake(store: Path, *extra: str):
-    return invoke("run", "--suite", "fcn", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+    return invoke("run", "--no-check", "--replace-contended", "0", "--suite", "fcn", "--framework", "fake",
+                  "--profile", "smoke", "--device", "cpu",
                   "--env", "current", "--threads", "1", "--benchmark", "fcn5-train", "--store", str(store), *extra)
 
 

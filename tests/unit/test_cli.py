@@ -197,8 +197,10 @@ FCN_SMOKE = ["fcn5-infer", "fcn5-train", "fcn8-infer", "fcn8-train"]
 
 
 def run_fcn(store: Path, *extra: str, modes=("--mode", "train", "--mode", "infer")):
-    return invoke("run", "--suite", "fcn", "--framework", "all", "--profile", "smoke", "--device", "cpu",
-                  "--env", "current", "--store", str(store), "--threads", "1", *modes, *extra)
+    # not about the equivalence check nor contention: no check, contended repeats marked, not replaced
+    return invoke("run", "--no-check", "--replace-contended", "0", "--suite", "fcn", "--framework", "all",
+                  "--profile", "smoke", "--device", "cpu", "--env", "current", "--store", str(store),
+                  "--threads", "1", *modes, *extra)
 
 
 def test_smoke_runs_train_only_unless_a_mode_or_benchmark_says_otherwise(project, tmp_path):
@@ -292,7 +294,7 @@ def test_results_reports_unreadable_records_and_goes_on(project, tmp_path):
 
 def test_suite_all_runs_every_shipped_suite(project, tmp_path):
     store = tmp_path / "store"
-    code, _, err = invoke("run", "--suite", "all", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+    code, _, err = invoke("run", "--no-check", "--suite", "all", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
                           "--env", "current", "--store", str(store), "--threads", "1", "--repeats", "1")
     assert code == 0, err
     catalog = SuiteCatalog(ROOT / "suites")

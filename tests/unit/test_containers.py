@@ -443,7 +443,7 @@ def test_env_create_refuses_the_current_backend(docker_project, engine):
 
 
 def test_run_with_the_docker_backend(docker_project, engine, tmp_path):
-    done = CliRunner().invoke(app, ["run", "--suite", "fcn", "--framework", "fake", "--env", "docker", "--profile",
+    done = CliRunner().invoke(app, ["run", "--no-check", "--suite", "fcn", "--framework", "fake", "--env", "docker", "--profile",
                                     "smoke", "--device", "cpu", "--repeats", "1", "--no-telemetry",
                                     "--store", str(tmp_path / "store")])
     assert done.exit_code == 0, done.output

@@ -543,7 +543,8 @@ def test_check_store_save_then_status(tmp_path, status):
     got = store.status("fcn5", "h1", "torch", "2.1.0+cpu")
     assert got == {"status": status, "checked_at": "2026-11-29T10:00:00+00:00", "reason": check.reason,
                    "errors": {"logits": 2e-6, "loss": 1e-7, "update": 3e-5, "roundtrip": 0.0},
-                   "precision": "float64"}
+                   "precision": "float64", "reference": None, "worst": {"quantity": "update", "error": 3e-5},
+                   "check_s": None, "checked_by": "dlbench check"}
     assert [p.name for p in (tmp_path / "checks").iterdir()] == ["fcn5--torch--2.1.0+cpu.json"]
 
 

@@ -170,7 +170,7 @@ def test_a_network_with_it_runs_through_the_cli_and_the_fake_runner(project, tmp
     suite.write_text(yaml.safe_dump({"name": "scaled_suite", "benchmarks": [
         {"network": network.name, "modes": ["train"], "batch_sizes": {"smoke": [2], "default": [4], "paper": [8]}}]}))
     store = tmp_path / "store"
-    result = CliRunner().invoke(app, ["run", "--suite", str(suite), "--framework", "fake", "--env", "current",
+    result = CliRunner().invoke(app, ["run", "--no-check", "--suite", str(suite), "--framework", "fake", "--env", "current",
                                       "--profile", "smoke", "--device", "cpu", "--threads", "1", "--repeats", "1",
                                       "--store", str(store)], catch_exceptions=False)
     assert result.exit_code == 0, ANSI.sub("", result.stderr)

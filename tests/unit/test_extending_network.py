@@ -73,7 +73,7 @@ def own_project(tmp_path, monkeypatch):
 
 
 def run_toy(suite_ref: str, store: Path):
-    return invoke("run", "--suite", suite_ref, "--framework", "fake", "--env", "current", "--profile", "smoke",
+    return invoke("run", "--no-check", "--suite", suite_ref, "--framework", "fake", "--env", "current", "--profile", "smoke",
                   "--device", "cpu", "--threads", "1", "--repeats", "1", "--store", str(store))
 
 

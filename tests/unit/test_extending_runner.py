@@ -194,7 +194,8 @@ def test_a_smoke_run_on_the_toy_runner_with_its_prediction(tree, tmp_path):
         machine={"hostname": "box"}, device="cpu", threads=1, dispatch_s={"toy": 1e-3},
         matmul_peak={"float32": MatmulCeiling(flops_per_s=1e11, framework="toy", kernel="k")},
         copy_bandwidth=[BandwidthPoint(bytes=1 << 20, bytes_per_s=1e10, framework="toy")]))
-    code, out, err = invoke("run", "--suite", "fcn", "--framework", "toy", "--benchmark", "fcn5-train",
+    code, out, err = invoke("run", "--no-check", "--replace-contended", "0", "--suite", "fcn", "--framework", "toy",
+                            "--benchmark", "fcn5-train",
                             "--profile", "smoke", "--device", "cpu", "--env", "current", "--threads", "1",
                             "--repeats", "2", "--store", str(store))
     assert code == 0, err
@@ -215,7 +216,7 @@ def test_a_smoke_run_on_the_toy_runner_with_its_prediction(tree, tmp_path):
 def test_a_bad_model_section_is_one_error_naming_the_file_and_field(tree, tmp_path):
     toml = tree / "runners" / "toy" / "runner.toml"
     toml.write_text(RUNNER_TOML.replace('step = "graph"', 'step = "lazy"'))
-    code, _, err = invoke("run", "--suite", "fcn", "--framework", "toy", "--profile", "smoke", "--device", "cpu",
+    code, _, err = invoke("run", "--no-check", "--suite", "fcn", "--framework", "toy", "--profile", "smoke", "--device", "cpu",
                           "--env", "current", "--store", str(tmp_path / "store"))
     assert code == 2
     assert f"{toml}: model.step: 'lazy' is not one of eager, graph" in err

@@ -44,7 +44,7 @@ def test_ctrl_c_stops_workers_and_leaves_no_partial_record(tmp_path):
     env = dict(os.environ, DLBENCH_ROOT=str(_project(tmp_path)), DLBENCH_FAKE_BEHAVIOUR="hang_with_child",
                DLBENCH_FAKE_PIDFILE=str(pidfile), DLBENCH_CACHE=str(tmp_path / "cache"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlbench.cli", "run", "--suite", "fcn", "--framework", "fake", "--profile", "smoke",
+        [sys.executable, "-m", "dlbench.cli", "run", "--no-check", "--suite", "fcn", "--framework", "fake", "--profile", "smoke",
          "--device", "cpu", "--env", "current", "--store", str(store), "--timeout", "600"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -116,7 +116,7 @@ def test_signals_stop_everything_and_leave_nothing(tmp_path, signals, fault):
                DLBENCH_FAULT_PIDFILE=str(pidfile), DLBENCH_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp))
     env.pop("DLBENCH_FAULTS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlbench.cli", "run", "--suite", "fcn", "--framework", "faulty", "--profile", "smoke",
+        [sys.executable, "-m", "dlbench.cli", "run", "--no-check", "--suite", "fcn", "--framework", "faulty", "--profile", "smoke",
          "--device", "cpu", "--env", "current", "--store", str(store), "--timeout", "600"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

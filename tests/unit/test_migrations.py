@@ -221,7 +221,9 @@ def test_records_carry_the_equivalence_status(tmp_path, suite, fake):
         seen.add(rec.network.name)
         if rec.network.name == "fcn5":
             assert rec.equivalence == {"status": "equivalent", "checked_at": "2026-11-29T12:00:00+00:00",
-                                       "reason": None, "errors": {"logits": 1e-6}, "precision": "float64"}
+                                       "reason": None, "errors": {"logits": 1e-6}, "precision": "float64",
+                                       "reference": None, "worst": {"quantity": "logits", "error": 1e-6},
+                                       "check_s": None, "checked_by": "dlbench check"}
         else:
             assert rec.network.name == "fcn8"
             assert rec.equivalence == {"status": "unchecked"}

@@ -285,7 +285,7 @@ def test_run_checks_the_store_before_the_first_benchmark(project, tmp_path, monk
         monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**9, 10**9, 0))
     ran = []
     monkeypatch.setattr(orchestrator.Orchestrator, "execute_one", lambda self, run: ran.append(run))
-    code, _, err = invoke("run", "--suite", "fcn", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+    code, _, err = invoke("run", "--no-check", "--suite", "fcn", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
                           "--env", "current", "--store", str(store), "--benchmark", "fcn5-train", "--repeats", "1")
     assert code == 2 and ran == []
     assert err.startswith(f"error: store {store}: ") and "Traceback" not in err
@@ -295,7 +295,7 @@ def test_run_whose_store_fills_up_keeps_the_measurement_and_says_where(project, 
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
     store = tmp_path / "store"
     full_disk(monkeypatch, store)
-    code, _, err = invoke("run", "--suite", "fcn", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+    code, _, err = invoke("run", "--no-check", "--suite", "fcn", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
                           "--env", "current", "--store", str(store), "--benchmark", "fcn5-train", "--repeats", "1",
                           "--threads", "1", "--no-telemetry")
     assert code == 1, err

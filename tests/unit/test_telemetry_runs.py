@@ -158,7 +158,7 @@ def test_summarise_repeats_never_sums_part_of_the_energy():
 
 def test_cli_validates_the_sample_interval(tmp_path):
     for bad in ("5", "1001"):
-        result = CliRunner().invoke(app, ["run", "--suite", "fcn", "--framework", "torch", "--device", "cpu",
+        result = CliRunner().invoke(app, ["run", "--no-check", "--suite", "fcn", "--framework", "torch", "--device", "cpu",
                                           "--sample-interval", bad, "--store", str(tmp_path)])
         assert result.exit_code == 2
         assert "sample-interval" in result.output + result.stderr

@@ -19,6 +19,7 @@ from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, Benchmark
 from ..execution.backends import BACKENDS
 from ..execution.interrupts import deliver_signals, exit_status, signal_name
 from ..machine import available_cpus, fingerprint, gpus
+from ..store.checks import worst_error
 from ..store.rows import run_row
 from ..telemetry import TelemetryConfig
 from . import lookup, tables
@@ -104,6 +105,20 @@ def run(
                           "compiled, run side by side), repeatable (default: each benchmark's, default).")] = None,
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
+    no_check: Annotated[bool, typer.Option(
+        "--no-check", help="Do not make the equivalence checks this run lacks before timing (records then carry "
+                           "a stored check's status, or unchecked).")] = False,
+    contention_threshold: Annotated[float, typer.Option(
+        "--contention-threshold", metavar="PCT", min=0, max=1000, help=(
+            "A repeat is contended when other processes used more than PCT% of the worker's cores (beyond the "
+            "cores it was not given) during its measured window, or steal exceeded PCT%."))] = 10.0,
+    replace_contended: Annotated[int, typer.Option(
+        "--replace-contended", metavar="N", min=0, max=1000, help=(
+            "Replace up to N contended repeats per run by fresh ones (0: mark them only)."))] = 3,
+    quiet_wait: Annotated[float, typer.Option(
+        "--quiet-wait", metavar="S", min=0, max=86400, help=(
+            "Before each repeat, wait up to S seconds for the other processes to fall under the contention "
+            "threshold."))] = 0.0,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
@@ -167,7 +182,9 @@ def run(
                          repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),
                          telemetry=None if no_telemetry else _telemetry_config(resolved_device, sample_interval),
                          nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"),
-                         max_repeats=max_repeats, target_ci_pct=target_ci, compile_mode=compile_mode)
+                         max_repeats=max_repeats, target_ci_pct=target_ci, compile_mode=compile_mode,
+                         contention_threshold_pct=contention_threshold, max_replacements=replace_contended,
+                         quiet_wait_s=quiet_wait)
     runs = plan(runners, selected)
     st = lookup.writable_store(store)  # before the first benchmark: a record must have a place
     from ..performance.runtime import run_predictor
@@ -178,11 +195,15 @@ def run(
     err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
               f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}; "
               f"predictions: {predicted_from if predictor else 'none, ' + predicted_from}", highlight=False)
+    if no_telemetry:
+        err.print("contention: not measured (--no-telemetry): no repeat is marked or replaced", highlight=False)
     records = []
     try:
         with progress_bar() as progress:
             task = progress.add_task("starting", total=len(runs))
             orch = Orchestrator(st, options, _ProgressEvents(progress, task))
+            if not no_check:
+                _check_before_timing(orch, runs, registry, progress)
             for r in runs:
                 records.append(orch.execute_one(r))
             progress.update(task, description="done")
@@ -195,6 +216,7 @@ def run(
     out.print(_summary_table(records), width=min(out.width, tables.WIDTH))
     for note in tables.footnotes([run_row(r) for r in records], tables.RUN_COLUMNS):
         out.print(escape(note), highlight=False)
+    _report_contention(records)
     for r in records:
         if r.summary and r.summary.stability and r.summary.stability.unstable:
             err.print(f"[yellow]unstable[/]: {escape(r.benchmark)} on {escape(str(r.framework.get('name')))} "
@@ -204,6 +226,49 @@ def run(
     bad = [r for r in records if r.status in ("failed", "timeout")]
     if bad:
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
+
+
+def _check_before_timing(orch, runs: list[PlannedRun], registry, progress: Progress) -> None:
+    """The equivalence checks the plan lacks, against torch where there is a torch runner; one line
+    per check made and one for their cost."""
+    reference = registry.get("torch") if "torch" in registry.names() else None
+    made, seconds = orch.check_equivalence(runs, reference)
+    say = progress.console.print
+    for c in made:
+        if c.error:
+            say(f"[red]check failed[/]: {escape(c.network)} {c.precision}: {escape(c.error)}", highlight=False,
+                soft_wrap=True)
+            continue
+        parts = []
+        for res in c.results:
+            worst = worst_error(res.errors)
+            text = f"{res.framework} {res.status}"
+            if worst:
+                text += f" ({worst['quantity']} {worst['error']:.1e})"
+            elif res.status not in ("reference", "equivalent") and res.reason:
+                text += f" ({res.reason[:80]})"
+            parts.append(text)
+        say(f"check {escape(c.network)} {c.precision} ({c.seconds:.1f} s): {escape(', '.join(parts))}",
+            highlight=False, soft_wrap=True)
+    if made:
+        say(f"equivalence checks: {len(made)} made before timing in {seconds:.1f} s "
+            f"(--no-check skips them)", highlight=False)
+    else:
+        say(f"equivalence checks: every network of the plan already checked ({seconds:.1f} s)", highlight=False)
+
+
+def _report_contention(records) -> None:
+    """One line per run with contended repeats: how many, how contended, how many were replaced."""
+    for r in records:
+        marked = [rep for rep in r.repeats if isinstance(rep.contention, dict) and rep.contention.get("contended")]
+        if not marked:
+            continue
+        worst = max(rep.contention.get("contention_pct") or 0.0 for rep in marked)
+        replaced = sum(rep.status == "contended" for rep in marked)
+        err.print(f"[yellow]contended[/]: {escape(r.benchmark)} on {escape(str(r.framework.get('name')))} "
+                  f"b={r.workload.batch_size}: repeats {', '.join(str(rep.index) for rep in marked)} "
+                  f"(others up to {worst:.0f}% of the worker's cores), {replaced} replaced by fresh repeats",
+                  highlight=False, soft_wrap=True)
 
 
 def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
@@ -230,9 +295,15 @@ class _ProgressEvents:
         self.progress.update(self.task, description=f"{self._label} (repeat 1/{repeats})")
         self._repeats = repeats
 
+    def check_started(self, network, precision, frameworks):
+        self.progress.update(self.task, description=f"checking {escape(network)} {precision} "
+                                                    f"({escape(', '.join(frameworks))})")
+
     def repeat_done(self, run, repeat):
         nxt = repeat.index + 2
-        if nxt <= self._repeats and repeat.status == "ok":
+        if repeat.status == "contended":
+            self.progress.update(self.task, description=f"{self._label} (repeat {nxt}: replacing a contended one)")
+        elif nxt <= self._repeats and repeat.status == "ok":
             self.progress.update(self.task, description=f"{self._label} (repeat {nxt}/{self._repeats})")
 
     def run_done(self, run, record):

@@ -76,19 +76,34 @@ that moves a step depends on the network, so the tolerances are a model of the n
 
 Results are kept in STORE/checks/ (one JSON per network, framework and framework version, written
 atomically) so that every run record can carry the equivalence status of what it measured.
+
+By default `dlbench run` makes the checks it lacks before it times anything (`ensure_checks`): for
+every (network, framework version, check precision) of its plan with no stored check (the same
+network definition hash; a failed or skipped check counts as stored, so a framework that cannot run
+a precision is not asked again until its version changes), it runs one check of that network with
+the reference framework first (torch where a torch runner exists, whether or not the run includes
+it, else the run's first framework) and the frameworks lacking it after. So `dlbench run
+--framework jax` is judged against torch; a run of the reference framework alone can only show
+that it builds the described network (parameters, canonical weights both ways, a finite step),
+and its status says "reference". The framework version is learned first from a worker that does
+nothing but report its framework (a `kernels` request with no kernels): the stored checks are per
+version.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from ..definitions.network import NetworkSummary
 from ..definitions.weights import random_weights, trainable_count, weight_shapes
-from ..store.checks import FrameworkCheck
+from ..store.checks import CheckStore, FrameworkCheck, check_precisions
 from .environments import Environment, EnvironmentBuildError
 from .launcher import PROTOCOL_VERSION, run_worker
 from .registry import RunnerInfo
@@ -343,7 +358,9 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
                         no_reference = f"no float64 reference step from {runner.name}: {res.reason}"
                     continue  # a broken reference cannot judge the others; the next one becomes it
                 reference = {"logits": arrays["logits"], "loss": arrays["loss"], "after": after, "loaded": loaded,
-                             "framework": runner.name if not mixed else f"{runner.name} float64", "spread": 0.0}
+                             "framework": runner.name if not mixed else f"{runner.name} float64", "spread": 0.0,
+                             "label": " ".join(filter(None, (runner.name, res.framework_version,
+                                                             "float64" if mixed else None)))}
                 res.status = "reference"
                 if step_precision == "float64":
                     continue  # rounding decides nothing there: a fixed tolerance, no spread to measure
@@ -355,6 +372,7 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
                     reference["spread"] = normwise_error([again_after[n] for n in trained], [after[n] for n in trained])
                 res.errors["self_spread_weights"] = reference["spread"]
                 continue
+            res.reference = reference["label"]
             res.errors["logits"] = relative_error(arrays["logits"], reference["logits"])
             res.errors["loss"] = relative_error(arrays["loss"], reference["loss"])
             missing = np.empty(0)
@@ -393,3 +411,95 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
     return results
 
 
+
+
+def framework_version(runner: RunnerInfo, env: Environment, device: str,
+                      timeout_s: float = 300) -> tuple[str | None, str | None]:
+    """(version, None) as the runner's worker reports it, or (None, why not): a `kernels` request
+    without kernels, which imports the framework and answers with its framework_info only."""
+    request = {"protocol": PROTOCOL_VERSION, "action": "kernels", "device": device, "threads": None, "seed": 0,
+               "kernel_policy": {"warmup_iters": 0, "min_iters": 1, "min_time_s": 0.0, "max_iters": 1,
+                                 "flush_bytes": 0}, "kernels": []}
+    outcome = run_worker(env.python, runner.worker, request, timeout_s, container=env.container)
+    version = ((outcome.result or {}).get("framework") or {}).get("version")
+    if isinstance(version, str) and version:
+        return version, None
+    return None, outcome.reason or f"{runner.name} reported no framework version"
+
+
+@dataclass(frozen=True)
+class CheckWanted:
+    """A planned run's need: its network checked on its framework in its precision's checks."""
+    runner: RunnerInfo
+    network: NetworkSummary
+    precision: str  # the run's (fp32, tf32, amp_bf16, amp_fp16)
+    learning_rate: float
+    momentum: float
+
+
+@dataclass
+class CheckMade:
+    """One check `ensure_checks` ran: a network in one precision, the reference and the frameworks
+    that lacked it, its results (saved) and what it cost."""
+    network: str
+    precision: str
+    frameworks: list[str]
+    seconds: float
+    results: list[FrameworkCheck] = field(default_factory=list)
+    error: str | None = None  # the check itself could not be made (its frameworks stay unchecked)
+
+
+def ensure_checks(wanted: list[CheckWanted], environment: Callable[[RunnerInfo], Environment | EnvironmentBuildError],
+                  checks: CheckStore, device: str, reference: RunnerInfo | None = None, timeout_s: float = 900,
+                  on_check: Callable[[str, str, list[str]], None] | None = None) -> tuple[list[CheckMade], float]:
+    """Make every check `wanted` lacks (see the module docstring) and save it; ([checks made], seconds
+    spent, version probes included). `reference`: the framework every check is made against (None:
+    the first of each check's frameworks). A framework whose environment or version cannot be had is
+    left out: its runs will fail or be skipped, and say so themselves."""
+    started = time.perf_counter()
+    versions: dict[str, str | None] = {}
+
+    def usable(runner: RunnerInfo) -> Environment | None:
+        env = environment(runner)
+        if isinstance(env, EnvironmentBuildError):
+            return None
+        if runner.name not in versions:
+            versions[runner.name] = framework_version(runner, env, device, min(timeout_s, 300))[0]
+        return env if versions[runner.name] else None
+
+    groups: dict[tuple, dict] = {}
+    for w in wanted:
+        if usable(w.runner) is None:
+            continue
+        for precision in check_precisions(w.precision):
+            key = (w.network.name, w.network.definition_hash, precision)
+            group = groups.setdefault(key, {"network": w.network, "lr": w.learning_rate, "momentum": w.momentum,
+                                            "runners": {}})
+            if not checks.has(w.network.name, w.network.definition_hash, w.runner.name, versions[w.runner.name],
+                              precision):
+                group["runners"].setdefault(w.runner.name, w.runner)
+    made: list[CheckMade] = []
+    for (name, _, precision), group in groups.items():
+        lacking = list(group["runners"].values())
+        if not lacking:
+            continue
+        order = ([reference] if reference is not None and reference.name not in group["runners"] else []) + \
+            sorted(lacking, key=lambda r: reference is None or r.name != reference.name)
+        envs = [(r, env) for r in order if (env := usable(r)) is not None]
+        if on_check is not None:
+            on_check(name, precision, [r.name for r, _ in envs])
+        t0 = time.perf_counter()
+        try:
+            results = check_network(group["network"], envs, device, timeout_s, learning_rate=group["lr"],
+                                    momentum=group["momentum"], precision=precision)
+            error = None
+        except (AssertionError, ValueError, OSError) as e:  # the check cannot be made: nobody is judged by it
+            results, error = [], f"{type(e).__name__}: {e}"
+        seconds = time.perf_counter() - t0
+        for res in results:
+            res.framework_version = res.framework_version or versions.get(res.framework)
+            res.check_s = round(seconds, 3)
+            res.checked_by = "dlbench run"
+            checks.save(res)
+        made.append(CheckMade(name, precision, [r.name for r, _ in envs], seconds, results, error))
+    return made, time.perf_counter() - started

@@ -8,6 +8,13 @@ Repeats are fixed (the profile's, or --repeats) or adaptive (--target-ci with --
 the fixed number on, after every repeat the median's confidence interval is recomputed and the run
 stops once its half-width is within the target, or at the cap. The record's `repeat_policy` says
 which, and why the run stopped.
+
+Contention (telemetry/contention.py): with telemetry on, each repeat's measured window says how much
+CPU other processes took; above `contention_threshold_pct` the repeat is contended and, while
+`max_replacements` allows, kept with status `contended` (its iterations counted nowhere) and
+replaced by a fresh repeat. `quiet_wait_s` waits before each repeat for the other processes to
+fall under the threshold. Before timing, `check_equivalence` makes the equivalence checks the plan
+lacks (execution/equivalence.py: ensure_checks); each record carries the status of its check.
 """
 
 from __future__ import annotations
@@ -17,10 +24,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
+import psutil
+
 from ..analysis.timing import summarise
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
+from ..telemetry.contention import DEFAULT_THRESHOLD_PCT, wait_for_quiet, window_contention
 from ..store.record import NetworkInfo, Record, Repeat, RepeatPolicy, Settings, Workload, new_run_id
 from ..store.store import Store
 from ..telemetry import Sampler, TelemetryConfig, derive
@@ -28,6 +38,7 @@ from ..telemetry.summary import summarise_repeats
 from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
 from .interrupts import shielded
+from .equivalence import CheckMade, CheckWanted, ensure_checks
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
 from .registry import RunnerInfo
 
@@ -52,6 +63,14 @@ class RunOptions:
     # load it as `dlbench check` has them do); benchmarks/fairness.py gives both sides the same batch
     inputs: Path | None = None
     compile_mode: str = "default"  # torch.compile's mode for compiled runs (--compile-mode)
+    # contention: a repeat whose window had other processes above this share of the worker's cores
+    # (or steal above it) is contended; up to max_replacements such repeats per run are replaced by
+    # fresh ones (0: marked only); quiet_wait_s: wait up to this long for a quiet machine before
+    # each repeat (0: no waiting)
+    contention_threshold_pct: float = DEFAULT_THRESHOLD_PCT
+    max_replacements: int = 0
+    quiet_wait_s: float = 0.0
+    total_cores: int | None = None  # the machine's logical CPUs (None: psutil's count)
 
     def __post_init__(self):
         if (self.max_repeats is None) != (self.target_ci_pct is None):
@@ -103,6 +122,7 @@ class PlannedRun:
 
 class Events(Protocol):
     def environment(self, framework: str, line: str) -> None: ...
+    def check_started(self, network: str, precision: str, frameworks: list[str]) -> None: ...
     def run_started(self, run: PlannedRun, repeats: int) -> None: ...
     def repeat_done(self, run: PlannedRun, repeat: Repeat) -> None: ...
     def run_done(self, run: PlannedRun, record: Record) -> None: ...
@@ -110,6 +130,7 @@ class Events(Protocol):
 
 class SilentEvents:
     def environment(self, framework, line): pass
+    def check_started(self, network, precision, frameworks): pass
     def run_started(self, run, repeats): pass
     def repeat_done(self, run, repeat): pass
     def run_done(self, run, record): pass
@@ -181,6 +202,31 @@ class Orchestrator:
                                          [len(r.iter_s) for r in measured]) if measured else None,
         }
 
+    def check_equivalence(self, runs: list[PlannedRun], reference: RunnerInfo | None = None,
+                          timeout_s: float = 900) -> tuple[list[CheckMade], float]:
+        """Before timing: the equivalence checks these runs lack, made and stored; ([checks], seconds)."""
+        wanted = [CheckWanted(r.runner, r.benchmark.network, r.benchmark.precision, r.benchmark.learning_rate,
+                              r.benchmark.momentum) for r in runs if r.benchmark.network.resolved.get("layers")]
+        return ensure_checks(wanted, self.environment, CheckStore(self.store.root), self.options.device, reference,
+                             min(timeout_s, self.options.timeout_s), self.events.check_started)
+
+    def _contention(self, series: dict | None, window: list, derived: dict | None, waited: dict | None) -> dict | None:
+        """The repeat's contention (telemetry/contention.py), with its quiet wait; None without telemetry."""
+        opts = self.options
+        if series is None:
+            return None
+        total = opts.total_cores or psutil.cpu_count() or 1
+        given = min(opts.threads or total, total)
+        if series.get("error") or not window:
+            out = {"measured": False, "reason": series.get("error") or "no measured window",
+                   "threshold_pct": opts.contention_threshold_pct, "contended": False}
+        else:
+            out = window_contention(series["cpu"], series["t_ns"], tuple(window), given, total,
+                                    opts.contention_threshold_pct, (derived or {}).get("mean_steal_pct"))
+        if waited is not None:
+            out["quiet_wait"] = waited
+        return out
+
     def execute(self, runs: list[PlannedRun]) -> list[Record]:
         return [self.execute_one(run) for run in runs]
 
@@ -199,13 +245,20 @@ class Orchestrator:
         status, reason = "ok", None
         summary = None  # of `repeats` as they stand (kept between the adaptive checks)
         stopped = "fixed" if not opts.adaptive else "cap_reached"
+        replaced = 0
         if isinstance(env, EnvironmentBuildError):
             status, reason, env_info = "failed", str(env), {"backend": opts.env_backend, "error": str(env)}
             stopped = "not_started"
         else:
             env_info = env.describe()
             request = build_request(run, opts)
-            for index in range(max_repeats):
+            index = 0
+            while len([r for r in repeats if r.status != "contended"]) < max_repeats:
+                waited = None
+                if opts.quiet_wait_s > 0:
+                    total = opts.total_cores or psutil.cpu_count() or 1
+                    waited = wait_for_quiet(opts.quiet_wait_s, min(opts.threads or total, total), total,
+                                            opts.contention_threshold_pct)
                 sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
                 outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s,
                                      thread_env(opts.threads), sampler, container=env.container)
@@ -217,21 +270,30 @@ class Orchestrator:
                            else None)
                 last_result = res or last_result
                 tail = outcome.output_tail
+                contention = self._contention(series, window, derived, waited) if outcome.status == "ok" else None
+                repeat_status = outcome.status
+                if contention and contention.get("contended") and replaced < opts.max_replacements:
+                    repeat_status, replaced = "contended", replaced + 1  # kept, counted nowhere, run again
                 rep = Repeat(
-                    index=index, status=outcome.status, reason=outcome.reason,
+                    index=index, status=repeat_status, reason=outcome.reason if repeat_status != "contended"
+                    else f"contended: {contention.get('reason')}; replaced by a fresh repeat",
                     first_iter_s=res.get("first_iter_s"), warmup_iter_s=res.get("warmup_iter_s", []),
                     warmup_settled=res.get("warmup_settled"), iter_s=res.get("iter_s", []),
                     window_monotonic_ns=res.get("window_monotonic_ns", []), wall_s=outcome.wall_s,
                     telemetry=series, derived=derived, memory=res.get("memory"), compile=res.get("compile"),
+                    contention=contention,
                 )
                 repeats.append(rep)
+                index += 1
                 self.events.repeat_done(run, rep)
                 summary = None
+                if rep.status == "contended":
+                    continue
                 if outcome.status != "ok":
                     # A crash, hang or skip repeats itself; do not spend the timeout again.
                     status, reason, stopped = outcome.status, outcome.reason, "failed_repeat"
                     break
-                if opts.adaptive and len(repeats) >= min_repeats:
+                if opts.adaptive and len([r for r in repeats if r.status == "ok"]) >= min_repeats:
                     summary = summarise(repeats, run.batch_size)
                     if summary and summary.ci and summary.ci.half_width_pct <= opts.target_ci_pct:
                         stopped = "target_met"
@@ -262,12 +324,15 @@ class Orchestrator:
             repeat_policy=RepeatPolicy(
                 kind="adaptive" if opts.adaptive else "fixed", min_repeats=min_repeats, max_repeats=max_repeats,
                 target_ci_pct=opts.target_ci_pct, stopped=stopped,
-                achieved_ci_pct=summary.ci.half_width_pct if summary and summary.ci else None),
+                achieved_ci_pct=summary.ci.half_width_pct if summary and summary.ci else None,
+                contention_threshold_pct=opts.contention_threshold_pct if opts.telemetry else None,
+                max_replacements=opts.max_replacements, replaced=replaced,
+                quiet_wait_s=opts.quiet_wait_s or None),
             prediction=prediction,
         )
         record.telemetry = self._telemetry_summary(repeats, run.batch_size)
-        record.equivalence = CheckStore(self.store.root).status(
-            b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"))
+        record.equivalence = CheckStore(self.store.root).status_for_run(
+            b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"), b.precision)
         with shielded():  # a signal now still lets the finished run's record land whole
             self.store.write(record)
         self.events.run_done(run, record)

@@ -323,8 +323,28 @@ def _repeat_rows(record: Record) -> list[dict]:
                      "warmup": len(rep.warmup_iter_s), "settled": rep.warmup_settled,
                      "measured": len(rep.iter_s), "median_ms": median * 1e3 if median is not None else None,
                      "window_s": window, "wall_s": rep.wall_s,
-                     "samples": derived.get("samples"), "covered": derived.get("covered")})
+                     "samples": derived.get("samples"), "covered": derived.get("covered"),
+                     **_contention_cell(rep.contention)})
     return rows
+
+
+def _contention_cell(contention: Any) -> dict:
+    """Other processes' CPU during the window (% of the worker's cores beyond its spare ones), whether
+    it was contended, and the details for the cell's title (schema 7; absent before)."""
+    if not isinstance(contention, dict):
+        return {"contention_pct": None, "contended": False, "contention_note": None}
+    pct = _number(contention.get("contention_pct")) if contention.get("measured") else None
+    notes = [f"other processes: {contention['other_cpu_pct']:.1f}% of {contention.get('given_cores')} cores"
+             if _number(contention.get("other_cpu_pct")) is not None else contention.get("reason")]
+    if _number(contention.get("steal_pct")) is not None:
+        notes.append(f"steal {contention['steal_pct']:.1f}%")
+    if _number(contention.get("threshold_pct")) is not None:
+        notes.append(f"threshold {contention['threshold_pct']:g}%")
+    wait = contention.get("quiet_wait")
+    if isinstance(wait, dict) and _number(wait.get("waited_s")) is not None:
+        notes.append(f"waited {wait['waited_s']:.1f} s for a quiet machine" + ("" if wait.get("quiet") else ", in vain"))
+    return {"contention_pct": pct, "contended": bool(contention.get("contended")),
+            "contention_note": "; ".join(str(n) for n in notes if n) or None}
 
 
 def _number(value: Any) -> float | None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import pandas as pd
 
 from .index import KEY_COLUMNS, Iterations, read_rows
 from .rows import COLUMNS
-from .selection import STATUSES
+from .record import RepeatStatus
 from .store import Store
 
 _TIMES = {"started_at", "ended_at"}
@@ -87,7 +88,7 @@ def iterations_frame(runs: pd.DataFrame, iterations: dict[str, Iterations]) -> p
     """One row per measured iteration: run_id, repeat, repeat_status, iteration, seconds, then ITERATION_KEYS.
 
     repeat_status is categorical (one of a handful of values over millions of rows)."""
-    statuses = list(STATUSES)
+    statuses = list(get_args(RepeatStatus))  # STATUSES and `contended` (a replaced repeat)
     positions, repeat_index, status_codes, iteration, seconds = [], [], [], [], []
     for pos, run_id in enumerate(runs["run_id"]):
         it = iterations[run_id]

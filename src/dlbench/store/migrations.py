@@ -62,7 +62,16 @@ def update_to_6(data: dict) -> dict:
     return data
 
 
-STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6}
+def update_to_7(data: dict) -> dict:
+    """7 added each repeat's contention (and the `contended` repeat status, which no older record
+    has) and the guard's settings in repeat_policy (absent: none); equivalence gained keys only."""
+    for rep in data.get("repeats") or []:
+        if isinstance(rep, dict) and "contention" not in rep:
+            rep["contention"] = {"measured": False, "reason": "recorded before dlbench measured contention"}
+    return data
+
+
+STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7}
 
 
 def upgrade(data: dict, target: int) -> dict:

@@ -42,6 +42,21 @@ records step by step and refuse newer ones):
     "float32" reads as "fp32" on the CPU (no TF32 there; the runners never enabled reduced-precision
     CPU math) and as "float32 (TF32 not pinned)" on CUDA, where cuDNN's default allowed TF32
     convolutions; the compile mode is what the framework's runner ran then (update_to_6).
+  7 (2026-12-02) contention and equivalence by default: each repeat's `contention` (the CPU time
+    other processes used during its measured window as a share of the cores the worker was given,
+    `other_cpu_pct`, the part beyond the cores it was not given, `contention_pct`, steal beside it,
+    whether it was `contended` against `threshold_pct`, and, with --quiet-wait, how long the repeat
+    waited for a quiet machine: telemetry/contention.py) and the repeat status `contended`: a
+    repeat whose window was contended and that a fresh repeat replaced (its iterations are kept,
+    and counted nowhere: statistics, comparisons and the iteration frame take `ok` repeats only).
+    `repeat_policy` says the threshold, the replacements allowed and made, and the quiet wait.
+    `equivalence` now comes from the check `dlbench run` makes before timing (or a stored one):
+    besides status, reason, errors and date, `precision` (the check's: float64 for fp32 and tf32
+    runs, the run's own for amp_bf16/amp_fp16, whose float64 check must hold too), `reference`
+    (the framework and version compared against), `worst` ({quantity, error} of logits, loss,
+    weights, update), `check_s` (the seconds of the check that gave it) and `checked_by`
+    (`dlbench run` or `dlbench check`). Older records read with contention {"measured": false}
+    on their repeats (update_to_7).
 """
 
 from __future__ import annotations
@@ -53,9 +68,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
+# a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
+# window, and a fresh repeat replaced it (schema 7)
+RepeatStatus = Literal["ok", "failed", "timeout", "skipped", "contended"]
 # Every integer of a record fits the int64 that SQLite (the row index), numpy and parquet hold: a
 # record with a batch size of 1e20 is invalid (reported and skipped), never a crash of its readers.
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
@@ -83,7 +101,7 @@ class Repeat(_Model):
     """One worker process: first iteration, warm-up and the measured iterations."""
 
     index: Int64
-    status: Status
+    status: RepeatStatus
     reason: str | None = None
     first_iter_s: float | None = None
     warmup_iter_s: list[float] = []
@@ -100,6 +118,9 @@ class Repeat(_Model):
     # "peak_reserved_bytes", "source"} or {"unavailable": why}) and its compiler's counters (schema 6)
     memory: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None
+    # other processes' CPU during the measured window, steal, contended or not, the quiet wait
+    # before the repeat (telemetry/contention.py.window_contention; schema 7)
+    contention: dict[str, Any] | None = None
 
 
 class MedianInterval(_Model):
@@ -194,6 +215,13 @@ class RepeatPolicy(_Model):
     # fixed: ran the repeats asked for; target_met / cap_reached: adaptive outcomes;
     # failed_repeat: a repeat did not complete (failed, timeout, skipped); not_started: no environment
     stopped: Literal["fixed", "target_met", "cap_reached", "failed_repeat", "not_started"]
+    # contention (schema 7): a repeat whose window had other processes above the threshold is
+    # contended; up to max_replacements of them were replaced by fresh repeats (`replaced` made);
+    # quiet_wait_s: the most each repeat waited for a quiet machine (None: no waiting)
+    contention_threshold_pct: float | None = None  # None: contention not measured (--no-telemetry)
+    max_replacements: Int64 = 0
+    replaced: Int64 = 0
+    quiet_wait_s: float | None = None
 
 
 class Scaling(_Model):

@@ -1,4 +1,6 @@
-"""Host telemetry through psutil: CPU load and memory, and the worker process's resident memory.
+"""Host telemetry through psutil: CPU load and memory, the worker process's resident memory, and
+the cumulative CPU times that contention is measured from (the machine's busy time, the worker's
+process tree's, the sampler's own: contention.py).
 
 psutil's cpu_percent() and cpu_times_percent() report the share since their previous call, so
 both are called once when sampling starts: every sample then covers exactly one interval.
@@ -7,6 +9,8 @@ both are called once when sampling starts: every sample then covers exactly one 
 from __future__ import annotations
 
 import psutil
+
+from .contention import TreeClock, busy_cpu_s, process_cpu_s
 
 
 class HostTelemetry:
@@ -21,6 +25,9 @@ class HostTelemetry:
         else:
             self.unavailable["steal_pct"] = "psutil reports no steal time on this platform"
         self._worker: psutil.Process | None = None
+        self._tree: TreeClock | None = None
+        self._self = psutil.Process()  # the sampler: its own CPU time is not the other processes'
+        self.series.update(busy_cpu_s=[], sampler_cpu_s=[])
         if pid is None:
             self.unavailable["rss_bytes"] = "no worker pid given"
         else:
@@ -30,8 +37,10 @@ class HostTelemetry:
         """Follow this worker's resident memory from now on (earlier rows read as missing)."""
         self.unavailable.pop("rss_bytes", None)
         self.series.setdefault("rss_bytes", [None] * rows_so_far)
+        self.series.setdefault("worker_cpu_s", [None] * rows_so_far)
         try:
             self._worker = psutil.Process(pid)
+            self._tree = TreeClock(pid)
         except psutil.Error as e:
             self.rss_stopped = {"t_ns": None, "reason": f"worker pid {pid}: {e}"}
 
@@ -44,6 +53,10 @@ class HostTelemetry:
             s["steal_pct"].append(psutil.cpu_times_percent().steal)
         if "rss_bytes" in s:
             s["rss_bytes"].append(self._rss(t_ns))
+        if "worker_cpu_s" in s:
+            s["worker_cpu_s"].append(self._tree.read() if self._tree is not None else None)
+        s["busy_cpu_s"].append(busy_cpu_s())
+        s["sampler_cpu_s"].append(process_cpu_s(self._self))
 
     def _rss(self, t_ns: int) -> int | None:
         if self._worker is None:
