@@ -29,11 +29,11 @@ the independent units. Two consequences shape everything below:
   (benchmarks/ci_coverage.py: log-normal iteration times, a random per-process offset, AR(1)
   correlation inside a process; 1000 runs each), this interval covers the true median 97-99% of
   the time when the iterations' own noise dominates or matches the processes' (92% from a single
-  repeat); when the process-to-process offset dominates, coverage drops to about 84% with 3
-  repeats, 87% with 5 to 10 and 92% with 20 - the price of few independent units. So this is the
+  repeat); when the process-to-process offset dominates, coverage drops to about 78% with 2
+  repeats, 84% with 3, 88% with 5, 92% with 10 and 94% with 20 - the price of few independent units. So this is the
   interval the record stores (`Summary.ci`, with its method and level), but not the one dlbench
   reports: store/intervals.py widens it, as the record is read, to Student's t interval on the
-  repeat medians where that reaches further (coverage 95-99% in every scenario with 2 or more
+  repeat medians where that reaches further (coverage 94-99% in every scenario with 2 or more
   repeats; why, and why on read: that module's docstring).
 
 Throughput is batch / iteration time, a decreasing function, so its interval is batch over the

@@ -7,8 +7,8 @@ clocks, thread placement, neighbours). The stored interval, `Summary.ci`, is the
 bootstrap of analysis/timing.py (repeats, then iteration blocks). A bootstrap over R units reads
 its ends off the resampled statistic as if R were large: with 3 repeats it cannot know how far a
 fourth process may land, so when the process-to-process offsets dominate, its "95%" interval
-covered the true median in only 84% of simulated runs at 3 repeats, 87-88% at 5 to 10 and 92% at
-20 (benchmarks/ci_coverage.py). The textbook answer for the mean of R independent units of unknown
+covered the true median in only 78% of simulated runs at 2 repeats, 84% at 3, 88% at 5, 92% at 10
+and 94% at 20 (benchmarks/ci_coverage.py). The textbook answer for the mean of R independent units of unknown
 spread is Student's t with R - 1 degrees of freedom: on the logarithms of the repeat medians (log
 times are what the offsets shift; the throughput's interval is then batch over the ends, so it is
 the same interval on either scale), mean +- t(R-1) s / sqrt(R). It honours the process-to-process
@@ -19,10 +19,10 @@ Why widened to the bootstrap's. Three repeat medians can land close together by 
 interval's own width is random); then the iterations still say how far each median could be off.
 So the reported interval is the union of the t interval and the stored two-level bootstrap, never
 narrower than either, and it always holds the reported median. Which method set the ends is in
-`method`. Measured (benchmarks/ci_coverage.py, 1000 simulated runs per scenario): coverage 95-99%
+`method`. Measured (benchmarks/ci_coverage.py, 1000 simulated runs per scenario): coverage 94-99%
 in every scenario with 2 or more repeats, whether the iterations, the processes or both dominate;
 the price is width where iterations dominate at 2-3 repeats (at 3 x 50 iterations about 1.3x the
-bootstrap's half-width, at 2 repeats about 3.5x), where 2-3 processes cannot rule out an offset.
+bootstrap's half-width, at 2 repeats about 3x), where 2-3 processes cannot rule out an offset.
 
 One repeat. There is no second process, so nothing can say how far another process would land:
 the interval is the stored block bootstrap over that process's iterations (`level` "iterations"),
