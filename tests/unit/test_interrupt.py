@@ -186,3 +186,71 @@ def test_a_shielded_section_finishes_before_the_interrupt():
                 done.append("after the signal")
             done.append("never")
     assert done == ["after the signal"] and caught.value.signum == signal.SIGTERM
+
+
+# --- every command that starts workers, not only `dlbench run` (issue 18) ----------------------
+
+@pytest.mark.parametrize("command", [
+    ["check", "--network", "fcn5", "--precision", "float64"],
+    ["calibrate"],
+    ["run", "--suite", "kernels", "--profile", "smoke"],
+], ids=["check", "calibrate", "run-kernels"])
+def test_commands_that_start_workers_stop_them_on_sigterm(tmp_path, command):
+    pidfile, store, tmp = tmp_path / "pids", tmp_path / "store", tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, DLBENCH_ROOT=str(_faulty_project(tmp_path)), DLBENCH_FAULT="hang_with_child",
+               DLBENCH_FAULT_PIDFILE=str(pidfile), DLBENCH_CACHE=str(tmp_path / "cache"), TMPDIR=str(tmp))
+    env.pop("DLBENCH_FAULTS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlbench.cli", *command, "--framework", "faulty", "--device", "cpu",
+         "--env", "current", "--store", str(store)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert _wait_for(lambda: pidfile.exists() and len(pidfile.read_text().split()) == 2, 60), \
+            "the faulty worker never started its child"
+        processes = _family(proc.pid)
+        worker, child = (int(p) for p in pidfile.read_text().split())
+        assert {worker, child} <= set(processes), processes
+        assert list(tmp.iterdir()), "the command made no temporary folder to remove"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    said = [line for line in stderr.splitlines() if "interrupted" in line]
+    assert len(said) == 1 and "SIGTERM" in said[0], stderr
+    assert "Traceback" not in stderr, stderr
+    assert _wait_for(lambda: not _survivors(processes), 10), f"survivors: {_survivors(processes)}"
+    assert list(tmp.iterdir()) == [], "temporary files left behind"
+
+
+def test_an_interrupted_environment_build_stops_its_step_and_removes_the_half_built_folder(tmp_path, monkeypatch):
+    """`dlbench env create` (and the builds of run and check): an interrupt while pip runs ends pip's
+    session and leaves no half-built environment (a fake step: a process that prints, then sleeps)."""
+    from types import SimpleNamespace
+
+    from dlbench.execution import environments
+
+    requirements = tmp_path / "requirements-cpu.txt"
+    requirements.write_text("nothing==1\n")
+    runner = SimpleNamespace(name="fake", requirements_for=lambda flavour: requirements)
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def step(cmd, **kwargs):  # every build step: make the folder, print a line, then hang
+        Path(cmd[-1] if cmd[1:3] == ["-m", "venv"] else tmp_path).mkdir(parents=True, exist_ok=True)
+        started.append(real_popen([sys.executable, "-c", "import time; print('Collecting', flush=True); "
+                                   "time.sleep(60)"], **kwargs))
+        return started[-1]
+
+    def interrupt(line):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(environments.subprocess, "Popen", step)
+    backend = environments.VenvBackend(tmp_path / "cache")
+    with pytest.raises(Interrupted):
+        backend.ensure(runner, "cpu", interrupt)
+    assert started and started[0].poll() is not None, "the build step outlived the interrupt"
+    assert not backend.path_for(runner, "cpu").exists(), "a half-built environment was left"

@@ -2,6 +2,7 @@
 validated in those modules, once; errors exit 2 with one message (console.fail).
 
     console.py      the consoles `out` and `err`, `fail`, the progress bar
+    signals.py      stops_on_signals: SIGINT, SIGTERM, SIGHUP for the commands that start processes
     options.py      the shared options (--store, --format, --device, ...), their values and checks
     lookup.py       suites, runners and the store by name
     listing.py      list

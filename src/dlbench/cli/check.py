@@ -24,8 +24,10 @@ from .options import (
     check_choice,
     resolve_device,
 )
+from .signals import stops_on_signals
 
 
+@stops_on_signals
 def check(
     framework: FrameworksOption = ["all"],
     network: Annotated[Optional[list[str]], typer.Option(help="Only these networks; repeatable (default: all).")] = None,

@@ -21,6 +21,7 @@ from ..store.store import Store
 from . import lookup
 from .console import err, fail, out, progress_bar
 from .options import check_choice
+from .signals import say
 
 
 class _Events:
@@ -125,8 +126,8 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
                     records += orch.run_comm(runner, comm)
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
-        err.print(f"interrupted by {signal_name(e)}: every job's processes stopped; {len(records)} complete runs are "
-                  "in the store, none partial")
+        say(f"interrupted by {signal_name(e)}: every job's processes stopped; {len(records)} complete runs are "
+            "in the store, none partial")
         raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(store)
     if kind == "distributed":

@@ -16,6 +16,7 @@ from ..execution.environments import EnvironmentBuildError, VenvBackend
 from . import lookup
 from .console import err, fail, out
 from .options import DEVICES, check_choice, resolve_device
+from .signals import stops_on_signals
 
 env_app = typer.Typer(help="Framework environments: a venv, or a docker image, per framework and device flavour.",
                       no_args_is_help=True)
@@ -79,6 +80,7 @@ def _image_list(runners) -> None:
 
 
 @env_app.command("create")
+@stops_on_signals
 def env_create(
     framework: Annotated[str, typer.Argument(help="Framework name, or 'all'.")],
     device: Annotated[str, typer.Option(help="auto | cpu | cuda: which flavour to build")] = "auto",

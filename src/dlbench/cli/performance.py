@@ -34,6 +34,7 @@ from .options import (
     check_format,
     resolve_device,
 )
+from .signals import say, stops_on_signals
 
 if TYPE_CHECKING:
     # imported where used: the kernel runs, stores and the model are for these commands only
@@ -225,8 +226,8 @@ def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, 
                                            highlight=False, soft_wrap=True)
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
-        err.print(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete kernel runs are in the "
-                  "store, none partial")
+        say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete kernel runs are in the "
+            "store, none partial")
         raise typer.Exit(exit_status(e)) from None
     return records
 
@@ -291,6 +292,7 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 
 # ---------------------------------------------------------------------------------------- calibrate
 
+@stops_on_signals
 def calibrate(
     framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
     workers: Annotated[Optional[int], typer.Option(min=2, help=(

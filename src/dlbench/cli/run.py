@@ -3,9 +3,7 @@ kind distributed and comm go on to distributed.py, the kernels suite to performa
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import os
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -17,12 +15,13 @@ from rich.table import Table
 from .. import paths
 from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, Benchmark
 from ..execution.backends import BACKENDS
-from ..execution.interrupts import deliver_signals, exit_status, signal_name
+from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus, fingerprint, gpus
 from ..store.checks import worst_error
 from ..store.rows import run_row
 from ..telemetry import TelemetryConfig
 from . import lookup, tables
+from .signals import say, stops_on_signals
 from .console import err, fail, out, progress_bar
 from .options import (
     DEVICES,
@@ -43,27 +42,6 @@ TORCH_COMPILE_MODES = ("default", "max-autotune")
 
 if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun
-
-
-def stops_on_signals(command):
-    """SIGINT, SIGTERM and SIGHUP alike (execution/interrupts.py): workers and containers stopped,
-    temporary folders removed, one line, exit 128 + the signal. A command that has more to say
-    about what was kept catches KeyboardInterrupt itself and exits with `exit_status`."""
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        with deliver_signals():
-            try:
-                return command(*args, **kwargs)
-            except KeyboardInterrupt as e:
-                _say(f"interrupted by {signal_name(e)}: workers stopped, nothing partial kept")
-                raise typer.Exit(exit_status(e)) from None
-    return wrapper
-
-
-def _say(line: str) -> None:
-    """The one line of an interrupted command; a terminal that hung up (SIGHUP) may refuse it."""
-    with contextlib.suppress(OSError):
-        err.print(line, highlight=False, soft_wrap=True)
 
 
 @stops_on_signals
@@ -209,7 +187,7 @@ def run(
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
         cut = f"; {escape(_label(runs[len(records)]))} was not recorded" if len(records) < len(runs) else ""
-        _say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
+        say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
              f"none partial{cut}")
         raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(st)

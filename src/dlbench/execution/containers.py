@@ -35,13 +35,13 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from .environments import Environment, EnvironmentBuildError
+from .interrupts import temporary_folder
 from .registry import RunnerInfo
 
 IMAGE_FORMAT = 1  # bump to rebuild every image (what the backend expects of an image changed)
@@ -297,12 +297,12 @@ class DockerBackend:
                on_output) -> None:
         log_path = self.root / f"{tag.replace('/', '_').replace(':', '_')}.build.log"
         key = tag.rsplit("-", 1)[1]
-        with tempfile.TemporaryDirectory(prefix="dlbench-image-") as context, open(log_path, "w") as log:
+        with temporary_folder("dlbench-image-") as context, open(log_path, "w") as log:
             # The context is the requirements file alone: nothing else can reach the image.
-            shutil.copyfile(requirements, Path(context) / "requirements.txt")
+            shutil.copyfile(requirements, context / "requirements.txt")
             args = ["build", "--progress", "plain", "--file", str(dockerfile), "--tag", tag,
                     "--label", f"{LABEL}.framework={runner.name}", "--label", f"{LABEL}.flavour={flavour}",
-                    "--label", f"{LABEL}.key={key}", context]
+                    "--label", f"{LABEL}.key={key}", str(context)]
             log.write(f"$ {' '.join(self.engine.command(*args))}\n")
             log.flush()
             started = time.time()

@@ -14,12 +14,14 @@ The package list of the environment (name==version for every distribution) goes 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .interrupts import shielded
 from .registry import RunnerInfo
 
 ENV_FORMAT = 1  # bump to invalidate every cached environment (layout of the env dir changed)
@@ -75,6 +78,13 @@ def environment_key(requirements: Path, flavour: str) -> str:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def _stop_build(proc: subprocess.Popen) -> None:
+    """End a build step's whole session (pip and its children): SIGKILL, it holds nothing to save."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _packages(python: Path) -> list[str]:
@@ -133,13 +143,22 @@ class VenvBackend:
             for cmd in steps:
                 log.write(f"$ {' '.join(cmd)}\n")
                 log.flush()
-                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                # a session of its own: an interrupt stops pip and whatever it started (build backends)
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
                 assert proc.stdout is not None
-                for line in proc.stdout:
-                    log.write(line)
-                    if on_output and line.strip() and not line.startswith("WARNING: Location"):
-                        on_output(line.strip())
-                if proc.wait() != 0:
+                try:
+                    for line in proc.stdout:
+                        log.write(line)
+                        if on_output and line.strip() and not line.startswith("WARNING: Location"):
+                            on_output(line.strip())
+                    code = proc.wait()
+                except BaseException:  # a signal (Interrupted), an error: no half-built environment stays
+                    with shielded():
+                        _stop_build(proc)
+                        shutil.rmtree(path, ignore_errors=True)
+                    raise
+                if code != 0:
                     log.flush()
                     shutil.rmtree(path, ignore_errors=True)
                     tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])

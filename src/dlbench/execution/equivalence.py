@@ -92,7 +92,6 @@ version.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -105,6 +104,7 @@ from ..definitions.network import NetworkSummary
 from ..definitions.weights import random_weights, trainable_count, weight_shapes
 from ..store.checks import CheckStore, FrameworkCheck, check_precisions
 from .environments import Environment, EnvironmentBuildError
+from .interrupts import temporary_folder
 from .launcher import PROTOCOL_VERSION, run_worker
 from .registry import RunnerInfo
 
@@ -304,8 +304,7 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
     probes = ([(*runners[0], "float64", True)] if mixed and runners else []) + \
         [(runner, env, precision, not mixed) for runner, env in runners]
     no_reference = "no framework gave a usable reference step"
-    with tempfile.TemporaryDirectory(prefix="dlbench-check-") as tmp:
-        work = Path(tmp)
+    with temporary_folder("dlbench-check-") as work:
         weights = random_weights(network.resolved, seed)
         np.savez(work / "weights.npz", **weights)
         np.savez(work / "inputs.npz", **make_inputs(network, batch, seed))

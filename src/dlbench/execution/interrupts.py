@@ -15,8 +15,11 @@ raises KeyboardInterrupt at once and `shielded()` holds nothing.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
+import tempfile
 import threading
+from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -105,3 +108,15 @@ def shielded():
 
 def _pending() -> bool:
     return _state.shield_depth == 0 and _state.received is not None and not _state.raised
+
+
+@contextlib.contextmanager
+def temporary_folder(prefix: str, dir: Path | str | None = None):
+    """A temporary folder (its Path), removed whatever ends the block; a signal cannot cut the
+    removal in two (shielded), so a first signal arriving just then still leaves no folder."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=dir))
+    try:
+        yield path
+    finally:
+        with shielded():
+            shutil.rmtree(path, ignore_errors=True)
