@@ -316,6 +316,53 @@ def test_a_launcher_failing_before_any_rank_says_so(tmp_path):
     assert outcome.reason == "torchrun on 127.0.0.1 (rank 0) exited with status 2: bad launcher option"
 
 
+# ------------------------------------------------------------------ malformed rank files (issue 18)
+
+RANK_WRITER = """
+import json, os, socket, sys
+job, rank, world = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+content = sys.argv[4].replace("RANK", sys.argv[2]).replace("WORLD", world).encode()
+def put(name, data):
+    with open(os.path.join(job, name + ".tmp"), "wb") as f:
+        f.write(data)
+    os.replace(os.path.join(job, name + ".tmp"), os.path.join(job, name))
+put(f"rank{rank}.started", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+put(f"rank{rank}.json", b"\\xff" if content == b"not-utf8" else content)
+"""
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"status": "ok", "rank": RANK, "world_size": WORLD, "framework": {"name": "fake"}, "first_iter_s": 0.1, '
+     '"iter_s": [-1.0], "window_monotonic_ns": [1, 2]}', "field 'iter_s[0]': Input should be greater than 0"),
+    ('{"status": "ok", "rank": RANK, "world_size": WORLD, "framework": {"name": "fake"}}', "field 'first_iter_s'"),
+    ("not-utf8", "not UTF-8"),
+    ('["a", "list"]', "not a JSON object"),
+], ids=["negative-time", "no-iterations", "not-utf8", "list"])
+def test_a_malformed_rank_result_is_a_failed_record_naming_the_field(tmp_path, fake, suites, monkeypatch,
+                                                                      content, words):
+    """Every job of the benchmark (the one-worker baseline, then two workers) gets ranks that write
+    a malformed result: each is a failed record saying which rank and field, and the plan goes on."""
+    from dlbench.execution import distributed
+
+    def writers(layout):
+        return [ProcessSpec(host, [sys.executable, "-c", RANK_WRITER, str(layout.job_dir), str(rank),
+                                   str(layout.placement.workers), content], {},
+                            f"rank {rank}") for rank, host in enumerate(layout.placement.hosts[0] for _ in
+                                                                           range(layout.placement.workers))]
+
+    monkeypatch.setitem(distributed.STYLES, "ranks", writers)
+    bench, _ = suites
+    store = Store(tmp_path / "store")
+    records = DistributedOrchestrator(store, options(tmp_path)).run_distributed(fake, bench)
+    assert [r.benchmark for r in records] == ["fcn5-train-w1", "fcn5-train-w2"]
+    for r in records:
+        assert r.status == "failed", r.reason
+        assert re.search(r"rank \d \(of \d, on .*\) failed: wrote a malformed file: rank \d result", r.reason), r.reason
+        assert words in r.reason, r.reason
+    assert len(list(store.records())) == 2
+    assert not job_processes(tmp_path)
+
+
 # ------------------------------------------------------------------ where the ranks run
 
 def test_hosts_on_loopback_addresses(tmp_path, fake, suites):

@@ -130,7 +130,7 @@ class DistributedOrchestrator:
             specs = STYLES[runner.distributed.launch](layout)
             cwd = runner.distributed.worker.resolve().parent
             return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
-                           placement.workers, self.options.timeout_s, cwd)
+                           placement.workers, self.options.timeout_s, cwd, request=request)
         finally:
             with shielded():
                 shutil.rmtree(job_dir, ignore_errors=True)
@@ -360,7 +360,7 @@ def _comm_info(collective: str, comm: CommBenchmark, workers: int, outcomes: lis
                 break
             pooled.extend(slowest_rank([row["iter_s"] for row in rows]))
             entry.bytes = rows[0]["bytes"]
-            errors += [row["error"] for row in rows if not row["correct"]]
+            errors += [row.get("error") or "wrong result" for row in rows if not row["correct"]]
         if entry.skipped is None and pooled:
             entry.iterations = len(pooled)
             entry.time_s = statistics.median(pooled)

@@ -28,7 +28,6 @@ and the tail of its log.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -42,7 +41,10 @@ import psutil
 from .interrupts import shielded
 from .launch_styles import ProcessSpec
 from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S
+from .launcher import _read_result as read_result_bytes
 from .launcher import tagged as tagged_processes
+from .rank_result import parse_rank_result, parse_rank_started
+from .worker_result import ResultError
 
 PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/distributed_harness.py
 POLL_S = 0.05
@@ -78,11 +80,11 @@ def _last_line(text: str) -> str:
     return next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # absent, or (never: writes are atomic) half-written
+def _read_rank_file(path: Path, parse) -> dict | None:
+    """A rank's file parsed (rank_result.py); None while there is none. A file that is not a
+    regular one, too large or malformed raises ResultError (writes are atomic: never half-written)."""
+    data = read_result_bytes(path)
+    return None if data is None else parse(data)
 
 
 def _alive(pid: int, created: float) -> bool:
@@ -96,8 +98,9 @@ def _alive(pid: int, created: float) -> bool:
 class _Watch:
     """What the watcher knows of a running job."""
 
-    def __init__(self, job_dir: Path, world_size: int, procs: list[subprocess.Popen]):
-        self.job_dir, self.world, self.procs = job_dir, world_size, procs
+    def __init__(self, job_dir: Path, world_size: int, procs: list[subprocess.Popen], request: dict | None = None):
+        self.job_dir, self.world, self.procs, self.request = job_dir, world_size, procs, request
+        self.malformed: dict[int, tuple[float, str]] = {}  # rank -> (when seen, why) of a file that broke its schema
         self.known: dict[int, float] = {}  # pid -> create time of every process seen in the job
         self.started: dict[int, dict] = {}  # rank -> its .started (pid, host)
         self.results: dict[int, dict] = {}
@@ -123,25 +126,36 @@ class _Watch:
         now = time.time()
         self.remember_tree()
         for rank in range(self.world):
-            if rank not in self.started:
-                info = _read_json(self.job_dir / f"rank{rank}.started")
-                if info is not None:
-                    self.started[rank] = info
-                    if info.get("host") == self.hostname:
-                        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                            self.known.setdefault(info["pid"], psutil.Process(info["pid"]).create_time())
-            if rank not in self.results:
-                res = _read_json(self.job_dir / f"rank{rank}.json")
-                if res is not None:
-                    self.results[rank] = res
+            if rank in self.malformed:
+                continue  # its failure is known; the teardown stops it
+            try:
+                self._read(rank)
+            except ResultError as e:
+                self.malformed[rank] = (now, f"wrote a malformed file: {e}")
+                continue
             info = self.started.get(rank)
             if info is None or rank in self.results or rank in self.deaths or info.get("host") != self.hostname:
                 continue  # a rank on another machine is watched through its launcher only
             pid = info["pid"]
             if pid in self.known and _alive(pid, self.known[pid]):
                 self.last_alive[rank] = now
-            elif record_deaths and _read_json(self.job_dir / f"rank{rank}.json") is None:  # no result just written
-                self.deaths[rank] = self.last_alive.get(rank, info.get("started_at", now))
+            elif record_deaths and not (self.job_dir / f"rank{rank}.json").exists():  # no result just written
+                self.deaths[rank] = self.last_alive.get(rank, info.get("started_at") or now)
+
+    def _read(self, rank: int) -> None:
+        """The rank's announcement and result where they are new, each parsed against its schema."""
+        if rank not in self.started:
+            info = _read_rank_file(self.job_dir / f"rank{rank}.started", lambda d: parse_rank_started(d, rank))
+            if info is not None:
+                self.started[rank] = info
+                if info["host"] == self.hostname:
+                    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                        self.known.setdefault(info["pid"], psutil.Process(info["pid"]).create_time())
+        if rank not in self.results:
+            res = _read_rank_file(self.job_dir / f"rank{rank}.json",
+                                  lambda d: parse_rank_result(d, rank, self.world, self.request))
+            if res is not None:
+                self.results[rank] = res
 
     def failures(self) -> list[tuple[float, int, str]]:
         """(when, rank, why) of every rank known to have failed."""
@@ -149,6 +163,7 @@ class _Watch:
                for rank, res in self.results.items() if res.get("status") == "failed"]
         for rank, when in self.deaths.items():
             out.append((when, rank, None))  # worded once its log is read
+        out += [(when, rank, why) for rank, (when, why) in self.malformed.items()]
         return sorted(out, key=lambda f: f[0])
 
 
@@ -204,15 +219,17 @@ def _describe_exit(code: int) -> str:
 
 
 def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: int, timeout_s: float,
-            cwd: Path, poll_s: float = POLL_S, exit_grace_s: float = EXIT_GRACE_S) -> JobOutcome:
-    """`command_for(spec) -> argv`: the local command for a spec (Placement.command_on)."""
+            cwd: Path, poll_s: float = POLL_S, exit_grace_s: float = EXIT_GRACE_S,
+            request: dict | None = None) -> JobOutcome:
+    """`command_for(spec) -> argv`: the local command for a spec (Placement.command_on); `request`,
+    what the ranks were asked (its action decides what an ok rank result must hold)."""
     token = f"{job_dir.name}-{os.getpid()}"
     base_env = {k: v for k, v in os.environ.items() if k not in _ISOLATE}
     base_env[JOB_VARIABLE] = token
     procs: list[subprocess.Popen] = []
     logs = [job_dir / f"launcher{i}.log" for i in range(len(specs))]
     started = time.perf_counter()
-    watch = _Watch(job_dir, world_size, procs)
+    watch = _Watch(job_dir, world_size, procs, request)
     status, reason = "ok", None
     try:
         for spec, log in zip(specs, logs):

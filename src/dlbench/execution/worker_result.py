@@ -34,10 +34,9 @@ class ResultError(ValueError):
     """The one error of `parse_result`: `field` is the offending field's dotted path ("result" for
     the file as a whole), `problem` what is wrong with it."""
 
-    def __init__(self, field: str, problem: str):
+    def __init__(self, field: str, problem: str, subject: str = "worker result"):
         self.field, self.problem = field, problem
-        super().__init__(f"worker result field {field!r}: {problem}" if field != "result"
-                         else f"worker result: {problem}")
+        super().__init__(f"{subject} field {field!r}: {problem}" if field != "result" else f"{subject}: {problem}")
 
 
 class _Strict(BaseModel):
@@ -186,22 +185,22 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _first_error(e: ValidationError) -> ResultError:
+def _first_error(e: ValidationError, subject: str = "worker result") -> ResultError:
     error = e.errors(include_url=False)[0]
     loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, _FieldProblem):
-        return ResultError(cause.field, str(cause))
+        return ResultError(cause.field, str(cause), subject)
     msg = error["msg"].removeprefix("Value error, ")
     if error["type"] == "json_invalid":
-        return ResultError("result", f"not valid JSON ({msg.removeprefix('Invalid JSON: ')})")
+        return ResultError("result", f"not valid JSON ({msg.removeprefix('Invalid JSON: ')})", subject)
     if not loc:
         return ResultError("result", f"not a JSON object but {_shown(error.get('input'))}"
-                           if error["type"] == "model_type" else msg)
+                           if error["type"] == "model_type" else msg, subject)
     if error["type"] not in ("value_error", "missing", "extra_forbidden"):
         msg += f", not {_shown(error.get('input'))}"
     extra = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
-    return ResultError(loc, msg + extra)
+    return ResultError(loc, msg + extra, subject)
 
 
 def parse_result(data: bytes | str, action: str = "benchmark",
