@@ -191,7 +191,7 @@ def test_a_shielded_section_finishes_before_the_interrupt():
 # --- every command that starts workers, not only `dlbench run` (issue 18) ----------------------
 
 @pytest.mark.parametrize("command", [
-    ["check", "--network", "fcn5", "--precision", "float64"],
+    ["check", "--network", "transformer_tiny", "--precision", "float64"],
     ["calibrate"],
     ["run", "--suite", "kernels", "--profile", "smoke"],
 ], ids=["check", "calibrate", "run-kernels"])

@@ -317,3 +317,79 @@ def test_the_report_does_not_reuse_the_page_of_a_record_flipped_behind_its_manif
     assert code == 0 and "(1 runs" in out
     assert "checksum mismatch" in (site / "index.html").read_text()
     assert not (site / "runs" / f"{path.stem}.html").exists() and (site / "runs" / f"{other.stem}.html").exists()
+
+
+# --- kernel records, checks and machine profiles on a full disk (issue 18, class 4) -------------
+
+def _kept(err: str, what: str) -> Path:
+    found = re.search(rf"the {what} is kept in (\S+\.json)", err)
+    assert found and "No space left on device" in err and "dlbench store merge" in err, err
+    assert "Traceback" not in err
+    return Path(found[1])
+
+
+def test_check_whose_store_is_full_keeps_the_check_and_says_where(project, tmp_path, monkeypatch):
+    from dlbench.store import checks
+
+    store = tmp_path / "store"
+    real = checks._replace_file
+
+    def replace_file(path, content):
+        if Path(path).resolve().is_relative_to(store.resolve()):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real(path, content)
+
+    monkeypatch.setattr(checks, "_replace_file", replace_file)
+    code, _, err = invoke("check", "--framework", "fake", "--network", "transformer_tiny", "--device", "cpu", "--env", "current",
+                          "--store", str(store))
+    assert code == 1
+    kept = _kept(err, "check")
+    assert json.loads(kept.read_text())["network"] == "transformer_tiny"
+    monkeypatch.undo()
+    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
+    merge(Store(store), [kept.parent.parent])
+    assert (store / "checks" / kept.name).read_bytes() == kept.read_bytes()
+
+
+def test_kernels_suite_whose_store_is_full_keeps_the_kernel_record_and_says_where(project, tmp_path, monkeypatch):
+    from dlbench.store.kernels import KernelStore
+
+    store = tmp_path / "store"
+    full_disk(monkeypatch, store)
+    code, _, err = invoke("run", "--suite", "kernels", "--framework", "fake", "--profile", "smoke", "--device", "cpu",
+                          "--env", "current", "--threads", "1", "--store", str(store), "--benchmark", "transpose")
+    assert code == 1
+    kept = _kept(err, "kernel record")
+    monkeypatch.undo()
+    merge(Store(store), [kept.parent.parent])
+    (record,) = KernelStore(Store(store)).records()
+    assert record.benchmark == "transpose" and store / "kernels" / kept.name == KernelStore(Store(store)).root / kept.name
+
+
+def test_calibrate_whose_store_is_full_keeps_the_profile_and_says_where(project, tmp_path, monkeypatch):
+    """The profile's write itself (ProfileStore.write on a full disk), then calibrate's ending with
+    it: the measuring is replaced by a profile built at once (calibrate's own run is 15 s)."""
+    from datetime import datetime, timezone
+
+    from dlbench.cli import performance
+    from dlbench.store.profiles import MachineProfile, MatmulCeiling, ProfileStore
+
+    store = tmp_path / "store"
+    profile = MachineProfile(machine_id="a" * 64, created_at=datetime(2026, 12, 1, tzinfo=timezone.utc),
+                             dlbench={"version": "test"}, machine={"hostname": "box", "machine_id": "a" * 64},
+                             device="cpu", threads=1,
+                             matmul_peak={"float32": MatmulCeiling(flops_per_s=1e9, framework="fake", kernel="k")})
+    full_disk(monkeypatch, store / "machines")
+    with pytest.raises(StoreWriteError) as info:
+        ProfileStore(Store(store)).write(profile)
+    kept = _kept(str(info.value), "machine profile")
+    assert kept == info.value.kept and not list((store / "machines").rglob("*.json"))
+    monkeypatch.setattr(performance, "_calibrate", lambda **kw: ProfileStore(kw["store"]).write(profile))
+    code, _, err = invoke("calibrate", "--framework", "fake", "--device", "cpu", "--env", "current",
+                          "--store", str(store))
+    assert code == 1 and err.startswith("error: cannot write ")
+    again = _kept(err, "machine profile")
+    assert again.parent.parent.parent == kept.parent.parent.parent  # one spare store per process: one merge
+    monkeypatch.undo()
+    merge(Store(store), [kept.parent.parent.parent])
+    assert ProfileStore(Store(store)).latest("a" * 64).threads == 1

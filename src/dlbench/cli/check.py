@@ -13,6 +13,7 @@ from .. import paths
 from ..definitions.loader import DefinitionError, load_network
 from ..execution.backends import BACKENDS, backend
 from ..execution.environments import EnvironmentBuildError
+from ..store.store import StoreWriteError
 from . import lookup
 from .console import err, fail, out
 from .options import (
@@ -28,6 +29,7 @@ from .signals import stops_on_signals
 
 
 @stops_on_signals
+@lookup.reports_unsaved_records
 def check(
     framework: FrameworksOption = ["all"],
     network: Annotated[Optional[list[str]], typer.Option(help="Only these networks; repeatable (default: all).")] = None,
@@ -91,13 +93,17 @@ def check(
         table.add_column(col, justify="right" if col in ("params", "logits", "loss", "weights", "update", "round trip")
                          else "left")
     bad = 0
+    unsaved: list[StoreWriteError] = []
     for summary in summaries:
         lr, momentum = step.get(summary.name, (0.01, 0.9))
         with err.status(f"checking {summary.name}"):
             results = check_network(summary, envs, resolved_device, timeout, learning_rate=lr, momentum=momentum,
                                     precision=precision)
         for res in results:
-            checks.save(res)
+            try:
+                checks.save(res)
+            except StoreWriteError as e:  # kept in the spare store; the other checks still go there or in place
+                unsaved.append(e)
             bad += not res.ok
             style = {"equivalent": "green", "reference": "cyan", "skipped": "yellow"}.get(res.status, "red")
             e = res.errors
@@ -113,6 +119,9 @@ def check(
         table.caption = (f"dropout forced to 0 in this check (timed runs use the network's rates): "
                          f"{', '.join(dropped)}")
     out.print(table)
+    if unsaved:  # one error (reports_unsaved_records: exit 1), which says where they are kept
+        more = f" ({len(unsaved) - 1} more check files kept beside it)" if len(unsaved) > 1 else ""
+        raise StoreWriteError(str(unsaved[0]) + more, unsaved[0].kept)
     if bad:
         raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)
 

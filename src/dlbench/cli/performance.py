@@ -293,6 +293,7 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 # ---------------------------------------------------------------------------------------- calibrate
 
 @stops_on_signals
+@lookup.reports_unsaved_records
 def calibrate(
     framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
     workers: Annotated[Optional[int], typer.Option(min=2, help=(

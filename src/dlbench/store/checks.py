@@ -16,10 +16,23 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .store import StoreError, read_regular
+from .store import Store, StoreError, read_regular
 
 
 QUANTITIES = ("logits", "loss", "weights", "update")  # compared with the reference; `worst` is among these
+
+
+def _replace_file(path: Path, content: bytes) -> None:
+    """`path` with `content`, atomically (a temporary file beside it, then os.replace); the
+    temporary file is removed if the write fails part-way."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(content)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def check_precisions(run_precision: str) -> tuple[str, ...]:
@@ -48,11 +61,15 @@ class CheckStore:
         return self.root / f"{safe}.json"
 
     def save(self, result: FrameworkCheck) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Replace the stored check of this network, framework version and precision, whole or not
+        at all. A write the file system refuses (a full disk, a read-only mount) keeps the file in a
+        spare store and raises StoreWriteError saying where (Store.keep_file_elsewhere)."""
         path = self._path(result.network, result.framework, result.framework_version, result.precision)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(result), indent=1))
-        os.replace(tmp, path)
+        content = json.dumps(asdict(result), indent=1).encode()
+        try:
+            _replace_file(path, content)
+        except OSError as e:
+            raise Store(self.root.parent).keep_file_elsewhere(path, content, e, "check") from None
 
     def status(self, network: str, network_hash: str, framework: str, version: str | None,
                precision: str = "float64") -> dict:

@@ -75,7 +75,13 @@ class KernelStore:
         data = json.loads(record.model_dump_json())
         data["checksum"] = checksum_of(data)
         final = self.root / f"{record.run_id}.json"
-        self.store.publish(json.dumps(data, indent=1).encode() + b"\n", final)
+        content = json.dumps(data, indent=1).encode() + b"\n"
+        try:
+            self.store.publish(content, final)
+        except FileExistsError:
+            raise  # a run id already stored: left alone
+        except OSError as e:  # a full disk, a read-only mount: kept where `dlbench store merge` takes it back
+            raise self.store.keep_file_elsewhere(final, content, e, "kernel record") from None
         return final
 
     @staticmethod

@@ -184,11 +184,14 @@ class ProfileStore:
         for _ in range(100):
             revision = (self.revisions(profile.machine_id) or [0])[-1] + 1
             stored = profile.model_copy(update={"revision": revision})
+            content, final = profile_file(stored), self.path(profile.machine_id, revision)
             try:
-                self.store.publish(profile_file(stored), self.path(profile.machine_id, revision))
+                self.store.publish(content, final)
                 return stored
             except FileExistsError:
                 continue  # another calibrate took this revision a moment ago: take the next
+            except OSError as e:  # a full disk, a read-only mount: kept where `dlbench store merge` takes it back
+                raise self.store.keep_file_elsewhere(final, content, e, "machine profile") from None
         raise ProfileError(f"{self._dir(profile.machine_id)}: could not find a free revision")
 
     def machines(self) -> list[str]:

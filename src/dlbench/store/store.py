@@ -264,6 +264,17 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_spare: dict[str, str] = {}
+
+
+def _spare_name() -> str:
+    """The spare store's folder name for this process: <UTC time of its first use>-<pid>."""
+    key = str(os.getpid())
+    if key not in _spare:
+        _spare[key] = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}"
+    return _spare[key]
+
+
 def _host_tag() -> str:
     return re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname()) or "unknown"
 
@@ -312,26 +323,33 @@ class Store:
         return final
 
     def keep_elsewhere(self, run_id: str, content: bytes, error: OSError) -> StoreWriteError:
-        """After a failed write: the record's file put into a store of its own under the cache
-        ($DLBENCH_CACHE/unsaved/<time>-<pid>/runs/, else the temporary folder), whence `dlbench store
-        merge` adds it to this store; the error to raise, saying where it is."""
-        why = f"cannot write {self.runs / (run_id + '.json')}: {error.strerror or error}"
-        stamp = f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{os.getpid()}"
+        """After a failed write of a run record: see keep_file_elsewhere."""
+        return self.keep_file_elsewhere(self.runs / f"{run_id}.json", content, error)
+
+    def keep_file_elsewhere(self, final: Path, content: bytes, error: OSError, what: str = "record") -> StoreWriteError:
+        """After a failed write of `final` (a run record, a kernel record, a check, a machine profile:
+        any file under this store): its content put at the same place in a store of its own under
+        the cache ($DLBENCH_CACHE/unsaved/<time>-<pid>/, else the temporary folder; one per process,
+        so that one merge takes back all a command kept), whence `dlbench store merge` adds it to
+        this store; the error to raise, saying where it is."""
+        relative = Path(final).relative_to(self.root)
+        why = f"cannot write {final}: {error.strerror or error}"
         for base in (paths.cache_dir() / "unsaved", Path(tempfile.gettempdir()) / f"dlbench-unsaved-{os.getuid()}"):
-            spare = Store(base / stamp)
+            spare = Store(base / _spare_name())
             if spare.root.resolve() == self.root.resolve():
                 continue
+            kept = spare.root / relative
             try:
-                spare.publish(content, spare.runs / f"{run_id}.json")
+                spare.publish(content, kept)
             except FileExistsError:
-                pass  # the same run kept before
+                pass  # the same file kept before
             except OSError:
                 continue
-            kept = spare.runs / f"{run_id}.json"
-            return StoreWriteError(f"{why}; the record is kept in {kept}: once the store can take it, "
+            return StoreWriteError(f"{why}; the {what} is kept in {kept}: once the store can take it, "
                                    f"`dlbench store merge {spare.root} --store {self.root}` adds it", kept)
-        return StoreWriteError(f"{why}; nowhere else could take the record either (the cache and the temporary "
-                               "folder refused it too): this run is lost", None)
+        lost = "this run is lost" if what == "record" else f"this {what} is lost"
+        return StoreWriteError(f"{why}; nowhere else could take the {what} either (the cache and the temporary "
+                               f"folder refused it too): {lost}", None)
 
     def check_writable(self, need_bytes: int = MIN_FREE_BYTES) -> None:
         """What `dlbench run` checks before its first benchmark, so that no measurement is made that
