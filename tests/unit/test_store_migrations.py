@@ -81,7 +81,9 @@ def test_every_version_reads_as_the_current_one_with_nothing_lost(tmp_path, vers
         assert rec.summary.ci is None and rec.summary.stability is None and rec.repeat_policy is None
     else:
         assert rec.summary.ci.median_s[0] <= rec.summary.median_s <= rec.summary.ci.median_s[1]
-        assert rec.repeat_policy.kind == "fixed" and rec.summary.stability is not None
+        assert rec.repeat_policy.kind == ("fixed" if version < 8 else "adaptive") and rec.summary.stability is not None
+    if 4 <= version < 8:  # fixed repeats: no target, so no interval it was judged on
+        assert rec.repeat_policy.target_interval is None and rec.repeat_policy.achieved_reported_ci_pct is None
     old_machine = {k: v for k, v in data["machine"].items() if k != "machine_id"}
     assert {k: v for k, v in rec.machine.items() if k != "machine_id"} == old_machine
     assert rec.machine["machine_id"] == machine_id(old_machine)
@@ -110,6 +112,32 @@ def test_the_v4_fixture_is_what_schema_4_writes():
     env = data["environment"]
     assert env["python"] and env["python_version"] and env["packages"]
     assert all("==" in p for p in env["packages"])
+
+
+def test_update_to_8_says_an_older_adaptive_run_was_judged_on_the_bootstrap():
+    data = fixture(7)
+    data["repeat_policy"].update(kind="adaptive", target_ci_pct=2.0, stopped="target_met")
+    out = migrations.update_to_8(json.loads(json.dumps(data)))
+    assert out["repeat_policy"]["target_interval"] == "bootstrap"
+    assert "achieved_reported_ci_pct" not in out["repeat_policy"]  # not recorded then: never made up
+    out["repeat_policy"].pop("target_interval")
+    assert out == data
+    fixed = fixture(7)
+    assert migrations.update_to_8(json.loads(json.dumps(fixed))) == fixed
+
+
+def test_the_v8_fixture_stopped_on_the_reported_interval():
+    from dlbench.store.intervals import reported_interval
+    from dlbench.store.record import Record
+
+    data = fixture(8)
+    assert data["checksum"] == checksum_of(data)
+    rec = Record.model_validate({k: v for k, v in data.items() if k != "checksum"})
+    policy = rec.repeat_policy
+    assert policy.kind == "adaptive" and policy.target_interval == "reported" and policy.stopped == "target_met"
+    shown = reported_interval(rec.summary, rec.workload.batch_size).half_width_pct
+    assert policy.achieved_reported_ci_pct == pytest.approx(shown) and shown <= policy.target_ci_pct
+    assert policy.achieved_ci_pct == rec.summary.ci.half_width_pct
 
 
 def test_a_newer_version_is_refused_by_name(tmp_path):

@@ -62,8 +62,8 @@ def run(
     max_repeats: Annotated[Optional[int], typer.Option(
         "--max-repeats", help="Adaptive repeats: the most worker processes per run (needs --target-ci).")] = None,
     target_ci: Annotated[Optional[float], typer.Option("--target-ci", metavar="PCT", help=(
-        "Adaptive repeats: add repeats until the 95% CI half-width of the median is under PCT percent of "
-        "it, or --max-repeats is reached."))] = None,
+        "Adaptive repeats: add repeats until the half-width of the median's reported 95% interval (the ±% "
+        "the tables show) is under PCT percent of it, or --max-repeats is reached."))] = None,
     store: StoreOption = None,
     timeout: TimeoutOption = 1800.0,
     sample_interval: Annotated[float, typer.Option("--sample-interval", min=10, max=1000,

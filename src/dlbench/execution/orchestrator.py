@@ -30,6 +30,7 @@ from ..analysis.timing import summarise
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
+from ..store.intervals import reported_interval
 from ..telemetry.contention import DEFAULT_THRESHOLD_PCT, wait_for_quiet, window_contention
 from ..store.record import NetworkInfo, Record, Repeat, RepeatPolicy, Settings, Workload, new_run_id
 from ..store.store import Store
@@ -55,7 +56,7 @@ class RunOptions:
     telemetry: TelemetryConfig | None = None  # None: no sampling (--no-telemetry)
     nvml_module: str = "pynvml"  # the NVML binding the sampler imports (tests substitute a fake)
     max_repeats: int | None = None  # adaptive repeats: the cap (None: fixed repeats)
-    target_ci_pct: float | None = None  # adaptive repeats: stop when the CI half-width is this % of the median
+    target_ci_pct: float | None = None  # adaptive repeats: stop when the reported interval's half-width is this % of the median
     # the performance model's prediction of a run (a dict of store.record.Prediction), made before
     # it runs and kept in its record (performance/runtime.py: RunPredictor); None: nothing predicted
     predictor: Callable[..., dict | None] | None = None
@@ -134,6 +135,12 @@ class SilentEvents:
     def run_started(self, run, repeats): pass
     def repeat_done(self, run, repeat): pass
     def run_done(self, run, record): pass
+
+
+def _reported_half_width(summary, batch_size: int) -> float | None:
+    """The half-width (% of the median) of the interval the tables show for this summary."""
+    shown = reported_interval(summary, batch_size)
+    return shown.half_width_pct if shown is not None else None
 
 
 def plan(runners: list[RunnerInfo], benchmarks: list[Benchmark]) -> list[PlannedRun]:
@@ -294,8 +301,10 @@ class Orchestrator:
                     status, reason, stopped = outcome.status, outcome.reason, "failed_repeat"
                     break
                 if opts.adaptive and len([r for r in repeats if r.status == "ok"]) >= min_repeats:
+                    # judged on the interval the tables show (store/intervals.py), not the bootstrap alone
                     summary = summarise(repeats, run.batch_size)
-                    if summary and summary.ci and summary.ci.half_width_pct <= opts.target_ci_pct:
+                    shown = reported_interval(summary, run.batch_size)
+                    if shown is not None and shown.half_width_pct <= opts.target_ci_pct:
                         stopped = "target_met"
                         break
         if status != "ok":
@@ -325,6 +334,8 @@ class Orchestrator:
                 kind="adaptive" if opts.adaptive else "fixed", min_repeats=min_repeats, max_repeats=max_repeats,
                 target_ci_pct=opts.target_ci_pct, stopped=stopped,
                 achieved_ci_pct=summary.ci.half_width_pct if summary and summary.ci else None,
+                target_interval="reported" if opts.adaptive else None,
+                achieved_reported_ci_pct=_reported_half_width(summary, run.batch_size),
                 contention_threshold_pct=opts.contention_threshold_pct if opts.telemetry else None,
                 max_replacements=opts.max_replacements, replaced=replaced,
                 quiet_wait_s=opts.quiet_wait_s or None),

@@ -71,7 +71,18 @@ def update_to_7(data: dict) -> dict:
     return data
 
 
-STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7}
+def update_to_8(data: dict) -> dict:
+    """8 judged --target-ci on the reported interval and recorded its half-width
+    (`achieved_reported_ci_pct`, left absent: the tables derive it on read); an adaptive record
+    before 8 stopped on the stored bootstrap's half-width, which its `target_interval` now says."""
+    policy = data.get("repeat_policy")
+    if isinstance(policy, dict) and policy.get("kind") == "adaptive" and "target_interval" not in policy:
+        policy["target_interval"] = "bootstrap"
+    return data
+
+
+STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
+         8: update_to_8}
 
 
 def upgrade(data: dict, target: int) -> dict:

@@ -57,6 +57,15 @@ records step by step and refuse newer ones):
     weights, update), `check_s` (the seconds of the check that gave it) and `checked_by`
     (`dlbench run` or `dlbench check`). Older records read with contention {"measured": false}
     on their repeats (update_to_7).
+  8 (2026-12-02) adaptive repeats judged on the reported interval: `--target-ci` stops when the
+    half-width of the interval the tables show (store/intervals.py: Student's t on the log repeat
+    medians widened to the stored bootstrap) is within the target, no longer the stored
+    bootstrap's. `repeat_policy.target_interval` says which interval the target was judged on
+    ("reported"; "bootstrap" for the adaptive records before 8, None for fixed repeats) and
+    `repeat_policy.achieved_reported_ci_pct` the reported interval's half-width (% of the median)
+    when the run stopped; `achieved_ci_pct` keeps its meaning, the stored bootstrap's half-width.
+    Older records read with `target_interval` "bootstrap" where adaptive and no
+    `achieved_reported_ci_pct` (the tables derive their reported interval on read) (update_to_8).
 """
 
 from __future__ import annotations
@@ -68,7 +77,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -210,8 +219,13 @@ class RepeatPolicy(_Model):
     kind: Literal["fixed", "adaptive"]
     min_repeats: Int64  # the profile's or --repeats; adaptive runs check their interval from here on
     max_repeats: Int64  # --max-repeats (= min_repeats when fixed)
-    target_ci_pct: float | None = None  # --target-ci: half-width of the median's CI, % of the median
-    achieved_ci_pct: float | None = None
+    target_ci_pct: float | None = None  # --target-ci: half-width of the median's interval, % of the median
+    achieved_ci_pct: float | None = None  # the stored bootstrap interval's (Summary.ci) half-width, %
+    # schema 8: which interval the target was judged on ("reported": store/intervals.py, what the
+    # tables show; "bootstrap": Summary.ci, adaptive runs before 8; None: fixed repeats), and the
+    # reported interval's half-width, % of the median, when the run stopped (None before 8)
+    target_interval: Literal["reported", "bootstrap"] | None = None
+    achieved_reported_ci_pct: float | None = None
     # fixed: ran the repeats asked for; target_met / cap_reached: adaptive outcomes;
     # failed_repeat: a repeat did not complete (failed, timeout, skipped); not_started: no environment
     stopped: Literal["fixed", "target_met", "cap_reached", "failed_repeat", "not_started"]
