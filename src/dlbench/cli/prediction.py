@@ -1,6 +1,8 @@
-"""`dlbench predict`: an iteration's time per phase from a machine profile, and with `--accuracy`
-the prediction error of the runs in the store. The model is src/dlbench/performance/; input is
-checked here before anything is predicted (exit 2, one message)."""
+"""`dlbench predict`: an iteration's time per phase from a machine profile, with `--suite` the
+machines compared for each of a suite's benchmarks (performance/choice.py), and with `--accuracy`
+the prediction error of the runs in the store. A machine profile is a calibrated one from the store,
+or a shipped datasheet machine (suites/machines/, performance/datasheet.py) by its name. The model is
+src/dlbench/performance/; input is checked here before anything is predicted (exit 2, one message)."""
 
 from __future__ import annotations
 
@@ -27,10 +29,16 @@ def predict(
     framework: Annotated[Optional[str], typer.Option(help="Whose measured kernel times to use.")] = None,
     batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size (per worker).")] = None,
     mode: Annotated[str, typer.Option(help="train | infer")] = "train",
-    workers: Annotated[int, typer.Option(min=1, help="Synchronous data-parallel workers.")] = 1,
-    machine: Annotated[Optional[str], typer.Option(help=(
-        "Machine profile: a file, or a machine id or hostname with @REVISION for an older one "
-        "(default: this machine's latest).")) ] = None,
+    workers: Annotated[Optional[list[int]], typer.Option(min=1, help=(
+        "Synchronous data-parallel workers (default 1); with --suite, repeatable: each count compared.")) ] = None,
+    machine: Annotated[Optional[list[str]], typer.Option(help=(
+        "Machine profile: a shipped datasheet machine by name (a100, h100, h200, l4, mi300x: "
+        "suites/machines/), a profile file, or a machine id or hostname with @REVISION for an older one "
+        "(default: this machine's latest); with --suite, repeatable: the machines compared.")) ] = None,
+    efficiency: Annotated[Optional[list[str]], typer.Option(help=(
+        "For datasheet machines: CLASS=VALUE (matmul, convolution, attention, elementwise, all_reduce: "
+        "the fraction of the peak reached) or a YAML file of the form of suites/machines/efficiency.yaml; "
+        "repeatable.")) ] = None,
     schedule: Annotated[Optional[str], typer.Option(help=(
         "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine, "
         "as its runners/FW/runner.toml [model] states it).")) ] = None,
@@ -43,7 +51,9 @@ def predict(
     recompute: Annotated[bool, typer.Option("--recompute", help=(
         "With --accuracy: predict every run again from the profile (--machine) instead of using the "
         "prediction its record kept.")) ] = False,
-    suite: Annotated[Optional[list[str]], typer.Option(help="With --accuracy: only these suites; repeatable.")] = None,
+    suite: Annotated[Optional[list[str]], typer.Option(help=(
+        "Compare the --machine profiles on each benchmark of this suite (default profile's batch sizes), "
+        "ranked; with --accuracy: only these suites. Repeatable.")) ] = None,
     runs: Annotated[bool, typer.Option("--runs", help="With --accuracy: list every run too.")] = False,
     layers: Annotated[bool, typer.Option("--layers", help="The time of every layer too.")] = False,
     format: FormatOption = "table",
@@ -53,16 +63,39 @@ def predict(
     from ..performance.communication import SCHEDULES
 
     check_format(format)
+    machines, counts = machine or [], workers or [1]
+    settings = _efficiency(efficiency)
     if accuracy:
         given = [o for o, v in (("--network", network), ("--batch", batch), ("--schedule", schedule),
                                 ("--io-bandwidth", io_bandwidth)) if v is not None]
-        if given or workers != 1:
+        if given or counts != [1]:
             raise fail(f"--accuracy scores the runs in the store; {', '.join(given) or '--workers'} is for one prediction")
-        _accuracy(store=lookup.open_store(store), suites=suite, frameworks=[framework] if framework else None,
-                  recompute=recompute, machine=machine, fmt=format, runs=runs)
+        if len(machines) > 1:
+            raise fail("--accuracy --recompute predicts from one --machine")
+        st = lookup.open_store(store)
+        profile = _profile(machines[0] if machines else None, st, settings) if recompute else None
+        _accuracy(store=st, suites=suite, frameworks=[framework] if framework else None,
+                  profile=profile, fmt=format, runs=runs)
         return
-    if recompute or suite or runs:
-        raise fail("--recompute, --suite and --runs go with --accuracy")
+    if recompute or runs:
+        raise fail("--recompute and --runs go with --accuracy")
+    if suite:
+        given = [o for o, v in (("--network", network), ("--batch", batch), ("--io-bandwidth", io_bandwidth),
+                                ("--threads", threads)) if v is not None]
+        if given:
+            raise fail(f"--suite compares machines on the suite's benchmarks; {', '.join(given)} is for one prediction")
+        if framework is None:
+            raise fail("predict --suite needs --framework")
+        check_choice("framework", framework, lookup.registry().names())
+        if schedule is not None:
+            check_choice("schedule", schedule, list(SCHEDULES))
+        st = lookup.open_store(store)
+        _choose(suites=suite, framework=framework, profiles=[_profile(m, st, settings) for m in machines or [None]],
+                workers=counts, schedule=schedule, fmt=format)
+        return
+    if len(machines) > 1 or len(counts) > 1:
+        raise fail("several --machine or --workers values go with --suite (one prediction takes one of each)")
+    machine, workers = (machines[0] if machines else None), counts[0]
     missing = [o for o, v in (("--network", network), ("--framework", framework), ("--batch", batch)) if v is None]
     if missing:
         raise fail(f"predict needs {', '.join(missing)} (or --accuracy)")
@@ -75,7 +108,59 @@ def predict(
         raise fail("--workers above 1 needs --mode train: only training exchanges gradients")
     _predict(network=network, framework=framework, batch=batch, mode=mode, workers=workers, machine=machine,
              schedule=schedule, precision=precision, threads=threads, io_bandwidth=io_bandwidth,
-             store=lookup.open_store(store), fmt=format, layers=layers)
+             store=lookup.open_store(store), fmt=format, layers=layers, settings=settings)
+
+
+def _efficiency(values: list[str] | None):
+    """--efficiency: (user files, CLASS=VALUE settings), checked; None when not given."""
+    from ..definitions.machines import load_efficiency
+    from ..performance.datasheet import parse_efficiency_setting
+
+    if not values:
+        return None
+    files, settings = [], {}
+    for v in values:
+        if "=" not in v and Path(v).suffix in (".yaml", ".yml"):
+            try:
+                files.append(load_efficiency(Path(v)))
+            except DefinitionError as e:
+                raise fail(str(e)) from None
+            continue
+        try:
+            name, number = parse_efficiency_setting(v)
+        except ValueError as e:
+            raise fail(str(e)) from None
+        settings[name] = number
+    return files, settings
+
+
+def _profile(spec: str | None, store: Store, settings=None):
+    """--machine: a shipped datasheet machine by name (datasheet:NAME too), else what
+    ProfileStore.resolve finds (a file, a machine id or hostname, this machine's latest)."""
+    from ..performance.datasheet import DatasheetMachines
+    from ..store.profiles import ProfileError, ProfileStore
+
+    catalog = lookup.catalog()
+    name = spec.removeprefix("datasheet:") if spec else None
+    if name is not None and not Path(spec).is_file() and (name in catalog.machine_names() or spec != name):
+        try:
+            machines = DatasheetMachines(catalog.machines_dir)
+            if settings is not None:
+                files, values = settings
+                eff = machines.efficiency
+                for f in files:
+                    eff = eff.overridden(f, origin="--efficiency file")
+                machines.efficiency = eff.overridden(values=values, origin="--efficiency")
+            return machines.profile(name, lookup.registry().names())
+        except DefinitionError as e:
+            raise fail(str(e)) from None
+    if settings is not None:
+        raise fail(f"--efficiency applies to datasheet machines ({', '.join(catalog.machine_names())}); "
+                   f"--machine {spec or '(this machine)'} is a measured profile")
+    try:
+        return ProfileStore(store).resolve(spec, fingerprint()["machine_id"])
+    except ProfileError as e:
+        raise fail(str(e)) from None
 
 
 def _network_summary(network: str):
@@ -98,17 +183,13 @@ def _network_summary(network: str):
 
 def _predict(*, network: str, framework: str, batch: int, mode: str, workers: int, machine: str | None,
              schedule: str | None, precision: str, threads: int | None, io_bandwidth: float | None,
-             store: Store, fmt: str, layers: bool) -> None:
+             store: Store, fmt: str, layers: bool, settings=None) -> None:
     from ..performance.model import DataPath, PredictionError
     from ..performance.model import predict as predict_iteration
     from ..performance.workload import decompose
-    from ..store.profiles import ProfileError, ProfileStore
 
     summary = _network_summary(network)
-    try:
-        profile = ProfileStore(store).resolve(machine, fingerprint()["machine_id"])
-    except ProfileError as e:
-        raise fail(str(e)) from None
+    profile = _profile(machine, store, settings)
     work = decompose(summary.resolved, batch, mode, precision)
     path = DataPath(work.input_bytes_per_sample, read_bytes_per_s=io_bandwidth * 1e9 if io_bandwidth else None)
     try:
@@ -118,7 +199,7 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
         raise fail(str(e)) from None
     if fmt == "json":
         data = {"network": summary.name, "framework": framework, "batch_per_worker": batch, "mode": mode,
-                "precision": precision, **p.to_record(),
+                "precision": precision, "source": profile.source, **p.to_record(),
                 "layers": [{"index": l.index, "label": l.label, "params": l.params, "forward_s": l.forward_s,
                             "backward_s": l.backward_s, "update_s": l.update_s, "measured_s": l.measured_s,
                             "estimated_s": l.estimated_s} for l in p.layers],
@@ -129,7 +210,7 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
         return
     title = (f"predicted {summary.name} {mode}, {framework}, batch {batch}"
              + (f" per worker x {workers} workers ({p.schedule.kind})" if workers > 1 else "")
-             + f"; machine profile {p.profile}")
+             + f"; machine profile {p.profile}" + (" (datasheet, not measured)" if profile.source == "datasheet" else ""))
     t = Table(title=escape(title))
     for col in ("phase", "ms", "share"):
         t.add_column(col, justify="left" if col == "phase" else "right")
@@ -144,9 +225,13 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
     if workers > 1:
         t.add_row("communication, all of it", f"{p.communication_s * 1e3:.3f}",
                   f"{len(p.schedule.groups)} messages")
-    t.caption = (f"{100 * p.measured_share:.0f}% of the compute time from measured kernel times; "
-                 f"{len(p.unmeasured)} kernels estimated by the roofline; {total and batch * workers / total:,.1f} "
-                 "samples/s")
+    if profile.source == "datasheet":
+        t.caption = (f"datasheet: published peaks x stated efficiencies, no measured kernel; "
+                     f"{total and batch * workers / total:,.1f} samples/s")
+    else:
+        t.caption = (f"{100 * p.measured_share:.0f}% of the compute time from measured kernel times; "
+                     f"{len(p.unmeasured)} kernels estimated by the roofline; {total and batch * workers / total:,.1f} "
+                     "samples/s")
     out.print(t)
     if layers:
         lt = Table(title="per layer (ms)")
@@ -164,18 +249,11 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
 # ---------------------------------------------------------------------------------------- accuracy
 
 
-def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, recompute: bool,
-              machine: str | None, fmt: str, runs: bool) -> None:
+def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, profile,
+              fmt: str, runs: bool) -> None:
     from ..performance.accuracy import accuracy_table_rows, prediction_errors
-    from ..store.profiles import ProfileError, ProfileStore
     from ..store.store import Unreadable
 
-    profile = None
-    if recompute:
-        try:
-            profile = ProfileStore(store).resolve(machine, fingerprint()["machine_id"])
-        except ProfileError as e:
-            raise fail(str(e)) from None
     unreadable: list[Unreadable] = []
     records = [r for r in store.records(unreadable)
                if (not suites or r.suite in suites) and (not frameworks or r.framework.get("name") in frameworks)]
@@ -213,3 +291,43 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
                        f"{row['predicted_s'] * 1e3:.2f}" if row["predicted_s"] else "",
                        f"{100 * row['error']:+.1f}%" if row["error"] is not None else "")
         out.print(rt)
+
+
+# ------------------------------------------------------------------------------------------- choice
+
+
+def _choose(*, suites: list[str], framework: str, profiles: list, workers: list[int], schedule: str | None,
+            fmt: str) -> None:
+    """`predict --suite S --machine A --machine B`: performance/choice.py's rows, one table per benchmark."""
+    from ..performance.choice import compare_machines, jobs_of_suite
+
+    device = "cuda" if any(p.device == "cuda" for p in profiles) else profiles[0].device
+    jobs = [job for name in suites for s in lookup.load_suites(name, "default", device) for job in jobs_of_suite(s.benchmarks)]
+    facts = lookup.runner(lookup.registry(), framework).model
+    rows = compare_machines(jobs, framework, profiles, workers, facts, schedule)
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"framework": framework, "suites": suites, "device": device,
+                                     "rows": [r.to_dict() for r in rows]}, indent=1) + "\n")
+        return
+    by_job: dict[tuple, list] = {}
+    for r in rows:
+        by_job.setdefault((r.benchmark, r.batch, r.precision), []).append(r)
+    for (bench, batch, precision), group in by_job.items():
+        t = Table(title=escape(f"{bench}, {framework}, batch {batch} per worker, {precision}"))
+        for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample"):
+            t.add_column(col, justify="left" if col in ("machine", "source") else "right")
+        for r in group:
+            if r.error is not None:
+                t.add_row("", escape(r.machine), r.source, str(r.workers), escape(f"not predicted: {r.error}"), "", "")
+                continue
+            t.add_row(str(r.rank), escape(r.machine), r.source, str(r.workers), f"{r.iteration_s * 1e3:.3f}",
+                      f"{r.samples_per_s:,.1f}",
+                      f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "")
+        out.print(t)
+    notes = ["ranked by samples/s (workers x per-worker batch / iteration); J/sample: the boards at their "
+             "maximum power for the whole iteration (an upper bound), where the profile states it"]
+    if any(p.source == "datasheet" for p in profiles):
+        notes.append("datasheet rows: the vendor's published peaks corrected by stated efficiencies "
+                     "(suites/machines/efficiency.yaml), not measurements")
+    for n in notes:
+        err.print(f"note: {escape(n)}", highlight=False, soft_wrap=True)

@@ -24,6 +24,7 @@ class SuiteCatalog:
     def __init__(self, root: Path):
         self.root = root
         self.networks_dir = root / "networks"
+        self.machines_dir = root / "machines"  # datasheet machines (machines.py) and efficiency.yaml
 
     def suite_names(self) -> list[str]:
         """The single-process suites (what `--suite all` runs); see distributed_suite_names."""
@@ -58,6 +59,16 @@ class SuiteCatalog:
         if self.suite_kind(path) == "comm":
             return load_comm(path, data, profile)
         return load_distributed(path, data, profile, device, self._network_path)
+
+    def machine_names(self) -> list[str]:
+        """The shipped datasheet machines (suites/machines/<name>.yaml), by name."""
+        return sorted(p.stem for p in self.machines_dir.glob("*.yaml") if p.stem != "efficiency")
+
+    def machine_path(self, name: str) -> Path | None:
+        return self.machines_dir / f"{name}.yaml" if name in self.machine_names() else None
+
+    def efficiency_path(self) -> Path:
+        return self.machines_dir / "efficiency.yaml"
 
     def network_names(self) -> list[str]:
         return sorted(p.stem for p in self.networks_dir.glob("*.yaml"))

@@ -104,6 +104,12 @@ GELU_FLOPS = {"gelu_fwd": 8, "gelu_bwd": 16}  # per element (definitions/layers/
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
 MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum",
                 "layer_norm_fwd", "layer_norm_bwd", "gelu_fwd", "gelu_bwd")
+# The operation class of each kind whose work runs on the matrix units (definitions/machines.py
+# OP_CLASSES): a datasheet profile divides its FLOPs by the peak times that class's efficiency. Every
+# other kind, and work that is no kernel, is "elementwise" (memory-bound).
+OP_CLASS = {"matmul": "matmul", "batched_matmul": "matmul", "lstm_step_fwd": "matmul", "lstm_step_bwd": "matmul",
+            "lstm_layer_fwd": "matmul", "lstm_layer_bwd": "matmul", "conv2d_fwd": "convolution",
+            "conv2d_bwd": "convolution", "attention_fwd": "attention", "attention_bwd": "attention"}
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,12 @@ parameters, whose gradient they delay.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
 from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
-from .kernels import KernelSpec
+from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
 
 MODEL_VERSION = 1
@@ -160,15 +161,31 @@ class Prediction:
                 "notes": list(self.notes)}
 
 
-def roofline_time(op: Op, profile: MachineProfile, framework: str | None = None) -> float:
+def op_class(op: Op) -> str:
+    """matmul, convolution, attention (work on the matrix units) or elementwise (the rest)."""
+    return OP_CLASS.get(op.kernel.kind, "elementwise") if op.kernel is not None else "elementwise"
+
+
+def roofline_time(op: Op, profile: MachineProfile, framework: str | None = None, tf32: bool = False) -> float:
     """One execution at the ceilings: max(FLOPs / peak, bytes / bandwidth at its size), the bandwidth
-    being the framework's element-wise one where calibrate measured it, else the machine's copy."""
+    being the framework's element-wise one where calibrate measured it, else the machine's copy.
+    A profile's `efficiency` (a datasheet profile's) scales the peak by the operation's class and
+    the bandwidth by `elementwise`; `tf32`: float32 products at the profile's TF32 rate, where it has one."""
     dtype = op.kernel.dtype if op.kernel is not None else "float32"
-    peak = profile.peak_flops(dtype)
+    kind = op_class(op)
+    peak = profile.peak_flops("tf32" if tf32 and dtype == "float32" and kind != "elementwise" else dtype)
     bandwidth = profile.bandwidth(op.bytes, framework)
+    if peak is None and kind == "elementwise" and bandwidth is not None and profile.source == "datasheet":
+        peak = math.inf  # a sheet without a vector rate: memory-bound work by its bytes alone
     if peak is None or bandwidth is None:
+        if profile.source == "datasheet":
+            raise PredictionError(f"{profile.ref} gives no {'peak rate' if peak is None else 'memory bandwidth'} "
+                                  f"for {dtype} (its datasheet file lists what was not found); try another --precision")
         raise PredictionError(f"profile {profile.ref} has no {'matmul peak' if peak is None else 'copy bandwidth'}; "
                               "run `dlbench calibrate`")
+    if kind != "elementwise":  # element-wise FLOPs run at the vector rate, unscaled: they are memory-bound
+        peak *= profile.efficiency.get(kind, 1.0)
+    bandwidth *= profile.efficiency.get("elementwise", 1.0)
     return max(op.flops / peak, op.bytes / bandwidth)
 
 
@@ -180,11 +197,12 @@ def kernel_roofline(kernel: KernelSpec, profile: MachineProfile) -> float:
 
 
 def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
-            compiled: bool = False) -> tuple[float, float, list[str]]:
+            compiled: bool = False, tf32: bool = False) -> tuple[float, float, list[str]]:
     """(seconds for all `op.repeat` executions, how many of them come from measured kernel times, the
     keys of the kernels estimated by the roofline instead); `compiled`: the framework's step is one
-    compiled call (FrameworkFacts.step graph). The op's kernel, else the first measured alternative,
-    else the sum of its parts (each timed so in turn), else its roofline."""
+    compiled call (FrameworkFacts.step graph); `tf32`: the run's precision is tf32 (roofline_time).
+    The op's kernel, else the first measured alternative, else the sum of its parts (each timed so
+    in turn), else its roofline."""
     call = profile.dispatch_s.get(framework, 0.0)
     candidates = ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives)
     for kernel, count in candidates:
@@ -201,12 +219,12 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
         seconds = from_measured = 0.0
         parts_missing: list[str] = []
         for part in op.parts:
-            s, m, keys = op_time(part, framework, profile, measured, compiled)
+            s, m, keys = op_time(part, framework, profile, measured, compiled, tf32)
             seconds, from_measured = seconds + s, from_measured + m
             parts_missing += keys
         return op.repeat * seconds, op.repeat * from_measured, (parts_missing if from_measured else
                                                                 missing + parts_missing)
-    return op.repeat * (roofline_time(op, profile, framework) + (0.0 if compiled else call)), 0.0, missing
+    return op.repeat * (roofline_time(op, profile, framework, tf32) + (0.0 if compiled else call)), 0.0, missing
 
 
 def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,
@@ -217,7 +235,9 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
     facts = facts or FrameworkFacts()
     measured = profile.kernels.get(framework, {})
     notes: list[str] = []
-    if not measured:
+    if profile.source == "datasheet":
+        notes.append(datasheet_note(profile))
+    elif not measured:
         notes.append(f"no kernel times of {framework} in the profile: every operation is a roofline estimate")
     if threads is not None and profile.threads is not None and threads != profile.threads:
         notes.append(f"the profile was measured with {profile.threads} threads, this run uses {threads}")
@@ -229,7 +249,8 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         lt = LayerTimes(work.index, work.label, work.params)
         for phase, ops in (("forward_s", work.forward), ("backward_s", work.backward), ("update_s", work.update)):
             for op in ops:
-                seconds, from_measured, missing = op_time(op, framework, profile, measured, facts.compiled)
+                seconds, from_measured, missing = op_time(op, framework, profile, measured, facts.compiled,
+                                                          workload.precision == "tf32")
                 setattr(lt, phase, getattr(lt, phase) + seconds)
                 lt.measured_s += from_measured
                 lt.estimated_s += seconds - from_measured
@@ -278,8 +299,20 @@ def gradient_layers(layers: list[LayerTimes]) -> tuple[list[float], list[float]]
     return t_b[::-1], p[::-1]
 
 
+def datasheet_note(profile: MachineProfile) -> str:
+    """What every prediction from a datasheet profile says about itself."""
+    factors = ", ".join(f"{k} {v:g}" for k, v in profile.efficiency.items())
+    return (f"datasheet prediction ({profile.ref}): the vendor's published peaks and bandwidths corrected by "
+            f"stated efficiencies ({factors}) and an assumed launch overhead: an estimate from an upper bound, "
+            "not a measurement")
+
+
 def all_reduce_cost(profile: MachineProfile, framework: str, workers: int, notes: list[str]) -> AllReduceCost:
     fit = profile.comm_fit(framework, workers)
+    if profile.source == "datasheet" and (fit is None or fit.workers != workers):
+        most = max((c.workers for c in profile.comm), default=1)
+        raise PredictionError(f"{profile.ref} describes one node of up to {most} GPUs; {workers} workers would need "
+                              "the network between nodes, which no datasheet file gives")
     if fit is None:
         others = sorted({c.framework for c in profile.comm})
         if not others:

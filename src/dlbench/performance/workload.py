@@ -111,6 +111,7 @@ class Workload:
     dtype: str  # of the kernels (float32, or the compute type of mixed precision)
     layers: list[LayerWork]
     input_bytes_per_sample: int  # one sample's input and label, as a data path carries them
+    precision: str = "fp32"  # the run's (suite.PRECISIONS): tf32 computes float32 products at the TF32 rate
 
     @property
     def params(self) -> int:
@@ -215,7 +216,7 @@ def decompose(network: dict, batch: int, mode: str, precision: str = "fp32") -> 
         input_bytes = 8 * (inp["sequence_length"] + len(inp["masked_positions"]) + 1)
     else:  # float32 features, an int64 class
         input_bytes = ELEMENT_BYTES * _numel(inp["shape"]) + 8
-    return Workload(network["name"], batch, mode, dtype, layers, input_bytes)
+    return Workload(network["name"], batch, mode, dtype, layers, input_bytes, precision)
 
 
 def op_kernels(op: Op) -> list[KernelSpec]:

@@ -388,6 +388,8 @@ def prediction_context(record: Record) -> dict | None:
         return None
     measured = record.summary.median_s if record.summary is not None else None
     return {"profile": p.profile, "workers": p.workers, "schedule": p.schedule, "problem": p.error,
+            # a shipped datasheet's figures x stated efficiencies (performance/datasheet.py), not a measured profile
+            "datasheet": p.profile.startswith("datasheet:"),
             "predicted_ms": p.iteration_s * 1e3 if p.iteration_s else None,
             "error_pct": 100 * (p.iteration_s / measured - 1) if p.iteration_s and measured else None,
             "phases": [(name.replace("_", " "), seconds * 1e3) for name, seconds in p.phases.items() if seconds],

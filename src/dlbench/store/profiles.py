@@ -93,9 +93,17 @@ class MachineProfile(_Model):
     comm: list[CommFit] = []
     sources: dict[str, Any] = {}  # run ids and worker results the ceilings came from
     notes: list[str] = []
+    # "measured": made by calibrate on the machine; "datasheet": made from a vendor's published
+    # figures (performance/datasheet.py), never stored, its ceilings peaks that `efficiency` corrects
+    source: Literal["measured", "datasheet"] = "measured"
+    # operation class (matmul, convolution, attention, elementwise) -> the fraction of the peak
+    # (of the bandwidth, for elementwise) the roofline divides by; absent: 1 (a measured ceiling)
+    efficiency: dict[str, float] = {}
 
     @property
     def ref(self) -> str:
+        if self.source == "datasheet":
+            return f"datasheet:{self.machine_id}"
         return f"{self.machine_id[:12]}@{self.revision}"
 
     def peak_flops(self, dtype: str = "float32") -> float | None:
