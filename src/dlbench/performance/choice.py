@@ -1,0 +1,99 @@
+"""Which machine for this job: each benchmark predicted on several machines and worker counts, ranked.
+
+`compare_machines` predicts every (benchmark, batch) of a suite on every machine profile given (a
+calibrated one, or a datasheet's: performance/datasheet.py) at every worker count, and returns one
+row per prediction: iteration time, samples per second (workers x per-worker batch / iteration) and,
+where the profile states the board's power, the energy per sample (power x workers x iteration /
+(workers x batch): the board at its maximum power the whole iteration, so an upper bound). Rows are
+ranked per benchmark, batch and precision by samples per second, fastest first; a prediction the
+profile cannot make (a precision its datasheet gives no rate for, more workers than one node holds)
+is a row with its reason and no rank, after the ranked ones.
+
+The rows are plain data (`ChoiceRow.to_dict`): the CLI prints them as a table (`dlbench predict
+--suite S --machine A --machine B`), and a scheduler can consume them as they are. Inference runs
+exchange no gradients, so they are predicted at one worker only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+
+from ..store.profiles import MachineProfile
+from .datasheet import board_power_w
+from .model import FrameworkFacts, PredictionError, predict
+from .workload import decompose
+
+
+@dataclass(frozen=True)
+class Job:
+    """One benchmark at one per-worker batch: what is predicted on each machine."""
+
+    benchmark: str
+    network: dict  # the resolved network (definitions/network.py)
+    batch: int  # per worker
+    mode: str
+    precision: str = "fp32"
+
+
+@dataclass
+class ChoiceRow:
+    benchmark: str
+    batch: int  # per worker
+    precision: str
+    machine: str  # the profile's ref (datasheet:<name>, or <machine id>@<revision>)
+    source: str  # datasheet | measured
+    workers: int
+    iteration_s: float | None = None
+    samples_per_s: float | None = None
+    power_w: float | None = None  # all workers' boards at their maximum
+    energy_per_sample_j: float | None = None
+    rank: int | None = None  # 1 = the most samples per second for this benchmark, batch and precision
+    error: str | None = None  # why this machine cannot be predicted for it
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare_machines(jobs: Iterable[Job], framework: str, profiles: Iterable[MachineProfile],
+                     workers: Iterable[int] = (1,), facts: FrameworkFacts | None = None,
+                     schedule: str | None = None) -> list[ChoiceRow]:
+    """Every job on every profile at every worker count, ranked per (benchmark, batch, precision)."""
+    profiles, counts = list(profiles), sorted(set(workers))
+    groups: dict[tuple[str, int, str], list[ChoiceRow]] = {}
+    for job in jobs:
+        work = decompose(job.network, job.batch, job.mode, job.precision)
+        rows = groups.setdefault((job.benchmark, job.batch, job.precision), [])
+        for profile in profiles:
+            for n in counts:
+                if n > 1 and job.mode != "train":
+                    continue
+                row = ChoiceRow(job.benchmark, job.batch, job.precision, profile.ref, profile.source, n)
+                try:
+                    p = predict(work, framework, profile, n, schedule, facts=facts)
+                except (PredictionError, ValueError) as e:
+                    row.error = str(e)
+                else:
+                    row.iteration_s = p.iteration_s
+                    row.samples_per_s = n * job.batch / p.iteration_s if p.iteration_s > 0 else None
+                    board = board_power_w(profile)
+                    if board is not None:
+                        row.power_w = n * board
+                        row.energy_per_sample_j = row.power_w * p.iteration_s / (n * job.batch)
+                rows.append(row)
+    out: list[ChoiceRow] = []
+    for rows in groups.values():
+        ranked = sorted((r for r in rows if r.samples_per_s is not None), key=lambda r: -r.samples_per_s)
+        for i, r in enumerate(ranked, 1):
+            r.rank = i
+        out += ranked + [r for r in rows if r.samples_per_s is None]
+    return out
+
+
+def jobs_of_suite(benchmarks: Iterable, batches: Mapping[str, Iterable[int]] | None = None) -> list[Job]:
+    """The jobs of a suite's Benchmark objects (definitions/suite.py): one per batch size."""
+    out = []
+    for b in benchmarks:
+        for batch in (batches or {}).get(b.name, b.batch_sizes):
+            out.append(Job(b.name, b.network.resolved, batch, b.mode, b.precision))
+    return out
