@@ -11,7 +11,10 @@ fused core, where it was not measured, the sum of its parts: the batched product
 and the softmax); any other operation takes its roofline time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set),
 the bandwidth being what the framework's own element-wise operation (relu) reached at that size
 where calibrate measured it, else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
-is reported beside it.
+is reported beside it. A datasheet profile (performance/datasheet.py: a vendor's published figures,
+no measurement) carries an efficiency per operation class: its roofline divides FLOPs by the peak
+times the class's efficiency (matmul, convolution, attention; element-wise FLOPs unscaled) and
+every operation's bytes by the bandwidth times the element-wise one; a measured profile has none (1).
 
 What a framework spends on an operation besides the work (the call: dispatch, allocation, the
 autograd record) is its smallest-operation time d, measured by calibrate. How often it is paid
