@@ -269,3 +269,15 @@ def test_property_suite_loaders_answer_or_raise_one_definition_error(root, data)
     for b in getattr(loaded, "benchmarks", ()):
         assert all(0 < n <= INT64_MAX for n in b.batch_sizes)
         assert 0 < b.learning_rate < float("inf")
+
+
+def test_yaml_aliases_are_refused_before_they_can_expand(tmp_path):
+    # nine levels of ten aliases each: 10^9 leaves once expanded, a few hundred bytes written
+    lines = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for i in range(1, 10):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]")
+    path = tmp_path / "laughs.yaml"
+    path.write_text("name: laughs\n" + "\n".join(lines) + "\n")
+    with pytest.raises(DefinitionError) as info:
+        load_network(path)
+    assert "expands to more than 100,000 values" in str(info.value) and "laughs.yaml" in str(info.value)

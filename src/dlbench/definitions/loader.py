@@ -62,6 +62,29 @@ def union_tags(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(tags)
 
 
+# Values a definition may expand to once its aliases are followed. `*name` shares the anchored node,
+# so a few lines of nested aliases ("a billion laughs") load in microseconds as a structure whose
+# validation would walk 10^9 values; the largest shipped definition has a few hundred.
+MAX_VALUES = 100_000
+
+
+def _bounded(data: Any, path: Path) -> Any:
+    """`data` if it holds at most MAX_VALUES values counted as validation would walk them (each
+    alias's target again), else one DefinitionError; the count stops at the bound."""
+    seen, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise DefinitionError(path, "", f"expands to more than {MAX_VALUES:,} values (nested aliases?): "
+                                            "no definition needs that many")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return data
+
+
 def read_yaml(path: Path) -> Any:
     try:
         raw = path.read_bytes()
@@ -74,7 +97,7 @@ def read_yaml(path: Path) -> Any:
         raise DefinitionError(path, "", f"not UTF-8 text: byte 0x{raw[e.start]:02x} on line {line} "
                                         f"(offset {e.start}); save the file as UTF-8") from None
     try:
-        return yaml.safe_load(text)
+        return _bounded(yaml.safe_load(text), path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
