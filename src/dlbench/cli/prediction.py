@@ -316,13 +316,17 @@ def _choose(*, suites: list[str], framework: str, profiles: list, workers: list[
         t = Table(title=escape(f"{bench}, {framework}, batch {batch} per worker, {precision}"))
         for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample"):
             t.add_column(col, justify="left" if col in ("machine", "source") else "right")
+        reasons: dict[str, None] = {}
         for r in group:
             if r.error is not None:
-                t.add_row("", escape(r.machine), r.source, str(r.workers), escape(f"not predicted: {r.error}"), "", "")
+                reasons[f"{r.machine}: {r.error}"] = None
+                t.add_row("", escape(r.machine), r.source, str(r.workers), "not predicted", "", "")
                 continue
             t.add_row(str(r.rank), escape(r.machine), r.source, str(r.workers), f"{r.iteration_s * 1e3:.3f}",
                       f"{r.samples_per_s:,.1f}",
                       f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "")
+        if reasons:
+            t.caption = escape("; ".join(reasons))
         out.print(t)
     notes = ["ranked by samples/s (workers x per-worker batch / iteration); J/sample: the boards at their "
              "maximum power for the whole iteration (an upper bound), where the profile states it"]
