@@ -130,3 +130,14 @@ def test_a_kernels_result_needs_no_iterations_but_its_kernels():
 def test_long_reasons_are_cut_not_refused():
     result = parse_result(json.dumps({"status": "failed", "reason": "x" * 100_000}))
     assert result.status == "failed" and len(result.reason) < 5000
+
+
+def test_a_long_reason_keeps_its_head_and_a_long_traceback_its_tail():
+    # (rank files, execution/rank_result.py, use the same two field types)
+    from dlbench.execution.worker_result import REASON_CHARS, TRACEBACK_CHARS, WorkerResult
+
+    result = WorkerResult.model_validate({"status": "failed", "reason": "r" * REASON_CHARS + "TAIL",
+                                          "traceback": "HEAD" + "t" * TRACEBACK_CHARS})
+    assert result.reason.endswith(" [...]") and "TAIL" not in result.reason
+    assert result.traceback.startswith("[...] ") and "HEAD" not in result.traceback
+    assert len(result.traceback) == TRACEBACK_CHARS + len("[...] ")

@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from .worker_result import (
     INT64_MAX,
     PROTOCOL_VERSION,
-    REASON_CHARS,
-    TRACEBACK_CHARS,
+    Reason,
+    Traceback,
     Count,
     FrameworkInfo,
     Mark,
@@ -72,8 +72,8 @@ class RankResult(_Strict):
 
     protocol: Literal[PROTOCOL_VERSION] | None = None  # type: ignore[valid-type]
     status: Literal["ok", "failed", "skipped"]
-    reason: str | None = None
-    traceback: str | None = None
+    reason: Reason | None = None
+    traceback: Traceback | None = None
     rank: Count
     world_size: Annotated[int, Field(ge=1, le=INT64_MAX)]
     local_rank: Count | None = None
@@ -94,16 +94,6 @@ class RankResult(_Strict):
     window_monotonic_ns: list[Mark] = []
     # action collectives
     collectives: dict[str, list[CollectiveRow]] | None = None
-
-    @field_validator("reason")
-    @classmethod
-    def _short_reason(cls, v: str | None) -> str | None:
-        return v if v is None or len(v) <= REASON_CHARS else v[:REASON_CHARS] + " [...]"
-
-    @field_validator("traceback")
-    @classmethod
-    def _short_traceback(cls, v: str | None) -> str | None:
-        return v if v is None or len(v) <= TRACEBACK_CHARS else "[...] " + v[-TRACEBACK_CHARS:]
 
     @field_validator("window_monotonic_ns")
     @classmethod

@@ -18,12 +18,17 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 PROTOCOL_VERSION = 1  # of the request/result files; must match runners/common/protocol.py
 INT64_MAX = 2**63 - 1
 REASON_CHARS = 4000  # a reason longer than this is cut (the output tail carries the rest)
 TRACEBACK_CHARS = 20000
+# a reason keeps its head, a traceback its tail (where the exception is): cut, not refused
+Reason = Annotated[str, AfterValidator(lambda v: v if len(v) <= REASON_CHARS else f"{v[:REASON_CHARS]} [...]")]
+Traceback = Annotated[str, AfterValidator(
+    lambda v: v if len(v) <= TRACEBACK_CHARS else f"[...] {v[-TRACEBACK_CHARS:]}")]
 
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # an iteration time: finite and positive
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
@@ -81,8 +86,8 @@ class WorkerResult(_Strict):
 
     protocol: Literal[PROTOCOL_VERSION] | None = None  # type: ignore[valid-type]
     status: Literal["ok", "failed", "skipped"]
-    reason: str | None = None
-    traceback: str | None = None
+    reason: Reason | None = None
+    traceback: Traceback | None = None
     framework: FrameworkInfo | None = None
     threads: dict[str, Any] = {}
     params: Count | None = None
@@ -100,16 +105,6 @@ class WorkerResult(_Strict):
     kernels: list[KernelEntry] | None = None
     # action check
     outputs: str | None = None
-
-    @field_validator("reason")
-    @classmethod
-    def _short_reason(cls, v: str | None) -> str | None:
-        return v if v is None or len(v) <= REASON_CHARS else v[:REASON_CHARS] + " [...]"
-
-    @field_validator("traceback")
-    @classmethod
-    def _short_traceback(cls, v: str | None) -> str | None:
-        return v if v is None or len(v) <= TRACEBACK_CHARS else "[...] " + v[-TRACEBACK_CHARS:]
 
     @field_validator("window_monotonic_ns")
     @classmethod
