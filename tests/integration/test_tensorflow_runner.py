@@ -200,6 +200,16 @@ def test_parameter_count_built_by_tensorflow_equals_description(inspected, name)
     assert outcome.result["settings"]["step"] == "tf.function"
 
 
+def assert_cpu_memory(memory: dict) -> None:
+    """TensorFlow's CPU allocator keeps statistics where oneDNN's custom operations are on (its default
+    on AVX-512 CPUs): a peak, with its source; elsewhere get_memory_info raises, or reads 0 where the
+    step's tensors went past it, and the record says so."""
+    if "unavailable" in memory:
+        assert "get_memory_info('CPU:0') r" in memory["unavailable"]  # raises / reports
+    else:
+        assert memory["peak_allocated_bytes"] > 0 and "get_memory_info('CPU:0')" in memory["source"]
+
+
 @pytest.mark.parametrize("mode", ["train", "infer"])
 def test_worker_measures_and_applies_threads(tensorflow_env, mode):
     runner, env = tensorflow_env
@@ -219,7 +229,7 @@ def test_worker_measures_and_applies_threads(tensorflow_env, mode):
     assert res["settings"]["precision"] == "fp32"
     assert res["settings"]["precision_effective"]["tensor_float_32_execution_enabled"] is False
     # after the measured window: no allocator statistics on the CPU (said why), the step traced once
-    assert "get_memory_info('CPU:0') raises" in res["memory"]["unavailable"]
+    assert_cpu_memory(res["memory"])
     assert res["compile"]["tracings"] == 1 and res["compile"]["retracings"] == 0
 
 
@@ -252,7 +262,7 @@ def test_every_precision_and_compile_mode_runs_as_recorded(precision_runs, preci
         assert "LossScaleOptimizer" in settings["optimizer"]
     else:
         assert effective["loss_scale"] is None and "LossScaleOptimizer" not in settings["optimizer"]
-    assert "get_memory_info('CPU:0') raises" in res["memory"]["unavailable"]
+    assert_cpu_memory(res["memory"])
     assert res["compile"] == {"source": "tf.function experimental_get_tracing_count() of the step", "tracings": 1,
                               "retracings": 0, "jit_compile": compile_mode == "compiled"}
 
