@@ -264,6 +264,8 @@ class MXNetRunner:
         seed = request.get("seed", 0)
         train = request["mode"] == "train"
         fp32_ops = amp_fp32_ops(target, network) if target else []
+        if target and not cuda and not request.get("isolated_probe"):
+            probe_in_child(request, target)  # a Skip where MXNet cannot run the network in `target` here
         if target:
             amp_init(target, fp32_ops)  # before the network is built: MXNet wraps the operators it will call
         mx.random.seed(seed)
@@ -381,6 +383,37 @@ class MXNetRunner:
 
 
 # ------------------------------------------------------------------ precision, compilation, memory
+
+
+def probe_in_child(request: dict, target: str) -> None:
+    """Run this request's preparation, whose one-sample probe tries every layer in `target` (and, in
+    training, its backward pass), in a child worker first. MXNet 1.9.1's oneDNN reduced-precision
+    kernels either refuse a layer (an MXNetError, which the probe turns into a Skip naming it) or, on
+    AVX-512/AMX CPUs, corrupt the heap and abort the process (glibc: "corrupted size vs. prev_size",
+    measured 2026-12-02 on a transformer block in bfloat16): a crash cannot be caught in-process, so
+    the child takes it, and the run is a Skip saying what crashed instead of a worker killed mid-run."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="dlbench-mxnet-probe-") as tmp:
+        asked, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        asked.write_text(json.dumps({**request, "action": "inspect", "isolated_probe": True}))
+        out = subprocess.run([sys.executable, str(Path(__file__).with_name("worker.py")), str(asked), str(result)],
+                             capture_output=True, text=True, timeout=900, check=False)
+        if out.returncode < 0:
+            stderr = [line for line in out.stderr.strip().splitlines() if line.strip()]
+            raise Skip(f"{request['precision']}: MXNet {load_mxnet().__version__} crashed running this network in "
+                       f"{target} on the CPU ({signal.Signals(-out.returncode).name}: "
+                       f"{stderr[-1] if stderr else 'nothing on stderr'}) in a probe process "
+                       f"({mn._cpu_bf16_isa() if target == 'bfloat16' else 'float16'}); not timed")
+        if result.exists():
+            probed = json.loads(result.read_text())
+            if probed.get("status") == "skipped":
+                raise Skip(probed.get("reason") or f"{request['precision']}: skipped by the probe process")
 
 
 def check_precision(precision: str | None) -> str:
