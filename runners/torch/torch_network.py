@@ -634,18 +634,23 @@ class ReducedPrecisionUnsupported(Exception):
     """A layer that torch cannot run in the request's reduced precision on this device."""
 
 
-def probe_dtypes(model, x, autocast, precision: str, network: dict) -> dict:
-    """One real forward pass of one sample, layer by layer, in eval mode without autograd under the
-    step's autocast: the first layer's output dtype and the logits' dtype. Under AMP a layer that
-    torch cannot run in that dtype on the device, but can in float32, raises
-    ReducedPrecisionUnsupported naming the layer and torch's reason."""
+def probe_dtypes(model, x, autocast, precision: str, network: dict, train: bool = False) -> dict:
+    """One real forward pass of one sample (two in training), layer by layer, in the step's mode under its
+    autocast: the first layer's output dtype and the logits' dtype. Under AMP a layer that torch
+    cannot run in that dtype on the device, but can in float32, raises ReducedPrecisionUnsupported
+    naming the layer and torch's reason. `train`: training mode with autograd, as the step runs it
+    (oneDNN's training primitives are not its inference ones: on an AVX-512 CPU a float16 LSTM runs
+    for inference and is refused for training); torch's random state and the buffers (batch norm's
+    running statistics) are left as they were."""
     torch = load_torch()
     was_training = model.training
-    model.eval()
+    model.train(train)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()} if train else {}
+    devices = [x.device] if x.device.type == "cuda" else []
     seen = {}
     try:
-        with torch.no_grad():
-            h = x[:1]
+        with torch.random.fork_rng(devices=devices), (torch.enable_grad() if train else torch.no_grad()):
+            h = x[:2] if train else x[:1]  # training batch norm on a flat input needs two samples
             for i, layer in enumerate(model):
                 try:
                     with autocast():
@@ -665,7 +670,12 @@ def probe_dtypes(model, x, autocast, precision: str, network: dict) -> dict:
             seen["logits_dtype"] = str(logits_of(h).dtype).removeprefix("torch.")
     finally:
         model.train(was_training)
-    seen["dtype_probe"] = ("one sample through the eager module layer by layer, eval mode, no autograd, "
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
+    seen["dtype_probe"] = (f"{'two samples' if train else 'one sample'} through the eager module layer by layer, "
+                           f"{'training mode with autograd' if train else 'eval mode, no autograd'}, "
                            "under the step's autocast (before any torch.compile)")
     return seen
 

@@ -97,7 +97,7 @@ class TorchRunner:
         model, x = tn.in_precision(model, x, precision)
         autocast, scaler, amp = tn.mixed_precision(precision, device, train)
         try:
-            dtypes = tn.probe_dtypes(model, x, autocast, precision, network)
+            dtypes = tn.probe_dtypes(model, x, autocast, precision, network, train)
         except tn.ReducedPrecisionUnsupported as e:
             raise Skip(str(e)) from e
         settings["precision_effective"].update(amp, **dtypes)
