@@ -825,7 +825,7 @@ def _framework_message(e: Exception) -> str:
     return f"{message} ({where.lstrip('./')})" if where else message
 
 
-def _cpu_bf16_isa() -> str:
+def cpu_bf16_isa() -> str:
     """What this CPU offers oneDNN for bfloat16, from /proc/cpuinfo's flags."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -858,7 +858,7 @@ def probe_dtypes(net, blocks: list, network: dict, x, precision: str, train: boo
         target = "bfloat16" if precision == "amp_bf16" else "float16"
         why = _framework_message(e)
         if sample.context.device_type == "cpu" and "primitive descriptor" in why:
-            why = f"oneDNN: {why} (no {target} implementation: {_cpu_bf16_isa()})"
+            why = f"oneDNN: {why} (no {target} implementation: {cpu_bf16_isa()})"
         return ReducedPrecisionUnsupported(
             f"{precision}: MXNet {mx.__version__} cannot run {where} in {target} on "
             f"{'the CPU' if sample.context.device_type == 'cpu' else str(sample.context)}: {why}")

@@ -409,7 +409,7 @@ def probe_in_child(request: dict, target: str) -> None:
             raise Skip(f"{request['precision']}: MXNet {load_mxnet().__version__} crashed running this network in "
                        f"{target} on the CPU ({signal.Signals(-out.returncode).name}: "
                        f"{stderr[-1] if stderr else 'nothing on stderr'}) in a probe process "
-                       f"({mn._cpu_bf16_isa() if target == 'bfloat16' else 'float16'}); not timed")
+                       f"({mn.cpu_bf16_isa() if target == 'bfloat16' else 'float16'}); not timed")
         if result.exists():
             probed = json.loads(result.read_text())
             if probed.get("status") == "skipped":
