@@ -23,12 +23,11 @@ import tempfile
 from pathlib import Path
 
 from dlbench import paths
-from dlbench.definitions.catalog import SuiteCatalog
-from dlbench.execution.orchestrator import Orchestrator, PlannedRun, RunOptions, SilentEvents
-from dlbench.execution.registry import RunnerRegistry
+from dlbench.execution.orchestrator import Orchestrator, RunOptions, SilentEvents
 from dlbench.machine import available_cpus
 from dlbench.store.store import Store
 from dlbench.telemetry import TelemetryConfig
+from seed_runs import SUITE_OF, torch_training_run
 
 BURN = "while True:\n    pass\n"
 
@@ -56,16 +55,12 @@ class Burner(SilentEvents):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--network", default="fcn5", choices=["fcn5", "alexnet_r"])
+    ap.add_argument("--network", default="fcn5", choices=sorted(SUITE_OF))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=4)
     args = ap.parse_args()
 
-    suite_file = {"fcn5": "fcn.yaml", "alexnet_r": "cnn.yaml"}[args.network]
-    suite = SuiteCatalog(paths.suites_dir()).load_suite(paths.suites_dir() / suite_file, "default", "cpu")
-    bench = next(b for b in suite.benchmarks if b.name == f"{args.network}-train")
-    runner = RunnerRegistry(paths.runners_dir()).get("torch")
-    run = PlannedRun(runner, bench, args.batch)
+    run = torch_training_run(args.network, args.batch)
     cores = available_cpus()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
