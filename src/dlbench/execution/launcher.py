@@ -22,11 +22,9 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import psutil
 
-from .interrupts import shielded
+from .interrupts import shielded, temporary_folder
 from .worker_result import PROTOCOL_VERSION, ResultError, parse_result
 
 if TYPE_CHECKING:
@@ -125,17 +123,6 @@ def killer(proc: subprocess.Popen, container: ContainerSpec | None = None, name:
         raise
 
 
-@contextlib.contextmanager
-def _private_folder():
-    """A temporary folder for one worker, removed whatever happens (a signal cannot cut that short)."""
-    path = tempfile.mkdtemp(prefix="dlbench-worker-")
-    try:
-        yield path
-    finally:
-        with shielded():
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as f:
@@ -179,7 +166,7 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
     env["PYTHONUNBUFFERED"] = "1"
     env[WORKER_VARIABLE] = token
     env.update(extra_env or {})
-    with _private_folder() as tmp:
+    with temporary_folder("dlbench-worker-") as tmp:  # one worker's, removed whatever ends the run
         req_path, res_path, out_path = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "output.log")
         req_path.write_text(json.dumps(request))
         argv = [str(python), str(worker), str(req_path), str(res_path)]
