@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import statistics
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,7 +45,7 @@ from ..store.record import (
 from ..store.store import Store
 from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
-from .interrupts import shielded
+from .interrupts import temporary_folder
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
 from .placement import Placement, free_port, free_ports
@@ -120,8 +118,7 @@ class DistributedOrchestrator:
         root = self.options.job_root
         if root is not None:
             root.mkdir(parents=True, exist_ok=True)
-        job_dir = Path(tempfile.mkdtemp(prefix="dlbench-job-", dir=root))
-        try:
+        with temporary_folder("dlbench-job-", root) as job_dir:  # removed whatever ends the job
             request_path = job_dir / "request.json"
             request_path.write_text(json.dumps({"protocol": PROTOCOL_VERSION, **request}))
             layout = JobLayout(python=env.python, worker=runner.distributed.worker.resolve(), request=request_path,
@@ -131,9 +128,6 @@ class DistributedOrchestrator:
             cwd = runner.distributed.worker.resolve().parent
             return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
                            placement.workers, self.options.timeout_s, cwd, request=request)
-        finally:
-            with shielded():
-                shutil.rmtree(job_dir, ignore_errors=True)
 
     def _common(self, runner: RunnerInfo) -> tuple[Environment | None, str, str | None, dict]:
         """(environment, status, reason, env_info) before any job runs."""
