@@ -40,8 +40,7 @@ import psutil
 
 from .interrupts import shielded
 from .launch_styles import ProcessSpec
-from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S
-from .launcher import _read_result as read_result_bytes
+from .launcher import STDERR_TAIL_CHARS, TERMINATE_GRACE_S, read_result_bytes
 from .launcher import tagged as tagged_processes
 from .rank_result import parse_rank_result, parse_rank_started
 from .worker_result import ResultError

@@ -208,7 +208,7 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
         if container is not None:
             returncode, engine_failure = container.describe_exit(returncode)
         try:
-            raw = _read_result(res_path)
+            raw = read_result_bytes(res_path)
         except ResultError as e:
             return WorkerOutcome("failed", str(e), None, tail, returncode, wall)
         if raw is None:
@@ -242,7 +242,7 @@ def _wait(proc: subprocess.Popen, out, timeout_s: float) -> tuple[int | None, bo
             return None, False
 
 
-def _read_result(path: Path) -> bytes | None:
+def read_result_bytes(path: Path) -> bytes | None:
     """The result file's bytes; None when there is none. Only a regular file of at most
     RESULT_LIMIT_BYTES is read (not a link, FIFO or device the worker left in its place)."""
     try:
