@@ -28,7 +28,7 @@ import time
 import numpy as np
 from scipy.signal import lfilter
 
-from dlbench.analysis.timing import _median_interval_record, median_interval, repeat_agreement
+from dlbench.analysis.timing import median_interval_record, median_interval, repeat_agreement
 from dlbench.store.intervals import reported_interval
 from dlbench.store.record import Stability, Summary
 
@@ -71,7 +71,7 @@ def summary_of(run: list[np.ndarray], interval) -> Summary:
     return Summary(repeats=len(run), iterations=len(times), median_s=median, mean_s=float(times.mean()), stdev_s=0.0,
                    min_s=float(times.min()), max_s=float(times.max()), q1_s=median, q3_s=median, iqr_s=0.0, cv=0.0,
                    repeat_medians_s=[float(np.median(x)) for x in run], first_iter_s=None, ms_per_iter=median * 1e3,
-                   samples_per_s=1 / median, ci=_median_interval_record(interval, median, 1),
+                   samples_per_s=1 / median, ci=median_interval_record(interval, median, 1),
                    stability=Stability(unstable=False, reason=""))
 
 

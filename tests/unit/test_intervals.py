@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dlbench.analysis.timing import _median_interval_record, median_interval
+from dlbench.analysis.timing import median_interval_record, median_interval
 from dlbench.store.intervals import repeat_t_interval, reported_interval
 from dlbench.store.record import Summary
 
@@ -18,7 +18,7 @@ from dlbench.store.record import Summary
 def summary(per_repeat: list[np.ndarray], with_ci: bool = True) -> Summary:
     times = np.concatenate(per_repeat)
     median = float(np.median(times))
-    ci = _median_interval_record(median_interval(per_repeat), median, 8) if with_ci else None
+    ci = median_interval_record(median_interval(per_repeat), median, 8) if with_ci else None
     return Summary(repeats=len(per_repeat), iterations=len(times), median_s=median, mean_s=float(times.mean()),
                    stdev_s=float(times.std()), min_s=float(times.min()), max_s=float(times.max()), q1_s=median,
                    q3_s=median, iqr_s=0.0, cv=0.0, repeat_medians_s=[float(np.median(x)) for x in per_repeat],

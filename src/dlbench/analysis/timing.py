@@ -235,7 +235,7 @@ def summarise(repeats: list[Repeat], batch_size: int) -> Summary | None:
         repeat_medians_s=[st.median(r.iter_s) for r in good],
         first_iter_s=st.median(firsts) if firsts else None,
         ms_per_iter=median * 1e3, samples_per_s=batch_size / median,
-        ci=_median_interval_record(interval, median, batch_size) if interval and interval.low > 0 else None,
+        ci=median_interval_record(interval, median, batch_size) if interval and interval.low > 0 else None,
         stability=repeat_agreement(per_repeat),
         compile_s=compile_time(good),
     )
@@ -248,7 +248,7 @@ def compile_time(repeats: list[Repeat]) -> float | None:
     return st.median(extra) if extra else None
 
 
-def _median_interval_record(interval: Interval, median: float, batch_size: int) -> MedianInterval:
+def median_interval_record(interval: Interval, median: float, batch_size: int) -> MedianInterval:
     return MedianInterval(
         confidence=interval.confidence, method=interval.method, level=interval.level, units=interval.units,
         resamples=interval.resamples, median_s=(interval.low, interval.high),
