@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -482,3 +483,40 @@ def test_cli_lists_distributed_suites(cli_env):
     assert code == 0 and "fcn5-train" in out and "lstm32-train" in out and "resnet50" not in out
     code, out, _ = invoke("list", "--profile", "smoke")
     assert code == 0 and "distributed suites (--workers): comm, distributed" in " ".join(out.split())
+
+
+def test_the_exit_clock_dates_two_deaths_in_their_order_even_inside_one_poll(tmp_path):
+    # the torchrun race: a killed rank and the peer its launcher stops next die within one look of
+    # the watcher, so "last seen alive" cannot tell them apart; their exit times can
+    from dlbench.execution.jobs import _ExitClock
+
+    first, second = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2))
+    clock = _ExitClock()
+    try:
+        clock.watch(first.pid)
+        clock.watch(second.pid)
+        time.sleep(0.2)  # both registered with the waiting thread
+        first.kill()
+        time.sleep(0.02)  # far less than a look's interval
+        second.kill()
+        for p in (first, second):
+            p.wait(5)
+        deadline = time.monotonic() + 5
+        while len(clock.exited) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        clock.close()
+        for p in (first, second):
+            p.kill()
+    assert clock.exited[first.pid] < clock.exited[second.pid]
+
+
+def test_the_exit_clock_ignores_a_process_already_gone():
+    from dlbench.execution.jobs import _ExitClock
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(10)
+    clock = _ExitClock()
+    clock.watch(gone.pid)  # reaped: no pidfd, nothing known, no error
+    clock.close()
+    assert gone.pid not in clock.exited

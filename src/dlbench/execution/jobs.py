@@ -21,17 +21,21 @@ survived SIGKILL is reported (`left_behind`).
 
 Which rank failed first: a reported failure is dated by the rank's own clock (`finished_at`), a
 death by the last time the rank was seen alive (so a rank killed between two looks is dated
-before the error its peers report on losing it). The earliest is the job's reason, with its rank
-and the tail of its log.
+before the error its peers report on losing it); deaths found in the same look (the killed rank
+and the peer its launcher then stopped) are ordered by the moment each process exited
+(`_ExitClock`: a pidfd per local rank). The earliest is the job's reason, with its rank and the
+tail of its log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +98,57 @@ def _alive(pid: int, created: float) -> bool:
         return False
 
 
+class _ExitClock:
+    """When each watched process exited, by this machine's wall clock: a thread waits on a pidfd per
+    process (os.pidfd_open, Linux 5.3 and later) and dates its exit as it happens. A process that
+    cannot be watched so (already gone, no pidfd support) is simply not known here."""
+
+    def __init__(self):
+        self.exited: dict[int, float] = {}  # pid -> time.time() of its exit
+        self._lock = threading.Lock()
+        self._pending: list[tuple[int, int]] = []  # (fd, pid) to register before the next wait
+        self._fds: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pid: int) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return
+        with self._lock:
+            self._pending.append((fd, pid))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._wait, name="dlbench-exit-clock", daemon=True)
+            self._thread.start()
+
+    def _wait(self) -> None:
+        poller = select.poll()
+        while not self._stop.is_set():
+            with self._lock:  # registered here, between waits, never while another thread polls
+                for fd, pid in self._pending:
+                    self._fds[fd] = pid
+                    poller.register(fd, select.POLLIN)
+                self._pending.clear()
+            for fd, _ in poller.poll(POLL_S * 1000):
+                now = time.time()
+                poller.unregister(fd)
+                with self._lock:
+                    self.exited.setdefault(self._fds.pop(fd), now)
+                os.close(fd)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            for fd in [*self._fds, *(fd for fd, _ in self._pending)]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._fds.clear()
+            self._pending.clear()
+
+
 class _Watch:
     """What the watcher knows of a running job."""
 
@@ -105,6 +160,8 @@ class _Watch:
         self.results: dict[int, dict] = {}
         self.last_alive: dict[int, float] = {}  # rank -> wall clock when last seen running
         self.deaths: dict[int, float] = {}  # rank -> last seen alive, for ranks gone without a result
+        self.exited: dict[int, float] = {}  # rank -> when its process exited (else when found gone), for those
+        self.exits = _ExitClock()
         self.hostname = socket.gethostname()
 
     def remember_tree(self) -> None:
@@ -140,6 +197,7 @@ class _Watch:
                 self.last_alive[rank] = now
             elif record_deaths and not (self.job_dir / f"rank{rank}.json").exists():  # no result just written
                 self.deaths[rank] = self.last_alive.get(rank, info.get("started_at") or now)
+                self.exited[rank] = self.exits.exited.get(pid, now)
 
     def _read(self, rank: int) -> None:
         """The rank's announcement and result where they are new, each parsed against its schema."""
@@ -150,6 +208,7 @@ class _Watch:
                 if info["host"] == self.hostname:
                     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                         self.known.setdefault(info["pid"], psutil.Process(info["pid"]).create_time())
+                        self.exits.watch(info["pid"])
         if rank not in self.results:
             res = _read_rank_file(self.job_dir / f"rank{rank}.json",
                                   lambda d: parse_rank_result(d, rank, self.world, self.request))
@@ -157,13 +216,14 @@ class _Watch:
                 self.results[rank] = res
 
     def failures(self) -> list[tuple[float, int, str]]:
-        """(when, rank, why) of every rank known to have failed."""
+        """(when, rank, why) of every rank known to have failed, earliest first. Deaths found in the
+        same look share their "last seen alive": the order their processes exited in decides."""
         out = [(float(res.get("finished_at") or time.time()), rank, str(res.get("reason") or "failed"))
                for rank, res in self.results.items() if res.get("status") == "failed"]
         for rank, when in self.deaths.items():
             out.append((when, rank, None))  # worded once its log is read
         out += [(when, rank, why) for rank, (when, why) in self.malformed.items()]
-        return sorted(out, key=lambda f: f[0])
+        return sorted(out, key=lambda f: (f[0], self.exited.get(f[1], f[0]) if f[2] is None else f[0]))
 
 
 def _signal_all(procs: list[subprocess.Popen], known: dict[int, float], sig: int) -> None:
@@ -277,11 +337,13 @@ def run_job(specs: list[ProcessSpec], command_for, job_dir: Path, world_size: in
         with shielded():  # nor may another signal cut the teardown short
             watch.remember_tree()
             teardown(procs, watch.known, token=token)
+            watch.exits.close()
         raise
     codes = [p.poll() for p in procs]
     left = teardown(procs, watch.known, token=token)
     wall = time.perf_counter() - started
     watch.look(record_deaths=False)  # results written just before the end; no deaths: the teardown's
+    watch.exits.close()
     results = dict(watch.results)
     failed_rank, tail = None, ""
     if status == "timeout":
