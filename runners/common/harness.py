@@ -216,6 +216,10 @@ def run_request(runner, request: dict) -> dict:
                 result["memory"] = memory()
             if compile_stats is not None:
                 result["compile"] = compile_stats()
+        elif request["action"] == "loadgen":
+            from loadgen_harness import run_loadgen  # imports mlperf_loadgen, which only this action needs
+
+            result["loadgen"] = run_loadgen(prepared, request, runner.name)
         elif request["action"] == "check":
             result.update(check(prepared, request))
         result["status"] = "ok"
