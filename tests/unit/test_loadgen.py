@@ -133,7 +133,7 @@ def test_a_valid_single_stream_result():
     assert result.validity == "VALID" and result.invalid_reasons == [] and result.query_count == 882
     assert result.latency_ns == {"90.00": 1129856, "99.00": 2249659, "mean": 1131761}
     assert result.samples_per_s == 880.95 and result.figures["early_stopping_latency_ss"] == 1132845
-    assert metric_of("single_stream", result) == ("90th percentile latency (ns)", 1129856.0)
+    assert metric_of("single_stream", result) == ("p90 latency (ns)", 1129856.0)
 
 
 def test_an_invalid_server_result_says_loadgen_s_reasons():
@@ -264,3 +264,26 @@ def test_scenario_refuses_training_benchmarks(tmp_path):
     code, _, err = invoke("run", "--suite", "fcn", "--framework", "torch", "--device", "cpu", "--mode", "infer",
                           "--scenario", "bursty", "--store", str(tmp_path / "s"))
     assert code == 2 and "bursty" in err
+
+
+def test_compare_pairs_loadgen_runs_per_scenario(loadgen_store):
+    from dlbench.analysis.comparison import compare_loadgen, parse_selector
+
+    store, _ = loadgen_store
+    base = list(store.records())
+    cand = []
+    for r in base:  # the same runs from a "newer version", twice as fast: latency halved, rates doubled
+        info = r.loadgen.model_copy(update={"metric_value": r.loadgen.metric_value and (
+            r.loadgen.metric_value / 2 if r.loadgen.scenario == "single_stream" else r.loadgen.metric_value * 2)})
+        cand.append(r.model_copy(update={"run_id": r.run_id + "x", "loadgen": info,
+                                         "framework": {**r.framework, "version": "0.1"}}))
+    pairs = compare_loadgen(base + cand, parse_selector("version=0.0"), parse_selector("version=0.1"))
+    assert sorted(c.key["scenario"] for c in pairs) == ["offline", "server", "single_stream"]
+    for c in pairs:
+        assert c.lower_is_better == (c.key["scenario"] == "single_stream")
+        assert c.speedup == pytest.approx(2.0) or not c.baseline  # a server search that met the bound nowhere
+    # different scenarios are never set against each other
+    assert compare_loadgen(base, parse_selector("scenario=server"), parse_selector("scenario=offline")) == []
+    code, out, _ = invoke("compare", "--store", str(store.root), "--baseline", "scenario=server",
+                          "--candidate", "scenario=offline")
+    assert code == 1

@@ -24,10 +24,10 @@ LOG_FILES = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
 MLLOG = ":::MLLOG "
 # each scenario's figure, as MLPerf states it: the detail log key it is read from
 METRIC_KEYS = {
-    "single_stream": ("90th percentile latency (ns)", "result_90.00_percentile_latency_ns"),
-    "multi_stream": ("99th percentile latency per query (ns)", "result_99.00_percentile_per_query_latency_ns"),
+    "single_stream": ("p90 latency (ns)", "result_90.00_percentile_latency_ns"),
+    "multi_stream": ("p99 latency per query (ns)", "result_99.00_percentile_per_query_latency_ns"),
     "offline": ("samples/s", "result_samples_per_second"),
-    "server": ("highest Poisson rate (queries/s) whose 99th percentile latency met the bound", None),
+    "server": ("queries/s within the p99 bound (highest rate found)", None),
 }
 # the scenario's throughput in samples/s: single stream's queries are one sample; multi-stream has none of its own
 THROUGHPUT_KEYS = {"single_stream": "result_qps_with_loadgen_overhead", "offline": "result_samples_per_second",
