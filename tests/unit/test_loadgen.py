@@ -287,3 +287,23 @@ def test_compare_pairs_loadgen_runs_per_scenario(loadgen_store):
     code, out, _ = invoke("compare", "--store", str(store.root), "--baseline", "scenario=server",
                           "--candidate", "scenario=offline")
     assert code == 1
+
+
+def test_the_report_charts_loadgen_s_percentiles_per_framework(loadgen_store, tmp_path):
+    store, _ = loadgen_store
+    site = tmp_path / "site"
+    code, _, err = invoke("report", "--store", str(store.root), "--out", str(site))
+    assert code == 0, err
+    index = (site / "index.html").read_text()
+    assert "LoadGen scenarios" in index
+    pages = list((site / "benchmarks").glob("*fcn5-infer*.html"))
+    assert len(pages) == 1
+    page = pages[0].read_text()
+    assert "fcn5-infer on fake: LoadGen latency percentiles" in page  # the chart of the one framework
+    for scenario in ("single_stream", "offline", "server"):
+        assert f'data-scenario="{scenario}"' in page
+    assert ">p99.9<" in page and "Throughput per framework" not in page  # LoadGen runs only: no harness sections
+    server = next(r for r in store.records() if r.workload.scenario == "server")
+    run_page = (site / "runs" / f"{server.run_id}.html").read_text()
+    assert "LoadGen: server" in run_page and "the server's search" in run_page
+    assert all(log.sha256 in run_page for log in server.loadgen.logs)
