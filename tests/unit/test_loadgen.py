@@ -307,3 +307,13 @@ def test_the_report_charts_loadgen_s_percentiles_per_framework(loadgen_store, tm
     run_page = (site / "runs" / f"{server.run_id}.html").read_text()
     assert "LoadGen: server" in run_page and "the server's search" in run_page
     assert all(log.sha256 in run_page for log in server.loadgen.logs)
+
+
+def test_load_types_loadgen_s_columns(loadgen_store):
+    import dlbench
+
+    store, _ = loadgen_store
+    frame = dlbench.load(store.root)
+    assert str(frame["scenario"].dtype) == "string" and str(frame["latency_p99_ms"].dtype) == "float64"
+    assert set(frame["loadgen_result"]) <= {"VALID", "INVALID"} and len(frame) == 3
+    assert frame.loc[frame.scenario == "offline", "samples_per_s"].iloc[0] > 0
