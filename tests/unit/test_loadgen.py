@@ -48,7 +48,7 @@ def test_batch_sizes_per_scenario():
 
 def test_shipped_profiles_give_loadgen_seconds_on_smoke():
     profiles = validate(ProfilesFile, read_yaml(ROOT / "suites" / "profiles.yaml"), ROOT / "suites" / "profiles.yaml")
-    assert profiles.smoke.loadgen.max_duration_s <= 5 < profiles.default.loadgen.min_duration_s
+    assert profiles.smoke.loadgen.max_duration_s <= 10 <= profiles.default.loadgen.min_duration_s
     assert profiles.paper.loadgen.min_duration_s == 600  # MLPerf Inference's own minimum
 
 
