@@ -317,3 +317,23 @@ def test_load_types_loadgen_s_columns(loadgen_store):
     assert str(frame["scenario"].dtype) == "string" and str(frame["latency_p99_ms"].dtype) == "float64"
     assert set(frame["loadgen_result"]) <= {"VALID", "INVALID"} and len(frame) == 3
     assert frame.loc[frame.scenario == "offline", "samples_per_s"].iloc[0] > 0
+
+
+def test_the_worker_s_loadgen_result_is_checked_at_the_boundary():
+    from dlbench.execution.worker_result import ResultError, parse_result
+
+    test = {"log_dir": "server-1", "target_qps": 10.0, "wall_s": 1.0, "batches": 3, "loaded_samples": 64,
+            "meets_bound": True, "validity": "VALID"}
+    good = {"status": "ok", "framework": {"name": "fake"},
+            "loadgen": {"scenario": "server", "runs": [test], "chosen": "server-1",
+                        "warmup_latency_s": {"1": 0.001}, "expected": {"latency_s": 0.001, "qps": 100.0}}}
+    assert parse_result(json.dumps(good), "loadgen").loadgen.chosen == "server-1"
+    for change, field in ((lambda d: d.pop("loadgen"), "loadgen"),
+                          (lambda d: d["loadgen"].update(chosen="server-9"), "loadgen"),
+                          (lambda d: d["loadgen"]["runs"][0].update(log_dir="../../etc"), "loadgen.runs[0].log_dir"),
+                          (lambda d: d["loadgen"]["runs"][0].update(target_qps=-1.0), "loadgen.runs[0].target_qps")):
+        bad = json.loads(json.dumps(good))
+        change(bad)
+        with pytest.raises(ResultError) as info:
+            parse_result(json.dumps(bad), "loadgen")
+        assert info.value.field == field
