@@ -25,6 +25,8 @@ RUN_COLUMNS = ("benchmark", "framework", "framework_version", "batch_size", "pre
 # LoadGen scenario runs (`dlbench run --scenario`): LoadGen's verdict and per-sample latency percentiles
 LOADGEN_RUN_COLUMNS = ("benchmark", "framework", "framework_version", "scenario", "status", "loadgen_result",
                        "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "samples_per_s", "server_qps")
+LOADGEN_RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "scenario", "loadgen_result", "latency_p50_ms",
+                           "latency_p99_ms", "samples_per_s", "server_qps")
 HEADERS = {"loadgen_result": "LoadGen", "latency_p50_ms": "p50 ms", "latency_p90_ms": "p90 ms",
            "latency_p99_ms": "p99 ms", "server_qps": "server q/s", "batch_size": "batch", "framework_version": "version", "ms_per_iter": "ms/iter", "ci_pct": "95% CI",
            "samples_per_s": "samples/s", "first_iter_ms": "first ms", "precision": "prec."}
