@@ -264,6 +264,9 @@ def test_scenario_refuses_training_benchmarks(tmp_path):
     code, _, err = invoke("run", "--suite", "fcn", "--framework", "torch", "--device", "cpu", "--mode", "infer",
                           "--scenario", "bursty", "--store", str(tmp_path / "s"))
     assert code == 2 and "bursty" in err
+    code, _, err = invoke("run", "--suite", "fcn", "--framework", "torch", "--device", "cpu", "--mode", "infer",
+                          "--scenario", "server", "--repeats", "3", "--store", str(tmp_path / "s"))
+    assert code == 2 and "--repeats does not apply to --scenario" in err
 
 
 def test_compare_pairs_loadgen_runs_per_scenario(loadgen_store):

@@ -160,6 +160,10 @@ def run(
         if training:
             raise fail(f"--scenario runs inference under LoadGen, but {', '.join(training)} "
                        f"{'is' if len(training) == 1 else 'are'} training (add --mode infer)")
+        for option, value in (("--repeats", repeats), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
+            if value is not None:
+                raise fail(f"{option} does not apply to --scenario: a LoadGen run is one worker, and LoadGen's "
+                           "duration and query counts (the profile's `loadgen`) make its measurement")
         selected = with_scenarios(selected, scenarios)
     try:
         check_repeat_options(repeats, max_repeats, target_ci, selected)
