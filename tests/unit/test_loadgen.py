@@ -340,3 +340,18 @@ def test_the_worker_s_loadgen_result_is_checked_at_the_boundary():
         with pytest.raises(ResultError) as info:
             parse_result(json.dumps(bad), "loadgen")
         assert info.value.field == field
+
+
+def test_a_record_comes_back_to_logs_the_store_already_holds(loadgen_store, tmp_path):
+    import shutil
+
+    store, _ = loadgen_store
+    main = Store(tmp_path / "main")
+    shutil.copytree(store.root, main.root)
+    victim = next(main.records())
+    spare = Store(tmp_path / "spare")  # as a failed record write leaves it: the record alone
+    spare.runs.mkdir(parents=True)
+    shutil.move(main.runs / f"{victim.run_id}.json", spare.runs / f"{victim.run_id}.json")
+    report = merge(main, [spare.root])
+    assert report.clean and [p.name for p in report.added] == [f"{victim.run_id}.json"]
+    assert verify(main).problems == []

@@ -156,20 +156,23 @@ def log_problems(root: Path, record: Record) -> list[tuple[Path, str]]:
     return [(Path(root) / log.path, why) for log in info.logs if (why := log_problem(root, log))]
 
 
-def merge_logs(destination: Store, source_root: Path, record: Record) -> list[tuple[Path, str]]:
-    """Copy a record's LoadGen logs from `source_root` into `destination` (before the record):
-    each checked against the record first; one already there with the same bytes is kept. The
-    problems (a damaged source, another file under the same name): (path, why); the record must
-    then not be merged."""
-    problems = log_problems(source_root, record)
-    if problems:
-        return problems
+def merge_logs(destination: Store, source_root: Path, record: Record) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """Copy a record's LoadGen logs from `source_root` into `destination` (before the record), each
+    checked against the record. A log the destination already holds as listed needs no source (a
+    record kept in a spare store after a failed write comes back to logs written before it).
+    (damaged, conflicts): a log neither side holds as listed; another file under a log's name. With
+    either, the record must not be merged."""
+    damaged, conflicts = [], []
     for log in record.loadgen.logs if record.loadgen else []:
-        raw = read_regular(Path(source_root) / log.path)
+        if log_problem(destination.root, log) is None:
+            continue
+        why = log_problem(source_root, log)
+        if why is not None:
+            damaged.append((Path(source_root) / log.path, why))
+            continue
         target = destination.root / log.path
         try:
-            destination.publish(raw, target)
+            destination.publish(read_regular(Path(source_root) / log.path), target)
         except FileExistsError:
-            if log_problem(destination.root, log) is not None:
-                problems.append((target, f"{target} exists with other content than run {record.run_id} lists; kept it"))
-    return problems
+            conflicts.append((target, f"{target} exists with other content than run {record.run_id} lists; kept it"))
+    return damaged, conflicts
