@@ -19,8 +19,9 @@ record (src/dlbench/store/loadgen.py). What this module decides is how queries b
   as one batch and completes them.
 
 A batch of n samples is padded to the smallest of the policy's `batch_sizes` that holds it (frameworks
-that compile per shape then compile only those), and every size is run once untimed and
-`warmup_queries` times timed before LoadGen starts, so compilation stays out of LoadGen's clock. The
+that compile per shape then compile only those), and every size is run once untimed and then timed
+until its latency settles (at least `warmup_queries` calls) before LoadGen starts, so compilation and
+a framework's slow first calls stay out of LoadGen's clock. The
 fastest timed call gives LoadGen the expectations it plans a test with (single/multi-stream expected
 latency, offline expected QPS, the server search's first rate).
 
@@ -73,20 +74,32 @@ def read_detail_log(path: str) -> dict:
     return out
 
 
-def warm_up(prepared, sizes: list[int], times: int, clock=time.perf_counter) -> dict[int, dict]:
-    """Each batch size run once untimed (compilation, allocation), then `times` times timed: per
-    size the median and the fastest of the timed calls, in seconds."""
+def warm_up(prepared, sizes: list[int], times: int, clock=time.perf_counter, max_s: float = 5.0) -> dict[int, dict]:
+    """Each batch size run once untimed (compilation, allocation), then timed until it settles: at
+    least `times` calls, until the median of the last `times` is within 10% of the `times` before
+    (a fixed few calls misled LoadGen here: MXNet's alexnet_r took a median 144 ms over three
+    warm-up calls, then 0.2 ms at LoadGen's median), or for `max_s` seconds. Per size the
+    median and the fastest of the last `times` calls, in seconds."""
     out = {}
+    window = max(times, 1)
     for size in sizes:
         prepared.infer(size)
         prepared.synchronize()
         taken = []
-        for _ in range(max(times, 1)):
+        started = clock()
+        while True:
             t0 = clock()
             prepared.infer(size)
             prepared.synchronize()
             taken.append(clock() - t0)
-        out[size] = {"median_s": statistics.median(taken), "min_s": min(taken)}
+            if len(taken) >= 2 * window:
+                before, latest = statistics.median(taken[-2 * window:-window]), statistics.median(taken[-window:])
+                if abs(latest - before) <= 0.1 * before:
+                    break
+            if clock() - started >= max_s and len(taken) >= window:
+                break
+        last = taken[-window:]
+        out[size] = {"median_s": statistics.median(last), "min_s": min(last), "calls": len(taken) + 1}
     return out
 
 
