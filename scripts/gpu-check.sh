@@ -2,7 +2,8 @@
 # CUDA checks for a GPU host: the torch and jax runners on the GPU through the whole spine (smoke
 # profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
-# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16), then results and the report.
+# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16),
+# MLPerf LoadGen's single_stream (and server) on CUDA, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -18,7 +19,7 @@ case "${1:-}" in
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      --platform any -d .whl pydantic pydantic-core annotated-types typing-inspection
+      --platform any -d .whl pydantic pydantic-core annotated-types typing-inspection mlcommons-loadgen==6.0.17
     exit 0 ;;
   --offline)
     # The image's python3 holds torch (CUDA), typer, rich, jinja2, pyyaml, psutil, nvidia-ml-py.
@@ -64,6 +65,11 @@ done
 "${DLBENCH[@]}" check --framework torch,jax --device cuda --precision amp_bf16 "${ENV[@]}" --store "$OUT/store" \
    2>&1 | tee "$OUT/check-amp_bf16.log" || status=1
 "${DLBENCH[@]}" check --framework torch,jax --device cuda "${ENV[@]}" --store "$OUT/store" 2>&1 | tee "$OUT/check.log" || status=1
+# MLPerf LoadGen on CUDA: single_stream (90th-percentile latency of one sample) and the server's
+# rate search, smoke profile, on two CNNs; each record LoadGen's VALID/INVALID with its reason.
+"${DLBENCH[@]}" run --suite cnn --framework torch,jax --benchmark alexnet_r-infer --benchmark resnet50-infer \
+   --mode infer --scenario single_stream,server --profile smoke --device cuda --no-check "${ENV[@]}" \
+   --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/loadgen.log" || status=1
 "${DLBENCH[@]}" results --store "$OUT/store" --format csv > "$OUT/results.csv"
 "${DLBENCH[@]}" report --store "$OUT/store" --out "$OUT/site"
 "$PY" scripts/gpu_check_records.py "$OUT/store" | tee "$OUT/telemetry-check.txt" || status=1

@@ -53,6 +53,11 @@ class Prepared:
     "source"}, or {"unavailable": why}); compile_stats() -> what the compiler reports
     ({"graph_breaks", "recompiles", ...}, the framework's own counters).
 
+    For LoadGen's scenarios (runners/common/loadgen_harness.py): infer(n) -> the forward pass in
+    inference mode on the first n samples of the prepared batch (prepared at the largest batch the
+    scenario runs; it may return before the device has finished, as step() may); None where the
+    runner gives none (its LoadGen runs then fail, saying so).
+
     For `dlbench check`: export_weights() -> every canonical tensor, float32 (float64 when the
     request's precision is float64), running statistics included; load_weights(arrays) -> the inverse, after which the optimiser state is fresh (zero
     momentum); forward_loss() -> (logits ndarray in the canonical layout, loss float) of the step's
@@ -65,7 +70,8 @@ class Prepared:
                  load_weights: Callable[[Arrays], None] | None = None,
                  reset_optimizer: Callable[[], None] | None = None,
                  forward_loss: Callable[[], tuple[Any, float]] | None = None,
-                 memory: Callable[[], dict] | None = None, compile_stats: Callable[[], dict] | None = None):
+                 memory: Callable[[], dict] | None = None, compile_stats: Callable[[], dict] | None = None,
+                 infer: Callable[[int], Any] | None = None):
         self.step = step
         self.synchronize = synchronize
         self.params = params
@@ -75,6 +81,7 @@ class Prepared:
         self._forward_loss = forward_loss
         self.memory = memory
         self.compile_stats = compile_stats
+        self.infer = infer
 
     def _needs(self, what: str, fn):
         if fn is None:

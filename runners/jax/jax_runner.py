@@ -277,6 +277,14 @@ class JaxRunner:
             jitted = jax.jit(infer_step)
             step = device_state.infer_step(jitted)
         forward_loss_jit = jax.jit(forward_loss_fn)
+        # LoadGen's queries (runners/common/loadgen_harness.py): the first n samples, put on the
+        # device once per batch size from the host batch (committed like x; jax.jit compiles each size once)
+        firsts: dict = {}
+
+        def infer(n: int):
+            if n not in firsts:
+                firsts[n] = jax.device_put(x_np[:n], dev)
+            device_state.last[:] = [jitted(state["params"], state["batch_stats"], firsts[n])]
 
         def export_weights():
             return jn.export_weights({"params": state["params"], "batch_stats": state["batch_stats"]},
@@ -318,7 +326,7 @@ class JaxRunner:
         return Prepared(step, device_state.synchronize, tm.count_params(params),
                         tm.output_shape(params, batch_stats, x), settings, export_weights=export_weights,
                         load_weights=load_weights, reset_optimizer=reset_optimizer, forward_loss=forward_loss,
-                        memory=memory, compile_stats=compile_stats)
+                        memory=memory, compile_stats=compile_stats, infer=None if train else infer)
 
 
 def device_memory(dev) -> dict:

@@ -375,11 +375,19 @@ class MXNetRunner:
             def step():
                 net(x)  # not recording: predict mode (running statistics, no dropout)
 
+        firsts: dict = {}  # the first n samples, copied once per batch size
+
+        def infer(n: int):  # LoadGen's queries (runners/common/loadgen_harness.py), in predict mode as step()
+            if n not in firsts:
+                firsts[n] = x[:n].copy()
+            return net(firsts[n])
+
         return Prepared(step, mx.nd.waitall, params, mn.output_shape(net, x), settings,
                         export_weights=lambda: mn.export_weights(blocks, network, storage),
                         load_weights=lambda arrays: mn.load_weights(blocks, network, arrays),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss,
-                        memory=lambda: memory_report(cuda, used_at_prepare))
+                        memory=lambda: memory_report(cuda, used_at_prepare),
+                        infer=None if train else infer)
 
 
 # ------------------------------------------------------------------ precision, compilation, memory

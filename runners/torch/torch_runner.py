@@ -129,6 +129,10 @@ class TorchRunner:
                 with torch.inference_mode(), autocast():
                     stepped(x)
 
+        def infer(n: int):  # LoadGen's queries (runners/common/loadgen_harness.py): the first n samples
+            with torch.inference_mode(), autocast():
+                return stepped(x[:n])
+
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)  # the peak from here on: the model, data and steps
@@ -138,7 +142,8 @@ class TorchRunner:
                         load_weights=lambda arrays: tn.load_weights(model, network, arrays),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss,
                         memory=lambda: memory_peak(device),
-                        compile_stats=dynamo_counters if compiled else None)
+                        compile_stats=dynamo_counters if compiled else None,
+                        infer=None if train else infer)
 
 
 # ------------------------------------------------------------------ compilation, memory

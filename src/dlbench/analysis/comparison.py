@@ -65,10 +65,12 @@ BOOTSTRAP_BATCH = 500  # resamples evaluated at once: bounds the memory of the c
 IDENTITY_KEYS = {
     "suite": "suite", "benchmark": "benchmark", "batch": "batch_size", "device": "device",
     "precision": "precision", "compile": "compile", "framework": "framework", "machine": "machine",
+    "scenario": "scenario",
 }
-KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "compile", "framework", "machine")
+# scenario: a LoadGen scenario run's (schema 9), None for the harness's own timing; runs pair on it too
+KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "compile", "framework", "machine", "scenario")
 SELECTOR_KEYS = ("run", "framework", "version", "machine", "since", "until",
-                 "benchmark", "suite", "device", "batch", "precision", "compile")
+                 "benchmark", "suite", "device", "batch", "precision", "compile", "scenario")
 
 
 class SelectorError(ValueError):
@@ -83,7 +85,8 @@ class NothingToCompare(LookupError):
 def record_identity(r: Record) -> dict:
     return {"suite": r.suite, "benchmark": r.benchmark, "batch_size": r.workload.batch_size,
             "device": r.workload.device, "precision": r.workload.precision, "compile": r.workload.compile,
-            "framework": r.framework.get("name"), "machine": r.machine.get("hostname")}
+            "framework": r.framework.get("name"), "machine": r.machine.get("hostname"),
+            "scenario": r.workload.scenario}
 
 
 def _parse_instant(option: str, key: str, value: str) -> datetime:
@@ -470,6 +473,101 @@ def compare(records: Iterable[Record], baseline: Selector, candidate: Selector, 
 
     return ComparisonReport(baseline, candidate, key_fields, varied, alpha, confidence, comparisons,
                             unpaired(b_groups, c_groups), unpaired(c_groups, b_groups))
+
+
+# ---------------------------------------------------------------- LoadGen scenario runs
+
+
+@dataclass
+class LoadGenComparison:
+    """One pairing key of LoadGen scenario runs: each side's figure of the scenario (LoadGen's, one per
+    run; several runs of a side are pooled by their median) and the candidate's speed relative to the
+    baseline: baseline / candidate for a latency, candidate / baseline for a rate, so > 1 is faster
+    either way. LoadGen gives one figure per test and no spread, so there is no test and no interval."""
+
+    key: dict
+    metric: str
+    lower_is_better: bool
+    baseline: list[float]
+    candidate: list[float]
+    baseline_validity: list[str]
+    candidate_validity: list[str]
+    baseline_versions: list[str]
+    candidate_versions: list[str]
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.baseline or not self.candidate:
+            return None
+        b, c = float(np.median(self.baseline)), float(np.median(self.candidate))
+        if b <= 0 or c <= 0:
+            return None
+        return b / c if self.lower_is_better else c / b
+
+    def to_dict(self) -> dict:
+        return {"key": self.key, "metric": self.metric, "lower_is_better": self.lower_is_better,
+                "baseline": self.baseline, "candidate": self.candidate, "speedup": self.speedup,
+                "baseline_validity": self.baseline_validity, "candidate_validity": self.candidate_validity,
+                "baseline_versions": self.baseline_versions, "candidate_versions": self.candidate_versions}
+
+
+def loadgen_usable(r: Record) -> bool:
+    return r.status == "ok" and r.loadgen is not None
+
+
+def compare_loadgen(records: Iterable[Record], baseline: Selector, candidate: Selector) -> list[LoadGenComparison]:
+    """The LoadGen scenario runs the selectors match, paired as `compare` pairs runs (scenario
+    included); a run whose scenario found no figure (a server search that met the bound nowhere)
+    counts on its side's validity only."""
+    records = [r for r in records if loadgen_usable(r)]
+    varied = varied_fields(baseline, candidate)
+    key_fields = tuple(f for f in KEY_FIELDS if f not in varied)
+    groups: dict[tuple, tuple[list[Record], list[Record]]] = {}
+    for r in records:
+        ident = record_identity(r)
+        k = tuple(ident[f] for f in key_fields)
+        if baseline.matches(r) and not candidate.matches(r):
+            groups.setdefault(k, ([], []))[0].append(r)
+        elif candidate.matches(r) and not baseline.matches(r):
+            groups.setdefault(k, ([], []))[1].append(r)
+    out = []
+    for k in sorted(groups, key=lambda k: tuple(map(str, k))):
+        base, cand = groups[k]
+        scenario = base[0].loadgen.scenario if base else None
+        if not base or not cand or {r.loadgen.scenario for r in base + cand} != {scenario}:
+            continue  # one side only, or different scenarios (their figures measure different things)
+        out.append(LoadGenComparison(
+            dict(zip(key_fields, k)), base[0].loadgen.metric, scenario in ("single_stream", "multi_stream"),
+            [r.loadgen.metric_value for r in base if r.loadgen.metric_value is not None],
+            [r.loadgen.metric_value for r in cand if r.loadgen.metric_value is not None],
+            [r.loadgen.result.validity for r in base], [r.loadgen.result.validity for r in cand],
+            sorted({str(r.framework.get("version")) for r in base}),
+            sorted({str(r.framework.get("version")) for r in cand})))
+    return out
+
+
+def loadgen_table(comparisons: list[LoadGenComparison], baseline: Selector, candidate: Selector):
+    """The rich table of LoadGen comparisons (`dlbench compare`)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(f"LoadGen scenarios: candidate [{candidate.text}] vs baseline [{baseline.text}]"))
+    for col in ("benchmark", "framework", "scenario", "figure", "versions (base → cand)", "base", "cand",
+                "LoadGen (base → cand)", "speed-up"):
+        t.add_column(col, justify="right" if col in ("base", "cand", "speed-up") else "left")
+    for c in comparisons:
+        def fig(values):
+            return f"{float(np.median(values)):.4g}" if values else "none"
+
+        t.add_row(escape(str(c.key.get("benchmark", ""))), escape(str(c.key.get("framework", ""))),
+                  escape(str(c.key.get("scenario", ""))), escape(c.metric),
+                  escape(f"{', '.join(c.baseline_versions)} → {', '.join(c.candidate_versions)}"),
+                  fig(c.baseline), fig(c.candidate),
+                  f"{'/'.join(c.baseline_validity)} → {'/'.join(c.candidate_validity)}",
+                  "" if c.speedup is None else f"{c.speedup:.3f}")
+    t.caption = ("speed-up: baseline/candidate latency, candidate/baseline rate (> 1: the candidate is faster); "
+                 "one LoadGen figure per run, the median where a side has several: no test, no interval")
+    return t
 
 
 # ---------------------------------------------------------------- the terminal table

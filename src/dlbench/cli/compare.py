@@ -32,8 +32,9 @@ def compare(
     format: FormatOption = "table",
 ) -> None:
     """Candidate vs baseline per benchmark: throughput ratio with a bootstrap CI, Mann-Whitney U, Holm, geometric mean."""
-    from ..analysis.comparison import NothingToCompare, SelectorError, comparison_table, parse_selector
+    from ..analysis.comparison import NothingToCompare, SelectorError, compare_loadgen, comparison_table, loadgen_table
     from ..analysis.comparison import compare as compare_runs
+    from ..analysis.comparison import parse_selector
 
     check_format(format)
     try:
@@ -41,16 +42,27 @@ def compare(
     except SelectorError as e:
         raise fail(str(e)) from None
     st = lookup.open_store(store)
+    records = _readable_records(st)
+    loadgen = compare_loadgen(records, base_sel, cand_sel)  # LoadGen scenario runs (schema 9): their own table
     try:
-        result = compare_runs(_readable_records(st), base_sel, cand_sel, alpha=alpha)
+        result = compare_runs(records, base_sel, cand_sel, alpha=alpha)
     except SelectorError as e:
         raise fail(str(e)) from None
     except NothingToCompare as e:
-        raise fail(f"{e} (store {st.root})", 1) from None
+        if not loadgen:
+            raise fail(f"{e} (store {st.root})", 1) from None
+        result = None
     if format == "json":
-        sys.stdout.write(json.dumps(result.to_dict(fail_on_regression), indent=1) + "\n")
+        data = result.to_dict(fail_on_regression) if result is not None else {}
+        data["loadgen"] = [c.to_dict() for c in loadgen]
+        sys.stdout.write(json.dumps(data, indent=1) + "\n")
     else:
-        out.print(comparison_table(result))
+        if result is not None:
+            out.print(comparison_table(result))
+        if loadgen:
+            out.print(loadgen_table(loadgen, base_sel, cand_sel))
+    if result is None:
+        return
     for side, keys in (("baseline", result.baseline_only), ("candidate", result.candidate_only)):
         for k in keys:
             err.print(f"[yellow]unpaired[/] only in the {side}: {escape(', '.join(f'{f}={v}' for f, v in k.items()))}",

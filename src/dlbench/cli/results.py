@@ -106,7 +106,10 @@ def results(
         return
     shown = len(rows) if len(rows) == len(snapshot.rows) else f"{len(rows)} of {len(snapshot.rows)}"
     title = f"{shown} runs in {st.root}"
-    shown_columns = COLUMNS if wide else chosen or tables.RESULTS_COLUMNS
+    # rows of LoadGen scenario runs only: their own key columns (LoadGen's verdict and percentiles)
+    default = (tables.LOADGEN_RESULTS_COLUMNS if rows and all(row.get("scenario") for row in rows)
+               else tables.RESULTS_COLUMNS)
+    shown_columns = COLUMNS if wide else chosen or default
     if wide or len(rows) > RICH_TABLE_MAX_ROWS:
         sys.stdout.write(tables.plain_table(title, rows, shown_columns))
     else:

@@ -13,7 +13,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .. import paths
-from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, Benchmark
+from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, SCENARIOS, Benchmark
 from ..execution.backends import BACKENDS
 from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus, fingerprint, gpus
@@ -83,6 +83,9 @@ def run(
                           "compiled, run side by side), repeatable (default: each benchmark's, default).")] = None,
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
+    scenario: Annotated[Optional[list[str]], typer.Option(
+        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(SCENARIOS)}; a comma list or 'all', repeatable "
+             "(default: none, the harness's back-to-back batches). LoadGen's settings: the profile's `loadgen`.")] = None,
     no_check: Annotated[bool, typer.Option(
         "--no-check", help="Do not make the equivalence checks this run lacks before timing (records then carry "
                            "a stored check's status, or unchecked).")] = False,
@@ -151,6 +154,17 @@ def run(
         selected = [b for b in every_mode
                     if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
     selected = with_axes(selected, precisions, compiles)
+    scenarios = listed_choices("scenario", scenario, SCENARIOS)
+    if scenarios is not None:
+        training = sorted({b.name for b in selected if b.mode != "infer"})
+        if training:
+            raise fail(f"--scenario runs inference under LoadGen, but {', '.join(training)} "
+                       f"{'is' if len(training) == 1 else 'are'} training (add --mode infer)")
+        for option, value in (("--repeats", repeats), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
+            if value is not None:
+                raise fail(f"{option} does not apply to --scenario: a LoadGen run is one worker, and LoadGen's "
+                           "duration and query counts (the profile's `loadgen`) make its measurement")
+        selected = with_scenarios(selected, scenarios)
     try:
         check_repeat_options(repeats, max_repeats, target_ci, selected)
     except ValueError as e:
@@ -191,9 +205,12 @@ def run(
              f"none partial{cut}")
         raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(st)
-    out.print(_summary_table(records), width=min(out.width, tables.WIDTH))
-    for note in tables.footnotes([run_row(r) for r in records], tables.RUN_COLUMNS):
-        out.print(escape(note), highlight=False)
+    timed = [r for r in records if r.workload.scenario is None]
+    if timed or not records:
+        out.print(_summary_table(timed), width=min(out.width, tables.WIDTH))
+        for note in tables.footnotes([run_row(r) for r in timed], tables.RUN_COLUMNS):
+            out.print(escape(note), highlight=False)
+    _loadgen_table([r for r in records if r.workload.scenario is not None])
     _report_contention(records)
     for r in records:
         if r.summary and r.summary.stability and r.summary.stability.unstable:
@@ -258,7 +275,8 @@ def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
 
 
 def _label(run: PlannedRun) -> str:
-    return f"{run.runner.name} {run.benchmark.name} b={run.batch_size} {run.benchmark.precision} {run.compile}"
+    scenario = f" {run.benchmark.scenario}" if run.benchmark.scenario else ""
+    return f"{run.runner.name} {run.benchmark.name}{scenario} b={run.batch_size} {run.benchmark.precision} {run.compile}"
 
 
 class _ProgressEvents:
@@ -291,11 +309,32 @@ class _ProgressEvents:
                                         highlight=False, soft_wrap=True)
 
 
+def _loadgen_table(records) -> None:
+    """LoadGen's results of the scenario runs, and LoadGen's reason under each INVALID one."""
+    if not records:
+        return
+    rows = [run_row(r) for r in records]
+    styles = {r.run_id: {"ok": "green", "skipped": "yellow"}.get(r.status, "red") for r in records}
+    out.print(tables.rich_table(rows, tables.LOADGEN_RUN_COLUMNS, "dlbench run: LoadGen scenarios", styles),
+              width=min(out.width, tables.WIDTH))
+    for row in rows:
+        if row["loadgen_reason"]:
+            out.print(f"INVALID {escape(row['benchmark'])} {escape(str(row['framework']))} {row['scenario']}: "
+                      f"{escape(row['loadgen_reason'])}", highlight=False, soft_wrap=True)
+
+
 def _summary_table(records) -> Table:
     """The key columns in at most tables.WIDTH characters (`dlbench results --wide` has them all)."""
     rows = [run_row(r) for r in records]
     styles = {r.run_id: {"ok": "green", "skipped": "yellow"}.get(r.status, "red") for r in records}
     return tables.rich_table(rows, tables.RUN_COLUMNS, "dlbench run", styles)
+
+
+def with_scenarios(benchmarks: list[Benchmark], scenarios: list[str]) -> list[Benchmark]:
+    """Each (inference) benchmark once per LoadGen scenario, in order; the batch a scenario's worker
+    is prepared at is the largest it runs (LoadGenPolicy.batch_sizes), not the suite's."""
+    return [dataclasses.replace(b, scenario=s, batch_sizes=(max(b.policy.loadgen.batch_sizes(s)),))
+            for b in benchmarks for s in scenarios]
 
 
 def with_axes(benchmarks: list[Benchmark], precisions: list[str] | None, compiles: list[str] | None) -> list[Benchmark]:

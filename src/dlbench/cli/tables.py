@@ -22,12 +22,19 @@ RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision"
                    "samples_per_s", "stability")
 RUN_COLUMNS = ("benchmark", "framework", "framework_version", "batch_size", "precision", "status", "ms_per_iter",
                "ci_pct", "samples_per_s", "repeats", "stability")
-HEADERS = {"batch_size": "batch", "framework_version": "version", "ms_per_iter": "ms/iter", "ci_pct": "95% CI",
+# LoadGen scenario runs (`dlbench run --scenario`): LoadGen's verdict and per-sample latency percentiles
+LOADGEN_RUN_COLUMNS = ("benchmark", "framework", "framework_version", "scenario", "status", "loadgen_result",
+                       "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "samples_per_s", "server_qps")
+LOADGEN_RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "scenario", "loadgen_result", "latency_p50_ms",
+                           "latency_p99_ms", "samples_per_s", "server_qps")
+HEADERS = {"loadgen_result": "LoadGen", "latency_p50_ms": "p50 ms", "latency_p90_ms": "p90 ms",
+           "latency_p99_ms": "p99 ms", "server_qps": "server q/s", "batch_size": "batch", "framework_version": "version", "ms_per_iter": "ms/iter", "ci_pct": "95% CI",
            "samples_per_s": "samples/s", "first_iter_ms": "first ms", "precision": "prec."}
-FORMATS = {"ms_per_iter": ".3g", "samples_per_s": ".4g", "first_iter_ms": ".3g", "iqr_ms": ".3g", "mfu": ".1%",
+FORMATS = {"latency_p50_ms": ".3g", "latency_p90_ms": ".3g", "latency_p99_ms": ".3g", "server_qps": ".4g", "ms_per_iter": ".3g", "samples_per_s": ".4g", "first_iter_ms": ".3g", "iqr_ms": ".3g", "mfu": ".1%",
            "tokens_per_s": ".4g", "model_tflops": ".3g"}
 NUMERIC_LEFT = ("run_id", "benchmark", "network", "framework", "framework_version", "status", "stability", "precision",
-                "compile", "device", "machine", "equivalence", "reason", "stability_reason", "mode", "suite")
+                "compile", "device", "machine", "equivalence", "reason", "stability_reason", "mode", "suite",
+                "scenario", "loadgen_result", "loadgen_reason")
 ONE_PROCESS = "* one repeat: an interval of that process's iterations only, not a 95% interval of the run"
 
 

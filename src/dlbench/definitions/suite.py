@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .network import NetworkSummary
 from .schema import MAX_SEQUENCE, Int, Real, _Strict
@@ -53,6 +53,52 @@ class MeasurePolicy(_Strict):
     max_iters: Int(1, MAX_ITERS) = 10000
 
 
+# MLPerf LoadGen's scenarios (`dlbench run --scenario`, infer mode): what each one's figure is is
+# src/dlbench/store/loadgen.py's METRIC_KEYS; how queries become batches, runners/common/loadgen_harness.py.
+SCENARIOS = ("single_stream", "multi_stream", "offline", "server")
+Scenario = Literal["single_stream", "multi_stream", "offline", "server"]
+
+
+class LoadGenPolicy(_Strict):
+    """LoadGen's settings for one profile, given to every scenario run and recorded with it.
+    Durations and query counts are LoadGen's own minimums (a test ends once both are met, or at
+    max_duration_s, which makes it INVALID if they were not); single_stream reports its 90th and
+    multi_stream its 99th percentile latency, early stopping included (LoadGen needs 64 queries at
+    the 90th, 662 at the 99th before its estimate can hold). The server's bound is its 99th
+    percentile target latency; its rate is searched over `server_search_steps` LoadGen tests.
+    max_batch and batch_timeout_ms are the runner's batching for server and offline; sample_count
+    the query sample library's size; seed LoadGen's three seeds (QSL, sample index, schedule)."""
+
+    min_duration_s: Real(gt=0, le=MAX_SECONDS) = 10.0
+    max_duration_s: Real(gt=0, le=MAX_SECONDS) = 120.0
+    min_query_count: Int(1, MAX_ITERS) = 1024
+    sample_count: Int(1, 1_000_000) = 1024
+    samples_per_query: Int(1, 1024) = 8
+    max_batch: Int(1, MAX_BATCH) = 8
+    batch_timeout_ms: Real(ge=0, le=60_000) = 2.0
+    server_target_latency_ms: Real(gt=0, le=3_600_000) = 100.0
+    server_search_steps: Int(1, 100) = 5
+    warmup_queries: Int(1, 10_000) = 3
+    seed: Int(0, 2**31 - 1) = 0
+
+    @model_validator(mode="after")
+    def _durations(self):
+        if self.max_duration_s < self.min_duration_s:
+            raise ValueError(f"max_duration_s ({self.max_duration_s:g}) is below min_duration_s ({self.min_duration_s:g})")
+        return self
+
+    def batch_sizes(self, scenario: str) -> list[int]:
+        """The batch sizes a scenario runs (a batch is padded up to the next): single_stream 1,
+        multi_stream its samples per query, offline and server the powers of two below max_batch
+        and max_batch itself."""
+        if scenario == "single_stream":
+            return [1]
+        if scenario == "multi_stream":
+            return [self.samples_per_query]
+        sizes = [1 << i for i in range(self.max_batch.bit_length()) if 1 << i < self.max_batch]
+        return sizes + [self.max_batch]
+
+
 class Profile(_Strict):
     description: str = ""
     warmup: WarmupPolicy
@@ -62,6 +108,7 @@ class Profile(_Strict):
     # runs them all. `smoke` takes one (train in the shipped suites): one run per network and
     # framework keeps a look over every suite and framework within minutes.
     modes_per_network: Int(1, 16) | None = None
+    loadgen: LoadGenPolicy = LoadGenPolicy()
 
 
 class ProfilesFile(_Strict):
@@ -145,6 +192,7 @@ class Benchmark:
     profile: str
     policy: Profile
     compile: str = "default"  # eager | compiled | default (the runner's own; resolved per framework)
+    scenario: str | None = None  # a LoadGen scenario (infer mode); None: the harness's back-to-back iterations
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,14 @@ from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
 from ..store.intervals import reported_interval
 from ..telemetry.contention import DEFAULT_THRESHOLD_PCT, wait_for_quiet, window_contention
-from ..store.record import NetworkInfo, Record, Repeat, RepeatPolicy, Settings, Workload, new_run_id
+from ..store.loadgen import LoadGenLogError, collect_logs, metric_of, read_detail, result_of, write_logs
+from ..store.record import LoadGenInfo, NetworkInfo, Record, Repeat, RepeatPolicy, Settings, Workload, new_run_id
 from ..store.store import Store
 from ..telemetry import Sampler, TelemetryConfig, derive
 from ..telemetry.summary import summarise_repeats
 from .backends import Environments, backend
 from .environments import Environment, EnvironmentBuildError
-from .interrupts import shielded
+from .interrupts import shielded, temporary_folder
 from .equivalence import CheckMade, CheckWanted, ensure_checks
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
 from .registry import RunnerInfo
@@ -150,25 +151,33 @@ def plan(runners: list[RunnerInfo], benchmarks: list[Benchmark]) -> list[Planned
     to one already planned for the runner ("default" and the runner's own) runs once."""
     groups: dict[tuple, list[Benchmark]] = {}
     for b in benchmarks:
-        groups.setdefault((b.suite, b.name, b.precision, b.batch_sizes), []).append(b)
+        groups.setdefault((b.suite, b.name, b.precision, b.batch_sizes, b.scenario), []).append(b)
     runs, seen = [], set()
     for r in runners:
         for group in groups.values():
             for bs in group[0].batch_sizes:
                 for b in group:
                     run = PlannedRun(r, b, bs)
-                    key = (r.name, b.suite, b.name, b.precision, run.compile, bs)
+                    key = (r.name, b.suite, b.name, b.precision, run.compile, bs, b.scenario)
                     if key not in seen:
                         seen.add(key)
                         runs.append(run)
     return runs
 
 
+def loadgen_settings(benchmark: Benchmark) -> dict:
+    """What a LoadGen run's worker is given (and its record keeps): the profile's LoadGen policy,
+    the scenario and the batch sizes it runs (runners/common/loadgen_harness.py)."""
+    policy = benchmark.policy.loadgen
+    return {**policy.model_dump(), "scenario": benchmark.scenario, "batch_sizes": policy.batch_sizes(benchmark.scenario)}
+
+
 def build_request(run: PlannedRun, options: RunOptions) -> dict:
     b = run.benchmark
     return {
         "protocol": PROTOCOL_VERSION,
-        "action": "benchmark",
+        "action": "loadgen" if b.scenario else "benchmark",
+        **({"loadgen": loadgen_settings(b)} if b.scenario else {}),
         "network": b.network.resolved,
         "mode": b.mode,
         "batch_size": run.batch_size,
@@ -238,6 +247,8 @@ class Orchestrator:
         return [self.execute_one(run) for run in runs]
 
     def execute_one(self, run: PlannedRun) -> Record:
+        if run.benchmark.scenario:
+            return self.execute_loadgen(run)
         opts = self.options
         b = run.benchmark
         min_repeats, max_repeats = opts.repeat_bounds(b)
@@ -348,3 +359,101 @@ class Orchestrator:
             self.store.write(record)
         self.events.run_done(run, record)
         return record
+
+    def execute_loadgen(self, run: PlannedRun) -> Record:
+        """A LoadGen scenario run: one worker process, which is LoadGen's system under test; LoadGen's
+        logs (in a folder shared with the worker) are read for the record's figures and kept in the
+        store beside it (store/loadgen.py). LoadGen's own duration and query counts make the
+        measurement, so there are no repeats: a record's `repeats` holds the one worker."""
+        opts = self.options
+        b = run.benchmark
+        started = datetime.now(timezone.utc)
+        self.events.run_started(run, 1)
+        env = self.environment(run.runner)
+        settings = loadgen_settings(b)
+        res: dict = {}
+        tail, status, reason, info, files = "", "ok", None, None, {}
+        repeats: list[Repeat] = []
+        if isinstance(env, EnvironmentBuildError):
+            status, reason, env_info = "failed", str(env), {"backend": opts.env_backend, "error": str(env)}
+        else:
+            env_info = env.describe()
+            with temporary_folder("dlbench-loadgen-") as logs:
+                request = build_request(run, opts)
+                request["loadgen"]["log_dir"] = str(logs)
+                sampler = Sampler(opts.telemetry, None, opts.nvml_module) if opts.telemetry else None
+                outcome = run_worker(env.python, run.runner.worker, request, opts.timeout_s, thread_env(opts.threads),
+                                     sampler, container=env.container, shared_dirs=(logs,))
+                res, tail = outcome.result or {}, outcome.output_tail
+                status, reason = outcome.status, outcome.reason
+                repeats.append(Repeat(index=0, status=outcome.status, reason=outcome.reason, wall_s=outcome.wall_s,
+                                      telemetry=sampler.result if sampler else None, memory=res.get("memory"),
+                                      compile=res.get("compile")))
+                if status == "ok":
+                    try:
+                        files = collect_logs(logs, [t["log_dir"] for t in res["loadgen"]["runs"]])
+                        info = loadgen_info(res["loadgen"], settings, files)
+                    except LoadGenLogError as e:
+                        status, reason = "failed", f"LoadGen's log: {e}"
+            self.events.repeat_done(run, repeats[0])
+        run_id = new_run_id(started)
+        if info is not None:
+            with shielded():  # the logs first: a record never lists a log that is not there
+                info.logs = write_logs(self.store, run_id, files)
+        threads = res.get("threads", {})
+        record = Record(
+            run_id=run_id, started_at=started, ended_at=datetime.now(timezone.utc),
+            dlbench=dlbench_provenance(), suite=b.suite, benchmark=b.name,
+            network=NetworkInfo(name=b.network.name, file=b.network_file, hash=b.network.definition_hash,
+                                params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
+                                definition=b.network.resolved),
+            workload=Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision,
+                              compile=run.compile, compile_requested=b.compile,
+                              compile_mode=opts.compile_mode if run.compile == "compiled" else None,
+                              learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device,
+                              scenario=b.scenario),
+            framework=res.get("framework", {"name": run.runner.name}),
+            environment=env_info, machine=fingerprint(),
+            settings=Settings(profile=b.profile, repeats=1, threads_requested=opts.threads,
+                              threads_effective=threads, timeout_s=opts.timeout_s,
+                              policy={"loadgen": settings}, runner=res.get("settings", {})),
+            repeats=repeats, summary=None, params=res.get("params"),
+            status=status, reason=reason, output_tail=tail if status != "ok" else "",
+            repeat_policy=RepeatPolicy(kind="fixed", min_repeats=1, max_repeats=1,
+                                       stopped="fixed" if status == "ok" else "failed_repeat" if repeats
+                                       else "not_started"),
+            loadgen=info,
+        )
+        record.telemetry = ({"enabled": True, "interval_s": opts.telemetry.interval_s, "summary": None,
+                             "reason": "LoadGen runs keep the series of their one worker; no measured window is derived"}
+                            if opts.telemetry else {"enabled": False, "reason": "--no-telemetry"})
+        record.equivalence = CheckStore(self.store.root).status_for_run(
+            b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"), b.precision)
+        with shielded():
+            self.store.write(record)
+        self.events.run_done(run, record)
+        return record
+
+
+def loadgen_info(outcome: dict, settings: dict, files: dict[str, bytes]) -> LoadGenInfo:
+    """The record's `loadgen` from the worker's account of its tests and LoadGen's detail logs (the
+    figures are the logs'): the chosen test's result, and every test of a server search."""
+    scenario = outcome["scenario"]
+    results, details = {}, {}
+    for test in outcome["runs"]:
+        name = test["log_dir"]
+        details[name] = read_detail(files[f"{name}/mlperf_log_detail.txt"].decode("utf-8", "replace"))
+        results[name] = result_of(details[name], scenario, name, f"{name}/mlperf_log_detail.txt")
+    chosen = results[outcome["chosen"]]
+    metric, value = metric_of(scenario, chosen)
+    detail = details[outcome["chosen"]]
+    return LoadGenInfo(
+        scenario=scenario, loadgen_version=detail.get("loadgen_version"),
+        mode=str(detail.get("effective_test_mode") or "PerformanceOnly"), metric=metric, metric_value=value,
+        settings=settings, effective={k: v for k, v in detail.items() if k.startswith("effective_")},
+        batching={"max_batch": max(settings["batch_sizes"]), "timeout_ms": settings["batch_timeout_ms"],
+                  "batch_sizes": settings["batch_sizes"],
+                  "applies": "server (a batch waits at most timeout_ms after its first sample) and offline"
+                  if scenario in ("server", "offline") else "none: each query is one batch"},
+        warmup_latency_s=outcome["warmup_latency_s"], result=chosen,
+        search=[results[t["log_dir"]] for t in outcome["runs"]] if scenario == "server" else [])

@@ -81,8 +81,44 @@ class KernelEntry(BaseModel):
         return self
 
 
+Rate = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class LoadGenTest(_Strict):
+    """One LoadGen test the worker ran (runners/common/loadgen_harness.py): its log folder (a plain
+    name under the request's log folder), the server's rate, and what the worker saw of it; the
+    record's figures come from the log itself (store/loadgen.py), never from these."""
+
+    log_dir: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    target_qps: Rate | None = None
+    wall_s: Seconds
+    batches: Count
+    loaded_samples: Count
+    meets_bound: bool | None = None
+    validity: str | None = None
+
+
+class LoadGenOutcome(_Strict):
+    """The `loadgen` part of a loadgen request's result."""
+
+    scenario: Literal["single_stream", "multi_stream", "offline", "server"]
+    runs: Annotated[list[LoadGenTest], Field(min_length=1, max_length=1000)]
+    chosen: str
+    warmup_latency_s: dict[str, Seconds]
+    expected: dict[str, Rate]
+
+    @model_validator(mode="after")
+    def _chosen_is_a_run(self):
+        names = [r.log_dir for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError("two LoadGen tests name the same log folder")
+        if self.chosen not in names:
+            raise ValueError(f"chosen {self.chosen!r} is none of the tests' log folders")
+        return self
+
+
 class WorkerResult(_Strict):
-    """RESULT.json of runners/common/harness.py, for every action (benchmark, kernels, check)."""
+    """RESULT.json of runners/common/harness.py, for every action (benchmark, kernels, check, loadgen)."""
 
     protocol: Literal[PROTOCOL_VERSION] | None = None  # type: ignore[valid-type]
     status: Literal["ok", "failed", "skipped"]
@@ -105,6 +141,8 @@ class WorkerResult(_Strict):
     kernels: list[KernelEntry] | None = None
     # action check
     outputs: str | None = None
+    # action loadgen
+    loadgen: LoadGenOutcome | None = None
 
     @field_validator("window_monotonic_ns")
     @classmethod
@@ -140,6 +178,8 @@ class WorkerResult(_Strict):
                 raise _FieldProblem("iter_s", "an ok result has no measured iterations")
             if not self.window_monotonic_ns:
                 raise _FieldProblem("window_monotonic_ns", "an ok result has no measured window")
+        elif action == "loadgen" and self.loadgen is None:
+            raise _FieldProblem("loadgen", "an ok result of a loadgen request has no loadgen tests")
         elif action == "kernels" and self.kernels is None:
             raise _FieldProblem("kernels", "an ok result of a kernels request has no kernels")
         return self

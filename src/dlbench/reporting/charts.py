@@ -331,6 +331,41 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, log
     return _svg(width, height, title, body)
 
 
+def percentile_chart(series: list[Series], title: str, y_label: str, width: float = 640,
+                     height: float = 260) -> Markup:
+    """Latency against percentile (LoadGen's 50th ... 99.9th), one line per series; the percentiles
+    sit at even steps (their labels name them), the latency axis turns logarithmic past a 30x span."""
+    percentiles = sorted({p.x for s in series for p in s.points})
+    if not percentiles:
+        return empty_chart(f"{title}: nothing measured")
+    left, right, top, bottom = 64, 16, 28, 40
+    step = (width - left - right) / max(len(percentiles) - 1, 1)
+    x_of = {pct: left + (i * step if len(percentiles) > 1 else (width - left - right) / 2)
+            for i, pct in enumerate(percentiles)}
+    y_scale, y_ticks = value_scale([p.y for s in series for p in s.points], height - bottom, top, zero=True)
+    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="plot"/>']
+    for t in y_ticks:
+        y = y_scale(t)
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
+        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    for pct, x in x_of.items():
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" class="grid"/>')
+        body.append(_text(x, height - bottom + 15, f"p{fmt_tick(pct)}", "middle", "tick"))
+    body.append(_text((left + width - right) / 2, height - 6, "percentile of LoadGen's per-sample latencies",
+                      "middle", "axis"))
+    body.append(f'<text x="12" y="{(top + height - bottom) / 2:.1f}" font-size="{FONT}" text-anchor="middle" '
+                f'class="axis" transform="rotate(-90 12 {(top + height - bottom) / 2:.1f})">{escape(y_label)}</text>')
+    for s in series:
+        pts = sorted(s.points, key=lambda p: p.x)
+        coords = " ".join(f"{x_of[p.x]:.1f},{y_scale(p.y):.1f}" for p in pts)
+        if len(pts) > 1:
+            body.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" class="line"/>')
+        for p in pts:
+            body.append(f'<circle cx="{x_of[p.x]:.1f}" cy="{y_scale(p.y):.1f}" r="3.2" fill="{s.colour}" class="marker"/>')
+    body.extend(_legend(series, left, 16))
+    return _svg(width, height, title, body)
+
+
 # ------------------------------------------------------------------ telemetry over time
 
 

@@ -139,6 +139,16 @@ class RunView:
     repeats: int = 0
     iterations: int = 0
     network_page: str = ""  # the network definition's JSON file in the site
+    # a LoadGen scenario run (schema 9): LoadGen's verdict, its figure, its per-sample latency
+    # percentiles ((percentile, ms), ...) and throughput; such a run is on its benchmark page, never
+    # on a leaderboard or a history series (its figure is not the harness's back-to-back throughput)
+    scenario: str | None = None
+    loadgen_validity: str | None = None
+    loadgen_reason: str | None = None
+    loadgen_metric: str | None = None
+    loadgen_value: float | None = None
+    loadgen_samples_per_s: float | None = None
+    latency_pct_ms: tuple[tuple[float, float], ...] = ()
 
     def to_json(self) -> dict:
         # the fields are plain values and tuples of floats: no deep copy (dataclasses.asdict) needed
@@ -152,6 +162,7 @@ class RunView:
         data["started_at"] = datetime.fromisoformat(data["started_at"])
         data["box_ms"] = tuple(data["box_ms"]) if data.get("box_ms") else None
         data["repeat_medians_ms"] = tuple(data.get("repeat_medians_ms") or ())
+        data["latency_pct_ms"] = tuple(tuple(p) for p in data.get("latency_pct_ms") or ())
         return cls(**data)
 
     @property
@@ -237,6 +248,18 @@ def utilisation(r: Record, peaks: Peaks | None) -> dict:
             "model_tflops": tflops, "mfu": found.mfu, "mfu_note": found.source or found.reason}
 
 
+def loadgen_fields(r: Record) -> dict:
+    """A LoadGen scenario run's part of its RunView (nothing for other runs)."""
+    info = r.loadgen
+    if info is None:
+        return {"scenario": r.workload.scenario}
+    pct = sorted((float(k), v / 1e6) for k, v in info.result.latency_ns.items() if k.replace(".", "").isdigit())
+    return {"scenario": info.scenario, "loadgen_validity": info.result.validity,
+            "loadgen_reason": "; ".join(info.result.invalid_reasons) or None, "loadgen_metric": info.metric,
+            "loadgen_value": info.metric_value, "loadgen_samples_per_s": info.result.samples_per_s,
+            "latency_pct_ms": tuple(pct)}
+
+
 def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> RunView:
     """`page`: where the run's page is written (default: from its run id); `peaks`: the store's
     machine profiles, for the run's MFU."""
@@ -272,7 +295,7 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
-        **utilisation(r, peaks),
+        **utilisation(r, peaks), **loadgen_fields(r),
     )
 
 
@@ -385,6 +408,9 @@ class BenchmarkPage:
     variants: list[tuple[str, str]] = field(default_factory=list)  # (precision, compile) present, sorted
     grid: list[GridRow] = field(default_factory=list)  # framework x batch rows, a cell per variant
     speedups: list[Speedup] = field(default_factory=list)
+    # LoadGen scenario runs: (framework, scenario) -> the latest one that completed
+    loadgen: dict[tuple[str, str], RunView] = field(default_factory=dict)
+    timed: bool = True  # whether any run is the harness's own timing (not LoadGen's)
 
     @property
     def precisions(self) -> list[str]:
@@ -557,9 +583,10 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
     by_benchmark: dict[tuple, list[RunView]] = defaultdict(list)
     by_series: dict[tuple, list[RunView]] = defaultdict(list)
     for v in views:
-        by_board[v.board_key][v.entry_key][v.framework].append(v)
         by_benchmark[v.benchmark_key].append(v)
-        by_series[v.series_key].append(v)
+        if v.scenario is None:  # LoadGen's figures are on the benchmark page only
+            by_board[v.board_key][v.entry_key][v.framework].append(v)
+            by_series[v.series_key].append(v)
 
     boards = []
     for key in sorted(by_board):
@@ -601,17 +628,22 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
     pages = []
     for key in sorted(by_benchmark):
         runs = sorted(by_benchmark[key], key=lambda v: (v.started_at, v.run_id), reverse=True)
+        timed = [v for v in runs if v.scenario is None]
         latest: dict = {}
+        loadgen: dict = {}
         for v in runs:  # newest first: the first successful one per (framework, batch, precision, compile) wins
-            if v.ok:
+            if v.ok and v.scenario is None:
                 latest.setdefault((v.framework, v.batch_size, v.precision, v.compile), v)
-        variants = sorted({v.variant for v in runs}, key=variant_order)
+            if v.scenario is not None and v.status == "ok" and v.latency_pct_ms:
+                loadgen.setdefault((v.framework, v.scenario), v)
+        variants = sorted({v.variant for v in timed}, key=variant_order)
         page = benchmark_page_name(key)
         pages.append(BenchmarkPage(
             key[0], key[1], key[2], page, board_anchor(key[:2]), runs, latest,
-            sorted({v.framework for v in runs}), sorted({v.batch_size for v in runs}),
+            sorted({v.framework for v in runs}), sorted({v.batch_size for v in timed}),
             [(s.label, s.anchor) for s in series_by_benchmark[key]],
-            variants, _grid(runs, variants), speedups(latest, key[2], page)))
+            variants, _grid(timed, variants), speedups(latest, key[2], page),
+            dict(sorted(loadgen.items())), bool(timed)))
 
     counts: dict[str, int] = defaultdict(int)
     for v in views:

@@ -119,10 +119,32 @@ def benchmark_context(page: BenchmarkPage, model: SiteModel) -> dict:
     page_precisions, page_compiles = page.precisions, page.compiles
     grid_columns = [variant_label(v, page_precisions, page_compiles) for v in page.variants]
     speedup = speedup_chart(page.speedups, f"{page.benchmark}: compiled over eager", False)
-    return {"page": page, "model": model, "latest": latest, "throughput": throughput, "scaling": scaling,
+    return {**loadgen_context(page, colour), "page": page, "model": model, "latest": latest,
+            "throughput": throughput, "scaling": scaling,
             "distribution": distribution, "first": first, "energy": energy, "energy_missing": energy_missing,
             "single_batch": len(page.batch_sizes) == 1, "grid_columns": grid_columns,
             "show_grid": len(page.variants) > 1, "show_compile": len(page_compiles) > 1, "speedup_chart": speedup}
+
+
+SCENARIO_ORDER = ("single_stream", "multi_stream", "server", "offline")
+
+
+def loadgen_context(page: BenchmarkPage, colour: dict[str, str]) -> dict:
+    """LoadGen's scenarios on a benchmark page: per framework, a chart of the per-sample latency at
+    each percentile LoadGen reports, one line per scenario (its latest completed run); and the rows
+    of the table under it."""
+    scenarios = sorted({s for _, s in page.loadgen}, key=lambda s: (SCENARIO_ORDER.index(s)
+                                                                     if s in SCENARIO_ORDER else 9, s))
+    charts_by_framework = []
+    for fw in sorted({f for f, _ in page.loadgen}):
+        series = [charts.Series(f"{scenario} ({page.loadgen[(fw, scenario)].loadgen_validity})",
+                                [charts.Point(pct, ms) for pct, ms in page.loadgen[(fw, scenario)].latency_pct_ms],
+                                charts.PALETTE[i % len(charts.PALETTE)])
+                  for i, scenario in enumerate(scenarios) if (fw, scenario) in page.loadgen]
+        charts_by_framework.append((fw, charts.percentile_chart(
+            series, f"{page.benchmark} on {fw}: LoadGen latency percentiles", "ms per sample")))
+    rows = sorted(page.loadgen.values(), key=lambda v: (v.framework, scenarios.index(v.scenario)))
+    return {"loadgen_charts": charts_by_framework, "loadgen_rows": rows}
 
 
 def history_chart(s: HistorySeries, frameworks: list[str]) -> charts.Markup:

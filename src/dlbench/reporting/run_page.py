@@ -396,6 +396,26 @@ def prediction_context(record: Record) -> dict | None:
             "measured_pct": 100 * p.measured_share if p.measured_share is not None else None, "notes": p.notes}
 
 
+def loadgen_context(record: Record) -> dict | None:
+    """A LoadGen scenario run's section: LoadGen's verdict and figures, its latency chart, the
+    server's search, the settings given and taken, and the logs kept in the store."""
+    info = record.loadgen
+    if info is None:
+        return None
+    from .charts import Point, Series, percentile_chart
+
+    pct = [(float(k), v / 1e6) for k, v in info.result.latency_ns.items() if k.replace(".", "").isdigit()]
+    chart = percentile_chart([Series(f"{info.scenario} ({info.result.validity})", [Point(p, ms) for p, ms in pct])],
+                             f"{record.benchmark} on {record.framework.get('name')}: LoadGen latency percentiles",
+                             "ms per sample")
+    return {"info": info, "chart": chart,
+            "figures": flatten(_rounded(info.result.figures)),
+            "settings": flatten({"given": info.settings, "batching": info.batching,
+                                 "warmup_latency_s": info.warmup_latency_s}),
+            "effective": flatten(info.effective),
+            "search": info.search, "logs": info.logs}
+
+
 def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
     view = run_view(record, page, peaks)
     hardware = hardware_label(record)
@@ -430,4 +450,5 @@ def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
         "distributed": distributed_context(record, flatten),  # distributed and comm runs (distributed_view.py)
         "prediction": prediction_context(record),
         "compilation": compilation_context(record, view),
+        "loadgen": loadgen_context(record),
     }

@@ -26,10 +26,12 @@ _TIMES = {"started_at", "ended_at"}
 _INTEGERS = {"batch_size", "threads", "repeats", "iterations", "params", "params_described", "flops_per_sample",
              "model_flops_per_iter", "repeats_requested"}
 _FLOATS = {"ms_per_iter", "samples_per_s", "tokens_per_s", "model_tflops", "mfu", "iqr_ms", "cv", "first_iter_ms", "compile_ms", "alloc_peak_mb", "avg_power_w", "joules_per_sample",
-           "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb", "learning_rate", "momentum"}
+           "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb", "learning_rate", "momentum",
+           "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps"}
 _TEXT = {"run_id", "suite", "benchmark", "network", "mode", "framework", "framework_version", "device", "precision",
          "compile", "status", "machine", "equivalence", "reason", "mfu_reason", "profile", "machine_id", "cpu_model", "gpu_model", "os",
-         "dlbench_version", "dlbench_commit", "network_hash", "env_backend"}
+         "dlbench_version", "dlbench_commit", "network_hash", "env_backend", "scenario", "loadgen_result",
+         "loadgen_reason"}
 
 # Beside every iteration: what a plot or a model of iteration times groups by.
 ITERATION_KEYS = ("started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version", "device",

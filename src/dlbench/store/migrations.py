@@ -81,8 +81,14 @@ def update_to_8(data: dict) -> dict:
     return data
 
 
+def update_to_9(data: dict) -> dict:
+    """9 added LoadGen scenarios (`workload.scenario`, `loadgen`): an older record ran the harness's
+    back-to-back iterations, which absent (None) means."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8}
+         8: update_to_8, 9: update_to_9}
 
 
 def upgrade(data: dict, target: int) -> dict:

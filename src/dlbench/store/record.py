@@ -66,6 +66,16 @@ records step by step and refuse newer ones):
     when the run stopped; `achieved_ci_pct` keeps its meaning, the stored bootstrap's half-width.
     Older records read with `target_interval` "bootstrap" where adaptive and no
     `achieved_reported_ci_pct` (the tables derive their reported interval on read) (update_to_8).
+  9 (2026-12-02) MLPerf LoadGen scenarios (`dlbench run --scenario`): `workload.scenario`
+    (single_stream | multi_stream | offline | server; None for the harness's own back-to-back
+    timing) and `loadgen` (LoadGenInfo): the settings dlbench gave LoadGen and those LoadGen took
+    (durations, query counts, target latency, seeds), the batching policy, the warm-up, LoadGen's own
+    result of the run the figure comes from (VALID/INVALID and why, latency percentiles, QPS,
+    early-stopping figures, every `result_*` key of its detail log), the server's search, and
+    `logs`: LoadGen's log files, kept in the store beside the record under
+    STORE/loadgen/<run_id>/, each with its size and SHA-256 (the record's checksum covers those,
+    so `store verify` proves the logs too). A LoadGen run has no `summary` (LoadGen keeps the clock,
+    not the harness). Older records read with scenario None and no loadgen (update_to_9).
 """
 
 from __future__ import annotations
@@ -77,7 +87,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -201,6 +211,8 @@ class Workload(_Model):
     learning_rate: float
     momentum: float
     device: Literal["cpu", "cuda"]
+    # an MLPerf LoadGen scenario (schema 9); None: the harness's back-to-back iterations
+    scenario: Literal["single_stream", "multi_stream", "offline", "server"] | None = None
 
 
 class Settings(_Model):
@@ -306,6 +318,48 @@ class Prediction(_Model):
     error: str | None = None  # why the profile could not predict this run
 
 
+class LoadGenLog(_Model):
+    """One of LoadGen's log files, kept in the store: `path` relative to the store's root
+    (loadgen/<run_id>/<LoadGen run>/<file>), its size and the SHA-256 of its bytes."""
+
+    path: Annotated[str, Field(pattern=r"^loadgen/[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/[A-Za-z0-9_-]{1,64}/"
+                                       r"mlperf_log_[a-z]+\.txt$")]
+    bytes: Int64
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class LoadGenResult(_Model):
+    """LoadGen's own result of one test, as its detail log states it (store/loadgen.py reads it)."""
+
+    log_dir: str  # the LoadGen run's folder under loadgen/<run_id>/
+    validity: Literal["VALID", "INVALID"]
+    invalid_reasons: list[str] = []  # LoadGen's words: its invalid reason, the unmet conditions, early stopping's text
+    target_qps: float | None = None  # server: the Poisson rate LoadGen was asked for
+    meets_bound: bool | None = None  # server: LoadGen's result_perf_constraints_met (99th percentile within the bound)
+    query_count: Int64 | None = None
+    latency_ns: dict[str, float] = {}  # min, mean, max, and percentiles "50.00" ... "99.90" (per sample)
+    samples_per_s: float | None = None  # the scenario's throughput (see store/loadgen.py: which key)
+    early_stopping: str | None = None  # LoadGen's early-stopping text
+    figures: dict[str, Any] = {}  # every result_* and early_stopping_* key of the detail log, as LoadGen wrote it
+
+
+class LoadGenInfo(_Model):
+    """A run under MLPerf LoadGen (schema 9): what it was asked, what it found, where its logs are."""
+
+    scenario: Literal["single_stream", "multi_stream", "offline", "server"]
+    loadgen_version: str | None = None
+    mode: str = "PerformanceOnly"
+    metric: str  # what the scenario's figure is: p90 latency, p99 latency, samples/s, server QPS
+    metric_value: float | None = None
+    settings: dict[str, Any]  # what dlbench gave LoadGen (profile: durations, counts, bound, seeds, batching)
+    effective: dict[str, Any] = {}  # LoadGen's effective_* settings of the chosen test
+    batching: dict[str, Any] = {}  # max batch, timeout, the padded batch sizes
+    warmup_latency_s: dict[str, float] = {}  # median per padded batch size, before LoadGen started
+    result: LoadGenResult  # the test the figure comes from (the server: the highest rate that met the bound)
+    search: list[LoadGenResult] = []  # server: every test of the search, in order
+    logs: list[LoadGenLog] = []
+
+
 class Record(_Model):
     schema_version: Int64 = SCHEMA_VERSION
     run_id: RunId
@@ -332,3 +386,4 @@ class Record(_Model):
     distributed: DistributedInfo | None = None  # multi-worker runs (schema 5)
     comm: CommInfo | None = None  # collective runs (schema 5)
     prediction: Prediction | None = None  # the performance model's, made before the run (schema 5)
+    loadgen: LoadGenInfo | None = None  # MLPerf LoadGen scenario runs (schema 9)

@@ -14,8 +14,11 @@ COLUMNS = (
     "model_flops_per_iter", "model_tflops", "mfu", "mfu_reason",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
     "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
+    "scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps", "loadgen_reason",
     "machine", "equivalence", "reason", "stability_reason",
 )
+LOADGEN_COLUMNS = ("scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps",
+                   "loadgen_reason")
 
 
 TELEMETRY_COLUMNS = ("avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb")
@@ -49,6 +52,22 @@ def _distributed_columns(r: Record) -> dict:
     }
 
 
+def _loadgen_columns(r: Record) -> dict:
+    """A LoadGen scenario run (schema 9): LoadGen's verdict, its per-sample latency percentiles (ms),
+    the server's rate that met the bound, and why LoadGen called the run INVALID."""
+    info = r.loadgen
+    if info is None:
+        return {c: None for c in LOADGEN_COLUMNS} | {"scenario": r.workload.scenario}
+    latency = info.result.latency_ns
+    return {
+        "scenario": info.scenario,
+        "loadgen_result": info.result.validity,
+        **{f"latency_p{p}_ms": latency[f"{p}.00"] / 1e6 if f"{p}.00" in latency else None for p in (50, 90, 99)},
+        "server_qps": info.metric_value if info.scenario == "server" else None,
+        "loadgen_reason": "; ".join(info.result.invalid_reasons) or None,
+    }
+
+
 def allocator_peak_mb(r: Record) -> float | None:
     """The framework allocator's peak device memory, highest over the repeats (MB, 1e6 bytes);
     None where no repeat's runner could read one (on the CPU most cannot: Repeat.memory says why)."""
@@ -62,6 +81,8 @@ def run_row(r: Record) -> dict:
     read, so the row index never caches them)."""
     s = r.summary
     ci = reported_interval(s, r.workload.batch_size)
+    # a LoadGen run has no summary: its throughput is LoadGen's (store/loadgen.py: THROUGHPUT_KEYS)
+    samples_per_s = s.samples_per_s if s else r.loadgen.result.samples_per_s if r.loadgen else None
     flops_per_iter = model_flops_per_iter(r.workload.mode, r.workload.batch_size, r.network.flops_per_sample)
     return {
         "run_id": r.run_id,
@@ -79,8 +100,8 @@ def run_row(r: Record) -> dict:
         "threads": r.settings.threads_requested,
         "status": r.status,
         "ms_per_iter": s.ms_per_iter if s else None,
-        "samples_per_s": s.samples_per_s if s else None,
-        "tokens_per_s": tokens_per_s(r.network.definition, s.samples_per_s if s else None),
+        "samples_per_s": samples_per_s,
+        "tokens_per_s": tokens_per_s(r.network.definition, samples_per_s),
         "iqr_ms": s.iqr_s * 1e3 if s else None,
         "cv": s.cv if s else None,
         # the interval of the median as reported (intervals.py: how, and why it is derived on read)
@@ -107,6 +128,7 @@ def run_row(r: Record) -> dict:
         "mfu_reason": None,
         **_telemetry_columns(r),
         **_distributed_columns(r),
+        **_loadgen_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .checks import check_file_problem
 from .kernels import KernelStore
+from .loadgen import log_problems
 from .profiles import ProfileError, read_profile
 from .store import Store, StoreError, Unreadable
 
@@ -46,7 +47,7 @@ def performance_file_problems(root: Path) -> list[tuple[Path, str | None]]:
 
 def verify(store: Store) -> VerifyReport:
     """Check every record (readable, valid, checksum, named after its run id), check file, kernel
-    record and machine profile of `store`; changes nothing."""
+    record, machine profile and LoadGen log of `store`; changes nothing."""
     report = VerifyReport()
     for path in store.paths():
         try:
@@ -54,6 +55,8 @@ def verify(store: Store) -> VerifyReport:
         except StoreError as e:
             report.problems.append(Unreadable(path, str(e)))
             continue
+        # a LoadGen run's logs (schema 9): each as its record lists it, size and SHA-256
+        report.problems += [Unreadable(p, why) for p, why in log_problems(store.root, stored.record)]
         if stored.verified:  # (a record named other than its run id is a StoreError of inspect)
             report.verified.append(path)
         else:
