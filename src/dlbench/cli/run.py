@@ -51,7 +51,8 @@ def run(
     framework: FrameworksOption = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
     mode: Annotated[Optional[list[str]], typer.Option(
-        help="train | infer; repeatable (default: the profile's choice, which is train only for smoke).")] = None,
+        help="train | infer | generate (decoder networks: prompt, then new tokens with a key/value cache); "
+             "repeatable (default: the profile's choice, which is train only for smoke).")] = None,
     profile: ProfileOption = "default",
     device: DeviceOption = "auto",
     env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter) | "
@@ -150,6 +151,12 @@ def run(
         chosen = {b.name for b in available}
         selected = [b for b in every_mode
                     if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
+    if mode and "generate" in mode and not any(b.mode == "generate" for b in selected):
+        decoders = [f"{s.name}: {', '.join(b.network.name for b in s.benchmarks if b.mode == 'generate')}"
+                    for s in lookup.load_suites("all", profile, resolved_device, ("generate",))
+                    if any(b.mode == "generate" for b in s.benchmarks)]
+        raise fail(f"--mode generate: suite {suite!r} has no benchmark that generates (only decoder networks do, where "
+                   f"a suite lists mode generate with its sizes: {'; '.join(decoders) or 'none'})")
     selected = with_axes(selected, precisions, compiles)
     try:
         check_repeat_options(repeats, max_repeats, target_ci, selected)
@@ -192,6 +199,11 @@ def run(
         raise typer.Exit(exit_status(e)) from None
     lookup.refresh_index(st)
     out.print(_summary_table(records), width=min(out.width, tables.WIDTH))
+    generated = [r for r in records if r.workload.mode == "generate"]
+    if generated:
+        out.print(tables.rich_table([run_row(r) for r in generated], tables.GENERATION_COLUMNS,
+                                    "generation (per request: median and 99th percentile; ms/iter above is a request)"),
+                  width=min(out.width, tables.WIDTH))
     for note in tables.footnotes([run_row(r) for r in records], tables.RUN_COLUMNS):
         out.print(escape(note), highlight=False)
     _report_contention(records)
