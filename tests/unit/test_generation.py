@@ -276,6 +276,16 @@ def test_run_mode_generate_records_ttft_and_tpot(project, quiet_fake, tmp_path):
     # tokens/s of a generate run: batch x new tokens per median request
     assert row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 8)
 
+    code, out, _ = invoke("results", "--store", str(store))
+    assert code == 0 and "generation (per request" in out and "TTFT p99" in out
+
+    site = tmp_path / "site"
+    code, _, err = invoke("report", "--store", str(store), "--out", str(site))
+    assert code == 0, err
+    page = (site / "runs" / f"{records[1].run_id}.html").read_text()
+    assert "<h2>Generation</h2>" in page and "time to first token (ms)" in page and "time per output token" in page
+    assert f"{tiny.ttft.median * 1e3:.4g}" in page
+
 
 def test_mode_generate_on_a_suite_without_decoders_is_refused_naming_them(project, quiet_fake, tmp_path):
     code, _, err = run_generate(tmp_path / "s", "fcn")

@@ -38,8 +38,8 @@ from datetime import datetime
 
 from ..store.intervals import reported_interval
 from ..store.record import Record
-from ..store.rows import allocator_peak_mb
-from ..store.utilisation import Peaks, model_flops_per_iter, model_tflops, tokens_per_s
+from ..store.rows import allocator_peak_mb, run_tokens_per_s
+from ..store.utilisation import Peaks, model_flops_per_iter, model_tflops
 
 SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,80}$")
 
@@ -233,7 +233,7 @@ def utilisation(r: Record, peaks: Peaks | None) -> dict:
         tflops=tflops, precision=r.workload.precision, machine_id=str(r.machine.get("machine_id") or ""),
         device=r.workload.device, threads=r.settings.threads_requested,
         workers=r.distributed.workers if r.distributed else None)
-    return {"tokens_per_s": tokens_per_s(r.network.definition, s.samples_per_s if s else None),
+    return {"tokens_per_s": run_tokens_per_s(r),
             "model_tflops": tflops, "mfu": found.mfu, "mfu_note": found.source or found.reason}
 
 
