@@ -20,6 +20,7 @@ import functools
 import jax_network as jn
 from contract import DecoderLayout, Generator
 from jax_network import load_jax
+from protocol import Skip
 
 
 @functools.cache
@@ -129,6 +130,9 @@ def prepare_generation(request: dict, device) -> Generator:
     jnp = jax.numpy
     network = request["network"]
     layout = DecoderLayout(network)
+    precision = jn.check_precision(request)
+    if precision not in ("fp32", "tf32", "float64"):
+        raise Skip(f"generate: the jax runner generates in fp32, tf32 and the check's float64, not {precision}")
     tm = jn.TrainingModel(request)  # precision pinned, compile mode checked (eager is skipped), plan
     gen = request["generation"]
     prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
@@ -182,7 +186,7 @@ def prepare_generation(request: dict, device) -> Generator:
             jax.block_until_ready(state["generated"][-1])
 
     def load_weights(arrays):
-        like = {"params": state["params"], "batch_stats": {}}
+        like = {"params": state["params"]}
         state["params"] = jax.device_put(jn.canonical_to_variables(arrays, network, tm.plan, like)["params"], device)
 
     settings = {

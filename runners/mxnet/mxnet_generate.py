@@ -158,6 +158,9 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
         rows = table.data(ctx)[t:t + 1]
         token, _, *new = decode_step(state["token"].reshape((-1, 1)), rows, decode_masks[t], *caches)
         write(new, t)
+        # a hybridised step with static_alloc returns its output buffers, which its next call overwrites:
+        # the token is kept (and fed back) as a copy of its own
+        token = token.copy()
         state["token"] = token
         state["generated"].append(token)
         state["index"] = t + 1

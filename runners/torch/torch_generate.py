@@ -20,6 +20,7 @@ from contract import DecoderLayout, Generator
 from protocol import Skip
 from torch_network import load_torch
 
+
 class CachedDecoder:
     """The built nn.Sequential driven as a cached decoder for one batch, prompt and token count."""
 
@@ -149,11 +150,7 @@ def prepare_generation(request: dict, device, compiled: bool, compile_settings: 
                                "recompilation per token)" if compiled else
                                "eager decode step, F.scaled_dot_product_attention with a boolean mask")})
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-    def host(t):
-        return tn.host_array(t)
-
     return Generator(prefill, decode, tn.synchronizer(device), params, settings,
                      load_weights=lambda arrays: tn.load_weights(model, network, arrays),
-                     tokens=lambda: host(torch.stack(decoder.generated, dim=1)),
-                     first_logits=lambda: host(decoder.first))
+                     tokens=lambda: torch.stack(decoder.generated, dim=1).cpu().numpy(),
+                     first_logits=lambda: tn.host_array(decoder.first))
