@@ -364,3 +364,6 @@ def test_check_mode_generate_through_the_cli(project, quiet_fake, tmp_path, monk
     code, _, err = invoke("check", "--mode", "generate", "--precision", "amp_bf16", "--framework", "fake",
                           "--env", "current", "--store", str(tmp_path / "s"))
     assert code == 2 and "amp_bf16" in err
+    code, _, err = invoke("check", "--mode", "generate", "--sequence-length", "8", "--framework", "fake",
+                          "--env", "current", "--store", str(tmp_path / "s"))
+    assert code == 2 and "--sequence-length is for --mode train" in err

@@ -58,6 +58,9 @@ def check(
     check_choice("device", device, DEVICES)
     check_choice("mode", mode, ["train", "generate"])
     if mode == "generate":
+        if sequence_length is not None:
+            raise fail("--sequence-length is for --mode train; --mode generate uses each network's prompt and new "
+                       "tokens of the smoke profile of its suite")
         precision = precision or "fp32"
         check_choice("precision", precision, ["fp32", "float64"])
     precision = precision or "float64"
