@@ -285,6 +285,10 @@ def test_run_mode_generate_records_ttft_and_tpot(project, quiet_fake, tmp_path):
     page = (site / "runs" / f"{records[1].run_id}.html").read_text()
     assert "<h2>Generation</h2>" in page and "time to first token (ms)" in page and "time per output token" in page
     assert f"{tiny.ttft.median * 1e3:.4g}" in page
+    benchmark_pages = [p.read_text() for p in (site / "benchmarks").glob("*.html")]
+    tiny_page = next(p for p in benchmark_pages if "transformer_tiny-generate" in p)
+    assert "<h2>Generation</h2>" in tiny_page and "TTFT p99 ms" in tiny_page
+    assert not any("<h2>Generation</h2>" in p for p in benchmark_pages if "generate" not in p)
 
 
 def test_mode_generate_on_a_suite_without_decoders_is_refused_naming_them(project, quiet_fake, tmp_path):

@@ -138,6 +138,11 @@ class RunView:
     energy_missing: str | None = None
     repeats: int = 0
     iterations: int = 0
+    # mode generate (record.generation, schema 10): medians and 99th percentiles per request, ms
+    ttft_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_ms: float | None = None
+    tpot_p99_ms: float | None = None
     network_page: str = ""  # the network definition's JSON file in the site
 
     def to_json(self) -> dict:
@@ -272,8 +277,18 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
-        **utilisation(r, peaks),
+        **utilisation(r, peaks), **_generation_figures(r),
     )
+
+
+def _generation_figures(r: Record) -> dict:
+    """TTFT and TPOT (median, 99th percentile, ms) of a generate run; nothing for the others."""
+    g = r.generation
+    out = {}
+    for key, dist in (("ttft", g.ttft if g else None), ("tpot", g.tpot if g else None)):
+        if dist is not None:
+            out.update({f"{key}_ms": dist.median * 1e3, f"{key}_p99_ms": dist.p99 * 1e3})
+    return out
 
 
 # ------------------------------------------------------------------ aggregates
