@@ -52,11 +52,19 @@ def decoder_class():
             shape = (b, self.length, self.heads, self.head_size)
             keys = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
             values = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
-            keys.value = jax.lax.dynamic_update_slice(keys.value, k, (0, index, 0, 0))
-            values.value = jax.lax.dynamic_update_slice(values.value, v, (0, index, 0, 0))
+            # every index int32 (with x64 on, for the float64 check, a Python 0 would be int64)
+            index = jnp.asarray(index, jnp.int32)
+            zero = jnp.zeros((), jnp.int32)
+            keys.value = jax.lax.dynamic_update_slice(keys.value, k, (zero, index, zero, zero))
+            values.value = jax.lax.dynamic_update_slice(values.value, v, (zero, index, zero, zero))
             # query at position index + i sees the rows written so far: 0 .. index + i
-            mask = jnp.arange(self.length)[None, :] <= (index + jnp.arange(t))[:, None]
-            a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None])
+            mask = jnp.arange(self.length, dtype=jnp.int32)[None, :] <= (index + jnp.arange(t, dtype=jnp.int32))[:, None]
+            if jnp.dtype(self.dtype) == jnp.float64:
+                # as jax_network's attention in float64: jax.nn's XLA implementation takes its softmax
+                # in float32, flax.linen's computes in the inputs' dtype
+                a = nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None], dtype=self.dtype)
+            else:
+                a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None])
             return nn.Dense(d, use_bias=self.bias, dtype=self.dtype, name="out")(a.reshape(b, t, inner))
 
     class CachedBlock(nn.Module):
@@ -86,7 +94,8 @@ def decoder_class():
         @nn.compact
         def __call__(self, x, index):
             table = self.param("pos_embedding", nn.initializers.zeros_init(), (self.max_length, x.shape[-1]))
-            rows = jax.lax.dynamic_slice(table, (index, 0), (x.shape[1], x.shape[-1]))
+            rows = jax.lax.dynamic_slice(table, (jnp.asarray(index, jnp.int32), jnp.zeros((), jnp.int32)),
+                                         (x.shape[1], x.shape[-1]))
             return x + rows.astype(self.dtype)
 
     class CachedDecoder(nn.Module):
@@ -198,7 +207,9 @@ def prepare_generation(request: dict, device) -> Generator:
                        "cache": "flax `cache` collection per attention (cached_key, cached_value: batch, prompt + "
                                 "new tokens, heads, head size), lax.dynamic_update_slice at the position, read with "
                                 "a mask of the rows written",
-                       "attention": "jax.nn.dot_product_attention with that mask",
+                       "attention": ("flax.linen.dot_product_attention (float64: jax.nn's softmax is float32)"
+                                     if tm.precision == "float64" else "jax.nn.dot_product_attention")
+                                    + " with that mask",
                        "decode": "one jitted step per token (position a traced scalar: compiled once)"},
     }
     return Generator(prefill, decode, synchronize, tm.count_params(params), settings, load_weights=load_weights,

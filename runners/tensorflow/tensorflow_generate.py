@@ -51,7 +51,7 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
         first = blocks[0].attn
         cache_shape = (batch, len(blocks), 2, length, first._num_heads, first._key_dim)
         positions = [tf.constant(i, tf.int32) for i in range(length)]  # one device scalar per position
-        rows = ops.arange(length)
+        rows = ops.arange(length, dtype="int32")  # int32 throughout: under float64 Keras' default ints are int64
 
     def attention(mha, h, cache, i, index):
         """keras_hub's CachedMultiHeadAttention: q, k, v through the layer's own projections, k and v
@@ -61,7 +61,7 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
         cache = ops.slice_update(cache, [0, i, 0, index, 0, 0], ops.cast(update, cache.dtype))
         keys, values = cache[:, i, 0], cache[:, i, 1]
         t = ops.shape(h)[1]
-        mask = ops.expand_dims(rows[None, :] <= (index + ops.arange(t))[:, None], axis=0)  # (1, T, L)
+        mask = ops.expand_dims(rows[None, :] <= (index + ops.arange(t, dtype="int32"))[:, None], axis=0)  # (1, T, L)
         out, _ = mha._compute_attention(q, keys, values, attention_mask=mask, training=False)
         return mha._output_dense(out), cache
 
@@ -86,7 +86,7 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
 
     @tf.function(jit_compile=jit)
     def prefill_step(tokens, cache):
-        return forward(tokens, cache, 0)
+        return forward(tokens, cache, tf.constant(0, tf.int32))
 
     @tf.function(jit_compile=jit)
     def decode_step(token, cache, index):
