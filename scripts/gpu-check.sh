@@ -2,8 +2,10 @@
 # CUDA checks for a GPU host: the torch and jax runners on the GPU through the whole spine (smoke
 # profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
-# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16),
-# MLPerf LoadGen's single_stream (and server) on CUDA, then results and the report.
+# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, generation (mode generate, GPT-2 small
+# and transformer_tiny, torch eager and with its compiled decode step, jax), `dlbench check` on CUDA
+# (float64 and amp_bf16, and --mode generate), MLPerf LoadGen's single_stream (and server) on CUDA, then results
+# and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -60,6 +62,17 @@ done
 "${DLBENCH[@]}" run --suite transformer --framework torch,jax --benchmark gpt2_small-train \
    --benchmark bert_base-train --benchmark vit_b16-train --precision amp_bf16 --compile compiled --repeats 1 \
    --device cuda "${ENV[@]}" --store "$OUT/store" --timeout 900 2>&1 | tee "$OUT/transformer.log" || status=1
+# Generation (issue 20): the default profile's GPU sizes (GPT-2 small: a 512-token prompt, 128 new tokens,
+# batch 1 and 16), time to first token and per output token per request; torch eager and with its
+# torch.compile'd decode step, jax's jitted steps with flax cache variables; one repeat each.
+for fw_compile in "torch all" "jax default"; do  # jax's only mode is jit (its eager is skipped)
+  read -r fw compile <<< "$fw_compile"
+  "${DLBENCH[@]}" run --suite transformer --framework "$fw" --benchmark gpt2_small-generate \
+     --benchmark transformer_tiny-generate --mode generate --compile "$compile" --repeats 1 --device cuda \
+     "${ENV[@]}" --store "$OUT/store" --timeout 900 2>&1 | tee -a "$OUT/generate.log" || status=1
+done
+"${DLBENCH[@]}" check --mode generate --framework torch,jax --device cuda --network transformer_tiny \
+   --network gpt2_small "${ENV[@]}" --store "$OUT/store" 2>&1 | tee "$OUT/check-generate.log" || status=1
 # fp32 pinned: an 8192^2 float32 matmul well below the TF32 rate in every framework, flags read back.
 "$PY" scripts/gpu_pinning.py 2>&1 | tee "$OUT/pinning.txt" || status=1
 "${DLBENCH[@]}" check --framework torch,jax --device cuda --precision amp_bf16 "${ENV[@]}" --store "$OUT/store" \

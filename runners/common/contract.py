@@ -104,6 +104,56 @@ class Prepared:
         return self._needs("forward_loss", self._forward_loss)()
 
 
+class Generator:
+    """A decoder network ready to generate text (`prepare_generation`, mode `generate`): a prompt
+    of the request's `generation.prompt_length` tokens per sequence, then greedy decoding with the
+    framework's key/value cache until `generation.new_tokens` tokens per sequence exist.
+
+    prefill(): the prompt through the network, its keys and values into the cache, the first new
+    token chosen (argmax of the last position's logits); every call starts a new request, so the
+    cache of the previous one is overwritten, not carried over. decode(): one more token from the
+    last one and the cache. synchronize(): wait for the device; the harness reads the clock between
+    two synchronisations, so a token's time is the time until it exists on the device (a server
+    would stream it from there). prefill + (new_tokens - 1) decodes make one request.
+
+    For `dlbench check --mode generate`: load_weights(arrays) (canonical weights, as Prepared's),
+    tokens() -> (batch, new_tokens) int array of the last request's generated ids, first_logits()
+    -> (batch, vocabulary) logits of the prompt's last position in the last request (float32, or
+    float64 when the request's precision is float64). The prompt is the request's `inputs` x
+    (its first prompt_length columns) when given, else synthetic ids from the seed."""
+
+    def __init__(self, prefill: Callable[[], Any], decode: Callable[[], Any], synchronize: Callable[[], Any],
+                 params: int, settings: dict, *, load_weights: Callable[[Arrays], None] | None = None,
+                 tokens: Callable[[], Any] | None = None, first_logits: Callable[[], Any] | None = None,
+                 memory: Callable[[], dict] | None = None, compile_stats: Callable[[], dict] | None = None):
+        self.prefill = prefill
+        self.decode = decode
+        self.synchronize = synchronize
+        self.params = params
+        self.settings = settings
+        self._load, self._tokens, self._first_logits = load_weights, tokens, first_logits
+        self.memory = memory
+        self.compile_stats = compile_stats
+
+    def _needs(self, what: str, fn):
+        if fn is None:
+            raise NotImplementedError(f"this Generator was built without {what} (needed by `dlbench check`)")
+        return fn
+
+    def load_weights(self, arrays: Arrays) -> None:
+        load = self._needs("load_weights", self._load)
+        self.synchronize()
+        load(arrays)
+
+    def tokens(self):
+        self.synchronize()
+        return self._needs("tokens", self._tokens)()
+
+    def first_logits(self):
+        self.synchronize()
+        return self._needs("first_logits", self._first_logits)()
+
+
 class Kernel:
     """One kernel of the kernels suite (src/dlbench/performance/kernels.py) on its operands on the
     device (`prepare_kernel`): step() runs it once, synchronize() waits for it, settings says how it
@@ -178,6 +228,45 @@ class LayerTable(dict):
                        f"(it builds {', '.join(sorted(self))})") from None
 
 
+# ------------------------------------------------------------------ generation
+
+
+class DecoderLayout:
+    """Where the parts of a decoder network are in its resolved layers (mode `generate`): the token
+    `embedding` (index 0), the `position` embedding, the transformer `blocks`, the optional final
+    `norm` and the `head` (the last layer). The controller allows mode generate only on networks of
+    this shape (src/dlbench/definitions/generation.py says the same); a runner handed another
+    network skips, saying why."""
+
+    PATTERN = "embedding position_embedding [dropout] transformer_block... [layer_norm] lm_head"
+
+    def __init__(self, network: dict):
+        kinds = [layer["type"] for layer in network["layers"]]
+        why = None
+        if network["input"]["kind"] != "tokens":
+            why = f"takes {network['input']['kind']} input, not tokens"
+        else:
+            i = 2 if kinds[:2] == ["embedding", "position_embedding"] else None
+            if i is not None and i < len(kinds) and kinds[i] == "dropout":
+                i += 1
+            blocks = []
+            while i is not None and i < len(kinds) and kinds[i] == "transformer_block":
+                blocks.append(i)
+                i += 1
+            norm = i if i is not None and i < len(kinds) and kinds[i] == "layer_norm" else None
+            if norm is not None:
+                i += 1
+            if i is None or not blocks or i != len(kinds) - 1 or kinds[i] != "lm_head":
+                why = f"is {', '.join(kinds)}, not {self.PATTERN}"
+            elif not all(network["layers"][b]["causal"] for b in blocks):
+                why = "has non-causal transformer blocks"
+            else:
+                self.embedding, self.position, self.blocks, self.norm, self.head = 0, 1, blocks, norm, i
+        if why:
+            raise Skip(f"mode generate needs a decoder network; {network['name']} {why}")
+        self.max_length = network["layers"][1]["max_length"]
+
+
 # ------------------------------------------------------------------ the runner objects
 
 
@@ -208,6 +297,12 @@ class Runner(Framework, Protocol):
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
         """One kernel of the kernels suite, called the way the runner's own step calls it."""
+
+    def prepare_generation(self, request: dict) -> Generator:
+        """Mode `generate`: the resolved decoder network (the same layers and weights `prepare`
+        builds) with the framework's own key/value cache; `request["generation"]` holds
+        `prompt_length` and `new_tokens`. Honours `precision`, `compile`, `inputs` and `seed` as
+        `prepare` does; a network that is not a decoder, or an axis it cannot generate in, is a Skip."""
 
 
 @runtime_checkable

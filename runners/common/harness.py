@@ -87,6 +87,76 @@ def measure(prepared, warmup: dict, measure: dict,
     }
 
 
+def measure_generation(generator, warmup: dict, measure: dict, new_tokens: int,
+                       clock: Callable[[], int] = time.perf_counter_ns,
+                       mark: Callable[[], int] = time.monotonic_ns) -> dict:
+    """Time whole generation requests the way `measure` times steps: the first request apart
+    (compilation, cache allocation), warm-up requests until their times settle, then at least
+    `min_iters` requests and `min_time_s` seconds of them.
+
+    A request is one prefill and `new_tokens - 1` decodes. Its time to first token (TTFT) is the
+    prefill read between two synchronisations; each decode is read the same way, and its time per
+    output token (TPOT) is the mean of those, i.e. (request time - TTFT) / (new_tokens - 1), as
+    MLPerf defines it. `iter_s` holds whole requests, so the run's summary (samples/s = batch /
+    median request time) is of completed sequences."""
+    gen_prefill, gen_decode, sync = generator.prefill, generator.decode, generator.synchronize
+    decodes = new_tokens - 1
+
+    def request() -> tuple[float, float, float]:
+        t0 = clock()
+        gen_prefill()
+        sync()
+        t1 = clock()
+        for _ in range(decodes):
+            gen_decode()
+            sync()
+        t2 = clock()
+        return (t2 - t0) / 1e9, (t1 - t0) / 1e9, (t2 - t1) / 1e9 / decodes
+
+    sync()
+    first, first_ttft, _ = request()
+
+    warm: list[float] = []
+    settled = False
+    w = warmup["window"]
+    started = clock()
+    while len(warm) < warmup["max_iters"]:
+        warm.append(request()[0])
+        if len(warm) >= max(warmup["min_iters"], 2 * w):
+            before = statistics.median(warm[-2 * w:-w])
+            latest = statistics.median(warm[-w:])
+            if abs(latest - before) <= warmup["tolerance"] * before:
+                settled = True
+                break
+        if (clock() - started) / 1e9 >= warmup["max_time_s"]:
+            break
+
+    times: list[float] = []
+    ttft: list[float] = []
+    tpot: list[float] = []
+    window_start = mark()
+    started = clock()
+    while True:
+        total, to_first, per_token = request()
+        times.append(total)
+        ttft.append(to_first)
+        tpot.append(per_token)
+        n = len(times)
+        if n >= measure["max_iters"]:
+            break
+        if n >= measure["min_iters"] and (clock() - started) / 1e9 >= measure["min_time_s"]:
+            break
+    window_end = mark()
+    return {
+        "first_iter_s": first,
+        "warmup_iter_s": warm,
+        "warmup_settled": settled,
+        "iter_s": times,
+        "window_monotonic_ns": [window_start, window_end],
+        "generation": {"new_tokens": new_tokens, "first_ttft_s": first_ttft, "ttft_s": ttft, "tpot_s": tpot},
+    }
+
+
 class CacheFlush:
     """Evicts the CPU's caches by writing a buffer larger than the last-level cache (memset, through
     ctypes): a kernel timed after it finds its operands in memory, as a training step finds a layer's
@@ -192,6 +262,46 @@ def check(prepared, request: dict) -> dict:
     return {"outputs": request["outputs"]}
 
 
+def check_generation(generator, request: dict) -> dict:
+    """The generation probe of `dlbench check --mode generate`: load the shared weights, generate
+    once greedily from the shared prompt, and write `tokens` (batch, new_tokens) and `first_logits`
+    (batch, vocabulary) to request["outputs"] (.npz)."""
+    import numpy as np
+
+    with np.load(request["weights_in"]) as shared:
+        generator.load_weights({k: shared[k] for k in shared.files})
+    generator.prefill()
+    for _ in range(request["generation"]["new_tokens"] - 1):
+        generator.decode()
+    generator.synchronize()
+    logits = np.asarray(generator.first_logits())
+    arrays = {"tokens": np.asarray(generator.tokens()).astype(np.int64),
+              "first_logits": logits.astype(np.float64 if logits.dtype == np.float64 else np.float32)}
+    tmp = request["outputs"] + ".partial.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, request["outputs"])
+    return {"outputs": request["outputs"]}
+
+
+def run_generation(runner, request: dict, result: dict) -> None:
+    """Mode `generate` (the runner's prepare_generation; a runner without one skips, saying so)."""
+    prepare = getattr(runner, "prepare_generation", None)
+    if prepare is None:
+        raise Skip(f"the {runner.name} runner does not generate (it has no prepare_generation)")
+    generator = prepare(request)
+    new_tokens = request["generation"]["new_tokens"]
+    result.update(params=generator.params, output_shape=[new_tokens], settings=generator.settings)
+    if request["action"] == "benchmark":
+        result.update(measure_generation(generator, request["policy"]["warmup"], request["policy"]["measure"],
+                                         new_tokens))
+        for name in ("memory", "compile_stats"):
+            fn = getattr(generator, name, None)
+            if fn is not None:
+                result["memory" if name == "memory" else "compile"] = fn()
+    elif request["action"] == "check":
+        result.update(check_generation(generator, request))
+
+
 def run_request(runner, request: dict) -> dict:
     result: dict = {"protocol": PROTOCOL_VERSION, "framework": {"name": runner.name}}
     device = request["device"]
@@ -203,6 +313,10 @@ def run_request(runner, request: dict) -> dict:
             raise Skip(why_not)
         if request["action"] == "kernels":
             result["kernels"] = measure_kernels(runner, request)
+            result["status"] = "ok"
+            return result
+        if request.get("mode") == "generate":
+            run_generation(runner, request, result)
             result["status"] = "ok"
             return result
         prepared = runner.prepare(request)

@@ -641,7 +641,7 @@ def transformer_modules():
             return Bias(self.vocabulary, self.dtype, name="decoder")(embed.attend(h)), next_sentence
 
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
-                                 SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, Bias=Bias,
+                                 SelfAttention=SelfAttention, Mlp=Mlp, TransformerBlock=TransformerBlock, Bias=Bias,
                                  PretrainingHeads=PretrainingHeads)
 
 

@@ -231,6 +231,16 @@ class JaxRunner:
         jax = load_jax()
         return jax.devices("gpu")[0] if device == "cuda" else jax.devices("cpu")[0]
 
+    def prepare_generation(self, request: dict):
+        """Mode generate: the network's parameters as prepare makes them, decoded with flax cache
+        variables in jitted prefill and decode steps (jax_generate.py)."""
+        from jax_generate import prepare_generation
+
+        self._init_jax(request["device"], jn.check_precision(request))
+        generator = prepare_generation(request, self._device(request["device"]))
+        generator.settings["precision_effective"]["NVIDIA_TF32_OVERRIDE"] = self._tf32_env
+        return generator
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 

@@ -248,6 +248,24 @@ class MXNetRunner:
         kernel.settings["precision_effective"] = mn.float32_math_env()
         return kernel
 
+    def prepare_generation(self, request: dict):
+        """Mode generate: the network's Gluon blocks decoded with a key/value cache built from MXNet's
+        operators, in two hybridised steps under `compiled` (mxnet_generate.py)."""
+        from mxnet_generate import prepare_generation
+
+        mx = load_mxnet()
+        precision = check_precision(request.get("precision"))
+        if precision not in ("fp32", CHECK_PRECISION):
+            raise Skip(f"generate: the mxnet runner generates in fp32 and the check's float64, not {precision}")
+        cuda = request["device"] == "cuda"
+        ctx = mx.gpu(0) if cuda else mx.cpu()
+        settings = {"precision_effective": float32_math(precision, ctx)}
+        compiled, compile_settings = compile_choice(request)
+        used_at_prepare = _gpu_used_bytes(mx) if cuda else None
+        generator = prepare_generation(request, ctx, compiled, compile_settings, settings)
+        generator.memory = lambda: memory_report(cuda, used_at_prepare)
+        return generator
+
     def prepare(self, request: dict) -> Prepared:
         mx = load_mxnet()
         import numpy as np

@@ -124,6 +124,33 @@ class TensorFlowRunner:
         kernel.settings["precision_effective"] = flags
         return kernel
 
+    def prepare_generation(self, request: dict):
+        """Mode generate: the network's Keras layers decoded with a keras_hub-style cache in
+        tf.function steps, XLA-compiled under `compiled` (tensorflow_generate.py)."""
+        from tensorflow_generate import prepare_generation
+
+        cuda = request["device"] == "cuda"
+        precision = tn.check_precision(request, ACCEPTED)
+        if precision not in ("fp32", "tf32", CHECK_PRECISION):
+            raise Skip(f"generate: the tensorflow runner generates in fp32, tf32 and the check's float64, not "
+                       f"{precision}")
+        if precision == "tf32":
+            why_not = tn.tf32_unavailable(cuda)
+            if why_not:
+                raise Skip(why_not)
+        mode, asked = compile_choice(request)
+        settings: dict = {"precision_effective": tn.float32_math(precision),
+                          "compile": {"mode": mode, "requested": asked,
+                                      "framework": f"tf.function(jit_compile={mode == 'compiled'}) of the prefill and "
+                                                   "of the decode step" + (": XLA" if mode == "compiled" else
+                                                                           ": TensorFlow graphs, no XLA")}}
+        generator = prepare_generation(request, mode == "compiled", precision, "/GPU:0" if cuda else "/CPU:0",
+                                       settings)
+        generator.memory = lambda: memory_peak(cuda)
+        if cuda:
+            load_tf().config.experimental.reset_memory_stats("GPU:0")
+        return generator
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 

@@ -76,6 +76,29 @@ class TorchRunner:
         kernel.settings["precision_effective"] = flags
         return kernel
 
+    def prepare_generation(self, request: dict):
+        """Mode generate: the network as built for train/infer, driven with a static key/value cache
+        (torch_generate.py); `compiled` torch.compile's the decode step."""
+        from torch_generate import prepare_generation
+
+        torch = load_torch()
+        device = torch.device(request["device"])
+        precision = request.get("precision") or "fp32"
+        settings: dict = {}
+        if precision in ("fp32", "tf32"):
+            settings["precision_effective"] = tn.float32_math(precision, device)
+        compiled, compile_settings = compile_choice(request, device)
+        if compiled:
+            compile_settings = {**compile_settings, "scope": "the decode step (one token through every block, the "
+                                                             "cache update and the argmax); prefill runs eager"}
+        generator = prepare_generation(request, device, compiled, compile_settings, settings)
+        generator.memory = lambda: memory_peak(device)
+        generator.compile_stats = dynamo_counters if compiled else None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        return generator
+
     def prepare(self, request: dict) -> Prepared:
         torch = load_torch()
         network = request["network"]

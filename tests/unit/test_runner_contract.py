@@ -327,7 +327,7 @@ def test_the_check_sees_a_missing_member(tmp_path):
 
 def test_the_protocols_members():
     assert contract.members(contract.Runner) == {"name", "configure_threads", "framework_info", "device_available",
-                                                 "prepare", "prepare_kernel"}
+                                                 "prepare", "prepare_kernel", "prepare_generation"}
     assert contract.members(contract.DistributedRunner) == {
         "name", "configure_threads", "framework_info", "device_available", "join", "barrier", "leave",
         "prepare_data_parallel", "collective"}

@@ -37,10 +37,14 @@ def check(
     env: Annotated[str, typer.Option(help="venv | current | docker")] = "venv",
     store: StoreOption = None,
     timeout: TimeoutOption = 900.0,
-    precision: Annotated[str, typer.Option(
-        help="float64 (where rounding decides no ReLU or max-pool: every tensor gated to 1e-9) | fp32 | "
-             "amp_bf16 | amp_fp16 (each framework's mixed-precision step against the reference framework's float64 "
-             "one, to its unit roundoff scaled by the network's depth)")] = "float64",
+    precision: Annotated[Optional[str], typer.Option(
+        help="float64 (where rounding decides no ReLU or max-pool: every tensor gated to 1e-9; the default in "
+             "train mode) | fp32 (the default in generate mode) | amp_bf16 | amp_fp16 (each framework's "
+             "mixed-precision step against the reference framework's float64 one, to its unit roundoff scaled by "
+             "the network's depth)")] = None,
+    mode: Annotated[str, typer.Option(
+        help="train (logits, loss and one SGD-momentum step) | generate (decoder networks: the first step's "
+             "logits and the greedily generated ids, through each framework's key/value cache)")] = "train",
     sequence_length: Annotated[Optional[int], typer.Option(
         "--sequence-length", min=2,
         help="Check the token networks at this sequence length, or at their own context where that is shorter "
@@ -52,6 +56,14 @@ def check(
     from ..store.checks import CheckStore
 
     check_choice("device", device, DEVICES)
+    check_choice("mode", mode, ["train", "generate"])
+    if mode == "generate":
+        if sequence_length is not None:
+            raise fail("--sequence-length is for --mode train; --mode generate uses each network's prompt and new "
+                       "tokens of the smoke profile of its suite")
+        precision = precision or "fp32"
+        check_choice("precision", precision, ["fp32", "float64"])
+    precision = precision or "float64"
     check_choice("precision", precision, list(PRECISIONS))
     check_choice("environment backend", env, list(BACKENDS))
     registry = lookup.registry()
@@ -62,6 +74,9 @@ def check(
     names = network or catalog.network_names()
     for n in names:
         check_choice("network", n, catalog.network_names())
+    if mode == "generate":
+        check_generation_mode(runners, names if network else None, device, env, store, timeout, precision)
+        return
     try:
         summaries = [load_network(catalog.networks_dir / f"{n}.yaml") for n in names]
         if sequence_length is not None:  # the longer token networks again at that length; the others as they are
@@ -72,14 +87,7 @@ def check(
         raise fail(str(e)) from None
     resolved_device = resolve_device(device)
     flavour = "cuda" if resolved_device == "cuda" else "cpu"
-    envs = []
-    chosen = backend(env, paths.cache_dir())
-    for r in runners:
-        with err.status(f"environment for {r.name}") as status:
-            try:
-                envs.append((r, chosen.ensure(r, flavour, lambda line, n=r.name: status.update(f"{n}: {escape(line[:90])}"))))
-            except EnvironmentBuildError as e:
-                envs.append((r, e))
+    envs = _environments(runners, env, flavour)
     # One step with the hyper-parameters each network trains with in its suite.
     step = {}
     for s in lookup.load_suites("all", "smoke", "cpu"):
@@ -124,6 +132,84 @@ def check(
         raise StoreWriteError(str(unsaved[0]) + more, unsaved[0].kept)
     if bad:
         raise fail(f"{bad} framework/network pairs are not equivalent or could not be checked", 1)
+
+
+def generation_sizes() -> dict[str, tuple[int, int]]:
+    """network -> (prompt, new tokens) of the smoke profile of the suites that generate with it."""
+    sizes: dict[str, tuple[int, int]] = {}
+    for s in lookup.load_suites("all", "smoke", "cpu", ("generate",)):
+        for b in s.benchmarks:
+            if b.mode == "generate" and b.generation is not None:
+                sizes.setdefault(b.network.name, (b.generation.prompt_length, b.generation.new_tokens))
+    return sizes
+
+
+def check_generation_mode(runners, names: list[str] | None, device: str, env: str, store, timeout: float,
+                          precision: str) -> None:
+    """`dlbench check --mode generate`: the decoder networks (those a suite generates with, at its
+    smoke sizes), each framework's greedy ids and first-step logits against the reference's."""
+    from ..definitions.generation import decoder_problem
+    from ..execution.equivalence import check_generation
+    from ..store.checks import CheckStore
+
+    catalog = lookup.catalog()
+    sizes = generation_sizes()
+    try:
+        if names is None:
+            names = sorted(sizes)
+        summaries = [load_network(catalog.networks_dir / f"{n}.yaml") for n in names]
+    except DefinitionError as e:
+        raise fail(str(e)) from None
+    for s in summaries:
+        why = decoder_problem(s.resolved)
+        if why:
+            raise fail(f"--mode generate: {why} (decoder networks: {', '.join(sorted(sizes)) or 'none'})")
+    resolved_device = resolve_device(device)
+    envs = _environments(runners, env, "cuda" if resolved_device == "cuda" else "cpu")
+    checks = CheckStore(lookup.open_store(store).root)
+    table = Table(title=f"dlbench check --mode generate ({resolved_device}, {precision}; reference: {runners[0].name})")
+    for col in ("network", "framework", "version", "params", "prompt", "new", "status", "first logits", "ids differing"):
+        table.add_column(col, justify="left" if col in ("network", "framework", "version", "status") else "right")
+    bad = 0
+    unsaved: list[StoreWriteError] = []
+    for summary in summaries:
+        prompt, new = sizes.get(summary.name, (8, 8))
+        with err.status(f"checking {summary.name} (generate)"):
+            results = check_generation(summary, envs, prompt, new, resolved_device, timeout, precision=precision)
+        for res in results:
+            try:
+                checks.save(res)
+            except StoreWriteError as e:
+                unsaved.append(e)
+            bad += not res.ok
+            style = {"equivalent": "green", "reference": "cyan", "skipped": "yellow"}.get(res.status, "red")
+            e = res.errors
+            table.add_row(summary.name, res.framework, escape(res.framework_version or ""),
+                          f"{res.params:,}" if res.params is not None else "", str(prompt), str(new),
+                          f"[{style}]{res.status}[/]",
+                          f"{e['first_logits']:.1e}" if "first_logits" in e else "",
+                          f"{int(e['token_mismatches'])}" if "token_mismatches" in e else "")
+            if res.reason and res.status != "equivalent":
+                err.print(f"[{style}]{res.status}[/] {summary.name} on {res.framework}: {escape(res.reason)}",
+                          highlight=False, soft_wrap=True)
+    out.print(table)
+    if unsaved:
+        more = f" ({len(unsaved) - 1} more check files kept beside it)" if len(unsaved) > 1 else ""
+        raise StoreWriteError(str(unsaved[0]) + more, unsaved[0].kept)
+    if bad:
+        raise fail(f"{bad} framework/network pairs do not generate alike or could not be checked", 1)
+
+
+def _environments(runners, env: str, flavour: str) -> list:
+    chosen = backend(env, paths.cache_dir())
+    envs = []
+    for r in runners:
+        with err.status(f"environment for {r.name}") as status:
+            try:
+                envs.append((r, chosen.ensure(r, flavour, lambda line, n=r.name: status.update(f"{n}: {escape(line[:90])}"))))
+            except EnvironmentBuildError as e:
+                envs.append((r, e))
+    return envs
 
 
 def has_dropout(network: dict) -> bool:

@@ -38,10 +38,13 @@ def list_suites(
     suites = lookup.load_suites(suite or "all", profile, resolve_device(device))
     table = Table(title=f"dlbench suites (profile {profile})")
     for col in ("suite", "benchmark", "network", "mode", "batch sizes", "sequence", "params", "GFLOPs/sample"):
+        # sequence: a token network's length; for generate, prompt+new tokens
         table.add_column(col, justify="right" if col in ("sequence", "params", "GFLOPs/sample") else "left")
     for s in suites:
         for b in s.benchmarks:
             length = b.network.resolved["input"].get("sequence_length")  # token inputs: the suite's length
+            if b.generation is not None:  # mode generate: the prompt, then the new tokens
+                length = f"{b.generation.prompt_length}+{b.generation.new_tokens}"
             table.add_row(escape(s.name), escape(b.name), escape(b.network.name), b.mode, ",".join(map(str, b.batch_sizes)),
                           "" if length is None else str(length), params_text(b.network),
                           f"{b.network.flops_per_sample / 1e9:.4f}")

@@ -12,7 +12,7 @@ from ..machine import detect_device
 from .console import fail
 
 DEVICES = ("auto", "cpu", "cuda")
-MODES = ("train", "infer")
+MODES = ("train", "infer", "generate")
 TABLE_OR_JSON = ("table", "json")
 
 StoreOption = Annotated[Optional[Path], typer.Option(

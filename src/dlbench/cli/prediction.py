@@ -100,7 +100,7 @@ def predict(
     if missing:
         raise fail(f"predict needs {', '.join(missing)} (or --accuracy)")
     check_choice("framework", framework, lookup.registry().names())
-    check_choice("mode", mode, MODES)
+    check_choice("mode", mode, [m for m in MODES if m != "generate"])  # the model predicts steps, not requests
     check_choice("precision", precision, list(PRECISIONS))
     if schedule is not None:
         check_choice("schedule", schedule, list(SCHEDULES))

@@ -51,7 +51,8 @@ def run(
     framework: FrameworksOption = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
     mode: Annotated[Optional[list[str]], typer.Option(
-        help="train | infer; repeatable (default: the profile's choice, which is train only for smoke).")] = None,
+        help="train | infer | generate (decoder networks: prompt, then new tokens with a key/value cache); "
+             "repeatable (default: the profile's choice, which is train only for smoke).")] = None,
     profile: ProfileOption = "default",
     device: DeviceOption = "auto",
     env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter) | "
@@ -153,6 +154,12 @@ def run(
         chosen = {b.name for b in available}
         selected = [b for b in every_mode
                     if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
+    if mode and "generate" in mode and not any(b.mode == "generate" for b in selected):
+        decoders = [f"{s.name}: {', '.join(b.network.name for b in s.benchmarks if b.mode == 'generate')}"
+                    for s in lookup.load_suites("all", profile, resolved_device, ("generate",))
+                    if any(b.mode == "generate" for b in s.benchmarks)]
+        raise fail(f"--mode generate: suite {suite!r} has no benchmark that generates (only decoder networks do, where "
+                   f"a suite lists mode generate with its sizes: {'; '.join(decoders) or 'none'})")
     selected = with_axes(selected, precisions, compiles)
     scenarios = listed_choices("scenario", scenario, SCENARIOS)
     if scenarios is not None:
@@ -208,6 +215,11 @@ def run(
     timed = [r for r in records if r.workload.scenario is None]
     if timed or not records:
         out.print(_summary_table(timed), width=min(out.width, tables.WIDTH))
+        generated = [r for r in timed if r.workload.mode == "generate"]
+        if generated:
+            out.print(tables.rich_table([run_row(r) for r in generated], tables.GENERATION_COLUMNS,
+                                        "generation (per request: median and 99th percentile; ms/iter above is a request)"),
+                      width=min(out.width, tables.WIDTH))
         for note in tables.footnotes([run_row(r) for r in timed], tables.RUN_COLUMNS):
             out.print(escape(note), highlight=False)
     _loadgen_table([r for r in records if r.workload.scenario is not None])

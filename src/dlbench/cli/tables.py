@@ -27,11 +27,18 @@ LOADGEN_RUN_COLUMNS = ("benchmark", "framework", "framework_version", "scenario"
                        "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "samples_per_s", "server_qps")
 LOADGEN_RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "scenario", "loadgen_result", "latency_p50_ms",
                            "latency_p99_ms", "samples_per_s", "server_qps")
+# mode generate's own table (after the run table): per request, time to first token and per output token
+GENERATION_COLUMNS = ("benchmark", "framework", "batch_size", "compile", "status", "prompt_tokens", "new_tokens",
+                      "ttft_ms", "ttft_p99_ms", "tpot_ms", "tpot_p99_ms", "tokens_per_s")
 HEADERS = {"loadgen_result": "LoadGen", "latency_p50_ms": "p50 ms", "latency_p90_ms": "p90 ms",
            "latency_p99_ms": "p99 ms", "server_qps": "server q/s", "batch_size": "batch", "framework_version": "version", "ms_per_iter": "ms/iter", "ci_pct": "95% CI",
-           "samples_per_s": "samples/s", "first_iter_ms": "first ms", "precision": "prec."}
-FORMATS = {"latency_p50_ms": ".3g", "latency_p90_ms": ".3g", "latency_p99_ms": ".3g", "server_qps": ".4g", "ms_per_iter": ".3g", "samples_per_s": ".4g", "first_iter_ms": ".3g", "iqr_ms": ".3g", "mfu": ".1%",
-           "tokens_per_s": ".4g", "model_tflops": ".3g"}
+           "samples_per_s": "samples/s", "first_iter_ms": "first ms", "precision": "prec.",
+           "prompt_tokens": "prompt", "new_tokens": "new", "ttft_ms": "TTFT ms", "ttft_p99_ms": "TTFT p99",
+           "tpot_ms": "TPOT ms", "tpot_p99_ms": "TPOT p99", "tokens_per_s": "tokens/s"}
+FORMATS = {"latency_p50_ms": ".3g", "latency_p90_ms": ".3g", "latency_p99_ms": ".3g", "server_qps": ".4g",
+           "ms_per_iter": ".3g", "samples_per_s": ".4g", "first_iter_ms": ".3g", "iqr_ms": ".3g", "mfu": ".1%",
+           "tokens_per_s": ".4g", "model_tflops": ".3g", "ttft_ms": ".3g", "ttft_p99_ms": ".3g", "tpot_ms": ".3g",
+           "tpot_p99_ms": ".3g"}
 NUMERIC_LEFT = ("run_id", "benchmark", "network", "framework", "framework_version", "status", "stability", "precision",
                 "compile", "device", "machine", "equivalence", "reason", "stability_reason", "mode", "suite",
                 "scenario", "loadgen_result", "loadgen_reason")

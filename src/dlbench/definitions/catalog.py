@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from .distributed import load_comm, load_distributed
+from .generation import context_problem, decoder_problem
 from .loader import DefinitionError, load_network, read_yaml, validate
-from .suite import Benchmark, Device, Mode, PerDevice, PerDeviceLength, ProfilesFile, Suite, SuiteFile
+from .suite import (Benchmark, Device, Generation, Mode, PerDevice, PerDeviceCount, PerDeviceLength, ProfilesFile,
+                    Suite, SuiteFile)
 
 # kind -> how `dlbench run` treats its suites: "single" (`--suite all`, one process per repeat),
 # "distributed" (--workers: a job of ranks per repeat) or "kernels" (performance/kernel_suite.py,
@@ -115,18 +117,53 @@ class SuiteCatalog:
                 chosen = entry.modes
             precisions = entry.precision if isinstance(entry.precision, list) else [entry.precision]
             compiles = entry.compile if isinstance(entry.compile, list) else [entry.compile]
+            generation, generation_sizes = self._generation(entry, network, profile, device, path, i)
             for mode in chosen:
                 name = f"{network.name}-{mode}"
                 for precision in dict.fromkeys(precisions):
                     for compile_mode in dict.fromkeys(compiles):
                         benchmarks.append(Benchmark(
                             suite=spec.name, name=name, network=network, network_file=str(net_path), mode=mode,
-                            batch_sizes=tuple(sizes), precision=precision,
+                            batch_sizes=tuple(generation_sizes or sizes if mode == "generate" else sizes),
+                            precision=precision,
                             learning_rate=entry.learning_rate or spec.defaults.learning_rate,
                             momentum=entry.momentum if entry.momentum is not None else spec.defaults.momentum,
                             profile=profile, policy=policy, compile=compile_mode,
+                            generation=generation if mode == "generate" else None,
                         ))
         return Suite(spec.name, spec.description, path, tuple(benchmarks))
+
+    @staticmethod
+    def _generation(entry, network, profile: str, device: Device, path: Path,
+                    i: int) -> tuple[Generation | None, list[int] | None]:
+        """(prompt and new tokens, batch sizes or None for the entry's own) of an entry that lists
+        mode generate, checked against the network (definitions/generation.py); (None, None) otherwise."""
+        if "generate" not in entry.modes:
+            if entry.generation is not None:
+                raise DefinitionError(path, f"benchmarks[{i}].generation",
+                                      "sizes for mode generate, which the entry's modes do not list")
+            return None, None
+        why = decoder_problem(network.resolved)
+        if why:
+            raise DefinitionError(path, f"benchmarks[{i}].modes", f"generate: {why}")
+        if entry.generation is None:
+            raise DefinitionError(path, f"benchmarks[{i}].generation",
+                                  "mode generate needs its sizes: prompt_length and new_tokens per profile")
+
+        def per_profile(counts):
+            value = getattr(counts, profile)
+            return getattr(value, device) if isinstance(value, PerDeviceCount) else value
+
+        prompt, new = per_profile(entry.generation.prompt_length), per_profile(entry.generation.new_tokens)
+        why = context_problem(network.resolved, prompt, new)
+        if why:
+            raise DefinitionError(path, f"benchmarks[{i}].generation", f"{profile}: {why}")
+        sizes = None
+        if entry.generation.batch_sizes is not None:
+            sizes = getattr(entry.generation.batch_sizes, profile)
+            if isinstance(sizes, PerDevice):
+                sizes = getattr(sizes, device)
+        return Generation(prompt, new), sizes
 
     def _network_path(self, ref: str, suite_path: Path, field: str) -> Path:
         by_name = self.networks_dir / f"{ref}.yaml"

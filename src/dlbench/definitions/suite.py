@@ -16,7 +16,9 @@ from pydantic import Field, model_validator
 from .network import NetworkSummary
 from .schema import MAX_SEQUENCE, Int, Real, _Strict
 
-Mode = Literal["train", "infer"]
+# generate: a decoder network's prompt, then new tokens one by one with a key/value cache (greedy);
+# its sizes are the suite entry's `generation` (definitions/generation.py)
+Mode = Literal["train", "infer", "generate"]
 # What each precision means in every runner: runners/common/contract.py (fp32: IEEE float32 with
 # TF32 pinned off; tf32: TF32 allowed; amp_*: the framework's own mixed precision).
 PRECISIONS = ("fp32", "tf32", "amp_bf16", "amp_fp16")
@@ -148,6 +150,29 @@ class SequenceLengths(_Strict):
     paper: SequenceLength
 
 
+class PerDeviceCount(_Strict):
+    cpu: SequenceLength
+    cuda: SequenceLength
+
+
+class PerProfileCount(_Strict):
+    """One token count per profile (and, in `default`, per device)."""
+
+    smoke: SequenceLength
+    default: Union[SequenceLength, PerDeviceCount]
+    paper: SequenceLength
+
+
+class GenerationSizes(_Strict):
+    """Mode generate's sizes: the prompt's tokens and the new tokens per sequence, per profile, and
+    the batch sizes (sequences generated together) when they differ from the entry's own. A prompt
+    and its new tokens must fit the network's position table (checked when the suite is loaded)."""
+
+    prompt_length: PerProfileCount
+    new_tokens: PerProfileCount
+    batch_sizes: BatchSizes | None = None
+
+
 LearningRate = Real(gt=0, le=1e6)
 Momentum = Real(ge=0, lt=1)
 
@@ -162,6 +187,7 @@ class BenchmarkEntry(_Strict):
     modes: Annotated[list[Mode], Field(min_length=1)] = ["train", "infer"]
     batch_sizes: BatchSizes
     sequence_length: SequenceLengths | None = None  # token inputs only; the network's own when absent
+    generation: GenerationSizes | None = None  # mode generate's prompt, new tokens and batch sizes
     # one value or a list: the benchmark runs under each (`--precision`/`--compile` replace them)
     precision: Precision | Annotated[list[Precision], Field(min_length=1)] = "fp32"
     compile: Compile | Annotated[list[Compile], Field(min_length=1)] = "default"
@@ -193,6 +219,15 @@ class Benchmark:
     policy: Profile
     compile: str = "default"  # eager | compiled | default (the runner's own; resolved per framework)
     scenario: str | None = None  # a LoadGen scenario (infer mode); None: the harness's back-to-back iterations
+    generation: "Generation | None" = None  # mode generate only
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A generate benchmark's request shape: `prompt_length` tokens in, `new_tokens` out, per sequence."""
+
+    prompt_length: int
+    new_tokens: int
 
 
 @dataclass(frozen=True)

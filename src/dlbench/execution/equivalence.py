@@ -412,6 +412,100 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
 
 
 
+# `dlbench check --mode generate`: greedy generation from the canonical weights and one prompt.
+GENERATION_PRECISIONS = ("fp32", "float64")
+
+
+def check_generation(network: NetworkSummary, runners: list[tuple[RunnerInfo, Environment | EnvironmentBuildError]],
+                     prompt_length: int, new_tokens: int, device: str = "cpu", timeout_s: float = 900, seed: int = 0,
+                     precision: str = "fp32") -> list[FrameworkCheck]:
+    """Every framework loads the canonical weights, takes the same prompt (the first `prompt_length`
+    ids of make_inputs' batch) and generates `new_tokens` greedily with its own key/value cache;
+    each is compared with the reference (the first framework that gives a result):
+      - parameter count built = the description's;
+      - the logits of the first step (the prompt's last position, before any cache is read back)
+        to the forward tolerance of `precision` (TOLERANCE_PLAIN in fp32, TOLERANCE_FLOAT64 in
+        float64): the prefill computes what the network's forward pass computes;
+      - the generated ids exactly: each later token goes through the cache, so a cache written at
+        the wrong row, read with the wrong mask or at the wrong position changes them.
+    Greedy ids are a discrete decision: two frameworks within rounding of each other could still
+    choose differently where two logits tie within that rounding. The canonical weights are random
+    (the description's initialisation scales), whose top logits are far apart compared with float32
+    rounding (1e-7 relative), so any difference found is reported with the step and sequence where
+    it starts. Results are stored as checks of precision `generate-<precision>`, beside the train
+    checks, never standing for a run's equivalence status (that is the network's float64 check)."""
+    if precision not in GENERATION_PRECISIONS:
+        raise ValueError(f"precision {precision!r}: the generation check runs in {' or '.join(GENERATION_PRECISIONS)}")
+    tol = TOLERANCE_FLOAT64 if precision == "float64" else TOLERANCE_PLAIN
+    batch = check_batch_size(network)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    results: list[FrameworkCheck] = []
+    reference: dict | None = None
+    with temporary_folder("dlbench-check-") as work:
+        np.savez(work / "weights.npz", **random_weights(network.resolved, seed))
+        np.savez(work / "inputs.npz", **make_inputs(network, batch, seed))
+        for runner, env in runners:
+            res = FrameworkCheck(network.name, runner.name, None, "failed", params_described=network.params,
+                                 tolerance=tol, network_hash=network.definition_hash, checked_at=now,
+                                 precision=f"generate-{precision}")
+            results.append(res)
+            if isinstance(env, EnvironmentBuildError):
+                res.reason = str(env)
+                continue
+            outputs = work / f"{runner.name}-generate.npz"
+            request = {
+                "protocol": PROTOCOL_VERSION, "action": "check", "mode": "generate", "network": network.resolved,
+                "batch_size": batch, "precision": precision, "device": device, "threads": None, "seed": seed,
+                "learning_rate": 0.01, "momentum": 0.9,  # unused by generation; runners build their optimiser alike
+                "deterministic": True, "inputs": str(work / "inputs.npz"), "weights_in": str(work / "weights.npz"),
+                "outputs": str(outputs), "generation": {"prompt_length": prompt_length, "new_tokens": new_tokens},
+            }
+            outcome = run_worker(env.python, runner.worker, request, timeout_s, container=env.container,
+                                 shared_dirs=(work,))
+            if outcome.status != "ok":
+                res.status = "skipped" if outcome.status == "skipped" else "failed"
+                res.reason = outcome.reason
+                continue
+            res.framework_version = (outcome.result.get("framework") or {}).get("version")
+            res.params = outcome.result.get("params")
+            with np.load(outputs) as data:
+                tokens, logits = data["tokens"], data["first_logits"]
+            problems = []
+            if res.params != network.params:
+                problems.append(f"built {res.params} parameters, the description has {network.params}")
+            vocabulary = network.resolved["input"]["vocabulary"]
+            if tokens.shape != (batch, new_tokens) or logits.shape != (batch, vocabulary):
+                problems.append(f"tokens {tokens.shape} and first logits {logits.shape}, expected "
+                                f"{(batch, new_tokens)} and {(batch, vocabulary)}")
+            if reference is None:
+                if not problems and not np.isfinite(logits).all():
+                    problems.append("non-finite first-step logits: cannot serve as the reference")
+                if problems:
+                    res.reason = "; ".join(problems)
+                    continue  # a broken reference cannot judge the others; the next one becomes it
+                reference = {"tokens": tokens, "logits": logits, "framework": runner.name,
+                             "label": " ".join(filter(None, (runner.name, res.framework_version)))}
+                res.status = "reference"
+                continue
+            res.reference = reference["label"]
+            if not problems:
+                res.errors["first_logits"] = relative_error(logits, reference["logits"])
+                differ = tokens != reference["tokens"]
+                res.errors["token_mismatches"] = float(np.count_nonzero(differ))
+                if res.errors["first_logits"] > tol:
+                    problems.append(f"first-step logits differ from {reference['framework']} by "
+                                    f"{res.errors['first_logits']:.2e} (tolerance {tol:.1e})")
+                if differ.any():
+                    step = int(np.argmax(differ.any(axis=0)))
+                    seq = int(np.argmax(differ[:, step]))
+                    problems.append(f"{int(differ.sum())} of {differ.size} generated ids differ from "
+                                    f"{reference['framework']}'s, first at new token {step} of sequence {seq} "
+                                    f"({int(tokens[seq, step])} against {int(reference['tokens'][seq, step])})")
+            res.status = "mismatch" if problems else "equivalent"
+            res.reason = "; ".join(problems) or None
+    return results
+
+
 def framework_version(runner: RunnerInfo, env: Environment, device: str,
                       timeout_s: float = 300) -> tuple[str | None, str | None]:
     """(version, None) as the runner's worker reports it, or (None, why not): a `kernels` request

@@ -220,7 +220,7 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
         try:
             # a container shares the host's monotonic clock only where its kernel is the host's
             lifetime = (born_ns, ended_ns) if container is None else None
-            parsed = parse_result(raw, request.get("action", "benchmark"), lifetime)
+            parsed = parse_result(raw, request.get("action", "benchmark"), lifetime, request.get("mode"))
         except ResultError as e:
             return WorkerOutcome("failed", str(e), None, tail, returncode, wall)
         # the validated fields only, as the worker gave them (nothing downstream reads the raw JSON)

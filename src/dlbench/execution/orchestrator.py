@@ -26,6 +26,7 @@ from typing import Callable, Protocol
 
 import psutil
 
+from ..analysis.generation import summarise_generation
 from ..analysis.timing import summarise
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
@@ -191,6 +192,8 @@ def build_request(run: PlannedRun, options: RunOptions) -> dict:
         "seed": options.seed,
         "policy": {"warmup": b.policy.warmup.model_dump(), "measure": b.policy.measure.model_dump()},
         **({"inputs": str(options.inputs)} if options.inputs is not None else {}),
+        **({"generation": {"prompt_length": b.generation.prompt_length, "new_tokens": b.generation.new_tokens}}
+           if b.mode == "generate" and b.generation is not None else {}),
     }
 
 
@@ -253,8 +256,10 @@ class Orchestrator:
         b = run.benchmark
         min_repeats, max_repeats = opts.repeat_bounds(b)
         started = datetime.now(timezone.utc)
+        # the performance model predicts a training or inference step, not a generation request
         prediction = opts.predictor(network=b.network.resolved, batch=run.batch_size, mode=b.mode,
-                                    precision=b.precision, framework=run.runner.name) if opts.predictor else None
+                                    precision=b.precision, framework=run.runner.name) \
+            if opts.predictor and b.mode != "generate" else None
         self.events.run_started(run, max_repeats)
         env = self.environment(run.runner)
         repeats: list[Repeat] = []
@@ -299,7 +304,7 @@ class Orchestrator:
                     warmup_settled=res.get("warmup_settled"), iter_s=res.get("iter_s", []),
                     window_monotonic_ns=res.get("window_monotonic_ns", []), wall_s=outcome.wall_s,
                     telemetry=series, derived=derived, memory=res.get("memory"), compile=res.get("compile"),
-                    contention=contention,
+                    contention=contention, generation=res.get("generation"),
                 )
                 repeats.append(rep)
                 index += 1
@@ -353,6 +358,9 @@ class Orchestrator:
             prediction=prediction,
         )
         record.telemetry = self._telemetry_summary(repeats, run.batch_size)
+        if b.mode == "generate" and b.generation is not None:
+            record.generation = summarise_generation(repeats if status == "ok" else [], b.generation.prompt_length,
+                                                     b.generation.new_tokens, run.batch_size)
         record.equivalence = CheckStore(self.store.root).status_for_run(
             b.network.name, b.network.definition_hash, run.runner.name, record.framework.get("version"), b.precision)
         with shielded():  # a signal now still lets the finished run's record land whole

@@ -115,6 +115,14 @@ class LoadGenOutcome(_Strict):
         if self.chosen not in names:
             raise ValueError(f"chosen {self.chosen!r} is none of the tests' log folders")
         return self
+class GenerationTimes(_Strict):
+    """Mode generate's per-request times (harness.measure_generation): one TTFT and one TPOT per
+    measured request, as many as `iter_s`; `first_ttft_s` is the first request's TTFT."""
+
+    new_tokens: Annotated[int, Field(ge=2, le=INT64_MAX)]
+    first_ttft_s: Seconds
+    ttft_s: list[Seconds]
+    tpot_s: list[Seconds]
 
 
 class WorkerResult(_Strict):
@@ -137,6 +145,7 @@ class WorkerResult(_Strict):
     window_monotonic_ns: list[Mark] = []
     memory: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None
+    generation: GenerationTimes | None = None  # mode generate
     # action kernels
     kernels: list[KernelEntry] | None = None
     # action check
@@ -178,6 +187,13 @@ class WorkerResult(_Strict):
                 raise _FieldProblem("iter_s", "an ok result has no measured iterations")
             if not self.window_monotonic_ns:
                 raise _FieldProblem("window_monotonic_ns", "an ok result has no measured window")
+            if (info.context or {}).get("mode") == "generate" and self.generation is None:
+                raise _FieldProblem("generation", "an ok result of a generate request has no generation times")
+            if self.generation is not None:
+                for field in ("ttft_s", "tpot_s"):
+                    if len(getattr(self.generation, field)) != len(self.iter_s):
+                        raise _FieldProblem(f"generation.{field}", f"{len(getattr(self.generation, field))} "
+                                            f"requests, iter_s has {len(self.iter_s)}")
         elif action == "loadgen" and self.loadgen is None:
             raise _FieldProblem("loadgen", "an ok result of a loadgen request has no loadgen tests")
         elif action == "kernels" and self.kernels is None:
@@ -239,7 +255,7 @@ def _first_error(e: ValidationError, subject: str = "worker result") -> ResultEr
 
 
 def parse_result(data: bytes | str, action: str = "benchmark",
-                 lifetime_ns: tuple[int, int] | None = None) -> WorkerResult:
+                 lifetime_ns: tuple[int, int] | None = None, mode: str | None = None) -> WorkerResult:
     """The result a worker wrote, validated for a request of `action`; `lifetime_ns` (monotonic
     clock) bounds its measured window. Raises ResultError and nothing else."""
     if isinstance(data, bytes):
@@ -248,7 +264,8 @@ def parse_result(data: bytes | str, action: str = "benchmark",
         except UnicodeDecodeError as e:
             raise ResultError("result", f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
     try:
-        return WorkerResult.model_validate_json(data, context={"action": action, "lifetime_ns": lifetime_ns})
+        return WorkerResult.model_validate_json(data, context={"action": action, "lifetime_ns": lifetime_ns,
+                                                                 "mode": mode})
     except ValidationError as e:
         raise _first_error(e) from None
     except (ValueError, RecursionError, MemoryError) as e:  # never expected from pydantic; still one error

@@ -38,8 +38,8 @@ from datetime import datetime
 
 from ..store.intervals import reported_interval
 from ..store.record import Record
-from ..store.rows import allocator_peak_mb
-from ..store.utilisation import Peaks, model_flops_per_iter, model_tflops, tokens_per_s
+from ..store.rows import allocator_peak_mb, run_tokens_per_s
+from ..store.utilisation import Peaks, model_flops_per_iter, model_tflops
 
 SAFE_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,80}$")
 
@@ -138,6 +138,11 @@ class RunView:
     energy_missing: str | None = None
     repeats: int = 0
     iterations: int = 0
+    # mode generate (record.generation, schema 10): medians and 99th percentiles per request, ms
+    ttft_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_ms: float | None = None
+    tpot_p99_ms: float | None = None
     network_page: str = ""  # the network definition's JSON file in the site
     # a LoadGen scenario run (schema 9): LoadGen's verdict, its figure, its per-sample latency
     # percentiles ((percentile, ms), ...) and throughput; such a run is on its benchmark page, never
@@ -244,7 +249,7 @@ def utilisation(r: Record, peaks: Peaks | None) -> dict:
         tflops=tflops, precision=r.workload.precision, machine_id=str(r.machine.get("machine_id") or ""),
         device=r.workload.device, threads=r.settings.threads_requested,
         workers=r.distributed.workers if r.distributed else None)
-    return {"tokens_per_s": tokens_per_s(r.network.definition, s.samples_per_s if s else None),
+    return {"tokens_per_s": run_tokens_per_s(r, s.samples_per_s if s else None),
             "model_tflops": tflops, "mfu": found.mfu, "mfu_note": found.source or found.reason}
 
 
@@ -295,8 +300,18 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
-        **utilisation(r, peaks), **loadgen_fields(r),
+        **utilisation(r, peaks), **loadgen_fields(r), **_generation_figures(r),
     )
+
+
+def _generation_figures(r: Record) -> dict:
+    """TTFT and TPOT (median, 99th percentile, ms) of a generate run; nothing for the others."""
+    g = r.generation
+    out = {}
+    for key, dist in (("ttft", g.ttft if g else None), ("tpot", g.tpot if g else None)):
+        if dist is not None:
+            out.update({f"{key}_ms": dist.median * 1e3, f"{key}_p99_ms": dist.p99 * 1e3})
+    return out
 
 
 # ------------------------------------------------------------------ aggregates

@@ -416,6 +416,23 @@ def loadgen_context(record: Record) -> dict | None:
             "search": info.search, "logs": info.logs}
 
 
+def generation_context(record: Record) -> dict | None:
+    """Mode generate: the request's shape and, per quantity, the distribution over its requests."""
+    g = record.generation
+    if g is None:
+        return None
+    rows = []
+    for label, dist, scale in (("time to first token (ms)", g.ttft, 1e3), ("time per output token (ms)", g.tpot, 1e3),
+                               ("tokens/s per request", g.tokens_per_s, 1.0)):
+        if dist is not None:
+            rows.append({"label": label, "requests": dist.requests,
+                         **{k: getattr(dist, k) * scale for k in ("median", "mean", "p90", "p99", "min", "max")},
+                         "repeat_medians": [m * scale for m in dist.repeat_medians]})
+    return {"prompt_length": g.prompt_length, "new_tokens": g.new_tokens, "batch_size": g.batch_size,
+            "first_ttft_ms": g.first_ttft_s * 1e3 if g.first_ttft_s is not None else None, "rows": rows,
+            "how": (record.settings.runner or {}).get("generation") or {}}
+
+
 def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
     view = run_view(record, page, peaks)
     hardware = hardware_label(record)
@@ -451,4 +468,5 @@ def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
         "prediction": prediction_context(record),
         "compilation": compilation_context(record, view),
         "loadgen": loadgen_context(record),
+        "generation": generation_context(record),
     }

@@ -87,8 +87,14 @@ def update_to_9(data: dict) -> dict:
     return data
 
 
+def update_to_10(data: dict) -> dict:
+    """10 added mode generate (`Repeat.generation`, `Record.generation`, the workload mode
+    `generate`): a record of an older version generated nothing, so absent means none."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8, 9: update_to_9}
+         8: update_to_8, 9: update_to_9, 10: update_to_10}
 
 
 def upgrade(data: dict, target: int) -> dict:

@@ -76,6 +76,16 @@ records step by step and refuse newer ones):
     STORE/loadgen/<run_id>/, each with its size and SHA-256 (the record's checksum covers those,
     so `store verify` proves the logs too). A LoadGen run has no `summary` (LoadGen keeps the clock,
     not the harness). Older records read with scenario None and no loadgen (update_to_9).
+  10 (2026-12-02) generation (issue 20): the workload mode `generate` (a decoder's prompt, then new
+    tokens one at a time with a key/value cache, greedy). Each repeat's `generation` holds, per
+    measured request, its time to first token (`ttft_s`: the prefill, prompt in, first new token
+    out) and time per output token (`tpot_s`: the mean of its decode steps), and the first
+    request's TTFT (`first_ttft_s`, compilation included); its `iter_s` are whole requests, so the
+    summary's samples/s is sequences/s. The record's `generation` (GenerationSummary) has the
+    prompt and new-token counts and the distributions over every request of every ok repeat: TTFT,
+    TPOT and tokens/s per request (batch x new tokens / request time), each with median, mean,
+    stdev, min, max, quartiles, 90th and 99th percentiles and the repeats' medians. Older records
+    have none (absent: none) (update_to_10).
 """
 
 from __future__ import annotations
@@ -87,7 +97,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -140,6 +150,8 @@ class Repeat(_Model):
     # other processes' CPU during the measured window, steal, contended or not, the quiet wait
     # before the repeat (telemetry/contention.py.window_contention; schema 7)
     contention: dict[str, Any] | None = None
+    # mode generate (schema 10): {"new_tokens", "first_ttft_s", "ttft_s": [per request], "tpot_s": [...]}
+    generation: dict[str, Any] | None = None
 
 
 class MedianInterval(_Model):
@@ -200,7 +212,7 @@ class NetworkInfo(_Model):
 
 
 class Workload(_Model):
-    mode: Literal["train", "infer", "collective"]
+    mode: Literal["train", "infer", "collective", "generate"]
     batch_size: Int64
     precision: str  # fp32 | tf32 | amp_bf16 | amp_fp16 (a collective: its dtype; see update_to_6 for older names)
     compile: str = "eager"  # eager | compiled, as resolved for the framework (runner.toml [execution])
@@ -360,6 +372,35 @@ class LoadGenInfo(_Model):
     logs: list[LoadGenLog] = []
 
 
+class Distribution(_Model):
+    """One per-request quantity of a generate run over every measured request of its ok repeats."""
+
+    unit: str  # "s" or "tokens/s"
+    requests: Int64
+    median: float
+    mean: float
+    stdev: float
+    min: float
+    max: float
+    q1: float
+    q3: float
+    p90: float
+    p99: float
+    repeat_medians: list[float]
+
+
+class GenerationSummary(_Model):
+    """A generate run's request shape and its per-request distributions (analysis/generation.py)."""
+
+    prompt_length: Int64
+    new_tokens: Int64
+    batch_size: Int64  # sequences generated together in one request
+    ttft: Distribution | None = None  # time to first token (prefill), seconds
+    tpot: Distribution | None = None  # time per output token after the first (decode), seconds
+    tokens_per_s: Distribution | None = None  # generated tokens (batch x new tokens) / request time
+    first_ttft_s: float | None = None  # median over repeats of the first request's TTFT (compilation included)
+
+
 class Record(_Model):
     schema_version: Int64 = SCHEMA_VERSION
     run_id: RunId
@@ -387,3 +428,4 @@ class Record(_Model):
     comm: CommInfo | None = None  # collective runs (schema 5)
     prediction: Prediction | None = None  # the performance model's, made before the run (schema 5)
     loadgen: LoadGenInfo | None = None  # MLPerf LoadGen scenario runs (schema 9)
+    generation: GenerationSummary | None = None  # mode generate (schema 10)

@@ -15,6 +15,7 @@ COLUMNS = (
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
     "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
     "scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps", "loadgen_reason",
+    "prompt_tokens", "new_tokens", "ttft_ms", "ttft_p99_ms", "tpot_ms", "tpot_p99_ms",
     "machine", "equivalence", "reason", "stability_reason",
 )
 LOADGEN_COLUMNS = ("scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps",
@@ -68,6 +69,32 @@ def _loadgen_columns(r: Record) -> dict:
     }
 
 
+def _generation_columns(r: Record) -> dict:
+    """Mode generate (schema 10): the request's shape and the medians and 99th percentiles of time to
+    first token and time per output token, in ms."""
+    g = r.generation
+
+    def ms(dist, key):
+        return getattr(dist, key) * 1e3 if dist is not None else None
+
+    return {
+        "prompt_tokens": g.prompt_length if g else None,
+        "new_tokens": g.new_tokens if g else None,
+        "ttft_ms": ms(g.ttft, "median") if g else None,
+        "ttft_p99_ms": ms(g.ttft, "p99") if g else None,
+        "tpot_ms": ms(g.tpot, "median") if g else None,
+        "tpot_p99_ms": ms(g.tpot, "p99") if g else None,
+    }
+
+
+def run_tokens_per_s(r: Record, samples_per_s: float | None) -> float | None:
+    """Tokens per second: generated tokens (batch x new tokens per median request) for a generate
+    run, else samples/s x sequence length of a token network (utilisation.tokens_per_s)."""
+    if r.generation is not None:
+        return samples_per_s * r.generation.new_tokens if samples_per_s is not None else None
+    return tokens_per_s(r.network.definition, samples_per_s)
+
+
 def allocator_peak_mb(r: Record) -> float | None:
     """The framework allocator's peak device memory, highest over the repeats (MB, 1e6 bytes);
     None where no repeat's runner could read one (on the CPU most cannot: Repeat.memory says why)."""
@@ -101,7 +128,7 @@ def run_row(r: Record) -> dict:
         "status": r.status,
         "ms_per_iter": s.ms_per_iter if s else None,
         "samples_per_s": samples_per_s,
-        "tokens_per_s": tokens_per_s(r.network.definition, samples_per_s),
+        "tokens_per_s": run_tokens_per_s(r, samples_per_s),
         "iqr_ms": s.iqr_s * 1e3 if s else None,
         "cv": s.cv if s else None,
         # the interval of the median as reported (intervals.py: how, and why it is derived on read)
@@ -129,6 +156,7 @@ def run_row(r: Record) -> dict:
         **_telemetry_columns(r),
         **_distributed_columns(r),
         **_loadgen_columns(r),
+        **_generation_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,

@@ -1,0 +1,217 @@
+"""Mode `generate` for the jax runner: greedy decoding with flax cache variables in jitted steps.
+
+The parameters are the ones jax_network's TrainingModel makes for train and infer (the same flax
+parameter tree, the same canonical weights in and out). The decoder here is a flax module whose
+submodules carry the same names as jax_network's Network (layer000 the nn.Embed, layer001 the
+position table, each block's ln1 / attn.{q,k,v,out} / mlp.{fc1,fc2} / ln2, the final layer norm,
+the head), so it applies to that very tree; its attention keeps its keys and values in the
+`cache` collection (`cached_key`, `cached_value`: (batch, prompt + new tokens, heads, head size)),
+written with lax.dynamic_update_slice at the request's position and read with a mask of the rows
+written: flax's own idiom for autoregressive decoding (MultiHeadDotProductAttention(decode=True)).
+Prefill (the whole prompt) and the decode step (one token) are two jax.jit functions taking the
+cache as a donated argument, so each step updates it in place on the device; the position is a
+traced scalar, so each compiles once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax_network as jn
+from contract import DecoderLayout, Generator
+from jax_network import load_jax
+from protocol import Skip
+
+
+@functools.cache
+def decoder_class():
+    """The cached decoder's flax module (defined once, lazily: flax is imported after the threads)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    tm = jn.transformer_modules()
+
+    class CachedAttention(nn.Module):
+        heads: int
+        head_size: int
+        bias: bool
+        length: int  # cache rows: prompt + new tokens
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, index):
+            b, t, d = x.shape
+            inner = self.heads * self.head_size
+
+            def heads(name):  # (B, T, H*S) -> (B, T, H, S), as jax_network's SelfAttention
+                return nn.Dense(inner, use_bias=self.bias, dtype=self.dtype, name=name)(x).reshape(
+                    b, t, self.heads, self.head_size)
+
+            q, k, v = heads("q"), heads("k"), heads("v")
+            shape = (b, self.length, self.heads, self.head_size)
+            keys = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
+            values = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
+            # every index int32 (with x64 on, for the float64 check, a Python 0 would be int64)
+            index = jnp.asarray(index, jnp.int32)
+            zero = jnp.zeros((), jnp.int32)
+            keys.value = jax.lax.dynamic_update_slice(keys.value, k, (zero, index, zero, zero))
+            values.value = jax.lax.dynamic_update_slice(values.value, v, (zero, index, zero, zero))
+            # query at position index + i sees the rows written so far: 0 .. index + i
+            mask = jnp.arange(self.length, dtype=jnp.int32)[None, :] <= (index + jnp.arange(t, dtype=jnp.int32))[:, None]
+            if jnp.dtype(self.dtype) == jnp.float64:
+                # as jax_network's attention in float64: jax.nn's XLA implementation takes its softmax
+                # in float32, flax.linen's computes in the inputs' dtype
+                a = nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None], dtype=self.dtype)
+            else:
+                a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None])
+            return nn.Dense(d, use_bias=self.bias, dtype=self.dtype, name="out")(a.reshape(b, t, inner))
+
+    class CachedBlock(nn.Module):
+        spec: dict
+        length: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, index):
+            s = self.spec
+            ln1 = nn.LayerNorm(epsilon=s["eps"], dtype=self.dtype, name="ln1")
+            ln2 = nn.LayerNorm(epsilon=s["eps"], dtype=self.dtype, name="ln2")
+            attn = CachedAttention(s["heads"], s["head_size"], s["bias"], self.length, self.dtype, name="attn")
+            mlp = tm.Mlp(s["mlp_ratio"] * x.shape[-1], s["bias"], s["gelu"] == "tanh", self.dtype, name="mlp")
+            if s["norm"] == "pre":
+                x = x + attn(ln1(x), index)
+                return x + mlp(ln2(x))
+            x = ln1(x + attn(x, index))
+            return ln2(x + mlp(x))
+
+    class PositionRows(nn.Module):
+        """Rows index .. index + T - 1 of the network's position table (its `pos_embedding`), added."""
+
+        max_length: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, index):
+            table = self.param("pos_embedding", nn.initializers.zeros_init(), (self.max_length, x.shape[-1]))
+            rows = jax.lax.dynamic_slice(table, (jnp.asarray(index, jnp.int32), jnp.zeros((), jnp.int32)),
+                                         (x.shape[1], x.shape[-1]))
+            return x + rows.astype(self.dtype)
+
+    class CachedDecoder(nn.Module):
+        """tokens (B, T) at positions index .. index + T - 1 -> the last position's logits (B, V)."""
+
+        layers: tuple
+        embedding: int
+        blocks: tuple
+        norm: int | None
+        head: int
+        length: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, tokens, index):
+            first = self.layers[self.embedding]
+            embed = nn.Embed(first["vocabulary"], first["dim"], dtype=self.dtype, name=f"layer{self.embedding:03d}")
+            x = PositionRows(self.layers[1]["max_length"], self.dtype, name="layer001")(embed(tokens), index)
+            for i in self.blocks:
+                x = CachedBlock(self.layers[i], self.length, self.dtype, name=f"layer{i:03d}")(x, index)
+            h = x[:, -1]
+            if self.norm is not None:
+                h = nn.LayerNorm(epsilon=self.layers[self.norm]["eps"], dtype=self.dtype,
+                                 name=f"layer{self.norm:03d}")(h)
+            spec = self.layers[self.head]
+            vocabulary = spec["out_shape"][-1]
+            name = f"layer{self.head:03d}"
+            if not spec["tied"]:
+                return nn.Dense(vocabulary, use_bias=spec["bias"], dtype=self.dtype, name=name)(h)
+            logits = embed.attend(h)  # the tied head: the token table, as jax_network's lm_head
+            return tm.Bias(vocabulary, self.dtype, name=name)(logits) if spec["bias"] else logits
+
+    return CachedDecoder
+
+
+def prepare_generation(request: dict, device) -> Generator:
+    """The Generator of mode generate (jax_runner calls this after setting up jax for the device)."""
+    import numpy as np
+
+    jax = load_jax()
+    jnp = jax.numpy
+    network = request["network"]
+    layout = DecoderLayout(network)
+    precision = jn.check_precision(request)
+    if precision not in ("fp32", "tf32", "float64"):
+        raise Skip(f"generate: the jax runner generates in fp32, tf32 and the check's float64, not {precision}")
+    tm = jn.TrainingModel(request)  # precision pinned, compile mode checked (eager is skipped), plan
+    gen = request["generation"]
+    prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
+    if prompt_length + new_tokens > layout.max_length:
+        raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
+                         f"{layout.max_length} rows")
+    seed = request.get("seed", 0)
+    rng = np.random.default_rng(seed)
+    sample = (network["input"]["sequence_length"],)
+    params = jax.device_put(tm.host_variables(sample, np.int32, rng)["params"], device)
+    if request.get("inputs"):
+        with np.load(request["inputs"]) as data:
+            prompt_np = np.ascontiguousarray(data["x"][:, :prompt_length], dtype=np.int32)
+    else:
+        prompt_np = rng.integers(0, network["input"]["vocabulary"], (request["batch_size"], prompt_length),
+                                 dtype=np.int32)
+    prompt = jax.device_put(prompt_np, device)
+    batch = prompt_np.shape[0]
+    decoder = decoder_class()(layers=tuple(network["layers"]), embedding=layout.embedding, blocks=tuple(layout.blocks),
+                              norm=layout.norm, head=layout.head, length=prompt_length + new_tokens,
+                              dtype=getattr(jnp, jn.COMPUTE_DTYPE[tm.precision]))
+    shapes = jax.eval_shape(decoder.init, jax.random.PRNGKey(0), prompt, 0)["cache"]
+    empty_cache = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
+    def prefill_fn(p, cache, tokens):
+        logits, updated = decoder.apply({"params": p, "cache": cache}, tokens, 0, mutable=["cache"])
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, updated["cache"]
+
+    def decode_fn(p, cache, token, index):
+        logits, updated = decoder.apply({"params": p, "cache": cache}, token[:, None], index, mutable=["cache"])
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), updated["cache"]
+
+    prefill_jit = jax.jit(prefill_fn, donate_argnums=(1,))
+    decode_jit = jax.jit(decode_fn, donate_argnums=(1,))
+    state = {"params": params, "cache": jax.device_put(empty_cache, device), "generated": [], "logits": None,
+             "index": prompt_length}
+
+    def prefill():
+        token, logits, state["cache"] = prefill_jit(state["params"], state["cache"], prompt)
+        state.update(token=token, logits=logits, generated=[token], index=prompt_length)
+
+    def decode():
+        token, state["cache"] = decode_jit(state["params"], state["cache"], state["token"],
+                                           np.int32(state["index"]))
+        state["token"] = token
+        state["generated"].append(token)
+        state["index"] += 1
+
+    def synchronize():
+        if state["generated"]:
+            jax.block_until_ready(state["generated"][-1])
+
+    def load_weights(arrays):
+        like = {"params": state["params"]}
+        state["params"] = jax.device_put(jn.canonical_to_variables(arrays, network, tm.plan, like)["params"], device)
+
+    settings = {
+        "precision": tm.precision, "precision_effective": jn.precision_flags(),
+        "compile": {"mode": "compiled", "requested": request.get("compile"),
+                    "framework": "jax.jit of the prefill and of the decode step (cache donated)"},
+        "generation": {"prompt_length": prompt_length, "new_tokens": new_tokens, "batch_size": batch,
+                       "decoding": "greedy (argmax)",
+                       "cache": "flax `cache` collection per attention (cached_key, cached_value: batch, prompt + "
+                                "new tokens, heads, head size), lax.dynamic_update_slice at the position, read with "
+                                "a mask of the rows written",
+                       "attention": ("flax.linen.dot_product_attention (float64: jax.nn's softmax is float32)"
+                                     if tm.precision == "float64" else "jax.nn.dot_product_attention")
+                                    + " with that mask",
+                       "decode": "one jitted step per token (position a traced scalar: compiled once)"},
+    }
+    return Generator(prefill, decode, synchronize, tm.count_params(params), settings, load_weights=load_weights,
+                     tokens=lambda: np.stack([np.asarray(t) for t in state["generated"]], axis=1),
+                     first_logits=lambda: np.asarray(state["logits"]))
