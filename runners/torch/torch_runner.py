@@ -76,6 +76,11 @@ class TorchRunner:
         kernel.settings["precision_effective"] = flags
         return kernel
 
+    def prepare_convergence(self, request: dict):
+        from torch_convergence import prepare_convergence  # the convergence suite (torch_convergence.py)
+
+        return prepare_convergence(request)
+
     def prepare(self, request: dict) -> Prepared:
         torch = load_torch()
         network = request["network"]

@@ -81,8 +81,21 @@ def update_to_8(data: dict) -> dict:
     return data
 
 
+def _numbered_on_another_branch(data: dict) -> dict:
+    """Versions 9 and 10 were reserved for other branches when 11 was written (issue 21's): a record
+    of this branch never has them. On merge, their own update_to_9/update_to_10 replace this, and
+    update_to_11 is renumbered after them."""
+    return data
+
+
+def update_to_11(data: dict) -> dict:
+    """11 added time to accuracy: the workload mode `convergence` and `convergence` (absent: none).
+    A record of an older version is one as 11 writes it."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8}
+         8: update_to_8, 9: _numbered_on_another_branch, 10: _numbered_on_another_branch, 11: update_to_11}
 
 
 def upgrade(data: dict, target: int) -> dict:
