@@ -72,7 +72,7 @@ def run_convergence_suite(suite_path: Path, names: list[str], registry, *, bench
     threads = threads or available_cpus()
     runners = [lookup.runner(registry, n) for n in names]
     runs = plan_convergence(runners, tasks)
-    err.print(f"dlbench: suite {suite_path.stem} (convergence), {len(runs)} runs ({', '.join(t.name for t in tasks)} "
+    err.print(f"dlbench: suite {tasks[0].suite if tasks else suite_path.stem} (convergence), {len(runs)} runs ({', '.join(t.name for t in tasks)} "
               f"on {', '.join(names)}; {len(tasks[0].seeds) if tasks else 0} seeds each) on {device}, {threads} "
               f"threads, store {store.root}", highlight=False)
     options = RunOptions(device=device, env_backend=env, threads=threads, repeats=None, timeout_s=timeout,
@@ -167,7 +167,7 @@ def convergence_table(records, title: str) -> Table:
         last = f" {curve[-1]:.3f}" if curve else ""
         table.add_row(
             escape(str(r.framework.get("name"))), escape(c.task), escape(r.status),
-            f"{c.score_s:.1f} s" if c.score_s is not None else "—",
+            f"{c.score_s:.2f} s" if c.score_s is not None else "—",
             f"{c.epochs_to_target:.1f}" if c.epochs_to_target is not None else "—",
             f"{c.reached}/{len(c.runs)} ≥{c.target:.0%}",
             f"{sum(inits) / len(inits):.1f}" if inits else "—",
