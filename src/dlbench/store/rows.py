@@ -14,6 +14,7 @@ COLUMNS = (
     "model_flops_per_iter", "model_tflops", "mfu", "mfu_reason",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
     "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
+    "time_to_target_s", "epochs_to_target", "reached", "input_bound_pct",
     "machine", "equivalence", "reason", "stability_reason",
 )
 
@@ -46,6 +47,18 @@ def _distributed_columns(r: Record) -> dict:
         "scaling_efficiency": scaling.efficiency if scaling else None,
         "exposed_comm_ms": d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None,
         "peak_busbw_gbps": max(busbw) if busbw else None,
+    }
+
+
+def _convergence_columns(r: Record) -> dict:
+    """Time to accuracy (schema 11): the score (MLPerf's olympic mean), mean epochs of the scored
+    runs, runs that reached the target of all, and the mean input-bound share in percent."""
+    c = r.convergence
+    return {
+        "time_to_target_s": c.score_s if c else None,
+        "epochs_to_target": c.epochs_to_target if c else None,
+        "reached": f"{c.reached}/{len(c.runs)}" if c else None,
+        "input_bound_pct": c.input_bound_share * 100 if c and c.input_bound_share is not None else None,
     }
 
 
@@ -107,6 +120,7 @@ def run_row(r: Record) -> dict:
         "mfu_reason": None,
         **_telemetry_columns(r),
         **_distributed_columns(r),
+        **_convergence_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,
