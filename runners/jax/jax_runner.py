@@ -231,6 +231,12 @@ class JaxRunner:
         jax = load_jax()
         return jax.devices("gpu")[0] if device == "cuda" else jax.devices("cpu")[0]
 
+    def prepare_convergence(self, request: dict):
+        from jax_convergence import prepare_convergence  # the convergence suite (jax_convergence.py)
+
+        self._init_jax(request["device"], jn.check_precision(request))
+        return prepare_convergence(request, self._device(request["device"]))
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 

@@ -248,6 +248,13 @@ class MXNetRunner:
         kernel.settings["precision_effective"] = mn.float32_math_env()
         return kernel
 
+    def prepare_convergence(self, request: dict):
+        from mxnet_convergence import prepare_convergence  # the convergence suite (mxnet_convergence.py)
+
+        mx = load_mxnet()
+        ctx = mx.gpu(0) if request["device"] == "cuda" else mx.cpu()
+        return prepare_convergence(request, ctx, float32_math(check_precision(request["precision"]), ctx))
+
     def prepare(self, request: dict) -> Prepared:
         mx = load_mxnet()
         import numpy as np

@@ -124,6 +124,11 @@ class TensorFlowRunner:
         kernel.settings["precision_effective"] = flags
         return kernel
 
+    def prepare_convergence(self, request: dict):
+        from tensorflow_convergence import prepare_convergence  # the convergence suite (tensorflow_convergence.py)
+
+        return prepare_convergence(request)
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 
