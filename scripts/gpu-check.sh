@@ -2,7 +2,8 @@
 # CUDA checks for a GPU host: the torch and jax runners on the GPU through the whole spine (smoke
 # profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
-# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16), then results and the report.
+# (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16),
+# the convergence suite's digits tasks to 97% in amp_bf16, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -18,7 +19,8 @@ case "${1:-}" in
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      --platform any -d .whl pydantic pydantic-core annotated-types typing-inspection
+      --platform any -d .whl pydantic pydantic-core annotated-types typing-inspection \
+      scikit-learn joblib threadpoolctl narwhals
     exit 0 ;;
   --offline)
     # The image's python3 holds torch (CUDA), typer, rich, jinja2, pyyaml, psutil, nvidia-ml-py.
@@ -59,6 +61,10 @@ done
 "${DLBENCH[@]}" run --suite transformer --framework torch,jax --benchmark gpt2_small-train \
    --benchmark bert_base-train --benchmark vit_b16-train --precision amp_bf16 --compile compiled --repeats 1 \
    --device cuda "${ENV[@]}" --store "$OUT/store" --timeout 900 2>&1 | tee "$OUT/transformer.log" || status=1
+# Time to accuracy (issue 21): the digits tasks (digits_fcn5, digits_cnn) trained to 97% top-1 on CUDA in
+# amp_bf16 through each framework's own input pipeline, one seed each (smoke); MLLOG files in $OUT/store/mllog.
+"${DLBENCH[@]}" run --suite convergence --framework torch,jax --profile smoke --precision amp_bf16 --device cuda \
+   "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/convergence.log" || status=1
 # fp32 pinned: an 8192^2 float32 matmul well below the TF32 rate in every framework, flags read back.
 "$PY" scripts/gpu_pinning.py 2>&1 | tee "$OUT/pinning.txt" || status=1
 "${DLBENCH[@]}" check --framework torch,jax --device cuda --precision amp_bf16 "${ENV[@]}" --store "$OUT/store" \

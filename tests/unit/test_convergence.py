@@ -254,6 +254,7 @@ def test_a_convergence_run_writes_its_record_and_strict_mllog_files(conv_project
                     "benchmark,mode,status,time_to_target_s,epochs_to_target,reached,input_bound_pct")
     assert shown.exit_code == 0, shown.output
     assert "digits_linear" in shown.output and "convergence" in shown.output and "3/3" in shown.output
+    assert "time to accuracy" in shown.output and "≥90%" in shown.output
 
 
 def test_a_target_not_reached_is_reported_and_fails_the_command(conv_project, tmp_path):

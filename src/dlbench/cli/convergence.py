@@ -174,3 +174,21 @@ def convergence_table(records, title: str) -> Table:
             f"{c.input_bound_share:.1%}" if c.input_bound_share is not None else "—",
             escape(sparkline(curve, 0.0, 1.0) + last))
     return table
+
+
+def print_convergence_details(store: Store, rows: list[dict]) -> None:
+    """Under `dlbench results`' table: the convergence runs among `rows` (time to target, epochs,
+    runs that reached it, input-bound share, the accuracy curve of the median run). Reads just
+    those records."""
+    from ..store.store import StoreError
+
+    records = []
+    for row in rows:
+        if row.get("mode") != "convergence":
+            continue
+        try:
+            records.append(store.read(store.runs / f"{row['run_id']}.json"))
+        except (StoreError, OSError) as e:
+            err.print(f"[yellow]skipped[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    if records:
+        out.print(convergence_table(records, "time to accuracy"))
