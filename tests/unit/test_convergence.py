@@ -294,3 +294,22 @@ def test_missing_data_stops_before_anything_runs(conv_project, tmp_path):
                      "--store", str(store), "--data", str(tmp_path / "mnist"))
     assert result.exit_code == 2 and "t10k-labels-idx1-ubyte" in result.output and "missing" in result.output
     assert not list(Store(store).records())
+
+
+def test_the_report_shows_time_to_accuracy_per_run_and_per_benchmark(tmp_path):
+    """The v11 fixture (a fake-runner convergence record) in a store: its run page has the score,
+    the per-seed table and the accuracy chart; its benchmark page the framework's row and curve."""
+    store = tmp_path / "store"
+    (store / "runs").mkdir(parents=True)
+    fixture = ROOT / "tests" / "fixtures" / "records" / "v11.json"
+    data = json.loads(fixture.read_text())
+    (store / "runs" / f"{data['run_id']}.json").write_bytes(fixture.read_bytes())
+    result = run_cli("report", "--store", str(store), "--out", str(tmp_path / "site"))
+    assert result.exit_code == 0, result.output
+    run_page = (tmp_path / "site" / "runs" / f"{data['run_id']}.html").read_text()
+    c = data["convergence"]
+    assert "Time to accuracy" in run_page and "time-to-target" in run_page and "<polyline" in run_page
+    assert all(f"seed-{r['seed']}.log" in run_page for r in c["runs"])
+    (bench,) = (tmp_path / "site" / "benchmarks").glob("*.html")
+    text = bench.read_text()
+    assert "Time to accuracy" in text and "3/3" in text and "class=\"marker\"" in text and data["run_id"] in text

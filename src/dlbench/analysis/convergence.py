@@ -38,3 +38,13 @@ def score(times: list[float | None]) -> Score:
     ordered = sorted(reached)
     kept = ordered[1:] if misses else ordered[1:-1]  # a miss is the slowest: it is the one dropped at the top
     return Score(sum(t for t, _ in kept) / len(kept), rule, tuple(sorted(i for _, i in kept)))
+
+
+def median_run(info):
+    """The run of a store.record.ConvergenceInfo whose curve stands for it: among the scored runs,
+    the one with the median time to target (the lower of the two middle ones); with none scored,
+    the first run that evaluated; None when no run did."""
+    scored = [r for r in info.runs if r.seed in info.scored_seeds and r.time_to_target_s is not None]
+    if not scored:
+        return next((r for r in info.runs if r.evals), None)
+    return sorted(scored, key=lambda r: r.time_to_target_s)[(len(scored) - 1) // 2]

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import paths
+from ..analysis.convergence import median_run
 from ..definitions.convergence import ConvergenceTask
 from ..definitions.loader import DefinitionError
 from ..execution.interrupts import exit_status, signal_name
@@ -141,16 +142,6 @@ def sparkline(values: list[float], low: float | None = None, high: float | None 
     return "".join(SPARK[min(len(SPARK) - 1, max(0, int((v - low) / span * (len(SPARK) - 1) + 0.5)))] for v in values)
 
 
-def median_run(record):
-    """The scored run whose time to target is the median of the scored ones (the curve shown)."""
-    c = record.convergence
-    scored = [r for r in c.runs if r.seed in c.scored_seeds and r.time_to_target_s is not None]
-    if not scored:
-        scored = [r for r in c.runs if r.evals]
-        return scored[0] if scored else None
-    return sorted(scored, key=lambda r: r.time_to_target_s)[(len(scored) - 1) // 2]
-
-
 def convergence_table(records, title: str) -> Table:
     table = Table(title=title)
     for col, justify in (("framework", "left"), ("task", "left"), ("status", "left"), ("time to target", "right"),
@@ -161,7 +152,7 @@ def convergence_table(records, title: str) -> Table:
         c = r.convergence
         if c is None:
             continue
-        run = median_run(r)
+        run = median_run(c)
         curve = [e["accuracy"] for e in run.evals] if run else []
         inits = [x.init_s for x in c.runs if x.init_s is not None]
         last = f" {curve[-1]:.3f}" if curve else ""

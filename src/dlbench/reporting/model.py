@@ -36,6 +36,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..analysis.convergence import median_run
 from ..store.intervals import reported_interval
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb
@@ -139,6 +140,14 @@ class RunView:
     repeats: int = 0
     iterations: int = 0
     network_page: str = ""  # the network definition's JSON file in the site
+    # convergence runs (schema 11): the score, epochs, runs that reached the target, input-bound
+    # share, and the accuracy curve ((epoch, accuracy), ...) of the median run (analysis/convergence.py)
+    time_to_target_s: float | None = None
+    epochs_to_target: float | None = None
+    reached: str | None = None
+    target: float | None = None
+    input_bound_pct: float | None = None
+    accuracy_curve: tuple = ()
 
     def to_json(self) -> dict:
         # the fields are plain values and tuples of floats: no deep copy (dataclasses.asdict) needed
@@ -152,6 +161,7 @@ class RunView:
         data["started_at"] = datetime.fromisoformat(data["started_at"])
         data["box_ms"] = tuple(data["box_ms"]) if data.get("box_ms") else None
         data["repeat_medians_ms"] = tuple(data.get("repeat_medians_ms") or ())
+        data["accuracy_curve"] = tuple(tuple(p) for p in data.get("accuracy_curve") or ())
         return cls(**data)
 
     @property
@@ -273,7 +283,19 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
         **utilisation(r, peaks),
+        **_convergence_view(r),
     )
+
+
+def _convergence_view(r: Record) -> dict:
+    c = r.convergence
+    if c is None:
+        return {}
+    run = median_run(c)
+    return {"time_to_target_s": c.score_s, "epochs_to_target": c.epochs_to_target,
+            "reached": f"{c.reached}/{len(c.runs)}", "target": c.target,
+            "input_bound_pct": c.input_bound_share * 100 if c.input_bound_share is not None else None,
+            "accuracy_curve": tuple((e["epoch"], e["accuracy"]) for e in run.evals) if run else ()}
 
 
 # ------------------------------------------------------------------ aggregates
