@@ -115,7 +115,7 @@ def test_idx_files_read_back_through_the_frameworks_pipeline(framework_env, tmp_
 
 def test_cifar_binary_files_read_back_through_the_frameworks_pipeline(framework_env, tmp_path):
     images, labels = write_cifar_set(tmp_path / "cifar", per_file=4)
-    task = suite(tmp_path, "cifar_resnet56", "resnet56", "cifar10",
+    task = suite(tmp_path, "cifar_alexnet_r", "alexnet_r", "cifar10",  # the pipeline, on a network quick to build
                  "augmentation: {crop_padding: 4, horizontal_flip: true}")
     batches = probe(framework_env, tmp_path, task, tmp_path / "cifar")
     channels_last = framework_env[0].name in ("tensorflow", "jax")
