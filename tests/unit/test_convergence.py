@@ -313,3 +313,29 @@ def test_the_report_shows_time_to_accuracy_per_run_and_per_benchmark(tmp_path):
     (bench,) = (tmp_path / "site" / "benchmarks").glob("*.html")
     text = bench.read_text()
     assert "Time to accuracy" in text and "3/3" in text and "class=\"marker\"" in text and data["run_id"] in text
+
+
+def _result(**convergence) -> str:
+    run = {"seed": 0, "init_s": 1.0, "reached": True, "epochs": 2, "epochs_to_target": 2, "time_to_target_s": 3.0,
+           "run_s": 3.0, "evals": [{"epoch": 1, "accuracy": 0.5, "time_s": 1.0}, {"epoch": 2, "accuracy": 0.98,
+                                                                                "time_s": 3.0}],
+           "train_s": 2.5, "input_wait_s": 0.1, "input_bound_share": 0.04, "steps": 90, "steps_per_epoch": 45,
+           "train_samples": 1438, "eval_samples": 359, **convergence}
+    return json.dumps({"protocol": 1, "status": "ok", "framework": {"name": "x"}, "convergence": run})
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"evals": [{"epoch": 1, "accuracy": 1.5, "time_s": 1.0}]}, "convergence.evals[0].accuracy"),
+    ({"time_to_target_s": None}, "convergence"),
+    ({"input_wait_s": -1.0}, "convergence.input_wait_s"),
+    ({"steps": True}, "convergence.steps"),
+])
+def test_a_worker_convergence_result_is_validated_at_the_boundary(change, field):
+    from dlbench.execution.worker_result import ResultError, parse_result
+
+    assert parse_result(_result(), "convergence").convergence.time_to_target_s == 3.0
+    with pytest.raises(ResultError) as info:
+        parse_result(_result(**change), "convergence")
+    assert info.value.field.startswith(field)
+    with pytest.raises(ResultError, match="convergence"):
+        parse_result(json.dumps({"protocol": 1, "status": "ok", "framework": {"name": "x"}}), "convergence")
