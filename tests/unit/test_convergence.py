@@ -5,11 +5,9 @@ regression really trains on the digits)."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import math
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,7 @@ from dlbench.cli import app
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.definitions.convergence import DATASETS
 from dlbench.definitions.loader import DefinitionError
-from dlbench.execution.datasets import DataError, check_data, digits_folder, digits_split, idx_bytes
+from dlbench.execution.datasets import DataError, check_data, digits_folder, digits_split
 from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,18 +67,18 @@ def test_the_shipped_suite_loads_with_its_digits_tasks():
     assert tasks[1].network.resolved["input"]["shape"] == [1, 8, 8]
 
 
-@pytest.mark.parametrize(("change", "field", "words"), [
-    ("    batch_size: 32\n", "tasks[0].batch_size", "batch_size: 0"),
-    ("decay: {kind: cosine}", "tasks[0].optimizer.decay", "decay: {kind: linear}"),
-    ("target: {value: TARGET}", "tasks[0].target.value", "target: {value: 1.5}"),
-    ("dataset: {name: digits}", "tasks[0].dataset.name", "dataset: {name: imagenet}"),
-    ("network: digits_fcn5", "tasks[0].network", "network: fcn5"),
-    ("network: digits_fcn5", "tasks[0].network", "network: no_such_net"),
-    ("max_epochs: EPOCHS", "tasks[0]", "max_epochs: 1"),
+@pytest.mark.parametrize(("old", "new", "field"), [
+    ("batch_size: 32", "batch_size: 0", "tasks[0].batch_size"),
+    ("decay: {kind: cosine}", "decay: {kind: linear}", "tasks[0].optimizer.decay"),
+    ("target: {value: TARGET}", "target: {value: 1.5}", "tasks[0].target.value"),
+    ("dataset: {name: digits}", "dataset: {name: imagenet}", "tasks[0].dataset.name"),
+    ("network: digits_fcn5", "network: fcn5", "tasks[0].network"),  # 784 inputs for 8x8 images
+    ("network: digits_fcn5", "network: no_such_net", "tasks[0].network"),
+    ("max_epochs: EPOCHS", "max_epochs: 1", "tasks[0]"),  # warm-up (1 epoch) must end before the last
+    ("batch_size: 32", "batch_size: 32\n    shuffle: true", "tasks[0].shuffle"),
 ])
-def test_a_mistake_is_one_error_naming_the_file_and_the_field(tmp_path, change, field, words):
-    path = suite_file(tmp_path, text=SUITE.replace(change, words if change.startswith(" ") is False else
-                                                    change.replace("32", "0")))
+def test_a_mistake_is_one_error_naming_the_file_and_the_field(tmp_path, old, new, field):
+    path = suite_file(tmp_path, text=SUITE.replace(old, new))
     with pytest.raises(DefinitionError) as info:
         load(path)
     message = str(info.value)
