@@ -337,3 +337,10 @@ def test_a_worker_convergence_result_is_validated_at_the_boundary(change, field)
     assert info.value.field.startswith(field)
     with pytest.raises(ResultError, match="convergence"):
         parse_result(json.dumps({"protocol": 1, "status": "ok", "framework": {"name": "x"}}), "convergence")
+
+
+def test_list_shows_the_tasks():
+    result = run_cli("list", "--suite", "convergence")
+    assert result.exit_code == 0, result.output
+    for text in ("digits_fcn5", "digits_cnn", "12,731,402", "top1 0.97", "0,1,2,3,4"):
+        assert text in result.output
