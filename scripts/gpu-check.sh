@@ -3,7 +3,7 @@
 # profile, then two default-profile runs), telemetry checked (power > 0, SM clock > 0, the energy
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
 # (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, `dlbench check` on CUDA (float64 and amp_bf16),
-# the convergence suite's digits tasks to 97% in amp_bf16, then results and the report.
+# the convergence suite's digits task to 97% in amp_bf16, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -61,7 +61,7 @@ done
 "${DLBENCH[@]}" run --suite transformer --framework torch,jax --benchmark gpt2_small-train \
    --benchmark bert_base-train --benchmark vit_b16-train --precision amp_bf16 --compile compiled --repeats 1 \
    --device cuda "${ENV[@]}" --store "$OUT/store" --timeout 900 2>&1 | tee "$OUT/transformer.log" || status=1
-# Time to accuracy (issue 21): the digits tasks (digits_fcn5, digits_cnn) trained to 97% top-1 on CUDA in
+# Time to accuracy (issue 21): the digits task (digits_cnn) trained to 97% top-1 on CUDA in
 # amp_bf16 through each framework's own input pipeline, one seed each (smoke); MLLOG files in $OUT/store/mllog.
 "${DLBENCH[@]}" run --suite convergence --framework torch,jax --profile smoke --precision amp_bf16 --device cuda \
    "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/convergence.log" || status=1

@@ -152,7 +152,7 @@ def test_resnet56_trains_end_to_end_on_a_tiny_cifar_set(framework_env, tmp_path)
     assert [e for e in events if e["key"] == "augmentation"][0]["value"] == {"crop_padding": 4, "horizontal_flip": True}
 
 
-@pytest.mark.parametrize("task", ["digits_fcn5", "digits_cnn"])
+@pytest.mark.parametrize("task", ["digits_cnn"])
 def test_the_digits_reach_their_target(framework_env, tmp_path, task):
     store = tmp_path / "store"
     result = run_cli("run", "--suite", "convergence", "--framework", framework_env[0].name, "--profile", "smoke",
