@@ -104,8 +104,6 @@ def run_convergence_suite(suite_path: Path, names: list[str], registry, *, bench
 
 def list_convergence(path: Path, profile: str, device: str) -> None:
     """`dlbench list --suite convergence`: each task's network, dataset, target, schedule and seeds."""
-    from .listing import params_text
-
     try:
         tasks = lookup.catalog().load_convergence_suite(path, profile, device)
     except DefinitionError as e:
@@ -116,7 +114,7 @@ def list_convergence(path: Path, profile: str, device: str) -> None:
     for t in tasks:
         o = t.spec.optimizer
         decay = o.decay.kind + (f" at {o.decay.boundaries} x{o.decay.factor:g}" if o.decay.kind == "step" else "")
-        table.add_row(escape(t.name), escape(t.network.name), params_text(t.network), t.dataset.name,
+        table.add_row(escape(t.name), escape(t.network.name), f"{t.network.params:,}", t.dataset.name,
                       str(t.spec.batch_size), f"SGD lr {o.learning_rate:g} m {o.momentum:g} wd {o.weight_decay:g}, "
                       f"warm-up {o.warmup_epochs:g} ep, {decay}", f"{t.spec.target.metric} {t.spec.target.value:g}",
                       str(t.spec.max_epochs), ",".join(map(str, t.seeds)))
