@@ -4,8 +4,8 @@
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
 # (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, generation (mode generate, GPT-2 small
 # and transformer_tiny, torch eager and with its compiled decode step, jax), `dlbench check` on CUDA
-# (float64 and amp_bf16, and --mode generate), MLPerf LoadGen's single_stream (and server) on CUDA, then results
-# and the report.
+# (float64 and amp_bf16, and --mode generate), MLPerf LoadGen's single_stream (and server) on CUDA, the
+# convergence suite's digits task to 97% in amp_bf16, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):
@@ -21,7 +21,8 @@ case "${1:-}" in
     grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-      --platform any -d .whl pydantic pydantic-core annotated-types typing-inspection mlcommons-loadgen==6.0.17
+      --platform any -d .whl pydantic pydantic-core annotated-types typing-inspection mlcommons-loadgen==6.0.17 \
+      scikit-learn joblib threadpoolctl narwhals
     exit 0 ;;
   --offline)
     # The image's python3 holds torch (CUDA), typer, rich, jinja2, pyyaml, psutil, nvidia-ml-py.
@@ -73,6 +74,10 @@ for fw_compile in "torch all" "jax default"; do  # jax's only mode is jit (its e
 done
 "${DLBENCH[@]}" check --mode generate --framework torch,jax --device cuda --network transformer_tiny \
    --network gpt2_small "${ENV[@]}" --store "$OUT/store" 2>&1 | tee "$OUT/check-generate.log" || status=1
+# Time to accuracy (issue 21): the digits task (digits_cnn) trained to 97% top-1 on CUDA in
+# amp_bf16 through each framework's own input pipeline, one seed each (smoke); MLLOG files in $OUT/store/mllog.
+"${DLBENCH[@]}" run --suite convergence --framework torch,jax --profile smoke --precision amp_bf16 --device cuda \
+   "${ENV[@]}" --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/convergence.log" || status=1
 # fp32 pinned: an 8192^2 float32 matmul well below the TF32 rate in every framework, flags read back.
 "$PY" scripts/gpu_pinning.py 2>&1 | tee "$OUT/pinning.txt" || status=1
 "${DLBENCH[@]}" check --framework torch,jax --device cuda --precision amp_bf16 "${ENV[@]}" --store "$OUT/store" \

@@ -209,6 +209,32 @@ class Collective(Protocol):
 # ------------------------------------------------------------------ building a network
 
 
+class Trainer:
+    """One convergence run's network, optimiser and input pipelines (`prepare_convergence`), driven
+    by runners/common/convergence.py. The runner builds the callables; this class holds them:
+
+    attach(train, eval, seed): the splits as numpy (x uint8 (N, C, H, W), y int64), read from disk
+      after the clock started; builds the framework's own input pipelines over them (normalisation,
+      the task's augmentation, shuffling per epoch, batching; the last partial training batch
+      dropped), returns a description of them for the record;
+    train_batches(epoch) -> an iterator of the framework's batches for one epoch (the loop times
+      each `next` as the pipeline's wait);
+    train_step(batch, lr): one SGD step at this learning rate (it may return before the device is done);
+    eval_batches() -> an iterator over the evaluation split; eval_step(batch) -> (correct, count),
+      host integers;
+    synchronize(): wait for the device; close(): stop the pipelines' workers.
+    """
+
+    def __init__(self, attach: Callable, train_batches: Callable, train_step: Callable, eval_batches: Callable,
+                 eval_step: Callable, synchronize: Callable, params: int, settings: dict | None = None,
+                 close: Callable[[], Any] | None = None):
+        self.attach, self.train_batches, self.train_step = attach, train_batches, train_step
+        self.eval_batches, self.eval_step, self.synchronize = eval_batches, eval_step, synchronize
+        self.params = params
+        self.settings = settings or {}
+        self.close = close or (lambda: None)
+
+
 class LayerTable(dict):
     """A runner's layer builders: the `type` of a resolved layer (src/dlbench/definitions/schema.py)
     -> the function that builds it the framework's way. A new layer type is one builder and one
@@ -303,6 +329,16 @@ class Runner(Framework, Protocol):
         builds) with the framework's own key/value cache; `request["generation"]` holds
         `prompt_length` and `new_tokens`. Honours `precision`, `compile`, `inputs` and `seed` as
         `prepare` does; a network that is not a decoder, or an axis it cannot generate in, is a Skip."""
+
+
+class ConvergenceRunner(Protocol):
+    """What a Runner may add for the convergence suite (runners/common/convergence.py); a runner
+    without it has its convergence runs skipped, saying so."""
+
+    def prepare_convergence(self, request: dict) -> Trainer:
+        """Action `convergence`, initialisation (timed apart, before the clock starts): the network
+        built and seeded, SGD with momentum and weight decay, steps compiled where the framework
+        compiles (without touching the data)."""
 
 
 @runtime_checkable

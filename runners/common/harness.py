@@ -315,6 +315,14 @@ def run_request(runner, request: dict) -> dict:
             result["kernels"] = measure_kernels(runner, request)
             result["status"] = "ok"
             return result
+        if request["action"] == "convergence":
+            if not hasattr(runner, "prepare_convergence"):
+                raise Skip(f"the {runner.name} runner has no convergence loop (contract.ConvergenceRunner)")
+            from convergence import run_convergence  # time to accuracy: runners/common/convergence.py
+
+            run = run_convergence(runner, request)
+            result.update(params=run.pop("params"), settings=run.pop("settings"), convergence=run, status="ok")
+            return result
         if request.get("mode") == "generate":
             run_generation(runner, request, result)
             result["status"] = "ok"

@@ -241,6 +241,12 @@ class JaxRunner:
         generator.settings["precision_effective"]["NVIDIA_TF32_OVERRIDE"] = self._tf32_env
         return generator
 
+    def prepare_convergence(self, request: dict):
+        from jax_convergence import prepare_convergence  # the convergence suite (jax_convergence.py)
+
+        self._init_jax(request["device"], jn.check_precision(request))
+        return prepare_convergence(request, self._device(request["device"]))
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 

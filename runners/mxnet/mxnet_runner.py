@@ -266,6 +266,13 @@ class MXNetRunner:
         generator.memory = lambda: memory_report(cuda, used_at_prepare)
         return generator
 
+    def prepare_convergence(self, request: dict):
+        from mxnet_convergence import prepare_convergence  # the convergence suite (mxnet_convergence.py)
+
+        mx = load_mxnet()
+        ctx = mx.gpu(0) if request["device"] == "cuda" else mx.cpu()
+        return prepare_convergence(request, ctx, float32_math(check_precision(request["precision"]), ctx))
+
     def prepare(self, request: dict) -> Prepared:
         mx = load_mxnet()
         import numpy as np

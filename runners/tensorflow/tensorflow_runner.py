@@ -151,6 +151,11 @@ class TensorFlowRunner:
             load_tf().config.experimental.reset_memory_stats("GPU:0")
         return generator
 
+    def prepare_convergence(self, request: dict):
+        from tensorflow_convergence import prepare_convergence  # the convergence suite (tensorflow_convergence.py)
+
+        return prepare_convergence(request)
+
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 

@@ -99,6 +99,11 @@ class TorchRunner:
             torch.cuda.reset_peak_memory_stats(device)
         return generator
 
+    def prepare_convergence(self, request: dict):
+        from torch_convergence import prepare_convergence  # the convergence suite (torch_convergence.py)
+
+        return prepare_convergence(request)
+
     def prepare(self, request: dict) -> Prepared:
         torch = load_torch()
         network = request["network"]

@@ -101,15 +101,17 @@ def test_damaged_and_misnamed_incoming_records_are_reported_and_skipped(tmp_path
 def test_records_of_older_schemas_are_copied_as_they_are(tmp_path):
     src = Store(tmp_path / "src")
     src.runs.mkdir(parents=True)
-    for v in range(1, SCHEMA_VERSION):
+    # the older versions with a fixture (9 and 10 were reserved for other branches when 11 was written)
+    older = [v for v in range(1, SCHEMA_VERSION) if (FIXTURES / f"v{v}.json").exists()]
+    for v in older:
         name = json.loads((FIXTURES / f"v{v}.json").read_text())["run_id"]
         shutil.copy(FIXTURES / f"v{v}.json", src.runs / f"{name}.json")
     dest = Store(tmp_path / "dest")
     report = merge(dest, [src.root])
-    assert report.clean and len(report.added) == SCHEMA_VERSION - 1
+    assert report.clean and len(report.added) == len(older)
     assert contents(dest) == contents(src)
     # checksums came with schema 4: the records before it are the unverified ones
-    assert sorted(v for _, v in verify(dest).unverified) == [v for v in range(1, SCHEMA_VERSION) if v < 4]
+    assert sorted(v for _, v in verify(dest).unverified) == [v for v in older if v < 4]
 
 
 def test_a_record_and_its_upgraded_copy_are_duplicates(tmp_path):

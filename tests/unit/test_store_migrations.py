@@ -66,7 +66,8 @@ def test_every_version_reads_as_the_current_one_with_nothing_lost(tmp_path, vers
     assert rec.params == data["params"] and rec.status == data["status"]
     assert rec.framework == data["framework"] and rec.environment == data["environment"]
     assert [r.iter_s for r in rec.repeats] == [r["iter_s"] for r in data["repeats"]]
-    assert rec.summary.median_s == data["summary"]["median_s"]
+    if data.get("summary") is not None:  # a convergence record (11) has none: its score is `convergence`
+        assert rec.summary.median_s == data["summary"]["median_s"]
     assert rec.dlbench == data["dlbench"]
     # what each step added
     assert rec.equivalence == data.get("equivalence", rec.equivalence)
@@ -80,7 +81,7 @@ def test_every_version_reads_as_the_current_one_with_nothing_lost(tmp_path, vers
         assert [r.telemetry for r in rec.repeats] == [r["telemetry"] for r in data["repeats"]]
     if version < 4:  # the statistics of schema 4 cannot be made up for old records: absent, not guessed
         assert rec.summary.ci is None and rec.summary.stability is None and rec.repeat_policy is None
-    else:
+    elif rec.summary is not None:
         assert rec.summary.ci.median_s[0] <= rec.summary.median_s <= rec.summary.ci.median_s[1]
         assert rec.repeat_policy.kind == ("fixed" if version < 8 else "adaptive") and rec.summary.stability is not None
     if 4 <= version < 8:  # fixed repeats: no target, so no interval it was judged on
@@ -139,6 +140,20 @@ def test_the_v8_fixture_stopped_on_the_reported_interval():
     shown = reported_interval(rec.summary, rec.workload.batch_size).half_width_pct
     assert policy.achieved_reported_ci_pct == pytest.approx(shown) and shown <= policy.target_ci_pct
     assert policy.achieved_ci_pct == rec.summary.ci.half_width_pct
+
+
+def test_the_v11_fixture_is_a_convergence_record_with_its_score():
+    from dlbench.analysis.convergence import score
+    from dlbench.store.record import Record
+
+    data = fixture(11)
+    assert data["checksum"] == checksum_of(data)
+    rec = Record.model_validate({k: v for k, v in data.items() if k != "checksum"})
+    c = rec.convergence
+    assert rec.workload.mode == "convergence" and rec.summary is None and len(c.runs) == 3
+    assert c.score_s == score([r.time_to_target_s for r in c.runs]).seconds
+    assert all(r.mllog == f"mllog/{rec.run_id}/seed-{r.seed}.log" and len(r.mllog_sha256) == 64 for r in c.runs)
+    assert run_row(rec)["reached"] == "3/3"
 
 
 def test_a_newer_version_is_refused_by_name(tmp_path):
@@ -236,10 +251,10 @@ def test_store_upgrade_command(tmp_path):
     code, out, err = invoke("store", "upgrade", "--store", str(store.root))
     assert code == 0, err
     flat = " ".join(out.split())
-    assert f"{SCHEMA_VERSION - 1} records upgraded to schema {SCHEMA_VERSION}" in flat
+    assert f"{len(VERSIONS) - 1} records upgraded to schema {SCHEMA_VERSION}" in flat
     assert ".upgraded" in flat and "1 already current" in flat
     code, out, _ = invoke("store", "verify", "--store", str(store.root))
-    assert code == 0 and f"{SCHEMA_VERSION} verified by checksum, 0 unverified" in " ".join(out.split())
+    assert code == 0 and f"{len(VERSIONS)} verified by checksum, 0 unverified" in " ".join(out.split())
 
 
 def test_store_upgrade_command_reports_what_it_could_not_read(tmp_path):

@@ -35,6 +35,11 @@ def list_suites(
 
             list_kernels(path, profile, resolve_device(device))
             return
+        if kind == "convergence":
+            from .convergence import list_convergence
+
+            list_convergence(path, profile, resolve_device(device))
+            return
     suites = lookup.load_suites(suite or "all", profile, resolve_device(device))
     table = Table(title=f"dlbench suites (profile {profile})")
     for col in ("suite", "benchmark", "network", "mode", "batch sizes", "sequence", "params", "GFLOPs/sample"):
@@ -51,7 +56,8 @@ def list_suites(
     catalog = lookup.catalog()
     table.caption = (f"frameworks: {', '.join(lookup.registry().names())}; distributed suites (--workers): "
                      f"{', '.join(catalog.distributed_suite_names())}; kernel suites: "
-                     f"{', '.join(catalog.kernel_suite_names())}")
+                     f"{', '.join(catalog.kernel_suite_names())}; convergence suites (time to accuracy): "
+                     f"{', '.join(catalog.convergence_suite_names())}")
     out.print(table)
 
 

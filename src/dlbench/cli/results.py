@@ -126,6 +126,10 @@ def results(
         from .distributed import print_distributed_details
 
         print_distributed_details(st, rows)
+    if any(row.get("mode") == "convergence" for row in rows):
+        from .convergence import print_convergence_details
+
+        print_convergence_details(st, rows)
 
 
 def _plain_table(title: str, rows: list[dict]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -101,6 +102,9 @@ def run(
         "--quiet-wait", metavar="S", min=0, max=86400, help=(
             "Before each repeat, wait up to S seconds for the other processes to fall under the contention "
             "threshold."))] = 0.0,
+    data: Annotated[Optional[Path], typer.Option(
+        "--data", metavar="DIR", help="Convergence suites: the folder of a task's dataset files (MNIST or "
+                                      "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
@@ -121,6 +125,18 @@ def run(
                          max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
                          timeout=timeout, workers=workers, scaling=scaling, hosts=hosts)
         return
+    if kind == "convergence":
+        from .convergence import run_convergence_suite
+
+        run_convergence_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
+                              device=resolve_device(device), env=env, threads=threads, repeats=repeats,
+                              max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
+                              timeout=timeout, workers=workers, scaling=scaling, hosts=hosts, data=data,
+                              precision=precision)
+        return
+    if data is not None:
+        raise fail(f"--data is for the convergence suites ({', '.join(lookup.catalog().convergence_suite_names())}); "
+                   f"suite {suite!r} trains on synthetic batches")
     if kind != "benchmark":
         from .distributed import run_distributed_suite
 

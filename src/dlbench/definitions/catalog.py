@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .convergence import ConvergenceTask, load_convergence
 from .distributed import load_comm, load_distributed
 from .generation import context_problem, decoder_problem
 from .loader import DefinitionError, load_network, read_yaml, validate
@@ -14,10 +15,11 @@ from .suite import (Benchmark, Device, Generation, Mode, PerDevice, PerDeviceCou
                     Suite, SuiteFile)
 
 # kind -> how `dlbench run` treats its suites: "single" (`--suite all`, one process per repeat),
-# "distributed" (--workers: a job of ranks per repeat) or "kernels" (performance/kernel_suite.py,
-# loaded above this layer). A new kind is one entry here and its loader.
+# "distributed" (--workers: a job of ranks per repeat), "kernels" (performance/kernel_suite.py,
+# loaded above this layer) or "convergence" (convergence.py: time to a quality target, one process
+# per seeded run). A new kind is one entry here and its loader.
 SUITE_KINDS: dict[str, str] = {"benchmark": "single", "distributed": "distributed", "comm": "distributed",
-                               "kernels": "kernels"}
+                               "kernels": "kernels", "convergence": "convergence"}
 
 
 class SuiteCatalog:
@@ -40,6 +42,14 @@ class SuiteCatalog:
         """Suites of `kind: kernels` (performance/kernel_suite.py): kernels timed per framework."""
         return [name for name, kind in self._kinds() if SUITE_KINDS[kind] == "kernels"]
 
+    def convergence_suite_names(self) -> list[str]:
+        """Suites of `kind: convergence` (convergence.py): time to a quality target."""
+        return [name for name, kind in self._kinds() if SUITE_KINDS[kind] == "convergence"]
+
+    def load_convergence_suite(self, path: Path, profile: str, device: Device) -> list[ConvergenceTask]:
+        """A `kind: convergence` suite's tasks for `profile` on `device`."""
+        return load_convergence(path, read_yaml(path), profile, device, self._network_path)
+
     def _kinds(self) -> list[tuple[str, str]]:
         out = []
         for p in sorted(self.root.glob("*.yaml")):
@@ -52,7 +62,8 @@ class SuiteCatalog:
         return out
 
     def suite_kind(self, path: Path) -> str:
-        """`benchmark`, `distributed`, `comm` or `kernels` (DefinitionError for a file that cannot be read)."""
+        """`benchmark`, `distributed`, `comm`, `kernels` or `convergence` (DefinitionError for a file that
+        cannot be read)."""
         return suite_kind(path, read_yaml(path))
 
     def load_distributed_suite(self, path: Path, profile: str, device: Device):
@@ -77,7 +88,8 @@ class SuiteCatalog:
 
     def suite_path(self, name_or_path: str) -> Path | None:
         """A suite by name, or a user's suite file by path; None when neither exists."""
-        if name_or_path in self.suite_names() + self.distributed_suite_names() + self.kernel_suite_names():
+        if name_or_path in (self.suite_names() + self.distributed_suite_names() + self.kernel_suite_names()
+                            + self.convergence_suite_names()):
             return self.root / f"{name_or_path}.yaml"
         p = Path(name_or_path)
         return p if p.suffix in (".yaml", ".yml") and p.is_file() else None

@@ -115,6 +115,8 @@ class LoadGenOutcome(_Strict):
         if self.chosen not in names:
             raise ValueError(f"chosen {self.chosen!r} is none of the tests' log folders")
         return self
+
+
 class GenerationTimes(_Strict):
     """Mode generate's per-request times (harness.measure_generation): one TTFT and one TPOT per
     measured request, as many as `iter_s`; `first_ttft_s` is the first request's TTFT."""
@@ -123,6 +125,48 @@ class GenerationTimes(_Strict):
     first_ttft_s: Seconds
     ttft_s: list[Seconds]
     tpot_s: list[Seconds]
+
+
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Duration = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class EvalPoint(_Strict):
+    epoch: Count
+    accuracy: Fraction
+    time_s: Duration
+
+
+class ConvergenceRun(BaseModel):
+    """One seeded run of a convergence task (runners/common/convergence.py); `pipeline`,
+    `cache_clear` and the rest are the runner's description, kept as strict JSON."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    seed: Count
+    init_s: Duration
+    reached: bool
+    epochs: Count
+    epochs_to_target: Count | None = None
+    time_to_target_s: Duration | None = None
+    run_s: Duration
+    evals: list[EvalPoint]
+    epoch_s: list[Duration] = []
+    train_s: Duration
+    input_wait_s: Duration
+    input_bound_share: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    steps: Count
+    steps_per_epoch: Count
+    train_samples: Count
+    eval_samples: Count
+    read_s: Duration | None = None
+    cache_clear: dict[str, Any] = {}
+    pipeline: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.reached and (self.time_to_target_s is None or self.epochs_to_target is None):
+            raise ValueError("a run that reached its target needs time_to_target_s and epochs_to_target")
+        return self
 
 
 class WorkerResult(_Strict):
@@ -152,6 +196,8 @@ class WorkerResult(_Strict):
     outputs: str | None = None
     # action loadgen
     loadgen: LoadGenOutcome | None = None
+    # action convergence
+    convergence: ConvergenceRun | None = None
 
     @field_validator("window_monotonic_ns")
     @classmethod
@@ -173,7 +219,7 @@ class WorkerResult(_Strict):
     def _complete(self, info: ValidationInfo):
         # the free-form parts (threads, settings, memory, compile, the framework's build) go into
         # the record as they are: strict JSON (no NaN or infinity) with integers the store can hold
-        for field in ("threads", "settings", "memory", "compile", "framework", "kernels"):
+        for field in ("threads", "settings", "memory", "compile", "framework", "kernels", "convergence"):
             value = getattr(self, field)
             if value is not None:
                 _storable(value.model_dump() if isinstance(value, BaseModel) else value, field)
@@ -198,6 +244,8 @@ class WorkerResult(_Strict):
             raise _FieldProblem("loadgen", "an ok result of a loadgen request has no loadgen tests")
         elif action == "kernels" and self.kernels is None:
             raise _FieldProblem("kernels", "an ok result of a kernels request has no kernels")
+        elif action == "convergence" and self.convergence is None:
+            raise _FieldProblem("convergence", "an ok result of a convergence request has no run")
         return self
 
 

@@ -36,6 +36,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..analysis.convergence import median_run
 from ..store.intervals import reported_interval
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb, run_tokens_per_s
@@ -154,6 +155,14 @@ class RunView:
     loadgen_value: float | None = None
     loadgen_samples_per_s: float | None = None
     latency_pct_ms: tuple[tuple[float, float], ...] = ()
+    # convergence runs (schema 11): the score, epochs, runs that reached the target, input-bound
+    # share, and the accuracy curve ((epoch, accuracy), ...) of the median run (analysis/convergence.py)
+    time_to_target_s: float | None = None
+    epochs_to_target: float | None = None
+    reached: str | None = None
+    target: float | None = None
+    input_bound_pct: float | None = None
+    accuracy_curve: tuple = ()
 
     def to_json(self) -> dict:
         # the fields are plain values and tuples of floats: no deep copy (dataclasses.asdict) needed
@@ -168,6 +177,7 @@ class RunView:
         data["box_ms"] = tuple(data["box_ms"]) if data.get("box_ms") else None
         data["repeat_medians_ms"] = tuple(data.get("repeat_medians_ms") or ())
         data["latency_pct_ms"] = tuple(tuple(p) for p in data.get("latency_pct_ms") or ())
+        data["accuracy_curve"] = tuple(tuple(p) for p in data.get("accuracy_curve") or ())
         return cls(**data)
 
     @property
@@ -300,7 +310,7 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         joules_per_sample=_number(tel.get("joules_per_sample")), avg_power_w=_number(tel.get("avg_power_w")),
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
-        **utilisation(r, peaks), **loadgen_fields(r), **_generation_figures(r),
+        **utilisation(r, peaks), **loadgen_fields(r), **_generation_figures(r), **_convergence_view(r),
     )
 
 
@@ -312,6 +322,17 @@ def _generation_figures(r: Record) -> dict:
         if dist is not None:
             out.update({f"{key}_ms": dist.median * 1e3, f"{key}_p99_ms": dist.p99 * 1e3})
     return out
+
+
+def _convergence_view(r: Record) -> dict:
+    c = r.convergence
+    if c is None:
+        return {}
+    run = median_run(c)
+    return {"time_to_target_s": c.score_s, "epochs_to_target": c.epochs_to_target,
+            "reached": f"{c.reached}/{len(c.runs)}", "target": c.target,
+            "input_bound_pct": c.input_bound_share * 100 if c.input_bound_share is not None else None,
+            "accuracy_curve": tuple((e["epoch"], e["accuracy"]) for e in run.evals) if run else ()}
 
 
 # ------------------------------------------------------------------ aggregates

@@ -119,8 +119,20 @@ def benchmark_context(page: BenchmarkPage, model: SiteModel) -> dict:
     page_precisions, page_compiles = page.precisions, page.compiles
     grid_columns = [variant_label(v, page_precisions, page_compiles) for v in page.variants]
     speedup = speedup_chart(page.speedups, f"{page.benchmark}: compiled over eager", False)
-    return {**loadgen_context(page, colour), "page": page, "model": model, "latest": latest,
-            "throughput": throughput, "scaling": scaling,
+    newest: dict[str, object] = {}
+    for v in page.runs:  # newest first: a convergence run has no throughput, so `latest` never holds it
+        if v.mode == "convergence":
+            newest.setdefault(v.framework, v)
+    converged = list(newest.values())
+    convergence_chart = None
+    if any(v.accuracy_curve for v in converged):
+        curves = [charts.Series(v.framework, [charts.Point(float(e), float(a)) for e, a in v.accuracy_curve],
+                                colour[v.framework]) for v in converged if v.accuracy_curve]
+        convergence_chart = charts.line_chart(curves, f"{page.benchmark}: top-1 accuracy by epoch (each framework's "
+                                                      "median run)", "epoch", "accuracy")
+    return {"converged": sorted(converged, key=lambda v: (v.time_to_target_s is None, v.time_to_target_s or 0)),
+            "convergence_chart": convergence_chart, **loadgen_context(page, colour), "page": page, "model": model,
+            "latest": latest, "throughput": throughput, "scaling": scaling,
             "distribution": distribution, "first": first, "energy": energy, "energy_missing": energy_missing,
             "single_batch": len(page.batch_sizes) == 1, "grid_columns": grid_columns,
             "show_grid": len(page.variants) > 1, "show_compile": len(page_compiles) > 1, "speedup_chart": speedup}

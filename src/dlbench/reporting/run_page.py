@@ -433,6 +433,35 @@ def generation_context(record: Record) -> dict | None:
             "how": (record.settings.runner or {}).get("generation") or {}}
 
 
+def convergence_context(record: Record) -> dict | None:
+    """A convergence run's page part: the score, the accuracy at every evaluation of every seed
+    (one line per seed, the target drawn as a line of its own) and a row per seed."""
+    c = record.convergence
+    if c is None:
+        return None
+    series = [charts.Series(f"seed {r.seed}", [charts.Point(float(e["epoch"]), float(e["accuracy"])) for e in r.evals],
+                            charts.PALETTE[i % len(charts.PALETTE)])
+              for i, r in enumerate(c.runs) if r.evals]
+    epochs = [float(e["epoch"]) for r in c.runs for e in r.evals]
+    if series and epochs:
+        series.append(charts.Series(f"target {c.target:g}", [charts.Point(min(epochs), c.target),
+                                                             charts.Point(max(epochs), c.target)], "#888888"))
+    rows = [{"seed": r.seed, "status": r.status, "reason": r.reason, "reached": r.reached, "epochs": r.epochs,
+             "epochs_to_target": r.epochs_to_target, "time_to_target_s": r.time_to_target_s, "init_s": r.init_s,
+             "input_bound_pct": r.input_bound_share * 100 if r.input_bound_share is not None else None,
+             "last_accuracy": r.evals[-1]["accuracy"] if r.evals else None, "mllog": r.mllog,
+             "scored": r.seed in c.scored_seeds} for r in c.runs]
+    return {"score_s": c.score_s, "rule": c.score_rule, "reason": c.reason, "target": c.target, "metric": c.metric,
+            "epochs_to_target": c.epochs_to_target, "reached": c.reached, "runs": len(c.runs),
+            "input_bound_pct": c.input_bound_share * 100 if c.input_bound_share is not None else None,
+            "chart": charts.line_chart(series, "top-1 accuracy on the evaluation split, per seed", "epoch",
+                                       "accuracy") if series else None,
+            "rows": rows,
+            "task": flatten({k: v for k, v in c.model_dump().items()
+                             if k in ("dataset", "optimizer", "augmentation", "batch_size", "max_epochs",
+                                      "eval_every_epochs", "loader_workers", "max_init_s")})}
+
+
 def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
     view = run_view(record, page, peaks)
     hardware = hardware_label(record)
@@ -469,4 +498,5 @@ def run_context(record: Record, page: str | None = None, peaks=None) -> dict:
         "compilation": compilation_context(record, view),
         "loadgen": loadgen_context(record),
         "generation": generation_context(record),
+        "convergence": convergence_context(record),
     }

@@ -93,8 +93,14 @@ def update_to_10(data: dict) -> dict:
     return data
 
 
+def update_to_11(data: dict) -> dict:
+    """11 added time to accuracy: the workload mode `convergence` and `convergence` (absent: none).
+    A record of an older version is one as 11 writes it."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8, 9: update_to_9, 10: update_to_10}
+         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11}
 
 
 def upgrade(data: dict, target: int) -> dict:

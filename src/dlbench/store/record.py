@@ -86,6 +86,11 @@ records step by step and refuse newer ones):
     TPOT and tokens/s per request (batch x new tokens / request time), each with median, mean,
     stdev, min, max, quartiles, 90th and 99th percentiles and the repeats' medians. Older records
     have none (absent: none) (update_to_10).
+  11 (2026-12-02) time to accuracy (suite kind `convergence`, issue 21): the workload mode
+    `convergence`; `convergence` (the task: dataset, target, optimiser and schedule, augmentation,
+    batch, cadence, epochs; per seeded run its outcome, time and epochs to target, initialisation
+    time, accuracy curve, input-bound share and its MLLOG file, kept in STORE/mllog/<run_id>/ with
+    its SHA-256; the score by MLPerf's rule). Older records have none (update_to_11).
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -212,7 +217,7 @@ class NetworkInfo(_Model):
 
 
 class Workload(_Model):
-    mode: Literal["train", "infer", "collective", "generate"]
+    mode: Literal["train", "infer", "collective", "generate", "convergence"]
     batch_size: Int64
     precision: str  # fp32 | tf32 | amp_bf16 | amp_fp16 (a collective: its dtype; see update_to_6 for older names)
     compile: str = "eager"  # eager | compiled, as resolved for the framework (runner.toml [execution])
@@ -401,6 +406,60 @@ class GenerationSummary(_Model):
     first_ttft_s: float | None = None  # median over repeats of the first request's TTFT (compilation included)
 
 
+class ConvergenceRun(_Model):
+    """One seeded run of a convergence task (a fresh worker process)."""
+
+    seed: Int64
+    status: Status  # of the worker: ok (it ran; `reached` says whether to the target), failed, ...
+    reason: str | None = None
+    reached: bool = False
+    epochs: Int64 | None = None  # epochs trained
+    epochs_to_target: Int64 | None = None
+    time_to_target_s: float | None = None  # run_start to run_stop (MLPerf's clock)
+    init_s: float | None = None  # initialisation, timed apart
+    run_s: float | None = None
+    read_s: float | None = None  # of run_s: reading the splits and building the pipelines
+    evals: list[dict[str, Any]] = []  # {epoch, accuracy, time_s (since run_start)}
+    epoch_s: list[float] = []
+    train_s: float | None = None  # training only (evaluations excluded)
+    input_wait_s: float | None = None  # blocked in the pipeline's next() during training
+    input_bound_share: float | None = None  # input_wait_s / train_s
+    steps: Int64 | None = None
+    train_samples: Int64 | None = None
+    eval_samples: Int64 | None = None
+    cache_clear: dict[str, Any] = {}
+    pipeline: dict[str, Any] = {}
+    mllog: str | None = None  # the MLLOG file, relative to the store (mllog/<run_id>/seed-<seed>.log)
+    mllog_sha256: str | None = None
+
+
+class ConvergenceInfo(_Model):
+    """A convergence task on one framework: what it asked and every seeded run; the score is
+    MLPerf's: with 3 or more runs the fastest and the slowest are dropped and the rest averaged, one
+    run that did not reach the target allowed (it is the slowest); with fewer, the mean of all, none
+    allowed to miss (analysis/convergence.py)."""
+
+    task: str
+    dataset: dict[str, Any]  # name, format, source (package | data_dir), folder, samples per split
+    metric: str  # top1
+    target: float
+    optimizer: dict[str, Any]
+    augmentation: dict[str, Any]
+    batch_size: Int64
+    max_epochs: Int64
+    eval_every_epochs: Int64
+    loader_workers: Int64
+    max_init_s: float
+    runs: list[ConvergenceRun]
+    score_s: float | None = None  # time to target by the rule above; None: no score (reason says why)
+    score_rule: str
+    scored_seeds: list[Int64] = []
+    reached: Int64 = 0  # runs that reached the target
+    epochs_to_target: float | None = None  # mean over the scored runs
+    input_bound_share: float | None = None  # mean over the runs that trained
+    reason: str | None = None
+
+
 class Record(_Model):
     schema_version: Int64 = SCHEMA_VERSION
     run_id: RunId
@@ -429,3 +488,4 @@ class Record(_Model):
     prediction: Prediction | None = None  # the performance model's, made before the run (schema 5)
     loadgen: LoadGenInfo | None = None  # MLPerf LoadGen scenario runs (schema 9)
     generation: GenerationSummary | None = None  # mode generate (schema 10)
+    convergence: ConvergenceInfo | None = None  # time to accuracy (schema 11)

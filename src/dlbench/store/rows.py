@@ -16,6 +16,7 @@ COLUMNS = (
     "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
     "scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps", "loadgen_reason",
     "prompt_tokens", "new_tokens", "ttft_ms", "ttft_p99_ms", "tpot_ms", "tpot_p99_ms",
+    "time_to_target_s", "epochs_to_target", "reached", "input_bound_pct",
     "machine", "equivalence", "reason", "stability_reason",
 )
 LOADGEN_COLUMNS = ("scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps",
@@ -95,6 +96,18 @@ def run_tokens_per_s(r: Record, samples_per_s: float | None) -> float | None:
     return tokens_per_s(r.network.definition, samples_per_s)
 
 
+def _convergence_columns(r: Record) -> dict:
+    """Time to accuracy (schema 11): the score (MLPerf's olympic mean), mean epochs of the scored
+    runs, runs that reached the target of all, and the mean input-bound share in percent."""
+    c = r.convergence
+    return {
+        "time_to_target_s": c.score_s if c else None,
+        "epochs_to_target": c.epochs_to_target if c else None,
+        "reached": f"{c.reached}/{len(c.runs)}" if c else None,
+        "input_bound_pct": c.input_bound_share * 100 if c and c.input_bound_share is not None else None,
+    }
+
+
 def allocator_peak_mb(r: Record) -> float | None:
     """The framework allocator's peak device memory, highest over the repeats (MB, 1e6 bytes);
     None where no repeat's runner could read one (on the CPU most cannot: Repeat.memory says why)."""
@@ -157,6 +170,7 @@ def run_row(r: Record) -> dict:
         **_distributed_columns(r),
         **_loadgen_columns(r),
         **_generation_columns(r),
+        **_convergence_columns(r),
         "machine": r.machine.get("hostname"),
         "equivalence": r.equivalence.get("status"),
         "reason": r.reason,

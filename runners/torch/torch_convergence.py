@@ -1,0 +1,138 @@
+"""The torch side of the convergence suite (runners/common/convergence.py drives it): the network
+of torch_network.py, torch.optim.SGD (momentum, weight decay: torch's own form, which the suite
+takes as canonical), and the data through torch.utils.data.DataLoader with worker processes, as a
+torch user feeds a model: the sampler hands each worker a whole batch of indices (one shuffled
+permutation per epoch from a seeded torch.Generator), the worker applies the task's augmentation
+(datasets.crop_flip, seeded per epoch and batch so that it does not depend on which worker took
+it) and the normalisation, and the loader prefetches (pinned memory on CUDA)."""
+
+from __future__ import annotations
+
+import torch_network as tn
+from datasets import crop_flip, normalise
+from torch_network import load_torch
+
+EVAL_BATCH = 500
+
+
+def prepare_convergence(request: dict):
+    from contract import Trainer
+
+    torch = load_torch()
+    network = request["network"]
+    device = torch.device(request["device"])
+    precision = tn.check_precision(request["precision"])
+    settings: dict = {"precision": precision, "precision_effective": tn.float32_math(precision, device)}
+    torch.manual_seed(request["seed"])
+    model, memory_format = tn.place(tn.build_network(network), network, device, settings)
+    autocast, scaler, amp = tn.mixed_precision(precision, device, True)
+    settings["precision_effective"].update(amp)
+    opt_spec = request["optimizer"]
+    optimizer = torch.optim.SGD(tn.trainable_params(model), lr=opt_spec["learning_rate"],
+                                momentum=opt_spec["momentum"], weight_decay=opt_spec["weight_decay"])
+    settings["optimizer"] = "torch.optim.SGD(momentum, weight_decay)"
+    in_shape = tuple(network["input"]["shape"])
+    images = tn.is_images(network)
+    workers = request["loader_workers"]
+    aug = request["augmentation"]
+    ds = request["dataset"]
+    cuda = device.type == "cuda"
+    state: dict = {}
+
+    class Batches(torch.utils.data.Dataset):
+        """Item (epoch, k, indices): batch k of an epoch, augmented and normalised in the worker."""
+
+        def __init__(self, x, y, augment: bool, seed: int):
+            self.x, self.y, self.augment, self.seed = x, y, augment, seed
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, item):
+            import numpy as np
+
+            epoch, k, idx = item
+            x = self.x[idx]
+            if self.augment:
+                x = crop_flip(x, aug["crop_padding"], aug["horizontal_flip"],
+                              np.random.default_rng([self.seed, epoch, k]))
+            x = normalise(x, ds["mean"], ds["std"])
+            return torch.from_numpy(x), torch.from_numpy(self.y[idx])
+
+    class EpochSampler(torch.utils.data.Sampler):
+        """Batches of a seeded permutation per epoch (training; the last partial batch dropped), or
+        the split in order (evaluation)."""
+
+        def __init__(self, n: int, batch: int, shuffle: bool, seed: int):
+            self.n, self.batch, self.shuffle, self.seed, self.epoch = n, batch, shuffle, seed, 0
+
+        def __iter__(self):
+            if self.shuffle:
+                order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+                for k in range(self.n // self.batch):
+                    yield self.epoch, k, order[k * self.batch:(k + 1) * self.batch].numpy()
+            else:
+                for k, start in enumerate(range(0, self.n, self.batch)):
+                    yield 0, k, torch.arange(start, min(start + self.batch, self.n)).numpy()
+
+        def __len__(self):
+            return self.n // self.batch if self.shuffle else -(-self.n // self.batch)
+
+    def loader(x, y, batch, shuffle, seed):
+        sampler = EpochSampler(len(y), batch, shuffle, seed)
+        augment = shuffle and bool(aug["crop_padding"] or aug["horizontal_flip"])
+        return sampler, torch.utils.data.DataLoader(
+            Batches(x, y, augment, seed), sampler=sampler, batch_size=None, num_workers=workers,
+            persistent_workers=workers > 0, pin_memory=cuda, prefetch_factor=2 if workers else None)
+
+    def attach(train, evaluation, seed):
+        state["train_sampler"], state["train"] = loader(*train, request["batch_size"], True, seed)
+        _, state["eval"] = loader(*evaluation, EVAL_BATCH, False, seed)
+        return {"pipeline": "torch.utils.data.DataLoader", "workers": workers, "prefetch_factor": 2 if workers else None,
+                "pin_memory": cuda, "shuffle": "torch.randperm per epoch (seeded torch.Generator)",
+                "augmentation": aug, "eval_batch": EVAL_BATCH}
+
+    def to_device(batch):
+        x, y = batch
+        x = x.to(device, non_blocking=True).reshape(-1, *in_shape)
+        if images:
+            x = x.contiguous(memory_format=memory_format)
+        return x, y.to(device, non_blocking=True)
+
+    def train_batches(epoch):
+        model.train()
+        state["train_sampler"].epoch = epoch
+        return iter(state["train"])
+
+    def train_step(batch, lr):
+        x, y = to_device(batch)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            value = tn.loss(model(x), y)
+        if scaler is None:
+            value.backward()
+            optimizer.step()
+        else:
+            scaler.scale(value).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    def eval_batches():
+        model.eval()
+        return iter(state["eval"])
+
+    def eval_step(batch):
+        x, y = to_device(batch)
+        with torch.inference_mode(), autocast():
+            predicted = model(x).argmax(dim=1)
+        return int((predicted == y).sum().item()), int(y.shape[0])
+
+    def close():
+        for name in ("train", "eval"):
+            state.pop(name, None)  # persistent workers end with their loader
+
+    params = sum(p.numel() for p in tn.trainable_params(model))
+    return Trainer(attach, train_batches, train_step, eval_batches, eval_step, tn.synchronizer(device), params,
+                   settings, close)

@@ -1,0 +1,164 @@
+"""Running a `kind: convergence` suite (definitions/convergence.py): per framework and task, one
+fresh worker process per seed (action `convergence`, runners/common/convergence.py), each writing
+its MLLOG file; the logs go into the store beside the record (STORE/mllog/<run_id>/seed-<s>.log,
+their SHA-256 in the record), the score is analysis/convergence.py's. A worker that crashes, hangs
+or is skipped is recorded with its reason and the other seeds and tasks go on."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..analysis.convergence import score
+from ..definitions.convergence import ConvergenceTask
+from ..machine import dlbench_provenance, fingerprint
+from ..store.checks import CheckStore
+from ..store.record import (ConvergenceInfo, ConvergenceRun, NetworkInfo, Record, Repeat, Settings, Workload,
+                            new_run_id)
+from .environments import EnvironmentBuildError
+from .interrupts import shielded, temporary_folder
+from .launcher import PROTOCOL_VERSION, run_worker, thread_env
+
+MLLOG_DIR = "mllog"
+
+
+@dataclass(frozen=True)
+class PlannedConvergenceRun:
+    runner: Any  # execution.registry.RunnerInfo
+    task: ConvergenceTask
+
+
+def plan_convergence(runners: list, tasks: list[ConvergenceTask]) -> list[PlannedConvergenceRun]:
+    return [PlannedConvergenceRun(r, t) for t in tasks for r in runners]
+
+
+def platform_of(machine: dict, device: str) -> str:
+    """MLLOG's submission_platform: the GPU model on CUDA, else the CPU model and its cores."""
+    gpus = machine.get("gpus") or []
+    if device == "cuda" and gpus:
+        return f"{len(gpus)}x {gpus[0].get('name', 'GPU')}"
+    return f"{machine.get('cpu_model', 'CPU')} ({machine.get('cpu_available') or machine.get('cpu_logical')} cores)"
+
+
+def convergence_request(task: ConvergenceTask, runner_name: str, seed: int, device: str, threads: int | None,
+                        data_dir: Path, mllog: Path, platform: str, precision: str | None = None) -> dict:
+    part = task.request_part()
+    if precision is not None:
+        part["precision"] = precision
+    return {"protocol": PROTOCOL_VERSION, "action": "convergence", **part, "device": device, "threads": threads,
+            "seed": seed, "data_dir": str(data_dir), "mllog": str(mllog), "max_init_s": task.spec.max_init_s,
+            "submission": {"benchmark": task.name, "division": "open", "org": "dlbench", "platform": platform,
+                           "status": "research", "framework": runner_name}}
+
+
+def _seed_run(seed: int, outcome, part: dict | None) -> ConvergenceRun:
+    if outcome.status != "ok" or part is None:
+        return ConvergenceRun(seed=seed, status=outcome.status if outcome.status != "ok" else "failed",
+                              reason=outcome.reason or "no result")
+    keep = {k: part[k] for k in ConvergenceRun.model_fields if k in part and k not in ("seed", "status", "reason")}
+    return ConvergenceRun(seed=seed, status="ok", **keep)
+
+
+def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: Path, precision: str | None = None,
+                            events=None, worker_runner=None) -> Record:
+    """One framework x one task: every seed in a fresh worker, the logs kept, the record written.
+    `orchestrator` is an execution.orchestrator.Orchestrator (its options, store and environments)."""
+    opts = orchestrator.options
+    store = orchestrator.store
+    worker_runner = worker_runner or run_worker
+    task = run.task
+    started = datetime.now(timezone.utc)
+    run_id = new_run_id(started)
+    machine = fingerprint()
+    env = orchestrator.environment(run.runner)
+    runs: list[ConvergenceRun] = []
+    repeats: list[Repeat] = []
+    last: dict = {}
+    tail = ""
+    if isinstance(env, EnvironmentBuildError):
+        env_info = {"backend": opts.env_backend, "error": str(env)}
+        status, reason = "failed", str(env)
+    else:
+        env_info = env.describe()
+        status, reason = "ok", None
+        with temporary_folder("dlbench-mllog-") as logs:
+            for index, seed in enumerate(task.seeds):
+                log_path = logs / f"seed-{seed}.log"
+                request = convergence_request(task, run.runner.name, seed, opts.device, opts.threads, data_dir,
+                                              log_path, platform_of(machine, opts.device), precision)
+                if events is not None:
+                    events.seed_started(run, seed, index)
+                outcome = worker_runner(env.python, run.runner.worker, request, opts.timeout_s,
+                                        thread_env(opts.threads), None, container=env.container,
+                                        shared_dirs=(logs, Path(data_dir)))
+                res = outcome.result or {}
+                last = res or last
+                tail = outcome.output_tail
+                seed_run = _seed_run(seed, outcome, res.get("convergence"))
+                if log_path.is_file():
+                    content = log_path.read_bytes()
+                    kept = store.root / MLLOG_DIR / run_id / log_path.name
+                    try:
+                        store.publish(content, kept)
+                    except OSError as e:
+                        raise store.keep_file_elsewhere(kept, content, e, "MLLOG file") from None
+                    seed_run.mllog = str(kept.relative_to(store.root))
+                    seed_run.mllog_sha256 = hashlib.sha256(content).hexdigest()
+                runs.append(seed_run)
+                repeats.append(Repeat(index=index, status=seed_run.status, reason=seed_run.reason,
+                                      wall_s=outcome.wall_s))
+                if events is not None:
+                    events.seed_done(run, seed_run)
+                if outcome.status == "skipped":
+                    break  # the framework cannot run it here: every other seed would say the same
+    result = score([r.time_to_target_s if r.status == "ok" and r.reached else None for r in runs])
+    if status == "ok":
+        bad = [r for r in runs if r.status != "ok"]
+        if runs and all(r.status == "skipped" for r in runs):
+            status, reason = "skipped", runs[0].reason
+        elif bad:
+            status, reason = "failed", f"{len(bad)} of {len(task.seeds)} runs did not complete: seed {bad[0].seed}: {bad[0].reason}"
+        elif result.seconds is None:
+            status, reason = "failed", result.reason
+    scored = [runs[i] for i in result.scored]
+    trained = [r.input_bound_share for r in runs if r.input_bound_share is not None]
+    d = task.dataset
+    spec = task.spec
+    info = ConvergenceInfo(
+        task=task.name,
+        dataset={"name": d.name, "format": d.format, "source": d.source, "folder": str(data_dir),
+                 "train_samples": next((r.train_samples for r in runs if r.train_samples), None),
+                 "eval_samples": next((r.eval_samples for r in runs if r.eval_samples), None)},
+        metric=spec.target.metric, target=spec.target.value, optimizer=spec.optimizer.model_dump(),
+        augmentation=spec.augmentation.model_dump(), batch_size=spec.batch_size, max_epochs=spec.max_epochs,
+        eval_every_epochs=spec.eval_every_epochs, loader_workers=spec.loader_workers, max_init_s=spec.max_init_s,
+        runs=runs, score_s=result.seconds, score_rule=result.rule, scored_seeds=[r.seed for r in scored],
+        reached=sum(r.reached for r in runs),
+        epochs_to_target=(sum(r.epochs_to_target for r in scored) / len(scored)) if scored else None,
+        input_bound_share=sum(trained) / len(trained) if trained else None,
+        reason=result.reason)
+    net = task.network
+    record = Record(
+        run_id=run_id, started_at=started, ended_at=datetime.now(timezone.utc), dlbench=dlbench_provenance(),
+        suite=task.suite, benchmark=task.name,
+        network=NetworkInfo(name=net.name, file=task.network_file, hash=net.definition_hash,
+                            params_described=net.params, flops_per_sample=net.flops_per_sample,
+                            definition=net.resolved),
+        workload=Workload(mode="convergence", batch_size=spec.batch_size, precision=precision or spec.precision,
+                          compile=run.runner.compile_mode("default"), compile_requested="default",
+                          learning_rate=spec.optimizer.learning_rate, momentum=spec.optimizer.momentum,
+                          device=opts.device),
+        framework=last.get("framework", {"name": run.runner.name}), environment=env_info, machine=machine,
+        settings=Settings(profile=task.profile, repeats=len(task.seeds), threads_requested=opts.threads,
+                          threads_effective=last.get("threads", {}), timeout_s=opts.timeout_s,
+                          policy={"seeds": list(task.seeds)}, runner=last.get("settings", {})),
+        repeats=repeats, params=last.get("params"), status=status, reason=reason,
+        output_tail=tail if status not in ("ok", "skipped") else "", convergence=info)
+    record.equivalence = CheckStore(store.root).status_for_run(
+        net.name, net.definition_hash, run.runner.name, record.framework.get("version"), record.workload.precision)
+    with shielded():
+        store.write(record)
+    return record
