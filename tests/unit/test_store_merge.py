@@ -101,7 +101,7 @@ def test_damaged_and_misnamed_incoming_records_are_reported_and_skipped(tmp_path
 def test_records_of_older_schemas_are_copied_as_they_are(tmp_path):
     src = Store(tmp_path / "src")
     src.runs.mkdir(parents=True)
-    # the older versions with a fixture (9 and 10 were reserved for other branches when 11 was written)
+    # every older version (each has a fixture)
     older = [v for v in range(1, SCHEMA_VERSION) if (FIXTURES / f"v{v}.json").exists()]
     for v in older:
         name = json.loads((FIXTURES / f"v{v}.json").read_text())["run_id"]
