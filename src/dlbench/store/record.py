@@ -66,6 +66,13 @@ records step by step and refuse newer ones):
     when the run stopped; `achieved_ci_pct` keeps its meaning, the stored bootstrap's half-width.
     Older records read with `target_interval` "bootstrap" where adaptive and no
     `achieved_reported_ci_pct` (the tables derive their reported interval on read) (update_to_8).
+  9 (2026-12-02) where a prediction came from: `prediction.sources`, the share of the predicted
+    time from each source of performance/model.py's SOURCES: `shape` (kernels measured at that very
+    shape), `class` (an operation class's efficiency measured by calibrate's probes, or the
+    framework's measured element-wise bandwidth for work that is no kernel), `ceilings` (the
+    roofline at a calibrated profile's measured ceilings alone), `datasheet` (a datasheet's peaks
+    times stated efficiencies). Older records read with no split (`sources` {}; `measured_share`
+    keeps saying the `shape` part) (update_to_9).
 """
 
 from __future__ import annotations
@@ -77,7 +84,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -301,6 +308,9 @@ class Prediction(_Model):
     iteration_s: float | None = None
     phases: dict[str, float] = {}  # io, forward, backward, update, communication, communication_exposed
     measured_share: float | None = None  # of the predicted time, the part from measured kernel times
+    # of the predicted time, the share from each source (performance/model.py SOURCES: shape, class,
+    # ceilings, datasheet); {} in records before schema 9
+    sources: dict[str, float] = {}
     unmeasured_kernels: Int64 = 0  # kernels of this network the profile has no time for (roofline)
     notes: list[str] = []
     error: str | None = None  # why the profile could not predict this run

@@ -1,0 +1,119 @@
+"""Operation classes and their measured efficiency: how a calibrated profile predicts a kernel shape
+nobody timed.
+
+A roofline at the machine's measured ceilings (peak matmul FLOP/s, copy or element-wise bandwidth)
+is an upper bound that real kernels miss by a factor which depends mostly on what kind of kernel
+it is and how big: a 3x3 convolution on few channels reaches a small fraction of the peak a large
+square matmul reaches, a GEMM with a 10-wide output less than one with 2048. `dlbench calibrate`
+therefore times, per framework, a handful of real layer shapes of every operation class (the
+`probes`, chosen by `select_probes` from the suites' own layer shapes) and the model divides the
+roofline time of any other shape of that class by the efficiency measured at the probes:
+
+    efficiency = roofline time at the ceilings / the probe's time net of the framework's call
+
+"net of the call" exactly as model.op_time counts a kernel: an eager step pays the framework's
+smallest-operation time d on every operation (so the probe's d is taken off, at most half its
+time, and added back to every operation predicted from it), a compiled step pays it once per
+iteration (so the probe's own call, warm or cold as it was timed, is taken off, never below the
+roofline). At a probe's own shape the prediction is therefore the probe's time.
+
+Classes (`efficiency_class`), each per dtype: matmul by aspect (the smallest of m, n, k under
+SMALL_DIM: `small-m`, `small-n`, `small-k`, else `large`), the batched products of attention,
+convolution forward and backward by filter family (`1x1`, `3x3` and smaller, `large`; a backward
+without the input gradient, a network's first layer, apart), LSTM layers and steps forward and
+backward, attention's fused core forward and backward with and without dropout on its
+probabilities (torch takes another path with it), layer norm forward and backward (normalisation),
+GELU forward and backward (element-wise), the loss forward and backward, and the SGD-momentum
+update (optimiser). Work that is no kernel (activations, batch norm, pooling, joins) is costed at
+the framework's own measured element-wise (relu) bandwidth already (calibrate's ceilings).
+
+Within a class the efficiency moves with size (a small kernel is mostly start-up), so the probes'
+efficiencies are interpolated linearly in log(efficiency) against log(work) (FLOPs for the compute
+classes, bytes for the memory-bound kinds), the nearest probe's outside their range.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from .kernels import KernelSpec
+
+SMALL_DIM = 128  # a GEMM dimension under this is "small": the others' blocking cannot hide it
+
+
+def efficiency_class(spec: KernelSpec) -> str:
+    """The class a kernel's efficiency is measured and looked up under (see the module docstring)."""
+    k = spec.kind
+    if k == "matmul":
+        dims = {"m": spec["m"], "n": spec["n"], "k": spec["k"]}
+        smallest = min(dims, key=lambda d: (dims[d], "mnk".index(d)))
+        aspect = f"small-{smallest}" if dims[smallest] < SMALL_DIM else "large"
+        return f"matmul {aspect} {spec.dtype}"
+    if k.startswith("conv2d"):
+        size = max(spec["kh"], spec["kw"])
+        family = "1x1" if size == 1 else "3x3" if size <= 3 else "large"
+        if k == "conv2d_bwd" and not spec["input_grad"]:
+            family += " no-dx"
+        return f"{k} {family} {spec.dtype}"
+    if k.startswith("attention"):
+        return f"{k}{' dropout' if spec['dropout'] else ''} {spec.dtype}"
+    return f"{k} {spec.dtype}"
+
+
+def work_size(spec: KernelSpec) -> float:
+    """What a class's efficiency is interpolated over: bytes for the memory-bound kinds, else FLOPs."""
+    return float(spec.bytes if spec.memory_bound else spec.flops)
+
+
+@dataclass(frozen=True)
+class ClassPoint:
+    """One probe's efficiency in its class: at `size` (work_size), `efficiency` of the roofline."""
+
+    size: float
+    efficiency: float
+    key: str  # the probe kernel's key
+
+
+def efficiency_at(points: list[ClassPoint], size: float) -> float:
+    """The class's efficiency at `size`: interpolated in log-log between the probes around it, the
+    nearest probe's outside them."""
+    if not points:
+        raise ValueError("no probe points")
+    pts = sorted(points, key=lambda p: p.size)
+    if size <= pts[0].size:
+        return pts[0].efficiency
+    for lo, hi in zip(pts, pts[1:]):
+        if size <= hi.size:
+            if hi.size == lo.size:
+                return hi.efficiency
+            w = (math.log(size) - math.log(lo.size)) / (math.log(hi.size) - math.log(lo.size))
+            return math.exp(math.log(lo.efficiency) + w * (math.log(hi.efficiency) - math.log(lo.efficiency)))
+    return pts[-1].efficiency
+
+
+def select_probes(candidates: Iterable[KernelSpec], per_class: int,
+                  estimate_s: Callable[[KernelSpec], float] | None = None,
+                  max_probe_s: float | None = None) -> list[KernelSpec]:
+    """Up to `per_class` shapes of each class among `candidates` (the suites' own layer shapes),
+    spread over the class's range of work: the smallest and largest and evenly between them in
+    rank (1: the median one). `estimate_s` with `max_probe_s`: shapes estimated to take longer
+    than that per call are left out first (a bounded calibration). Order: by class, then size."""
+    by_class: dict[str, dict[str, KernelSpec]] = {}
+    for spec in candidates:
+        if estimate_s is not None and max_probe_s is not None and estimate_s(spec) > max_probe_s:
+            continue
+        by_class.setdefault(efficiency_class(spec), {}).setdefault(spec.key, spec)
+    chosen: list[KernelSpec] = []
+    for cls in sorted(by_class):
+        specs = sorted(by_class[cls].values(), key=lambda s: (work_size(s), s.key))
+        if per_class <= 0:
+            continue
+        if per_class == 1 or len(specs) == 1:
+            picks = [len(specs) // 2]
+        else:
+            n = min(per_class, len(specs))
+            picks = sorted({round(i * (len(specs) - 1) / (n - 1)) for i in range(n)})
+        chosen += [specs[i] for i in picks]
+    return chosen
