@@ -57,7 +57,7 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     assert "matmul" in out and "GFLOP/s" in out and "no machine profile when these ran" in out
 
     code, out, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
-                            "--threads", "1", "--store", str(store))
+                            "--threads", "1", "--store", str(store), "--quick")
     assert code == 0, err
     profile = ProfileStore(Store(store)).latest(records[0].machine["machine_id"])
     assert profile.revision == 1 and profile.threads == 1
