@@ -17,7 +17,8 @@ while the estimated total of the chosen probes exceeds the budget the costliest 
 estimate is on the slow side by design; what it took is measured and printed.
 
 Probes are grouped into a few kernel runs per framework (GROUPS: matrix products, convolutions,
-recurrent and attention cores, memory-bound work), so the progress bar moves as each group ends.
+recurrent and attention cores, memory-bound work), so the progress bar moves as each group ends;
+the smoke profile's few probes (`--quick`, for tests) go in one run, one worker start per framework.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ GROUPS = (("matmul", ("matmul", "batched_matmul")), ("convolution", ("conv2d_fwd
           ("recurrent-attention", ("lstm_layer_fwd", "lstm_layer_bwd", "lstm_step_fwd", "lstm_step_bwd",
                                    "attention_fwd", "attention_bwd")))
 MEMORY_GROUP = "memory-bound"  # the rest: layer norm, GELU, the loss, the update
+ALL_GROUP = "all"  # the smoke profile's probes, in one run
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,10 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
         left_out.append(costliest.key)
     grouped: dict[str, list[KernelSpec]] = {}
     for s in chosen:
-        group = next((name for name, kinds in GROUPS if s.kind in kinds), MEMORY_GROUP)
+        group = (next((name for name, kinds in GROUPS if s.kind in kinds), MEMORY_GROUP) if profile != "smoke"
+                 else ALL_GROUP)
         grouped.setdefault(group, []).append(s)
-    order = [name for name, _ in GROUPS] + [MEMORY_GROUP]
+    order = [name for name, _ in GROUPS] + [MEMORY_GROUP, ALL_GROUP]
     benchmarks = tuple(
         KernelBenchmark(suite_name, f"probes-{name}", tuple(grouped[name]), "calibrate", policy,
                         f"class probes ({name}): {len(grouped[name])} layer shapes of the suites, {profile} profile")
