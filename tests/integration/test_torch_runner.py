@@ -159,7 +159,8 @@ def test_quick_calibrate_measures_class_efficiencies_that_predictions_use(torch_
             "layer_norm_fwd", "gelu_fwd", "softmax_xent_fwd", "sgd_momentum"} <= kinds
     points = class_points(profile, "torch")
     assert len(points) >= 10 and all(0 < q.efficiency for pts in points.values() for q in pts)
-    pred = subprocess.run(dlbench + ["predict", "--network", "resnet56", "--framework", "torch", "--batch", "8",
+    # alexnet_r at batch 16: its convolutions were probed at the smoke profile's batch (8) only
+    pred = subprocess.run(dlbench + ["predict", "--network", "alexnet_r", "--framework", "torch", "--batch", "16",
                                      "--threads", "1", "--store", str(store), "--format", "json"],
                           capture_output=True, text=True, timeout=120)
     assert pred.returncode == 0, pred.stderr

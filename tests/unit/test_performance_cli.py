@@ -136,15 +136,17 @@ def test_calibrate_probes_the_operation_classes_and_predictions_say_so(project, 
             "softmax_xent_fwd", "sgd_momentum"} <= kinds
     assert sorted(profile.sources["class_probes"]["fake"]) == sorted(r.run_id for r in probe_runs)
     assert "efficiency per operation class" in out and "matmul small-m float32" in out
-    # resnet50 at batch 8: none of its convolutions was a probe (the smoke profile's are alexnet_r's),
-    # every one takes its class's efficiency
-    code, out, err = invoke("predict", "--network", "resnet50", "--framework", "fake", "--batch", "8",
+    # alexnet_r at batch 16: its convolutions were probed at the smoke batch (8) only, so every one takes
+    # its class's efficiency
+    code, out, err = invoke("predict", "--network", "alexnet_r", "--framework", "fake", "--batch", "16",
                             "--threads", "1", "--store", str(store), "--format", "json")
     assert code == 0, err
     p = json.loads(out)
     assert p["sources"]["class"] > 0.5 and sum(p["sources"].values()) == pytest.approx(1.0)
     assert set(p["sources"]) <= {"shape", "class", "ceilings"}
-    code, out, _ = invoke("predict", "--network", "resnet50", "--framework", "fake", "--batch", "8",
+    convs = [layer for layer in p["layers"] if "conv2d" in layer["label"]]
+    assert convs and all(set(layer["sources_s"]) == {"class"} for layer in convs)
+    code, out, _ = invoke("predict", "--network", "alexnet_r", "--framework", "fake", "--batch", "16",
                           "--threads", "1", "--store", str(store), "--layers")
     text = " ".join(out.split())
     assert code == 0 and "measured class efficiencies" in text and "class 100%" in text
