@@ -482,6 +482,12 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
                   escape(f"{fw}, at {', '.join(f'{b.bytes / 2**20:g}' for b in points)} MiB"))
     for fw, times in sorted(p.kernels.items()):
         t.add_row("kernel times", f"{len(times)} kernels", escape(fw))
+    for fw, probes in sorted(p.class_probes.items()):
+        from ..performance.class_efficiency import efficiency_class
+        from ..performance.kernels import KernelSpec
+
+        classes = {efficiency_class(KernelSpec.from_dict(q.spec)) for q in probes}
+        t.add_row("class probes", f"{len(probes)} shapes of {len(classes)} classes", escape(fw))
     for c in p.comm:
         t.add_row(f"all-reduce, {c.workers} workers", f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
                   escape(f"{c.framework}: α {c.alpha_s * 1e6:.1f} µs, β {c.beta_s_per_byte * 1e9:.3f} ns/B, "

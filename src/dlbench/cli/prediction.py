@@ -370,17 +370,18 @@ def _choose(*, suites: list[str], framework: str, profiles: list, workers: list[
         by_job.setdefault((r.benchmark, r.batch, r.precision), []).append(r)
     for (bench, batch, precision), group in by_job.items():
         t = Table(title=escape(f"{bench}, {framework}, batch {batch} per worker, {precision}"))
-        for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample"):
-            t.add_column(col, justify="left" if col in ("machine", "source") else "right")
+        for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample", "from"):
+            t.add_column(col, justify="left" if col in ("machine", "source", "from") else "right")
         reasons: dict[str, None] = {}
         for r in group:
             if r.error is not None:
                 reasons[f"{r.machine}: {r.error}"] = None
-                t.add_row("", escape(r.machine), r.source, str(r.workers), "not predicted", "", "")
+                t.add_row("", escape(r.machine), r.source, str(r.workers), "not predicted", "", "", "")
                 continue
             t.add_row(str(r.rank), escape(r.machine), r.source, str(r.workers), f"{r.iteration_s * 1e3:.3f}",
                       f"{r.samples_per_s:,.1f}",
-                      f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "")
+                      f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "",
+                      sources_text(r.sources, short=True))
         if reasons:
             t.caption = escape("; ".join(reasons))
         out.print(t)
