@@ -9,11 +9,10 @@ from datetime import datetime, timezone
 import pytest
 
 from dlbench.performance.accuracy import accuracy_table_rows, datasheet_matcher, prediction_errors
-from dlbench.performance.class_efficiency import (ClassPoint, efficiency_at, efficiency_class, select_probes,
-                                                  work_size)
+from dlbench.performance.class_efficiency import ClassPoint, efficiency_class, fit_class, select_probes, work_size
 from dlbench.performance.kernel_suite import KernelPolicy
 from dlbench.performance.kernels import KernelSpec
-from dlbench.performance.model import FrameworkFacts, class_points, op_time, predict
+from dlbench.performance.model import FrameworkFacts, class_fits, class_points, op_time, predict
 from dlbench.performance.probes import class_probes, plan_probes, probe_policy
 from dlbench.performance.workload import Op, decompose
 from dlbench.store.profiles import BandwidthPoint, KernelTime, MachineProfile, MatmulCeiling, ProbeTime
@@ -63,14 +62,20 @@ def test_classes_by_aspect_family_and_path():
     assert work_size(mm(2, 3, 4)) == 48 and work_size(KernelSpec.of("sgd_momentum", elements=10)) == 200
 
 
-def test_efficiency_interpolates_in_log_log_and_holds_outside():
-    points = [ClassPoint(1e6, 0.1, "a"), ClassPoint(1e8, 0.4, "b")]
-    assert efficiency_at(points, 1e3) == 0.1 and efficiency_at(points, 1e10) == 0.4
-    # halfway in log(work): the geometric mean of the efficiencies
-    assert efficiency_at(points, 1e7) == pytest.approx(math.sqrt(0.1 * 0.4))
-    assert efficiency_at(list(reversed(points)), 1e7) == pytest.approx(0.2)
+def test_a_class_is_fitted_as_overhead_plus_slowed_work():
+    # three probes made of 30 µs overhead + 4x the roofline: fitted back
+    points = [ClassPoint(r, 30e-6 + 4 * r, f"p{i}") for i, r in enumerate((1e-6, 1e-4, 1e-2))]
+    fit = fit_class(points)
+    assert fit.overhead_s == pytest.approx(30e-6, rel=1e-6) and fit.slowdown == pytest.approx(4, rel=1e-6)
+    assert fit.efficiency == pytest.approx(0.25) and fit.seconds(1.0) == pytest.approx(4 + 30e-6)
+    # the marginal work is never taken faster than the ceilings unless a probe was: slowdown >= 1
+    flat = fit_class([ClassPoint(1e-6, 50e-6, "a"), ClassPoint(1e-5, 50e-6, "b")])
+    assert flat.slowdown == pytest.approx(1.0) and flat.overhead_s == pytest.approx(45e-6, rel=0.2)
+    # one probe: a constant efficiency, or, when it is overhead-bound, overhead with the work at the ceilings
+    assert fit_class([ClassPoint(1e-3, 4e-3, "a")]) == type(fit)(0.0, 4.0, 1)
+    assert fit_class([ClassPoint(1e-6, 41e-6, "a", overhead_bound=True)]) == type(fit)(pytest.approx(40e-6), 1.0, 1)
     with pytest.raises(ValueError):
-        efficiency_at([], 1.0)
+        fit_class([])
 
 
 def test_probes_spread_over_each_class_and_respect_the_cap():
@@ -109,31 +114,34 @@ def test_plan_stays_within_the_budget_dropping_the_costliest():
 
 def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     """Probe: matmul 16 x 1024 x 512 (16.8 MFLOP; roofline 16.78 ms at 1 GFLOP/s) measured at 50.001 ms.
-    Eager: net of the 1 µs call, 50 ms: efficiency 0.33554. Another small-m shape of 4x the work,
-    not timed: 4 x 16.78 ms / 0.33554 + 1 µs = 200 ms + 1 µs (the probe's efficiency outside its range)."""
+    Eager: net of the 1 µs call, 50 ms: efficiency 0.33554, one probe, not overhead-bound: a constant
+    efficiency. Another small-m shape of 4x the work, not timed: 4 x 16.78 ms / 0.33554 + 1 µs."""
     p = mm(16, 1024, 512)
     other = mm(16, 4096, 512)
     prof = profile(class_probes={"fw": [probe(p, 0.050001)]})
-    points = class_points(prof, "fw", compiled=False)
-    (point,) = points["matmul small-m float32"]
-    assert point.efficiency == pytest.approx(p.flops / 1e9 / 0.050)
+    (point,) = class_points(prof, "fw", compiled=False)["matmul small-m float32"]
+    assert point.efficiency == pytest.approx(p.flops / 1e9 / 0.050) and not point.overhead_bound
+    fits = class_fits(prof, "fw", compiled=False)
     op = Op("fc", other.flops, other.bytes, other)
-    seconds, sources, missing = op_time(op, "fw", prof, {}, False, False, points)
+    seconds, sources, missing = op_time(op, "fw", prof, {}, False, False, fits)
     assert seconds == pytest.approx(4 * 0.050 + 1e-6) and sources == {"class": seconds} and missing == [other.key]
-    # at the probe's own shape the class gives the probe's time back
-    own = Op("fc", p.flops, p.bytes, p)
-    assert op_time(own, "fw", prof, {}, False, False, points)[0] == pytest.approx(0.050001)
     # compiled: the probe's own cold call (3 µs) is taken off, and no call is added per operation
-    graph_points = class_points(prof, "fw", compiled=True)
-    seconds, _, _ = op_time(op, "fw", prof, {}, True, False, graph_points)
+    seconds, _, _ = op_time(op, "fw", prof, {}, True, False, class_fits(prof, "fw", compiled=True))
     assert seconds == pytest.approx(4 * (0.050001 - 3e-6))
     # another class (small-k) has no probe: the roofline at the ceilings, marked so
     wgrad = mm(512, 1024, 16)
-    seconds, sources, _ = op_time(Op("w", wgrad.flops, wgrad.bytes, wgrad), "fw", prof, {}, False, False, points)
+    seconds, sources, _ = op_time(Op("w", wgrad.flops, wgrad.bytes, wgrad), "fw", prof, {}, False, False, fits)
     assert seconds == pytest.approx(wgrad.flops / 1e9 + 1e-6) and sources == {"ceilings": seconds}
     # a measured shape wins over its class
     measured = {other.key: KernelTime(median_s=0.1, run_id="r", cache="cold")}
-    assert op_time(op, "fw", prof, measured, False, False, points)[:2] == (0.1, {"shape": 0.1})
+    assert op_time(op, "fw", prof, measured, False, False, fits)[:2] == (0.1, {"shape": 0.1})
+    # a probe whose work at the ceilings is shorter than a call is overhead-bound: 1x1x1 (2 FLOP: 2 ns)
+    # at 21 µs is 20 µs of overhead, and a larger shape of its class is that overhead + its roofline
+    tiny = profile(class_probes={"fw": [probe(mm(1, 1, 1), 21e-6)]})
+    (point,) = class_points(tiny, "fw")["matmul small-m float32"]
+    assert point.overhead_bound
+    seconds, _, _ = op_time(op, "fw", tiny, {}, False, False, class_fits(tiny, "fw"))
+    assert seconds == pytest.approx(20e-6 - 2e-9 + other.flops / 1e9 + 1e-6)
 
 
 def test_a_prediction_splits_its_time_by_source():

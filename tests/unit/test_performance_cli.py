@@ -113,6 +113,14 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     page = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "runs" / f"{row['run_id']}.html").read_text()).split())
     assert f"Predicted {fmt(row['predicted_s'] * 1e3, 4)} ms per iteration" in page  # as the page writes numbers
     assert f"(error {100 * row['error']:+.1f}% against the measured median)" in page
+    assert f"against {fmt(row['measured_s'] * 1e3, 4)} ms measured" in page
+    # and where the prediction came from: every share the record keeps, named
+    stored = next(r for r in runs if r.run_id == row["run_id"]).prediction.sources
+    assert stored and sum(stored.values()) == pytest.approx(1.0)
+    words = {"shape": "from kernels measured at their shape", "class": "from measured class efficiencies",
+             "ceilings": "from the roofline at the measured ceilings"}
+    for source, share in stored.items():
+        assert f"{fmt(100 * share, 2)}% {words[source]}" in page
     assert f"machine profile {profile.ref}" in page
 
 

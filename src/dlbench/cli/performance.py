@@ -447,20 +447,24 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
 
 
 def _print_classes(p: MachineProfile, facts: dict) -> None:
-    """Each framework's measured efficiency per operation class: of the roofline at the ceilings."""
+    """Each framework's probes per operation class: each one's efficiency (of the roofline at the
+    ceilings, net of the call) and the class's fit, overhead + roofline / efficiency."""
+    from ..performance.class_efficiency import fit_class
     from ..performance.model import class_points
 
-    for fw, probes in sorted(p.class_probes.items()):
+    for fw in sorted(p.class_probes):
         points = class_points(p, fw, facts[fw].compiled if fw in facts else False)
-        t = Table(title=f"{fw}: efficiency per operation class (of the roofline at the ceilings, net of the call)")
-        for col in ("class", "probes", "efficiency", "at work"):
+        t = Table(title=f"{fw}: efficiency per operation class")
+        for col in ("class", "probes", "probe efficiencies", "fit: overhead", "fit: efficiency"):
             t.add_column(col, justify="left" if col == "class" else "right")
         for cls, pts in sorted(points.items()):
-            pts = sorted(pts, key=lambda q: q.size)
-            t.add_row(escape(cls), str(len(pts)), ", ".join(f"{100 * q.efficiency:.1f}%" for q in pts),
-                      ", ".join(f"{q.size:.3g}" for q in pts))
-        t.caption = ("work: FLOPs, bytes for memory-bound kinds; a shape not timed takes its class's efficiency "
-                     "interpolated at its work")
+            pts = sorted(pts, key=lambda q: q.roofline_s)
+            fit = fit_class(pts)
+            t.add_row(escape(cls), str(len(pts)),
+                      ", ".join(f"{100 * q.efficiency:.1f}%{'*' if q.overhead_bound else ''}" for q in pts),
+                      f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%")
+        t.caption = ("probe efficiency: roofline time at the ceilings / time net of the call, smallest probe first "
+                     "(* overhead-bound); a shape not timed takes overhead + roofline / efficiency")
         out.print(t)
 
 

@@ -7,7 +7,8 @@ it is and how big: a 3x3 convolution on few channels reaches a small fraction of
 square matmul reaches, a GEMM with a 10-wide output less than one with 2048. `dlbench calibrate`
 therefore times, per framework, a handful of real layer shapes of every operation class (the
 `probes`, chosen by `select_probes` from the suites' own layer shapes) and the model divides the
-roofline time of any other shape of that class by the efficiency measured at the probes:
+roofline time of any other shape of that class by the efficiency measured at the probes (in
+the form fitted below):
 
     efficiency = roofline time at the ceilings / the probe's time net of the framework's call
 
@@ -27,16 +28,27 @@ GELU forward and backward (element-wise), the loss forward and backward, and the
 update (optimiser). Work that is no kernel (activations, batch norm, pooling, joins) is costed at
 the framework's own measured element-wise (relu) bandwidth already (calibrate's ceilings).
 
-Within a class the efficiency moves with size (a small kernel is mostly start-up), so the probes'
-efficiencies are interpolated linearly in log(efficiency) against log(work) (FLOPs for the compute
-classes, bytes for the memory-bound kinds), the nearest probe's outside their range.
+Within a class the efficiency moves with size: a small kernel is mostly start-up (argument checks,
+allocation, threads waking), which a large one amortises. So a class is fitted as
+
+    net time = overhead + slowdown x roofline time
+
+(`fit_class`: relative least squares over its probes, `scipy.optimize.lsq_linear`, the overhead
+non-negative and the slowdown at least 1, i.e. the marginal work never faster than the ceilings,
+unless a probe itself was). One probe cannot tell the two apart: a probe whose time is mostly the
+framework's call or other overhead (`overhead_bound`: model.class_points could not take the call off
+in full, or the work at the ceilings takes less than one call) says only how much a call of that class costs beyond the smallest operation, so it is read as
+overhead with the work at the ceilings (slowdown 1); any other single probe as a constant
+efficiency (overhead 0). A probe's own shape is no concern of the fit: it is in the profile's
+kernel times, a measured shape.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from .kernels import KernelSpec
 
@@ -69,28 +81,55 @@ def work_size(spec: KernelSpec) -> float:
 
 @dataclass(frozen=True)
 class ClassPoint:
-    """One probe's efficiency in its class: at `size` (work_size), `efficiency` of the roofline."""
+    """One probe of a class: its roofline time, its time net of the call, and whether that net time
+    is mostly call (the call could not be taken off it in full)."""
 
-    size: float
-    efficiency: float
+    roofline_s: float
+    net_s: float
     key: str  # the probe kernel's key
+    overhead_bound: bool = False
+
+    @property
+    def efficiency(self) -> float:
+        return self.roofline_s / self.net_s
 
 
-def efficiency_at(points: list[ClassPoint], size: float) -> float:
-    """The class's efficiency at `size`: interpolated in log-log between the probes around it, the
-    nearest probe's outside them."""
+@dataclass(frozen=True)
+class ClassFit:
+    """net time = overhead_s + slowdown x roofline time (see the module docstring)."""
+
+    overhead_s: float
+    slowdown: float
+    probes: int
+
+    def seconds(self, roofline_s: float) -> float:
+        return self.overhead_s + self.slowdown * roofline_s
+
+    @property
+    def efficiency(self) -> float:
+        """Of the marginal work: what a large kernel of the class tends to."""
+        return 1.0 / self.slowdown
+
+
+def fit_class(points: list[ClassPoint]) -> ClassFit:
+    """The class's overhead and slowdown from its probes (see the module docstring)."""
     if not points:
         raise ValueError("no probe points")
-    pts = sorted(points, key=lambda p: p.size)
-    if size <= pts[0].size:
-        return pts[0].efficiency
-    for lo, hi in zip(pts, pts[1:]):
-        if size <= hi.size:
-            if hi.size == lo.size:
-                return hi.efficiency
-            w = (math.log(size) - math.log(lo.size)) / (math.log(hi.size) - math.log(lo.size))
-            return math.exp(math.log(lo.efficiency) + w * (math.log(hi.efficiency) - math.log(lo.efficiency)))
-    return pts[-1].efficiency
+    if len(points) == 1 or len({p.roofline_s for p in points}) == 1:
+        p = min(points, key=lambda q: q.roofline_s)
+        if p.overhead_bound:
+            return ClassFit(max(0.0, p.net_s - p.roofline_s), 1.0, len(points))
+        return ClassFit(0.0, p.net_s / p.roofline_s, len(points))
+    from scipy.optimize import lsq_linear
+
+    floor = min(1.0, min(p.net_s / p.roofline_s for p in points))
+    net = np.array([p.net_s for p in points])
+    roof = np.array([p.roofline_s for p in points])
+    a = np.column_stack([np.ones_like(net), roof]) / net[:, None]  # relative residuals: every probe counts
+    scale = np.array([net.min(), net.min() / roof.min()])  # columns of similar size for the solver
+    solution = lsq_linear(a * scale, np.ones_like(net), bounds=([0.0, floor / scale[1]], [np.inf, np.inf]))
+    overhead, slowdown = solution.x * scale
+    return ClassFit(float(overhead), float(max(slowdown, floor)), len(points))
 
 
 def select_probes(candidates: Iterable[KernelSpec], per_class: int,

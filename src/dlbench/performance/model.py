@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
-from .class_efficiency import ClassPoint, efficiency_at, efficiency_class, work_size
+from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class
 from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
 from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
@@ -221,24 +221,30 @@ def kernel_roofline(kernel: KernelSpec, profile: MachineProfile) -> float:
 
 
 def class_points(profile: MachineProfile, framework: str, compiled: bool = False) -> dict[str, list[ClassPoint]]:
-    """The framework's class probes as efficiencies per class (class_efficiency.efficiency_class):
-    the probe's roofline time over its time net of the call, the call counted as op_time counts it
-    for a measured kernel (eager: the warm call taken off, at most half the time, since every
-    operation predicted from it pays the call again; compiled: the probe's own call, warm or cold
-    as it was timed, taken off, never below the roofline)."""
+    """The framework's class probes per class (class_efficiency.efficiency_class): each probe's
+    roofline time and its time net of the call, the call counted as op_time counts it for a measured
+    kernel (eager: the warm call taken off, at most half the time, since every operation predicted
+    from it pays the call again; compiled: the probe's own call, warm or cold as it was timed, taken
+    off, never below the roofline); `overhead_bound` where that limit was reached or the probe's work
+    at the ceilings takes less than one call."""
     call = profile.dispatch_s.get(framework, 0.0)
     out: dict[str, list[ClassPoint]] = {}
     for probe in profile.class_probes.get(framework, []):
         spec = KernelSpec.from_dict(probe.spec)
         roofline = roofline_time(Op(spec.key, spec.flops, spec.bytes, spec), profile, framework)
-        if compiled:
-            own_call = profile.dispatch_cold_s.get(framework, call) if probe.cache == "cold" else call
-            net = max(probe.median_s - own_call, roofline)
-        else:
-            net = max(probe.median_s - call, probe.median_s / 2)
-        if roofline > 0 and net > 0:
-            out.setdefault(efficiency_class(spec), []).append(ClassPoint(work_size(spec), roofline / net, spec.key))
+        own_call = profile.dispatch_cold_s.get(framework, call) if compiled and probe.cache == "cold" else call
+        net, bound = probe.median_s - own_call, (roofline if compiled else probe.median_s / 2)
+        if roofline > 0:
+            # overhead-bound: the call could not be taken off in full, or the work at the ceilings is
+            # shorter than one call: its time says what the class's calls cost, not how fast its work runs
+            out.setdefault(efficiency_class(spec), []).append(
+                ClassPoint(roofline, max(net, bound), spec.key, overhead_bound=net <= bound or roofline < own_call))
     return out
+
+
+def class_fits(profile: MachineProfile, framework: str, compiled: bool = False) -> dict[str, ClassFit]:
+    """Each probed class's overhead and slowdown (class_efficiency.fit_class) for `framework`."""
+    return {cls: fit_class(points) for cls, points in class_points(profile, framework, compiled).items()}
 
 
 def _add(sources: dict[str, float], more: dict[str, float], factor: float = 1.0) -> dict[str, float]:
@@ -249,11 +255,11 @@ def _add(sources: dict[str, float], more: dict[str, float], factor: float = 1.0)
 
 def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
             compiled: bool = False, tf32: bool = False,
-            classes: dict[str, list[ClassPoint]] | None = None) -> tuple[float, dict[str, float], list[str]]:
+            classes: dict[str, ClassFit] | None = None) -> tuple[float, dict[str, float], list[str]]:
     """(seconds for all `op.repeat` executions, those seconds per source (SOURCES), the keys of the
     kernels not measured at their shape); `compiled`: the framework's step is one compiled call
     (FrameworkFacts.step graph); `tf32`: the run's precision is tf32 (roofline_time); `classes`:
-    the framework's class efficiencies (class_points). The op's kernel, else the first measured
+    the framework's class fits (class_fits). The op's kernel, else the first measured
     alternative, else the class efficiency of the op's kernel or of an alternative, else the sum of
     its parts (each timed so in turn), else its roofline."""
     call = profile.dispatch_s.get(framework, 0.0)
@@ -269,10 +275,10 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
             return total, {"shape": total}, []
     missing = [k.key for k, _ in candidates]
     for kernel, count in candidates:
-        points = (classes or {}).get(efficiency_class(kernel))
-        if points:
+        fit = (classes or {}).get(efficiency_class(kernel))
+        if fit is not None:
             roofline = roofline_time(Op(kernel.key, kernel.flops, kernel.bytes, kernel), profile, framework, tf32)
-            seconds = roofline / efficiency_at(points, work_size(kernel)) + (0.0 if compiled else call)
+            seconds = fit.seconds(roofline) + (0.0 if compiled else call)
             total = op.repeat * count * seconds
             return total, {"class": total}, missing
     if op.parts:  # the kernel counts as unmeasured only where none of its parts' kernels was measured
@@ -303,7 +309,7 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
     runner's runner.toml); None: FrameworkFacts()'s defaults."""
     facts = facts or FrameworkFacts()
     measured = profile.kernels.get(framework, {})
-    classes = class_points(profile, framework, facts.compiled)
+    classes = class_fits(profile, framework, facts.compiled)
     notes: list[str] = []
     if profile.source == "datasheet":
         notes.append(datasheet_note(profile))
