@@ -239,3 +239,26 @@ def test_accuracy_sets_the_datasheet_beside_the_calibrated_prediction():
     assert g["datasheet_predicted"] == 1 and g["datasheet_median_abs_error"] == pytest.approx(0.5)
     assert g["median_abs_error"] == pytest.approx(0.3)  # median of 10% and 50%
     assert g["sources"] == {"shape": pytest.approx(0.3), "class": pytest.approx(0.7)}
+
+
+def test_probe_candidates_are_the_single_process_suites_layer_shapes():
+    """What --full times and what the probes are chosen from: the kernels suite's layer_shapes
+    benchmarks of fcn, cnn, rnn and transformer (not the distributed suite's per-worker batches, timed
+    with --threads 1), in the dtypes the device computes in."""
+    from pathlib import Path
+
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.performance.kernel_suite import load_kernel_suite
+    from dlbench.performance.probes import candidates, layer_benchmarks
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    catalog = SuiteCatalog(root)
+    names = layer_benchmarks(root / "kernels.yaml", catalog.suite_names())
+    assert set(names) == {"fcn-layers", "cnn-layers", "rnn-layers", "transformer-layers", "fcn-layers-reduced",
+                          "cnn-layers-reduced", "rnn-layers-reduced", "transformer-layers-reduced"}
+    suite = load_kernel_suite(root / "kernels.yaml", catalog, "smoke", "cpu")
+    float32_only = candidates(suite, names, {"float32": None, "bfloat16": "no", "float16": "no"})
+    assert float32_only and {s.dtype for s in float32_only} == {"float32"}
+    assert not any(s.kind in ("copy", "transpose") for s in float32_only)
+    keys = {s.key for b in suite.benchmarks if b.name in names for s in b.specs}
+    assert {s.key for s in float32_only} == keys
