@@ -10,8 +10,8 @@ t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operat
 fused core, where it was not measured, the sum of its parts: the batched products, measured too,
 and the softmax); a kernel that was not timed but whose operation class calibrate probed on that
 framework (performance/class_efficiency.py: convolutions by filter family, matmuls by aspect, LSTM,
-attention, normalisation, element-wise, the loss, the optimiser) takes its roofline time divided
-by the class's measured efficiency at its size; any other operation takes its roofline time,
+attention, normalisation, element-wise, the loss, the optimiser) takes the class's fit of its
+probes, overhead + slowdown x its roofline time (class_efficiency.fit_class); any other operation takes its roofline time,
 max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), the bandwidth being what the
 framework's own element-wise operation (relu) reached at that size where calibrate measured it,
 else the machine's copy bandwidth. Every prediction says how much of its time came from each
