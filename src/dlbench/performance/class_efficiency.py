@@ -16,7 +16,7 @@ the form fitted below):
 smallest-operation time d on every operation (so the probe's d is taken off, at most half its
 time, and added back to every operation predicted from it), a compiled step pays it once per
 iteration (so the probe's own call, warm or cold as it was timed, is taken off, never below the
-roofline). At a probe's own shape the prediction is therefore the probe's time.
+roofline).
 
 Classes (`efficiency_class`), each per dtype: matmul by aspect (the smallest of m, n, k under
 SMALL_DIM: `small-m`, `small-n`, `small-k`, else `large`), the batched products of attention,
@@ -75,7 +75,7 @@ def efficiency_class(spec: KernelSpec) -> str:
 
 
 def work_size(spec: KernelSpec) -> float:
-    """What a class's efficiency is interpolated over: bytes for the memory-bound kinds, else FLOPs."""
+    """A shape's work: bytes for the memory-bound kinds, else FLOPs (what probes are spread over)."""
     return float(spec.bytes if spec.memory_bound else spec.flops)
 
 
