@@ -90,7 +90,7 @@ def test_probes_spread_over_each_class_and_respect_the_cap():
     assert [s["n"] for s in capped] == [256, 512, 1024]
 
 
-def test_plan_stays_within_the_budget_dropping_the_costliest():
+def test_plan_stays_within_the_budget_and_the_per_call_cap():
     specs = [mm(16, n, 512) for n in (256, 1024, 4096)] + [KernelSpec.of("sgd_momentum", elements=e)
                                                              for e in (1000, 10_000)]
     policy = probe_policy(KernelPolicy(cache="cold"), "default")
@@ -107,6 +107,11 @@ def test_plan_stays_within_the_budget_dropping_the_costliest():
     assert plan.estimated_s == pytest.approx(calls * 4) and plan.estimated_s <= calls * 4.5
     assert [b.name for b in plan.benchmarks] == ["probes-matmul", "probes-memory-bound"]
     assert plan.classes == 2
+    # a tighter budget gives up each class's smallest probe before its middle one
+    tight = plan_probes(specs, policy, "default", "calibrate", estimate, budget_s=calls * 2.5)
+    assert sorted(s.key for b in tight.benchmarks for s in b.specs) == sorted(
+        [specs[1].key, specs[4].key])
+    assert {specs[0].key, specs[3].key} <= set(tight.left_out)
 
 
 # --------------------------------------------------------------------------- the model

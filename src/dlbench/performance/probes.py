@@ -13,7 +13,8 @@ suite's).
 The time is bounded before anything runs: each candidate's time per call is estimated from the
 ceilings just measured (its roofline over PESSIMISTIC_EFFICIENCY, plus the framework's call and,
 for a cold policy, the cache flush), candidates over `max_probe_s` per call are left out, and
-while the estimated total of the chosen probes exceeds the budget the costliest is dropped. The
+while the estimated total of the chosen probes exceeds the budget the costliest is dropped, each
+class's smallest probes first, then its largest, its middle one last (`_tiers`). The
 estimate is on the slow side by design; what it took is measured and printed.
 
 Probes are grouped into a few kernel runs per framework (GROUPS: matrix products, convolutions,
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from ..definitions.loader import read_yaml, validate
 from ..store.profiles import MachineProfile, ProbeTime
-from .class_efficiency import efficiency_class, select_probes
+from .class_efficiency import efficiency_class, select_probes, work_size
 from .kernel_suite import KernelBenchmark, KernelPolicy, KernelSuite, KernelSuiteFile, LayersEntry
 from .kernels import KernelSpec
 from .model import roofline_time
@@ -101,8 +102,10 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
     everything = select_probes(specs, PROBES_PER_CLASS[profile])
     left_out = [s.key for s in everything if s.key not in {f.key for f in fitting}]
     chosen = list(fitting)
+    tier = _tiers(chosen)
     while chosen and sum(calls * estimate(s) for s in chosen) > budget_s:
-        costliest = max(chosen, key=estimate)
+        last_tier = max(tier[s.key] for s in chosen)
+        costliest = max((s for s in chosen if tier[s.key] == last_tier), key=estimate)
         chosen.remove(costliest)
         left_out.append(costliest.key)
     grouped: dict[str, list[KernelSpec]] = {}
@@ -117,6 +120,20 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
         for name in order if name in grouped)
     return ProbePlan(benchmarks, len({efficiency_class(s) for s in chosen}),
                      sum(calls * estimate(s) for s in chosen), tuple(left_out))
+
+
+def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
+    """What a budget gives up first: each class keeps its middle probe longest (tier 0), then its
+    largest (1: the amortised end a large shape is predicted from), the smallest last (2)."""
+    by_class: dict[str, list[KernelSpec]] = {}
+    for s in chosen:
+        by_class.setdefault(efficiency_class(s), []).append(s)
+    tier = {}
+    for specs in by_class.values():
+        specs = sorted(specs, key=lambda s: (work_size(s), s.key))
+        for i, s in enumerate(specs):
+            tier[s.key] = 0 if i == len(specs) // 2 else 1 if i == len(specs) - 1 else 2
+    return tier
 
 
 def class_probes(records) -> dict[str, list[ProbeTime]]:
