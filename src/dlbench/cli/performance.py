@@ -152,7 +152,8 @@ def list_kernels(path: Path, profile: str, device: str) -> None:
     c = suite.ceilings
     t.caption = (f"dlbench calibrate measures: square matmul {', '.join(map(str, c.matmul_sizes))} in "
                  f"{', '.join(c.dtypes)}; copies of {', '.join(f'{b:,}' for b in c.copy_bytes)} B; the "
-                 f"smallest operation ({c.dispatch_bytes} B)")
+                 f"smallest operation ({c.dispatch_bytes} B); then a few of the layer shapes above per operation "
+                 "class (class probes; --full: all of them)")
     out.print(t)
 
 
