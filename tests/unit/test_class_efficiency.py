@@ -74,6 +74,9 @@ def test_a_class_is_fitted_as_overhead_plus_slowed_work():
     # one probe: a constant efficiency, or, when it is overhead-bound, overhead with the work at the ceilings
     assert fit_class([ClassPoint(1e-3, 4e-3, "a")]) == type(fit)(0.0, 4.0, 1)
     assert fit_class([ClassPoint(1e-6, 41e-6, "a", overhead_bound=True)]) == type(fit)(pytest.approx(40e-6), 1.0, 1)
+    # a single probe at under a tenth of the ceilings is overhead too, not a slow steady state
+    assert fit_class([ClassPoint(1e-4, 2e-3, "a")]) == type(fit)(pytest.approx(1.9e-3), 1.0, 1)
+    assert fit_class([ClassPoint(1e-4, 9e-4, "a")]) == type(fit)(0.0, pytest.approx(9.0), 1)
     with pytest.raises(ValueError):
         fit_class([])
 

@@ -37,8 +37,9 @@ allocation, threads waking), which a large one amortises. So a class is fitted a
 non-negative and the slowdown at least 1, i.e. the marginal work never faster than the ceilings,
 unless a probe itself was). One probe cannot tell the two apart: a probe whose time is mostly the
 framework's call or other overhead (`overhead_bound`: model.class_points could not take the call off
-in full, or the work at the ceilings takes less than one call) says only how much a call of that class costs beyond the smallest operation, so it is read as
-overhead with the work at the ceilings (slowdown 1); any other single probe as a constant
+in full, or the work at the ceilings takes less than one call) says only how much a call of that
+class costs beyond the smallest operation, so it is read as overhead with the work at the ceilings
+(slowdown 1), and so is one under MIN_STEADY_EFFICIENCY; any other single probe as a constant
 efficiency (overhead 0). A probe's own shape is no concern of the fit: it is in the profile's
 kernel times, a measured shape.
 """
@@ -52,6 +53,10 @@ import numpy as np
 
 from .kernels import KernelSpec
 
+# one probe under this efficiency is read as overhead, not as a slow steady state: a kernel's work
+# rarely runs at under a tenth of the measured ceilings once it is large, while fixed costs (the
+# call's checks and allocation, threads waking, a cold first touch) easily are 10x a small kernel's work
+MIN_STEADY_EFFICIENCY = 0.1
 SMALL_DIM = 128  # a GEMM dimension under this is "small": the others' blocking cannot hide it
 
 
@@ -117,7 +122,7 @@ def fit_class(points: list[ClassPoint]) -> ClassFit:
         raise ValueError("no probe points")
     if len(points) == 1 or len({p.roofline_s for p in points}) == 1:
         p = min(points, key=lambda q: q.roofline_s)
-        if p.overhead_bound:
+        if p.overhead_bound or p.efficiency < MIN_STEADY_EFFICIENCY:
             return ClassFit(max(0.0, p.net_s - p.roofline_s), 1.0, len(points))
         return ClassFit(0.0, p.net_s / p.roofline_s, len(points))
     from scipy.optimize import lsq_linear
