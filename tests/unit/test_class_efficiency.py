@@ -115,6 +115,11 @@ def test_plan_stays_within_the_budget_and_the_per_call_cap():
     assert sorted(s.key for b in tight.benchmarks for s in b.specs) == sorted(
         [specs[1].key, specs[4].key])
     assert {specs[0].key, specs[3].key} <= set(tight.left_out)
+    # reduced precisions go before any float32 probe
+    half = KernelSpec.of("matmul", "bfloat16", m=16, n=1024, k=512)
+    cost[half.key] = 0.5
+    mixed = plan_probes(specs + [half], policy, "default", "calibrate", estimate, budget_s=calls * 4)
+    assert half.key in mixed.left_out and len([s for b in mixed.benchmarks for s in b.specs]) == 4
 
 
 # --------------------------------------------------------------------------- the model

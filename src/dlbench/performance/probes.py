@@ -13,8 +13,9 @@ suite's).
 The time is bounded before anything runs: each candidate's time per call is estimated from the
 ceilings just measured (its roofline over PESSIMISTIC_EFFICIENCY, plus the framework's call and,
 for a cold policy, the cache flush), candidates over `max_probe_s` per call are left out, and
-while the estimated total of the chosen probes exceeds the budget the costliest is dropped, each
-class's smallest probes first, then its largest, its middle one last (`_tiers`). The
+while the estimated total of the chosen probes exceeds the budget the costliest is dropped: the
+reduced precisions' before float32's, and each class's smallest probes first, then its largest,
+its middle one last (`_tiers`). The
 estimate is on the slow side by design; what it took is measured and printed.
 
 Probes are grouped into a few kernel runs per framework (GROUPS: matrix products, convolutions,
@@ -123,8 +124,10 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
 
 
 def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
-    """What a budget gives up first: each class keeps its middle probe longest (tier 0), then its
-    largest (1: the amortised end a large shape is predicted from), the smallest last (2)."""
+    """What a budget gives up first: the reduced-precision classes' probes before any float32 one
+    (every precision's default run is fp32), and within those each class keeps its middle probe
+    longest (tier 0), then its largest (1: the amortised end a large shape is predicted from), the
+    smallest last (2)."""
     by_class: dict[str, list[KernelSpec]] = {}
     for s in chosen:
         by_class.setdefault(efficiency_class(s), []).append(s)
@@ -132,7 +135,8 @@ def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
     for specs in by_class.values():
         specs = sorted(specs, key=lambda s: (work_size(s), s.key))
         for i, s in enumerate(specs):
-            tier[s.key] = 0 if i == len(specs) // 2 else 1 if i == len(specs) - 1 else 2
+            tier[s.key] = ((0 if i == len(specs) // 2 else 1 if i == len(specs) - 1 else 2)
+                           + (0 if s.dtype == "float32" else 3))
     return tier
 
 
