@@ -139,6 +139,37 @@ def test_cli_runs_suite_records_and_reports(torch_env, tmp_path, suite):
         assert b.name in html
 
 
+def test_quick_calibrate_measures_class_efficiencies_that_predictions_use(torch_env, tmp_path):
+    """`calibrate --quick` on torch alone: the ceilings, then one layer shape per operation class in one
+    worker; the profile keeps them, each class's efficiency is a positive fraction of the roofline,
+    and a network none of whose shapes was timed is predicted mostly from them."""
+    from dlbench.machine import fingerprint
+    from dlbench.performance.model import class_points
+    from dlbench.store.profiles import ProfileStore
+    from dlbench.store.store import Store
+
+    store = tmp_path / "store"
+    dlbench = [sys.executable, "-m", "dlbench.cli"]
+    cal = subprocess.run(dlbench + ["calibrate", "--quick", "--framework", "torch", "--device", "cpu", "--threads", "1",
+                                    "--store", str(store)], capture_output=True, text=True, timeout=600)
+    assert cal.returncode == 0, cal.stdout + cal.stderr
+    profile = ProfileStore(Store(store)).latest(fingerprint()["machine_id"])
+    assert "torch" in profile.class_probes, cal.stderr
+    kinds = {p.spec["kind"] for p in profile.class_probes["torch"]}
+    # the cheap classes always fit the budget (a slow one may be left out on a loaded machine, and says so)
+    assert {"matmul", "conv2d_fwd", "conv2d_bwd", "attention_fwd", "layer_norm_fwd", "gelu_fwd",
+            "softmax_xent_fwd", "sgd_momentum"} <= kinds
+    points = class_points(profile, "torch")
+    assert len(points) >= 10 and all(0 < q.efficiency for pts in points.values() for q in pts)
+    # alexnet_r at batch 16: its convolutions were probed at the smoke profile's batch (8) only
+    pred = subprocess.run(dlbench + ["predict", "--network", "alexnet_r", "--framework", "torch", "--batch", "16",
+                                     "--threads", "1", "--store", str(store), "--format", "json"],
+                          capture_output=True, text=True, timeout=120)
+    assert pred.returncode == 0, pred.stderr
+    p = json.loads(pred.stdout)
+    assert p["sources"]["class"] > 0.5 and p["iteration_s"] > 0
+
+
 # ------------------------------------------------------------------ precision x compile mode
 # Tiny networks: a conv first layer (autocast runs it in the AMP dtype), a dense-only one for the one
 # torch.compile of this module (inductor's C++ build of a small graph: ~25-45 s on 2 cores), an LSTM.

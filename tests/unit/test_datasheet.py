@@ -146,7 +146,8 @@ def test_machines_compared_and_ranked(tmp_path, machines):
     rows = compare_machines(jobs, "torch", profiles, [1, 8, 16], EAGER)
     assert list(rows[0].to_dict()) == ["benchmark", "batch", "precision", "machine", "source", "workers",
                                        "iteration_s", "samples_per_s", "power_w", "energy_per_sample_j", "rank",
-                                       "error"]
+                                       "error", "sources"]
+    assert all(r.sources == {"datasheet": pytest.approx(1.0)} for r in rows if r.rank is not None)
     train = [r for r in rows if r.benchmark == "one_dense-train"]
     ranked = [r for r in train if r.rank is not None]
     assert [r.rank for r in ranked] == list(range(1, len(ranked) + 1))

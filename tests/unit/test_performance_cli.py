@@ -57,7 +57,7 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     assert "matmul" in out and "GFLOP/s" in out and "no machine profile when these ran" in out
 
     code, out, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
-                            "--threads", "1", "--store", str(store))
+                            "--threads", "1", "--store", str(store), "--quick")
     assert code == 0, err
     profile = ProfileStore(Store(store)).latest(records[0].machine["machine_id"])
     assert profile.revision == 1 and profile.threads == 1
@@ -113,7 +113,51 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     page = " ".join(re.sub(r"<[^>]+>", " ", (tmp_path / "site" / "runs" / f"{row['run_id']}.html").read_text()).split())
     assert f"Predicted {fmt(row['predicted_s'] * 1e3, 4)} ms per iteration" in page  # as the page writes numbers
     assert f"(error {100 * row['error']:+.1f}% against the measured median)" in page
+    assert f"against {fmt(row['measured_s'] * 1e3, 4)} ms measured" in page
+    # and where the prediction came from: every share the record keeps, named
+    stored = next(r for r in runs if r.run_id == row["run_id"]).prediction.sources
+    assert stored and sum(stored.values()) == pytest.approx(1.0)
+    words = {"shape": "from kernels measured at their shape", "class": "from measured class efficiencies",
+             "ceilings": "from the roofline at the measured ceilings"}
+    for source, share in stored.items():
+        assert f"{fmt(100 * share, 2)}% {words[source]}" in page
     assert f"machine profile {profile.ref}" in page
+
+
+def test_calibrate_probes_the_operation_classes_and_predictions_say_so(project, tmp_path):
+    """calibrate alone (no kernels suite run): per class one layer shape of the smoke profile's
+    (--quick: in one run), timed by the fake's kernel code; shapes nobody timed take their class's efficiency, and
+    the prediction says which share came from where."""
+    store = tmp_path / "s"
+    code, out, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
+                            "--threads", "1", "--store", str(store), "--quick")
+    assert code == 0, err
+    assert "class probes" in err and "operation classes per framework" in err and "dlbench calibrate took" in err
+    records = list(KernelStore(Store(store)).records())
+    probe_runs = [r for r in records if r.benchmark.startswith("probes-")]
+    assert [r.benchmark for r in probe_runs] == ["probes-all"]  # --quick: one worker start
+    assert all(r.policy["min_iters"] == 1 and r.policy["max_iters"] == 2 for r in probe_runs)
+    profile = ProfileStore(Store(store)).latest(records[0].machine["machine_id"])
+    probes = profile.class_probes["fake"]
+    kinds = {p.spec["kind"] for p in probes}
+    assert {"matmul", "conv2d_fwd", "conv2d_bwd", "lstm_layer_fwd", "attention_fwd", "layer_norm_fwd", "gelu_fwd",
+            "softmax_xent_fwd", "sgd_momentum"} <= kinds
+    assert sorted(profile.sources["class_probes"]["fake"]) == sorted(r.run_id for r in probe_runs)
+    assert "efficiency per operation class" in out and "matmul small-m float32" in out
+    # alexnet_r at batch 16: its convolutions were probed at the smoke batch (8) only, so every one takes
+    # its class's efficiency
+    code, out, err = invoke("predict", "--network", "alexnet_r", "--framework", "fake", "--batch", "16",
+                            "--threads", "1", "--store", str(store), "--format", "json")
+    assert code == 0, err
+    p = json.loads(out)
+    assert p["sources"]["class"] > 0.5 and sum(p["sources"].values()) == pytest.approx(1.0)
+    assert set(p["sources"]) <= {"shape", "class", "ceilings"}
+    convs = [layer for layer in p["layers"] if "conv2d" in layer["label"]]
+    assert convs and all(set(layer["sources_s"]) == {"class"} for layer in convs)
+    code, out, _ = invoke("predict", "--network", "alexnet_r", "--framework", "fake", "--batch", "16",
+                          "--threads", "1", "--store", str(store), "--layers")
+    text = " ".join(out.split())
+    assert code == 0 and "measured class efficiencies" in text and "class 100%" in text
 
 
 def test_a_failing_kernel_exits_1_and_is_recorded(project, tmp_path, monkeypatch):
@@ -147,6 +191,7 @@ def test_backward_kernels_timed_with_their_forward_are_the_difference(project, t
      "needs --mode train"),
     (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4"), "run `dlbench calibrate` first"),
     (("run", "--suite", "kernels", "--framework", "fake", "--workers", "2"), "--workers is not taken by suite 'kernels'"),
+    (("calibrate", "--framework", "fake", "--full", "--quick"), "--full and --quick exclude each other"),
     (("run", "--suite", "kernels", "--framework", "fake", "--benchmark", "fft"), "unknown benchmark 'fft'"),
 ])
 def test_bad_input_exits_2_with_one_message(project, tmp_path, args, words):

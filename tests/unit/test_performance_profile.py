@@ -9,7 +9,7 @@ import pytest
 
 from dlbench.store.merge import merge
 from dlbench.store.profiles import MachineProfile, MatmulCeiling, ProfileError, ProfileStore, read_profile
-from dlbench.store.store import Store
+from dlbench.store.store import Store, checksum_of
 from dlbench.store.verify import verify
 
 
@@ -44,6 +44,26 @@ def test_a_changed_profile_is_refused_by_name(tmp_path):
     assert str(path) in str(info.value)
     path.write_text("{not json")
     with pytest.raises(ProfileError, match="unreadable"):
+        read_profile(path)
+
+
+def test_a_format_1_profile_reads_as_one_without_class_probes_and_a_newer_one_is_refused(tmp_path):
+    """Format 2 added `class_probes`; a profile calibrate wrote before reads with none of them."""
+    profiles = ProfileStore(Store(tmp_path))
+    profiles.write(make())
+    path = profiles.path("a" * 64, 1)
+    data = json.loads(path.read_text())
+    assert data["format"] == 2 and data["class_probes"] == {}
+    del data["checksum"], data["class_probes"]
+    data["format"] = 1
+    data["checksum"] = checksum_of(data)
+    path.write_text(json.dumps(data))
+    old = read_profile(path)
+    assert old.class_probes == {} and old.peak_flops() == 1e9
+    data["format"] = 3
+    data["checksum"] = checksum_of({k: v for k, v in data.items() if k != "checksum"})
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="format 3; this dlbench reads formats 1, 2"):
         read_profile(path)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -151,7 +152,8 @@ def list_kernels(path: Path, profile: str, device: str) -> None:
     c = suite.ceilings
     t.caption = (f"dlbench calibrate measures: square matmul {', '.join(map(str, c.matmul_sizes))} in "
                  f"{', '.join(c.dtypes)}; copies of {', '.join(f'{b:,}' for b in c.copy_bytes)} B; the "
-                 f"smallest operation ({c.dispatch_bytes} B)")
+                 f"smallest operation ({c.dispatch_bytes} B); then a few of the layer shapes above per operation "
+                 "class (class probes; --full: all of them)")
     out.print(t)
 
 
@@ -299,23 +301,41 @@ def calibrate(
     workers: Annotated[Optional[int], typer.Option(min=2, help=(
         "Fit the all-reduce of only this many workers from the comm suite's records (default: every "
         "worker count found).")) ] = None,
+    full: Annotated[bool, typer.Option("--full", help=(
+        "Also time every layer shape of the kernels suite's layer_shapes benchmarks at the default profile "
+        "(what `run --suite kernels` times; many minutes per framework): predictions then come from measured "
+        "shapes.")) ] = False,
+    quick: Annotated[bool, typer.Option("--quick", help=(
+        "Seconds, for tests: short ceilings and one probe per operation class from the smoke profile's shapes.")) ] = False,
+    budget: Annotated[float, typer.Option(min=1.0, metavar="SECONDS", help=(
+        "Estimated time allowed for the class probes of each framework (shapes estimated to take longer "
+        "are left out).")) ] = 120.0,
     device: DeviceOption = "auto",
     env: Annotated[str, typer.Option(help="venv | current")] = "venv",
     threads: ThreadsOption = None,
     timeout: TimeoutOption = 900.0,
     store: StoreOption = None,
 ) -> None:
-    """Measure this machine's ceilings, gather its kernel times and all-reduce fits: a new machine profile."""
+    """Measure this machine's ceilings and each operation class's efficiency, gather its kernel times and
+    all-reduce fits: a new machine profile."""
     check_choice("device", device, DEVICES)
     check_choice("environment backend", env, list(BACKENDS))
+    if full and quick:
+        raise fail("--full and --quick exclude each other")
     registry = lookup.registry()
     _calibrate(names=lookup.framework_names(registry, framework), registry=registry, device=resolve_device(device),
-               env=env, threads=threads, timeout=timeout, store=lookup.open_store(store), workers=workers)
+               env=env, threads=threads, timeout=timeout, store=lookup.open_store(store), workers=workers,
+               mode="full" if full else "quick" if quick else "probes", budget_s=budget)
 
 
 def _calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
-               store: Store, workers: int | None) -> None:
-    from ..execution.kernels import plan_kernel_runs
+               store: Store, workers: int | None, mode: str = "probes", budget_s: float = 120.0) -> None:
+    """`mode`: probes (ceilings and class probes), quick (the same, small: for tests), full (and every
+    layer shape of the kernels suite)."""
+    import time
+
+    from ..execution.kernels import flush_bytes, plan_kernel_runs
+    from ..performance import probes as class_probes
     from ..performance.calibration import build_profile, calibration_benchmarks, comm_fits
     from ..performance.kernel_suite import load_kernel_suite
     from ..store.kernels import KernelStore
@@ -328,16 +348,23 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
     if not kernel_suites:
         raise fail(f"no suite of kind kernels in {catalog.root}: its `ceilings` say what to measure")
     suite_path = catalog.root / f"{kernel_suites[0]}.yaml"
+    shapes_profile = "smoke" if mode == "quick" else "default"
     try:
-        suite = load_kernel_suite(suite_path, catalog, "smoke", device)
+        suite = load_kernel_suite(suite_path, catalog, shapes_profile, device)
+        layer_names = class_probes.layer_benchmarks(suite_path, catalog.suite_names())
     except DefinitionError as e:
         raise fail(str(e)) from None
     threads = threads or available_cpus()
     support = _support(device)
     bench, cold_bench = calibration_benchmarks(suite, suite_path, support)
+    if mode == "quick":  # the same kernels, timed briefly
+        short = {"warmup_iters": 1, "min_iters": 2, "min_time_s": 0.0, "max_iters": 3}
+        bench = replace(bench, policy=bench.policy.model_copy(update=short))
+        cold_bench = replace(cold_bench, policy=cold_bench.policy.model_copy(update=short))
     specs = bench.specs
     runners = [lookup.runner(registry, n) for n in names]
     machine = fingerprint()
+    started = time.monotonic()
     err.print(f"dlbench calibrate: ceilings on {device} with {', '.join(names)} ({len(specs)} kernels each), "
               f"{threads} threads, store {store.root}", highlight=False)
     every = _execute(plan_kernel_runs(runners, [bench, cold_bench]), store, device, env, threads, timeout, support,
@@ -350,6 +377,45 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
                       highlight=False, soft_wrap=True)
     if not results:
         raise fail("no framework could measure the ceilings (reasons above); nothing stored", 1)
+    cold_records = [r for r in every if r.benchmark == cold_bench.name]
+    ceilings_only = build_profile(machine=machine, provenance=dlbench_provenance(), device=device, threads=threads,
+                                  ceiling_records=records, cold_records=cold_records,
+                                  dispatch_bytes=suite.ceilings.dispatch_bytes, latest={}, fits=[], notes=[])
+    ceilings_s = time.monotonic() - started
+
+    # the operation classes' efficiencies: a few layer shapes per class, within the budget
+    base_policy = next((b.policy for b in suite.benchmarks if b.name in layer_names), bench.policy)
+    policy = class_probes.probe_policy(base_policy, shapes_profile)
+    flush = flush_bytes(policy, device)
+    flush_s = flush / ceilings_only.bandwidth(flush) if flush and ceilings_only.bandwidth(flush) else 0.0
+    call = max(ceilings_only.dispatch_cold_s.values(), default=0.0)
+    plan = class_probes.plan_probes(class_probes.candidates(suite, layer_names, support), policy, shapes_profile,
+                                    "calibrate", class_probes.call_estimate(ceilings_only, call, flush_s), budget_s)
+    measured_runners = [r for r in runners if r.name in results]
+    probe_records: list = []
+    probes_s = 0.0
+    if plan.benchmarks:
+        kernels = sum(len(b.specs) for b in plan.benchmarks)
+        err.print(f"dlbench calibrate: class probes, {kernels} layer shapes of {plan.classes} operation classes per "
+                  f"framework in {len(plan.benchmarks)} runs (estimated at most {plan.estimated_s:,.0f} s per "
+                  f"framework, budget {budget_s:g} s)"
+                  + (f"; {len(plan.left_out)} shapes left out as too slow" if plan.left_out else ""), highlight=False)
+        before = time.monotonic()
+        probe_records = _execute(plan_kernel_runs(measured_runners, list(plan.benchmarks)), store, device, env,
+                                 threads, timeout, support, None)
+        probes_s = time.monotonic() - before
+        for r in probe_records:
+            if r.status != "ok":
+                err.print(f"[yellow]{r.status}[/]: {escape(str(r.framework.get('name')))} {escape(r.benchmark)}: "
+                          f"{escape(str(r.reason))}", highlight=False, soft_wrap=True)
+    full_s = 0.0
+    if mode == "full":
+        shapes = [b for b in suite.benchmarks if b.name in layer_names]
+        err.print(f"dlbench calibrate --full: every layer shape of {', '.join(b.name for b in shapes)} "
+                  f"({sum(len(b.specs) for b in shapes)} kernels per framework)", highlight=False)
+        before = time.monotonic()
+        _execute(plan_kernel_runs(measured_runners, shapes), store, device, env, threads, timeout, support, None)
+        full_s = time.monotonic() - before
     problems: list[str] = []
     latest = KernelStore(store).latest_times(machine["machine_id"], device, threads, problems)
     for p in problems:
@@ -358,16 +424,49 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
 
     unreadable: list[Unreadable] = []
     fits, notes = comm_fits(store.records(unreadable), machine["machine_id"], device, workers)
+    probe_runs: dict[str, list[str]] = {}
+    for r in probe_records:
+        if r.status == "ok":
+            probe_runs.setdefault(str(r.framework.get("name")), []).append(r.run_id)
     profile = build_profile(machine=machine, provenance=dlbench_provenance(), device=device, threads=threads,
-                            ceiling_records=records, cold_records=[r for r in every if r.benchmark == cold_bench.name],
-                            dispatch_bytes=suite.ceilings.dispatch_bytes, latest=latest, fits=fits, notes=notes)
+                            ceiling_records=records, cold_records=cold_records,
+                            dispatch_bytes=suite.ceilings.dispatch_bytes, latest=latest, fits=fits, notes=notes,
+                            class_probes=class_probes.class_probes(probe_records), probe_runs=probe_runs)
     stored = ProfileStore(store).write(profile)
     _print_profile(stored, ProfileStore(store).path(stored.machine_id, stored.revision))
+    _print_classes(stored, {r.name: r.model for r in measured_runners})
+    timing = f"ceilings {ceilings_s:,.1f} s, class probes {probes_s:,.1f} s"
+    if mode == "full":
+        timing += f", every layer shape {full_s:,.1f} s"
+    err.print(f"dlbench calibrate took {time.monotonic() - started:,.1f} s for {len(measured_runners)} "
+              f"framework{'s' if len(measured_runners) != 1 else ''} ({timing})", highlight=False)
     for n in notes:
         err.print(f"[yellow]note[/]: {escape(n)}", highlight=False, soft_wrap=True)
-    if not latest:
-        err.print("[yellow]note[/]: no kernel records of this machine yet: predictions will use the roofline for "
-                  "every operation (`dlbench run --suite kernels`, then calibrate again)", highlight=False)
+    if not stored.class_probes:
+        err.print("[yellow]note[/]: no class probe was measured: kernels not timed at their shape will be roofline "
+                  "estimates at the ceilings", highlight=False)
+
+
+def _print_classes(p: MachineProfile, facts: dict) -> None:
+    """Each framework's probes per operation class: each one's efficiency (of the roofline at the
+    ceilings, net of the call) and the class's fit, overhead + roofline / efficiency."""
+    from ..performance.class_efficiency import fit_class
+    from ..performance.model import class_points
+
+    for fw in sorted(p.class_probes):
+        points = class_points(p, fw, facts[fw].compiled if fw in facts else False)
+        t = Table(title=f"{fw}: efficiency per operation class")
+        for col in ("class", "probes", "probe efficiencies", "fit: overhead", "fit: efficiency"):
+            t.add_column(col, justify="left" if col == "class" else "right")
+        for cls, pts in sorted(points.items()):
+            pts = sorted(pts, key=lambda q: q.roofline_s)
+            fit = fit_class(pts)
+            t.add_row(escape(cls), str(len(pts)),
+                      ", ".join(f"{100 * q.efficiency:.1f}%{'*' if q.overhead_bound else ''}" for q in pts),
+                      f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%")
+        t.caption = ("probe efficiency: roofline time at the ceilings / time net of the call, smallest probe first "
+                     "(* overhead-bound); a shape not timed takes overhead + roofline / efficiency")
+        out.print(t)
 
 
 def _print_profile(p: MachineProfile, path: Path) -> None:
@@ -388,6 +487,12 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
                   escape(f"{fw}, at {', '.join(f'{b.bytes / 2**20:g}' for b in points)} MiB"))
     for fw, times in sorted(p.kernels.items()):
         t.add_row("kernel times", f"{len(times)} kernels", escape(fw))
+    for fw, probes in sorted(p.class_probes.items()):
+        from ..performance.class_efficiency import efficiency_class
+        from ..performance.kernels import KernelSpec
+
+        classes = {efficiency_class(KernelSpec.from_dict(q.spec)) for q in probes}
+        t.add_row("class probes", f"{len(probes)} shapes of {len(classes)} classes", escape(fw))
     for c in p.comm:
         t.add_row(f"all-reduce, {c.workers} workers", f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
                   escape(f"{c.framework}: α {c.alpha_s * 1e6:.1f} µs, β {c.beta_s_per_byte * 1e9:.3f} ns/B, "

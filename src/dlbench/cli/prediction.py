@@ -202,7 +202,7 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
                 "precision": precision, "source": profile.source, **p.to_record(),
                 "layers": [{"index": l.index, "label": l.label, "params": l.params, "forward_s": l.forward_s,
                             "backward_s": l.backward_s, "update_s": l.update_s, "measured_s": l.measured_s,
-                            "estimated_s": l.estimated_s} for l in p.layers],
+                            "estimated_s": l.estimated_s, "sources_s": l.sources} for l in p.layers],
                 "unmeasured": p.unmeasured}
         if p.schedule is not None:
             data["messages"] = p.schedule.groups
@@ -229,21 +229,35 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
         t.caption = (f"datasheet: published peaks x stated efficiencies, no measured kernel; "
                      f"{total and batch * workers / total:,.1f} samples/s")
     else:
-        t.caption = (f"{100 * p.measured_share:.0f}% of the compute time from measured kernel times; "
-                     f"{len(p.unmeasured)} kernels estimated by the roofline; {total and batch * workers / total:,.1f} "
-                     "samples/s")
+        t.caption = (f"compute time from {sources_text(p.source_shares)}; {len(p.unmeasured)} kernels not timed at "
+                     f"their shape; {total and batch * workers / total:,.1f} samples/s")
     out.print(t)
     if layers:
         lt = Table(title="per layer (ms)")
-        for col in ("layer", "params", "forward", "backward", "update", "measured"):
-            lt.add_column(col, justify="left" if col == "layer" else "right")
+        for col in ("layer", "params", "forward", "backward", "update", "from"):
+            lt.add_column(col, justify="left" if col in ("layer", "from") else "right")
         for l in p.layers:
-            busy = l.measured_s + l.estimated_s
+            busy = sum(l.sources.values())
             lt.add_row(escape(l.label), f"{l.params:,}", f"{l.forward_s * 1e3:.3f}", f"{l.backward_s * 1e3:.3f}",
-                       f"{l.update_s * 1e3:.3f}", f"{100 * l.measured_s / busy:.0f}%" if busy else "")
+                       f"{l.update_s * 1e3:.3f}",
+                       sources_text({k: v / busy for k, v in l.sources.items()}, short=True) if busy else "")
         out.print(lt)
     for n in p.notes:
         err.print(f"note: {escape(n)}", highlight=False, soft_wrap=True)
+
+
+SOURCE_WORDS = {"shape": "measured shapes", "class": "measured class efficiencies",
+                "ceilings": "the roofline at the measured ceilings", "datasheet": "datasheet figures"}
+
+
+def sources_text(shares: dict[str, float], short: bool = False) -> str:
+    """`62% measured shapes, 30% measured class efficiencies, 8% the roofline at ...` (performance/model.py
+    SOURCES); short: `shape 62% class 30% ceilings 8%`."""
+    if not shares:
+        return "no split by source (recorded before schema 9)" if not short else ""
+    if short:
+        return " ".join(f"{k} {100 * v:.0f}%" for k, v in shares.items())
+    return ", ".join(f"{100 * v:.0f}% {SOURCE_WORDS.get(k, k)}" for k, v in shares.items())
 
 
 # ---------------------------------------------------------------------------------------- accuracy
@@ -260,8 +274,9 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
     for u in unreadable:
         err.print(f"[red]unreadable[/] {escape(u.reason)}", highlight=False, soft_wrap=True)
     registry = lookup.registry()
-    rows = prediction_errors(records, profile, {n: lookup.runner(registry, n).model for n in registry.names()}
-                             if profile else None)
+    facts = {n: lookup.runner(registry, n).model for n in registry.names()}
+    datasheets, match = _datasheets_of(records, registry.names())
+    rows = prediction_errors(records, profile, facts, datasheets=datasheets, match_datasheet=match)
     if not rows:
         raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
     table_rows = accuracy_table_rows(rows)
@@ -269,28 +284,69 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
         sys.stdout.write(json.dumps({"groups": table_rows, "runs": rows}, indent=1) + "\n")
         return
     how = f"predicted again from profile {profile.ref}" if profile else "as predicted before each run"
+    sheets = any(g["datasheet_predicted"] for g in table_rows)
     t = Table(title=f"prediction error in {store.root} ({how})")
-    for col in ("suite", "framework", "precision", "runs", "predicted", "median |error|", "within 25%", "median error"):
-        t.add_column(col, justify="left" if col in ("suite", "framework", "precision") else "right")
+    columns = ["suite", "framework", "precision", "runs", "predicted", "median |error|", "within 25%", "median error",
+               "from (mean share)"]
+    if sheets:
+        columns += ["datasheet runs", "datasheet |error|", "datasheet error"]
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("suite", "framework", "precision", "from (mean share)") else "right")
     for g in table_rows:
         style = "bold" if g["framework"] == "all" else ""
         cells = [g["suite"], g["framework"], g["precision"], str(g["runs"]), str(g["predicted"]),
                  f"{100 * g['median_abs_error']:.1f}%" if g["median_abs_error"] is not None else "",
                  f"{100 * g['within_25']:.0f}%" if g["within_25"] is not None else "",
-                 f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else ""]
+                 f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else "",
+                 sources_text(g["sources"], short=True)]
+        if sheets:
+            cells += [str(g["datasheet_predicted"]),
+                      f"{100 * g['datasheet_median_abs_error']:.1f}%" if g["datasheet_median_abs_error"] is not None else "",
+                      f"{100 * g['datasheet_median_error']:+.1f}%" if g["datasheet_median_error"] is not None else ""]
         t.add_row(*(f"[{style}]{escape(c)}[/]" if style else escape(c) for c in cells))
-    t.caption = "error = predicted / measured median iteration time - 1; runs without a prediction are counted, not scored"
+    t.caption = ("error = predicted / measured median iteration time - 1; runs without a prediction are counted, not "
+                 "scored; from: shape (kernels timed at that shape), class (measured class efficiencies), ceilings "
+                 "(the roofline at the measured ceilings), datasheet"
+                 + ("; datasheet columns: the same runs predicted from the datasheet file of their GPU (published "
+                    "peaks x stated efficiencies)" if sheets else ""))
     out.print(t)
     if runs:
         rt = Table(title="runs")
-        for col in ("suite", "benchmark", "framework", "batch", "workers", "measured ms", "predicted ms", "error"):
-            rt.add_column(col, justify="left" if col in ("suite", "benchmark", "framework") else "right")
+        columns = ["suite", "benchmark", "framework", "batch", "workers", "measured ms", "predicted ms", "error", "from"]
+        if sheets:
+            columns += ["datasheet ms", "datasheet error"]
+        for col in columns:
+            rt.add_column(col, justify="left" if col in ("suite", "benchmark", "framework", "from") else "right")
         for row in rows:
-            rt.add_row(escape(row["suite"]), escape(row["benchmark"]), escape(row["framework"]), str(row["batch"]),
-                       str(row["workers"]), f"{row['measured_s'] * 1e3:.2f}",
-                       f"{row['predicted_s'] * 1e3:.2f}" if row["predicted_s"] else "",
-                       f"{100 * row['error']:+.1f}%" if row["error"] is not None else "")
+            cells = [escape(row["suite"]), escape(row["benchmark"]), escape(row["framework"]), str(row["batch"]),
+                     str(row["workers"]), f"{row['measured_s'] * 1e3:.2f}",
+                     f"{row['predicted_s'] * 1e3:.2f}" if row["predicted_s"] else "",
+                     f"{100 * row['error']:+.1f}%" if row["error"] is not None else "",
+                     sources_text(row["sources"], short=True)]
+            if sheets:
+                cells += [f"{row['datasheet_predicted_s'] * 1e3:.2f}" if row.get("datasheet_predicted_s") else "",
+                          f"{100 * row['datasheet_error']:+.1f}%" if row.get("datasheet_error") is not None else ""]
+            rt.add_row(*cells)
         out.print(rt)
+    problems = sorted({f"{row['datasheet']}: {row['datasheet_problem']}" for row in rows if row.get("datasheet_problem")})
+    for problem in problems:
+        err.print(f"note: not predicted from {escape(problem)}", highlight=False, soft_wrap=True)
+
+
+def _datasheets_of(records: list, frameworks: list[str]):
+    """The datasheet machines whose GPU names match a CUDA run among `records`, as profiles, and the
+    matcher (performance/accuracy.py datasheet_matcher); ({}, None) when no run matches one."""
+    from ..performance.accuracy import datasheet_matcher
+    from ..performance.datasheet import DatasheetMachines
+
+    catalog = lookup.catalog()
+    try:
+        machines = DatasheetMachines(catalog.machines_dir)
+        match = datasheet_matcher({name: machines.sheet(name).gpu_names for name in machines.names()})
+        wanted = {match(r.machine) for r in records if r.workload.device == "cuda"} - {None}
+        return {name: machines.profile(name, frameworks) for name in sorted(wanted)}, match if wanted else None
+    except DefinitionError as e:
+        raise fail(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------- choice
@@ -314,17 +370,18 @@ def _choose(*, suites: list[str], framework: str, profiles: list, workers: list[
         by_job.setdefault((r.benchmark, r.batch, r.precision), []).append(r)
     for (bench, batch, precision), group in by_job.items():
         t = Table(title=escape(f"{bench}, {framework}, batch {batch} per worker, {precision}"))
-        for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample"):
-            t.add_column(col, justify="left" if col in ("machine", "source") else "right")
+        for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample", "from"):
+            t.add_column(col, justify="left" if col in ("machine", "source", "from") else "right")
         reasons: dict[str, None] = {}
         for r in group:
             if r.error is not None:
                 reasons[f"{r.machine}: {r.error}"] = None
-                t.add_row("", escape(r.machine), r.source, str(r.workers), "not predicted", "", "")
+                t.add_row("", escape(r.machine), r.source, str(r.workers), "not predicted", "", "", "")
                 continue
             t.add_row(str(r.rank), escape(r.machine), r.source, str(r.workers), f"{r.iteration_s * 1e3:.3f}",
                       f"{r.samples_per_s:,.1f}",
-                      f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "")
+                      f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "",
+                      sources_text(r.sources, short=True))
         if reasons:
             t.caption = escape("; ".join(reasons))
         out.print(t)

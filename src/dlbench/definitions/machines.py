@@ -83,6 +83,10 @@ class MachineSheet(_Strict):
     gpus_per_node: Figure | None = None  # in the vendor's own node (HGX, the MI300X platform)
     board_power_w: Figure | None = None  # the board's maximum (TDP, TBP)
     not_found: list[Text] = []  # figures looked for and not found: left out, not guessed
+    # what the driver calls this board (NVML's device name, a record's machine.gpus[].name): a run or
+    # a calibrated profile of a GPU of exactly this name (ignoring case) is this sheet's machine, so
+    # `predict --accuracy` sets the sheet's prediction beside the calibrated one. Not a figure.
+    gpu_names: list[Text] = []
 
     def figures(self) -> list[tuple[str, Figure]]:
         """Every figure of the file with its field path."""

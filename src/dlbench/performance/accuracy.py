@@ -1,24 +1,49 @@
 """How well the model predicted: each completed run's stored prediction (or one made again from a
 machine profile) against its measured iteration time, and the errors summarised per suite and
-framework, and per precision where runs of several were predicted (`dlbench predict --accuracy`)."""
+framework, and per precision where runs of several were predicted (`dlbench predict --accuracy`).
+
+Each prediction says how much of its time came from each source (model.SOURCES); a group's row
+gives the mean of those shares. Held to account: a run on a GPU that a datasheet file describes
+(its `gpu_names`) is predicted from that datasheet too, and its error is set beside the calibrated
+(or stored) prediction's, so what the published figures and stated efficiencies get wrong shows
+on runs of the very machine."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from ..store.profiles import MachineProfile
-from .model import FrameworkFacts
+from .model import SOURCES, FrameworkFacts
 from .runtime import RunPredictor
 
 
+def datasheet_matcher(sheets: Mapping[str, list[str]]) -> Callable[[dict], str | None]:
+    """machine fingerprint -> the datasheet machine (a file's name) whose `gpu_names` holds the name of
+    the fingerprint's first GPU, ignoring case; None for a CPU or an unknown board. `sheets`: each
+    datasheet machine's gpu_names."""
+    names = {n.strip().lower(): machine for machine, given in sheets.items() for n in given}
+
+    def match(fingerprint: dict) -> str | None:
+        gpus = [g for g in fingerprint.get("gpus") or [] if isinstance(g, dict)]
+        return names.get(str(gpus[0].get("name") or "").strip().lower()) if gpus else None
+
+    return match
+
+
 def prediction_errors(records, recompute_with: MachineProfile | None = None,
-                      frameworks: Mapping[str, FrameworkFacts] | None = None) -> list[dict]:
+                      frameworks: Mapping[str, FrameworkFacts] | None = None,
+                      datasheets: Mapping[str, MachineProfile] | None = None,
+                      match_datasheet: Callable[[dict], str | None] | None = None) -> list[dict]:
     """One row per completed run with a prediction: suite, framework, benchmark, batch, measured and
-    predicted seconds per iteration, and the relative error (predicted / measured - 1). With
-    `recompute_with`, every run is predicted again from that profile instead of the stored prediction,
-    each framework with its `frameworks` facts (RunPredictor)."""
+    predicted seconds per iteration, the relative error (predicted / measured - 1) and the shares
+    of the predicted time by source. With `recompute_with`, every run is predicted again from that
+    profile instead of the stored prediction, each framework with its `frameworks` facts
+    (RunPredictor). With `datasheets` (name -> datasheet profile) and `match_datasheet`
+    (datasheet_matcher), a CUDA run of a board a datasheet describes is also predicted from it:
+    `datasheet`, `datasheet_predicted_s`, `datasheet_error` (or `datasheet_problem`)."""
     predictor = RunPredictor(recompute_with, frameworks=frameworks) if recompute_with is not None else None
+    sheet_predictors = {name: RunPredictor(p, frameworks=frameworks) for name, p in (datasheets or {}).items()}
     rows = []
     for r in records:
         if r.status != "ok" or r.summary is None or r.workload.mode not in ("train", "infer"):
@@ -30,17 +55,30 @@ def prediction_errors(records, recompute_with: MachineProfile | None = None,
             predictor.threads = r.settings.threads_requested
             pred = predictor(network=r.network.definition, batch=batch, mode=r.workload.mode,
                              precision=r.workload.precision, framework=str(r.framework.get("name")), workers=workers)
-            predicted, profile = pred.get("iteration_s"), pred.get("profile")
+            predicted, profile, sources = pred.get("iteration_s"), pred.get("profile"), pred.get("sources") or {}
         elif r.prediction is not None:
-            predicted, profile = r.prediction.iteration_s, r.prediction.profile
+            predicted, profile, sources = r.prediction.iteration_s, r.prediction.profile, dict(r.prediction.sources)
         else:
             predicted = profile = None
+            sources = {}
         measured = r.summary.median_s
-        rows.append({"run_id": r.run_id, "suite": r.suite, "framework": str(r.framework.get("name")),
-                     "benchmark": r.benchmark, "batch": r.workload.batch_size, "workers": workers,
-                     "precision": r.workload.precision,
-                     "measured_s": measured, "predicted_s": predicted, "profile": profile,
-                     "error": predicted / measured - 1 if predicted and measured else None})
+        row = {"run_id": r.run_id, "suite": r.suite, "framework": str(r.framework.get("name")),
+               "benchmark": r.benchmark, "batch": r.workload.batch_size, "workers": workers,
+               "precision": r.workload.precision,
+               "measured_s": measured, "predicted_s": predicted, "profile": profile, "sources": sources,
+               "error": predicted / measured - 1 if predicted and measured else None}
+        sheet = match_datasheet(r.machine) if match_datasheet and r.workload.device == "cuda" else None
+        if sheet in sheet_predictors:
+            batch = (r.distributed.per_worker_batch if r.distributed and r.distributed.per_worker_batch
+                     else r.workload.batch_size)
+            pred = sheet_predictors[sheet](network=r.network.definition, batch=batch, mode=r.workload.mode,
+                                           precision=r.workload.precision, framework=row["framework"],
+                                           workers=workers)
+            on_sheet = pred.get("iteration_s")
+            row.update({"datasheet": f"datasheet:{sheet}", "datasheet_predicted_s": on_sheet,
+                        "datasheet_error": on_sheet / measured - 1 if on_sheet and measured else None,
+                        **({"datasheet_problem": pred["error"]} if pred.get("error") else {})})
+        rows.append(row)
     return rows
 
 
@@ -64,9 +102,17 @@ def accuracy_table_rows(rows: list[dict]) -> list[dict]:
         if framework == "all" and suite != "all" and len({m["framework"] for m in members}) < 2:
             continue  # a suite's total is worth a row only over several frameworks
         errors = [m["error"] for m in members if m["error"] is not None]
+        split = [m["sources"] for m in members if m["error"] is not None and m.get("sources")]
+        on_sheets = [m["datasheet_error"] for m in members if m.get("datasheet_error") is not None]
         out_rows.append({"suite": suite, "framework": framework, "precision": precision,
                          "runs": len(members), "predicted": len(errors),
                          "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
                          "within_25": sum(abs(e) <= 0.25 for e in errors) / len(errors) if errors else None,
-                         "median_error": statistics.median(errors) if errors else None})
+                         "median_error": statistics.median(errors) if errors else None,
+                         # the mean share of each source over the predictions that say it (schema 12 on)
+                         "sources": {s: sum(x.get(s, 0.0) for x in split) / len(split) for s in SOURCES
+                                     if any(x.get(s) for x in split)} if split else {},
+                         "datasheet_predicted": len(on_sheets),
+                         "datasheet_median_abs_error": statistics.median(abs(e) for e in on_sheets) if on_sheets else None,
+                         "datasheet_median_error": statistics.median(on_sheets) if on_sheets else None})
     return out_rows

@@ -156,10 +156,12 @@ def calibration_benchmarks(suite, suite_path, support: dict) -> tuple[KernelBenc
 
 def build_profile(*, machine: dict, provenance: dict, device: str, threads: int, ceiling_records: list,
                   cold_records: list, dispatch_bytes: int, latest: dict, fits: list[CommFit],
-                  notes: list[str]) -> MachineProfile:
+                  notes: list[str], class_probes: dict | None = None,
+                  probe_runs: dict[str, list[str]] | None = None) -> MachineProfile:
     """The machine profile from the ceilings' kernel records (one per framework), the cold smallest
     operation's, the latest kernel times of this machine (store.kernels.KernelStore.latest_times)
-    and the all-reduce fits, each figure's sources kept."""
+    and the all-reduce fits, each figure's sources kept; `class_probes`: each framework's class probe
+    times (performance/probes.py class_probes), from the runs `probe_runs` names."""
     results = {str(r.framework.get("name")): r.kernels for r in ceiling_records if r.status == "ok"}
     peak, bandwidth, dispatch, elementwise = ceilings(results, dispatch_bytes)
     dispatch_cold = {str(r.framework.get("name")): k.median_s for r in cold_records if r.status == "ok"
@@ -168,10 +170,11 @@ def build_profile(*, machine: dict, provenance: dict, device: str, threads: int,
         machine_id=machine["machine_id"], created_at=datetime.now(timezone.utc), dlbench=provenance,
         machine=machine, device=device, threads=threads, matmul_peak=peak, copy_bandwidth=bandwidth,
         dispatch_s=dispatch, dispatch_cold_s=dispatch_cold, elementwise_bandwidth=elementwise,
-        kernels=kernel_times(latest), comm=fits,
+        kernels=kernel_times(latest), comm=fits, class_probes=class_probes or {},
         sources={"ceilings": {str(r.framework.get("name")): {"run_id": r.run_id, "status": r.status,
                                                              "version": r.framework.get("version")}
                               for r in ceiling_records},
                  "kernels": {fw: sorted({run_id for _, run_id, _ in times.values()}) for fw, times in latest.items()},
-                 "comm": [run for f in fits for run in f.run_ids]},
+                 "comm": [run for f in fits for run in f.run_ids],
+                 **({"class_probes": probe_runs} if probe_runs else {})},
         notes=notes)

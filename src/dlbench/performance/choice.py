@@ -17,7 +17,7 @@ exchange no gradients, so they are predicted at one worker only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..store.profiles import MachineProfile
 from .datasheet import board_power_w
@@ -50,6 +50,8 @@ class ChoiceRow:
     energy_per_sample_j: float | None = None
     rank: int | None = None  # 1 = the most samples per second for this benchmark, batch and precision
     error: str | None = None  # why this machine cannot be predicted for it
+    # the share of the predicted time from each source (model.SOURCES: shape, class, ceilings, datasheet)
+    sources: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,6 +77,7 @@ def compare_machines(jobs: Iterable[Job], framework: str, profiles: Iterable[Mac
                     row.error = str(e)
                 else:
                     row.iteration_s = p.iteration_s
+                    row.sources = p.source_shares
                     row.samples_per_s = n * job.batch / p.iteration_s if p.iteration_s > 0 else None
                     board = board_power_w(profile)
                     if board is not None:

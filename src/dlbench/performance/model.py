@@ -8,10 +8,16 @@ t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operat
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
 (a whole LSTM layer; where only its step was measured, the step once per time step; attention's
 fused core, where it was not measured, the sum of its parts: the batched products, measured too,
-and the softmax); any other operation takes its roofline time, max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set),
-the bandwidth being what the framework's own element-wise operation (relu) reached at that size
-where calibrate measured it, else the machine's copy bandwidth. The share of the predicted time that came from measured kernels
-is reported beside it. A datasheet profile (performance/datasheet.py: a vendor's published figures,
+and the softmax); a kernel that was not timed but whose operation class calibrate probed on that
+framework (performance/class_efficiency.py: convolutions by filter family, matmuls by aspect, LSTM,
+attention, normalisation, element-wise, the loss, the optimiser) takes the class's fit of its
+probes, overhead + slowdown x its roofline time (class_efficiency.fit_class); any other operation takes its roofline time,
+max(FLOPs / peak FLOP/s, bytes / bandwidth at its working set), the bandwidth being what the
+framework's own element-wise operation (relu) reached at that size where calibrate measured it,
+else the machine's copy bandwidth. Every prediction says how much of its time came from each
+source (`SOURCES`): a measured shape, a measured class efficiency (the framework's element-wise
+bandwidth counts as one for work that is no kernel), the measured ceilings alone, or a datasheet.
+A datasheet profile (performance/datasheet.py: a vendor's published figures,
 no measurement) carries an efficiency per operation class: its roofline divides FLOPs by the peak
 times the class's efficiency (matmul, convolution, attention; element-wise FLOPs unscaled) and
 every operation's bytes by the bandwidth times the element-wise one; a measured profile has none (1).
@@ -44,6 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
+from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class
 from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
 from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
@@ -51,6 +58,12 @@ from .workload import ELEMENT_BYTES, Op, Workload
 MODEL_VERSION = 1
 
 STEPS = ("eager", "graph")
+
+# Where a share of a predicted time came from: a kernel timed at that very shape, an operation class's
+# efficiency measured by calibrate's probes (or the framework's measured element-wise bandwidth, for
+# work that is no kernel), the roofline at a calibrated profile's measured ceilings alone, or the
+# roofline at a datasheet's published peaks times stated efficiencies.
+SOURCES = ("shape", "class", "ceilings", "datasheet")
 
 
 @dataclass(frozen=True)
@@ -109,7 +122,8 @@ class LayerTimes:
     backward_s: float = 0.0
     update_s: float = 0.0
     measured_s: float = 0.0  # of the above, from measured kernel times
-    estimated_s: float = 0.0  # of the above, from the roofline
+    estimated_s: float = 0.0  # of the above, from the roofline (with or without a class efficiency)
+    sources: dict[str, float] = field(default_factory=dict)  # of the above, seconds per SOURCES entry
 
     @property
     def gradient_bytes(self) -> int:
@@ -150,6 +164,13 @@ class Prediction:
         total = sum(l.measured_s + l.estimated_s for l in self.layers)
         return sum(l.measured_s for l in self.layers) / total if total else 0.0
 
+    @property
+    def source_shares(self) -> dict[str, float]:
+        """The share of the layers' predicted time from each source (SOURCES order, absent ones left out)."""
+        seconds = {s: sum(l.sources.get(s, 0.0) for l in self.layers) for s in SOURCES}
+        total = sum(seconds.values())
+        return {s: v / total for s, v in seconds.items() if v > 0} if total else {}
+
     def phases(self) -> dict[str, float]:
         return {"io": self.io_exposed_s, "step_call": self.step_call_s, "forward": self.forward_s,
                 "backward": self.backward_s, "update": self.update_s, "communication": self.communication_s,
@@ -160,8 +181,8 @@ class Prediction:
         return {"model_version": MODEL_VERSION, "profile": self.profile, "workers": self.workers,
                 "schedule": self.schedule.kind if self.schedule else None,
                 "iteration_s": self.iteration_s, "phases": self.phases(),
-                "measured_share": self.measured_share, "unmeasured_kernels": len(self.unmeasured),
-                "notes": list(self.notes)}
+                "measured_share": self.measured_share, "sources": self.source_shares,
+                "unmeasured_kernels": len(self.unmeasured), "notes": list(self.notes)}
 
 
 def op_class(op: Op) -> str:
@@ -199,13 +220,48 @@ def kernel_roofline(kernel: KernelSpec, profile: MachineProfile) -> float:
     return max(kernel.flops / peak if peak else 0.0, kernel.bytes / bandwidth if bandwidth else 0.0)
 
 
+def class_points(profile: MachineProfile, framework: str, compiled: bool = False) -> dict[str, list[ClassPoint]]:
+    """The framework's class probes per class (class_efficiency.efficiency_class): each probe's
+    roofline time and its time net of the call, the call counted as op_time counts it for a measured
+    kernel (eager: the warm call taken off, at most half the time, since every operation predicted
+    from it pays the call again; compiled: the probe's own call, warm or cold as it was timed, taken
+    off, never below the roofline); `overhead_bound` where that limit was reached or the probe's work
+    at the ceilings takes less than one call."""
+    call = profile.dispatch_s.get(framework, 0.0)
+    out: dict[str, list[ClassPoint]] = {}
+    for probe in profile.class_probes.get(framework, []):
+        spec = KernelSpec.from_dict(probe.spec)
+        roofline = roofline_time(Op(spec.key, spec.flops, spec.bytes, spec), profile, framework)
+        own_call = profile.dispatch_cold_s.get(framework, call) if compiled and probe.cache == "cold" else call
+        net, bound = probe.median_s - own_call, (roofline if compiled else probe.median_s / 2)
+        if roofline > 0:
+            # overhead-bound: the call could not be taken off in full, or the work at the ceilings is
+            # shorter than one call: its time says what the class's calls cost, not how fast its work runs
+            out.setdefault(efficiency_class(spec), []).append(
+                ClassPoint(roofline, max(net, bound), spec.key, overhead_bound=net <= bound or roofline < own_call))
+    return out
+
+
+def class_fits(profile: MachineProfile, framework: str, compiled: bool = False) -> dict[str, ClassFit]:
+    """Each probed class's overhead and slowdown (class_efficiency.fit_class) for `framework`."""
+    return {cls: fit_class(points) for cls, points in class_points(profile, framework, compiled).items()}
+
+
+def _add(sources: dict[str, float], more: dict[str, float], factor: float = 1.0) -> dict[str, float]:
+    for k, v in more.items():
+        sources[k] = sources.get(k, 0.0) + factor * v
+    return sources
+
+
 def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
-            compiled: bool = False, tf32: bool = False) -> tuple[float, float, list[str]]:
-    """(seconds for all `op.repeat` executions, how many of them come from measured kernel times, the
-    keys of the kernels estimated by the roofline instead); `compiled`: the framework's step is one
-    compiled call (FrameworkFacts.step graph); `tf32`: the run's precision is tf32 (roofline_time).
-    The op's kernel, else the first measured alternative, else the sum of its parts (each timed so
-    in turn), else its roofline."""
+            compiled: bool = False, tf32: bool = False,
+            classes: dict[str, ClassFit] | None = None) -> tuple[float, dict[str, float], list[str]]:
+    """(seconds for all `op.repeat` executions, those seconds per source (SOURCES), the keys of the
+    kernels not measured at their shape); `compiled`: the framework's step is one compiled call
+    (FrameworkFacts.step graph); `tf32`: the run's precision is tf32 (roofline_time); `classes`:
+    the framework's class fits (class_fits). The op's kernel, else the first measured
+    alternative, else the class efficiency of the op's kernel or of an alternative, else the sum of
+    its parts (each timed so in turn), else its roofline."""
     call = profile.dispatch_s.get(framework, 0.0)
     candidates = ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives)
     for kernel, count in candidates:
@@ -216,18 +272,34 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
                 own_call = profile.dispatch_cold_s.get(framework, call) if timed.cache == "cold" else call
                 seconds = max(seconds - own_call, kernel_roofline(kernel, profile))
             total = op.repeat * count * seconds
-            return total, total, []
+            return total, {"shape": total}, []
     missing = [k.key for k, _ in candidates]
+    for kernel, count in candidates:
+        fit = (classes or {}).get(efficiency_class(kernel))
+        if fit is not None:
+            roofline = roofline_time(Op(kernel.key, kernel.flops, kernel.bytes, kernel), profile, framework, tf32)
+            seconds = fit.seconds(roofline) + (0.0 if compiled else call)
+            total = op.repeat * count * seconds
+            return total, {"class": total}, missing
     if op.parts:  # the kernel counts as unmeasured only where none of its parts' kernels was measured
-        seconds = from_measured = 0.0
+        seconds = 0.0
+        sources: dict[str, float] = {}
         parts_missing: list[str] = []
         for part in op.parts:
-            s, m, keys = op_time(part, framework, profile, measured, compiled, tf32)
-            seconds, from_measured = seconds + s, from_measured + m
+            s, by_source, keys = op_time(part, framework, profile, measured, compiled, tf32, classes)
+            seconds += s
+            _add(sources, by_source)
             parts_missing += keys
-        return op.repeat * seconds, op.repeat * from_measured, (parts_missing if from_measured else
-                                                                missing + parts_missing)
-    return op.repeat * (roofline_time(op, profile, framework, tf32) + (0.0 if compiled else call)), 0.0, missing
+        return (op.repeat * seconds, _add({}, sources, op.repeat),
+                parts_missing if sources.get("shape") else missing + parts_missing)
+    total = op.repeat * (roofline_time(op, profile, framework, tf32) + (0.0 if compiled else call))
+    if profile.source == "datasheet":
+        source = "datasheet"
+    elif op.kernel is None and profile.elementwise_bandwidth.get(framework):
+        source = "class"  # element-wise work at the framework's own measured element-wise bandwidth
+    else:
+        source = "ceilings"
+    return total, {source: total}, missing
 
 
 def predict(workload: Workload, framework: str, profile: MachineProfile, workers: int = 1,
@@ -237,11 +309,16 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
     runner's runner.toml); None: FrameworkFacts()'s defaults."""
     facts = facts or FrameworkFacts()
     measured = profile.kernels.get(framework, {})
+    classes = class_fits(profile, framework, facts.compiled)
     notes: list[str] = []
     if profile.source == "datasheet":
         notes.append(datasheet_note(profile))
-    elif not measured:
-        notes.append(f"no kernel times of {framework} in the profile: every operation is a roofline estimate")
+    elif not measured and not classes:
+        notes.append(f"no kernel times or class probes of {framework} in the profile: every operation is a "
+                     "roofline estimate at the measured ceilings")
+    elif not classes:
+        notes.append(f"no class probes of {framework} in the profile: kernels not timed at their shape are "
+                     "roofline estimates at the measured ceilings (`dlbench calibrate` probes the classes)")
     if threads is not None and profile.threads is not None and threads != profile.threads:
         notes.append(f"the profile was measured with {profile.threads} threads, this run uses {threads}")
     if framework not in profile.dispatch_s and profile.dispatch_s:
@@ -252,11 +329,13 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         lt = LayerTimes(work.index, work.label, work.params)
         for phase, ops in (("forward_s", work.forward), ("backward_s", work.backward), ("update_s", work.update)):
             for op in ops:
-                seconds, from_measured, missing = op_time(op, framework, profile, measured, facts.compiled,
-                                                          workload.precision == "tf32")
+                seconds, by_source, missing = op_time(op, framework, profile, measured, facts.compiled,
+                                                      workload.precision == "tf32", classes)
                 setattr(lt, phase, getattr(lt, phase) + seconds)
+                from_measured = by_source.get("shape", 0.0)
                 lt.measured_s += from_measured
                 lt.estimated_s += seconds - from_measured
+                _add(lt.sources, by_source)
                 unmeasured.update((key, None) for key in missing)
         layers.append(lt)
     forward = sum(l.forward_s for l in layers)

@@ -381,6 +381,11 @@ def network_definition(record: Record) -> str:
     return json.dumps(record.network.definition, indent=1, sort_keys=True, default=str)
 
 
+# what each source of a prediction (performance/model.py SOURCES) reads as on a run page
+SOURCE_NAMES = {"shape": "kernels measured at their shape", "class": "measured class efficiencies",
+                "ceilings": "the roofline at the measured ceilings", "datasheet": "datasheet figures"}
+
+
 def prediction_context(record: Record) -> dict | None:
     """The performance model's prediction kept in the record, against what the run measured."""
     p = getattr(record, "prediction", None)
@@ -391,9 +396,13 @@ def prediction_context(record: Record) -> dict | None:
             # a shipped datasheet's figures x stated efficiencies (performance/datasheet.py), not a measured profile
             "datasheet": p.profile.startswith("datasheet:"),
             "predicted_ms": p.iteration_s * 1e3 if p.iteration_s else None,
+            "measured_ms": measured * 1e3 if measured else None,
             "error_pct": 100 * (p.iteration_s / measured - 1) if p.iteration_s and measured else None,
             "phases": [(name.replace("_", " "), seconds * 1e3) for name, seconds in p.phases.items() if seconds],
-            "measured_pct": 100 * p.measured_share if p.measured_share is not None else None, "notes": p.notes}
+            "measured_pct": 100 * p.measured_share if p.measured_share is not None else None,
+            # the share from each source (record schema 12; older records have none)
+            "sources": [(SOURCE_NAMES.get(name, name), 100 * share) for name, share in p.sources.items()],
+            "notes": p.notes}
 
 
 def loadgen_context(record: Record) -> dict | None:

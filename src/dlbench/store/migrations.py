@@ -99,8 +99,16 @@ def update_to_11(data: dict) -> dict:
     return data
 
 
+def update_to_12(data: dict) -> dict:
+    """12 split each prediction's time by source (`prediction.sources`). An older prediction's split
+    cannot be told apart after the fact (its element-wise work at the framework's measured bandwidth
+    and at the copy bandwidth look alike), so it reads with none: `sources` stays absent ({}), and
+    `measured_share` still says the part from measured shapes."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11}
+         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11, 12: update_to_12}
 
 
 def upgrade(data: dict, target: int) -> dict:

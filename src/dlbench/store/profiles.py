@@ -27,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .store import CHECKSUM_PREFIX, Store, StoreError, checksum_of, read_regular
 
-PROFILE_FORMAT = 1
+PROFILE_FORMAT = 2
+# 1: before class probes; read as a profile without them (no field of format 1 changed meaning)
+READABLE_FORMATS = (1, PROFILE_FORMAT)
 
 
 class ProfileError(Exception):
@@ -55,6 +57,16 @@ class KernelTime(_Model):
     run_id: str  # the kernels-suite record it comes from
     # how it was timed: "cold" (a CPU's caches flushed before each call, the kernels suite's
     # default) or "warm" (calibrate's ceilings, a GPU, records made before cold timing); None: unknown
+    cache: Literal["cold", "warm"] | None = None
+
+
+class ProbeTime(_Model):
+    """One class probe (performance/class_efficiency.py): a layer shape timed by `dlbench calibrate` to
+    measure its operation class's efficiency, with what the model needs to redo that arithmetic."""
+
+    spec: dict[str, Any]  # KernelSpec.to_dict
+    median_s: float
+    run_id: str
     cache: Literal["cold", "warm"] | None = None
 
 
@@ -90,6 +102,9 @@ class MachineProfile(_Model):
     dispatch_s: dict[str, float] = {}  # framework -> time of its smallest operation
     dispatch_cold_s: dict[str, float] = {}  # framework -> the same, its caches flushed before each call
     kernels: dict[str, dict[str, KernelTime]] = {}  # framework -> kernel key ->
+    # framework -> the class probes calibrate timed (format 2): the model divides the roofline of a
+    # shape that was not timed by its class's efficiency at these (performance/class_efficiency.py)
+    class_probes: dict[str, list[ProbeTime]] = {}
     comm: list[CommFit] = []
     sources: dict[str, Any] = {}  # run ids and worker results the ceilings came from
     notes: list[str] = []
@@ -155,9 +170,11 @@ def read_profile(path: Path) -> MachineProfile:
         raise ProfileError(f"{path}: checksum: missing or malformed")
     if checksum_of(data) != stored:
         raise ProfileError(f"{path}: checksum mismatch: the profile changed after it was written")
-    if data.get("format") != PROFILE_FORMAT:
-        raise ProfileError(f"{path}: format {data.get('format')!r}; this dlbench reads format {PROFILE_FORMAT}")
+    if data.get("format") not in READABLE_FORMATS:
+        raise ProfileError(f"{path}: format {data.get('format')!r}; this dlbench reads formats "
+                           f"{', '.join(map(str, READABLE_FORMATS))}")
     body = {k: v for k, v in data.items() if k != "checksum"}
+    body["format"] = PROFILE_FORMAT  # a format-1 profile is a format-2 one without class probes
     try:
         return MachineProfile.model_validate(body)
     except ValidationError as e:

@@ -91,6 +91,13 @@ records step by step and refuse newer ones):
     batch, cadence, epochs; per seeded run its outcome, time and epochs to target, initialisation
     time, accuracy curve, input-bound share and its MLLOG file, kept in STORE/mllog/<run_id>/ with
     its SHA-256; the score by MLPerf's rule). Older records have none (update_to_11).
+  12 (2026-12-02) where a prediction came from: `prediction.sources`, the share of the predicted
+    time from each source of performance/model.py's SOURCES: `shape` (kernels measured at that very
+    shape), `class` (an operation class's efficiency measured by calibrate's probes, or the
+    framework's measured element-wise bandwidth for work that is no kernel), `ceilings` (the
+    roofline at a calibrated profile's measured ceilings alone), `datasheet` (a datasheet's peaks
+    times stated efficiencies). Older records read with no split (`sources` {}; `measured_share`
+    keeps saying the `shape` part) (update_to_12).
 """
 
 from __future__ import annotations
@@ -102,7 +109,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -330,6 +337,9 @@ class Prediction(_Model):
     iteration_s: float | None = None
     phases: dict[str, float] = {}  # io, forward, backward, update, communication, communication_exposed
     measured_share: float | None = None  # of the predicted time, the part from measured kernel times
+    # of the predicted time, the share from each source (performance/model.py SOURCES: shape, class,
+    # ceilings, datasheet); {} in records before schema 12
+    sources: dict[str, float] = {}
     unmeasured_kernels: Int64 = 0  # kernels of this network the profile has no time for (roofline)
     notes: list[str] = []
     error: str | None = None  # why the profile could not predict this run

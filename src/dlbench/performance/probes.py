@@ -1,0 +1,154 @@
+"""What `dlbench calibrate` times to measure the operation classes' efficiencies (class_efficiency.py),
+and how it keeps that within a bounded time.
+
+The candidates are the kernels suite's own layer shapes: every kernel of the `layer_shapes`
+benchmarks of the single-process suites (fcn, cnn, rnn, transformer) at the profile calibrate uses
+(`default`: the shapes the default runs of this device meet; `smoke` for `--quick`), in float32
+and in each reduced dtype the device computes in. `select_probes` keeps a few per class, spread
+over the class's range of work; each is timed by the framework's own kernel code (the runner's
+`<fw>_kernels.py`, the same `kernels` request as the kernels suite) under the kernels suite's
+policy of that profile with fewer calls (PROBE_CALLS: the cache policy, warm or cold, stays the
+suite's).
+
+The time is bounded before anything runs: each candidate's time per call is estimated from the
+ceilings just measured (its roofline over PESSIMISTIC_EFFICIENCY, plus the framework's call and,
+for a cold policy, the cache flush), candidates over `max_probe_s` per call are left out, and
+while the estimated total of the chosen probes exceeds the budget the costliest is dropped: the
+reduced precisions' before float32's, and each class's smallest probes first, then its largest,
+its middle one last (`_tiers`). The
+estimate is on the slow side by design; what it took is measured and printed.
+
+Probes are grouped into a few kernel runs per framework (GROUPS: matrix products, convolutions,
+recurrent and attention cores, memory-bound work), so the progress bar moves as each group ends;
+the smoke profile's few probes (`--quick`, for tests) go in one run, one worker start per framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..definitions.loader import read_yaml, validate
+from ..store.profiles import MachineProfile, ProbeTime
+from .class_efficiency import efficiency_class, select_probes, work_size
+from .kernel_suite import KernelBenchmark, KernelPolicy, KernelSuite, KernelSuiteFile, LayersEntry
+from .kernels import KernelSpec
+from .model import roofline_time
+from .workload import Op
+
+PESSIMISTIC_EFFICIENCY = 0.05  # for the time estimate only: slow kernels reach a few % of the roofline
+# calls per probe: (warm-up calls, minimum timed calls, most timed calls); no minimum time
+PROBE_CALLS = {"default": (1, 3, 5), "smoke": (0, 1, 2)}
+PROBES_PER_CLASS = {"default": 3, "smoke": 1}
+BUDGET_S = 120.0  # per framework, the default of `calibrate --budget`
+MAX_PROBE_S = {"default": 2.0, "smoke": 0.5}  # per call, estimated (a cold call writes 1.5x the LLC first)
+
+GROUPS = (("matmul", ("matmul", "batched_matmul")), ("convolution", ("conv2d_fwd", "conv2d_bwd")),
+          ("recurrent-attention", ("lstm_layer_fwd", "lstm_layer_bwd", "lstm_step_fwd", "lstm_step_bwd",
+                                   "attention_fwd", "attention_bwd")))
+MEMORY_GROUP = "memory-bound"  # the rest: layer norm, GELU, the loss, the update
+ALL_GROUP = "all"  # the smoke profile's probes, in one run
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    benchmarks: tuple[KernelBenchmark, ...]  # one per group that has probes
+    classes: int
+    estimated_s: float  # per framework, by the estimate above
+    left_out: tuple[str, ...]  # keys dropped for the per-call cap or the budget
+
+
+def layer_benchmarks(suite_path: Path, single_suites: Iterable[str]) -> list[str]:
+    """The names of the kernel suite file's `layer_shapes` benchmarks over single-process suites."""
+    spec = validate(KernelSuiteFile, read_yaml(suite_path), suite_path)
+    singles = set(single_suites)
+    return [e.name for e in spec.benchmarks if isinstance(e, LayersEntry) and e.suite in singles]
+
+
+def candidates(suite: KernelSuite, benchmark_names: Iterable[str], support: dict) -> list[KernelSpec]:
+    """Every distinct kernel of those benchmarks in a dtype the device computes in (`support`:
+    machine.dtype_support), in the suite's order."""
+    names = set(benchmark_names)
+    seen: dict[str, KernelSpec] = {}
+    for b in suite.benchmarks:
+        if b.name in names:
+            for s in b.specs:
+                if not support.get(s.dtype):
+                    seen.setdefault(s.key, s)
+    return list(seen.values())
+
+
+def probe_policy(base: KernelPolicy, profile: str) -> KernelPolicy:
+    """The kernels suite's policy of that profile (its cache policy kept) with PROBE_CALLS' calls."""
+    warmup, least, most = PROBE_CALLS[profile]
+    return base.model_copy(update={"warmup_iters": warmup, "min_iters": least, "max_iters": most,
+                                   "min_time_s": 0.0, "repeats": 1})
+
+
+def call_estimate(ceilings: MachineProfile, framework_call_s: float, flush_s: float) -> Callable[[KernelSpec], float]:
+    """Seconds one call of a kernel is expected to take at most, from a ceilings-only profile."""
+    def estimate(spec: KernelSpec) -> float:
+        roofline = roofline_time(Op(spec.key, spec.flops, spec.bytes, spec), ceilings)
+        return roofline / PESSIMISTIC_EFFICIENCY + framework_call_s + flush_s
+
+    return estimate
+
+
+def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, suite_name: str,
+                estimate: Callable[[KernelSpec], float], budget_s: float) -> ProbePlan:
+    """The probes within `budget_s` (see the module docstring), grouped into kernel benchmarks."""
+    calls = 1 + policy.warmup_iters + policy.max_iters
+    fitting = select_probes(specs, PROBES_PER_CLASS[profile], estimate, MAX_PROBE_S[profile])
+    everything = select_probes(specs, PROBES_PER_CLASS[profile])
+    left_out = [s.key for s in everything if s.key not in {f.key for f in fitting}]
+    chosen = list(fitting)
+    tier = _tiers(chosen)
+    while chosen and sum(calls * estimate(s) for s in chosen) > budget_s:
+        last_tier = max(tier[s.key] for s in chosen)
+        costliest = max((s for s in chosen if tier[s.key] == last_tier), key=estimate)
+        chosen.remove(costliest)
+        left_out.append(costliest.key)
+    grouped: dict[str, list[KernelSpec]] = {}
+    for s in chosen:
+        group = (next((name for name, kinds in GROUPS if s.kind in kinds), MEMORY_GROUP) if profile != "smoke"
+                 else ALL_GROUP)
+        grouped.setdefault(group, []).append(s)
+    order = [name for name, _ in GROUPS] + [MEMORY_GROUP, ALL_GROUP]
+    benchmarks = tuple(
+        KernelBenchmark(suite_name, f"probes-{name}", tuple(grouped[name]), "calibrate", policy,
+                        f"class probes ({name}): {len(grouped[name])} layer shapes of the suites, {profile} profile")
+        for name in order if name in grouped)
+    return ProbePlan(benchmarks, len({efficiency_class(s) for s in chosen}),
+                     sum(calls * estimate(s) for s in chosen), tuple(left_out))
+
+
+def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
+    """What a budget gives up first: the reduced-precision classes' probes before any float32 one
+    (every precision's default run is fp32), and within those each class keeps its middle probe
+    longest (tier 0), then its largest (1: the amortised end a large shape is predicted from), the
+    smallest last (2)."""
+    by_class: dict[str, list[KernelSpec]] = {}
+    for s in chosen:
+        by_class.setdefault(efficiency_class(s), []).append(s)
+    tier = {}
+    for specs in by_class.values():
+        specs = sorted(specs, key=lambda s: (work_size(s), s.key))
+        for i, s in enumerate(specs):
+            tier[s.key] = ((0 if i == len(specs) // 2 else 1 if i == len(specs) - 1 else 2)
+                           + (0 if s.dtype == "float32" else 3))
+    return tier
+
+
+def class_probes(records) -> dict[str, list[ProbeTime]]:
+    """framework -> its probes' times from the probe runs' kernel records (ok kernels only)."""
+    out: dict[str, list[ProbeTime]] = {}
+    for r in records:
+        if r.status != "ok":
+            continue
+        cache = r.policy.get("cache", "warm") if r.device == "cpu" else "warm"
+        for k in r.kernels:
+            if k.status == "ok" and k.median_s:
+                out.setdefault(str(r.framework.get("name")), []).append(
+                    ProbeTime(spec=k.spec, median_s=k.median_s, run_id=r.run_id, cache=cache))
+    return out

@@ -1,0 +1,277 @@
+"""Operation classes and their measured efficiencies (performance/class_efficiency.py, probes.py) and
+where a prediction's time came from (model.SOURCES): the arithmetic by hand, framework-free."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+import pytest
+
+from dlbench.performance.accuracy import accuracy_table_rows, datasheet_matcher, prediction_errors
+from dlbench.performance.class_efficiency import ClassPoint, efficiency_class, fit_class, select_probes, work_size
+from dlbench.performance.kernel_suite import KernelPolicy
+from dlbench.performance.kernels import KernelSpec
+from dlbench.performance.model import FrameworkFacts, class_fits, class_points, op_time, predict
+from dlbench.performance.probes import class_probes, plan_probes, probe_policy
+from dlbench.performance.workload import Op, decompose
+from dlbench.store.profiles import BandwidthPoint, KernelTime, MachineProfile, MatmulCeiling, ProbeTime
+
+EAGER, GRAPH = FrameworkFacts("eager"), FrameworkFacts("graph")
+
+
+def profile(**kw) -> MachineProfile:
+    """1 GFLOP/s, 1 GB/s at every size, a 1 µs warm call and a 3 µs cold one for `fw`."""
+    base = dict(machine_id="m" * 64, revision=1, created_at=datetime(2026, 12, 2, tzinfo=timezone.utc),
+                dlbench={"version": "test"}, machine={"hostname": "box"}, device="cpu", threads=2,
+                matmul_peak={"float32": MatmulCeiling(flops_per_s=1e9, framework="fw", kernel="k")},
+                copy_bandwidth=[BandwidthPoint(bytes=1000, bytes_per_s=1e9, framework="fw")],
+                dispatch_s={"fw": 1e-6}, dispatch_cold_s={"fw": 3e-6})
+    base.update(kw)
+    return MachineProfile(**base)
+
+
+def mm(m, n, k):
+    return KernelSpec.of("matmul", m=m, n=n, k=k)
+
+
+def probe(spec: KernelSpec, seconds: float, cache="cold") -> ProbeTime:
+    return ProbeTime(spec=spec.to_dict(), median_s=seconds, run_id="r1", cache=cache)
+
+
+# --------------------------------------------------------------------------- classes
+
+
+def test_classes_by_aspect_family_and_path():
+    assert efficiency_class(mm(64, 2048, 784)) == "matmul small-m float32"
+    assert efficiency_class(mm(784, 2048, 64)) == "matmul small-k float32"
+    assert efficiency_class(mm(64, 10, 2048)) == "matmul small-n float32"  # the smallest of the small ones
+    assert efficiency_class(mm(256, 768, 3072)) == "matmul large float32"
+    assert efficiency_class(KernelSpec.of("matmul", "bfloat16", m=256, n=768, k=3072)) == "matmul large bfloat16"
+    conv = dict(batch=8, channels=64, height=8, width=8, filters=64, sh=1, sw=1, ph=1, pw=1)
+    assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=3, kw=3, **conv)) == "conv2d_fwd 3x3 float32"
+    assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=1, kw=1, **conv)) == "conv2d_fwd 1x1 float32"
+    assert efficiency_class(KernelSpec.of("conv2d_bwd", kh=11, kw=11, input_grad=0, **conv)) == \
+        "conv2d_bwd large no-dx float32"
+    assert efficiency_class(KernelSpec.of("conv2d_bwd", kh=5, kw=5, input_grad=1, **conv)) == "conv2d_bwd large float32"
+    att = dict(batch=2, heads=4, steps=32, head_size=16, causal=1)
+    assert efficiency_class(KernelSpec.of("attention_fwd", dropout=100, **att)) == "attention_fwd dropout float32"
+    assert efficiency_class(KernelSpec.of("attention_bwd", dropout=0, **att)) == "attention_bwd float32"
+    assert efficiency_class(KernelSpec.of("sgd_momentum", elements=10)) == "sgd_momentum float32"
+    # work: FLOPs for the compute kinds, bytes for the memory-bound ones
+    assert work_size(mm(2, 3, 4)) == 48 and work_size(KernelSpec.of("sgd_momentum", elements=10)) == 200
+
+
+def test_a_class_is_fitted_as_overhead_plus_slowed_work():
+    # three probes made of 30 µs overhead + 4x the roofline: fitted back
+    points = [ClassPoint(r, 30e-6 + 4 * r, f"p{i}") for i, r in enumerate((1e-6, 1e-4, 1e-2))]
+    fit = fit_class(points)
+    assert fit.overhead_s == pytest.approx(30e-6, rel=1e-6) and fit.slowdown == pytest.approx(4, rel=1e-6)
+    assert fit.efficiency == pytest.approx(0.25) and fit.seconds(1.0) == pytest.approx(4 + 30e-6)
+    # the marginal work is never taken faster than the ceilings unless a probe was: slowdown >= 1
+    flat = fit_class([ClassPoint(1e-6, 50e-6, "a"), ClassPoint(1e-5, 50e-6, "b")])
+    assert flat.slowdown == pytest.approx(1.0) and flat.overhead_s == pytest.approx(45e-6, rel=0.2)
+    # one probe: a constant efficiency, or, when it is overhead-bound, overhead with the work at the ceilings
+    assert fit_class([ClassPoint(1e-3, 4e-3, "a")]) == type(fit)(0.0, 4.0, 1)
+    assert fit_class([ClassPoint(1e-6, 41e-6, "a", overhead_bound=True)]) == type(fit)(pytest.approx(40e-6), 1.0, 1)
+    # a single probe at under a tenth of the ceilings is overhead too, not a slow steady state
+    assert fit_class([ClassPoint(1e-4, 2e-3, "a")]) == type(fit)(pytest.approx(1.9e-3), 1.0, 1)
+    assert fit_class([ClassPoint(1e-4, 9e-4, "a")]) == type(fit)(0.0, pytest.approx(9.0), 1)
+    with pytest.raises(ValueError):
+        fit_class([])
+
+
+def test_probes_spread_over_each_class_and_respect_the_cap():
+    small_m = [mm(16, n, 512) for n in (256, 512, 1024, 2048, 4096)]
+    large = [mm(256, 256, 256), mm(512, 512, 512)]
+    chosen = select_probes(small_m + large + small_m[:2], per_class=3)  # duplicates counted once
+    assert [s.key for s in chosen] == [mm(256, 256, 256).key, mm(512, 512, 512).key,
+                                       small_m[0].key, small_m[2].key, small_m[4].key]
+    assert [s.key for s in select_probes(small_m, per_class=1)] == [small_m[2].key]  # the median
+    # too slow per call: left out before the spread is chosen
+    capped = select_probes(small_m, 3, estimate_s=lambda s: s.flops / 1e9, max_probe_s=2 * 16 * 1024 * 512 / 1e9)
+    assert [s["n"] for s in capped] == [256, 512, 1024]
+
+
+def test_plan_stays_within_the_budget_and_the_per_call_cap():
+    specs = [mm(16, n, 512) for n in (256, 1024, 4096)] + [KernelSpec.of("sgd_momentum", elements=e)
+                                                             for e in (1000, 10_000)]
+    policy = probe_policy(KernelPolicy(cache="cold"), "default")
+    assert (policy.warmup_iters, policy.min_iters, policy.max_iters, policy.repeats, policy.cache) == (1, 3, 5, 1, "cold")
+    cost = {s.key: 1.0 for s in specs} | {specs[2].key: 5.0}  # seconds per call
+
+    def estimate(s):
+        return cost[s.key]
+
+    calls = 1 + 1 + 5
+    plan = plan_probes(specs, policy, "default", "calibrate", estimate, budget_s=calls * 4.5)
+    kept = [s.key for b in plan.benchmarks for s in b.specs]
+    assert specs[2].key not in kept and specs[2].key in plan.left_out and len(kept) == 4
+    assert plan.estimated_s == pytest.approx(calls * 4) and plan.estimated_s <= calls * 4.5
+    assert [b.name for b in plan.benchmarks] == ["probes-matmul", "probes-memory-bound"]
+    assert plan.classes == 2
+    # a tighter budget gives up each class's smallest probe before its middle one
+    tight = plan_probes(specs, policy, "default", "calibrate", estimate, budget_s=calls * 2.5)
+    assert sorted(s.key for b in tight.benchmarks for s in b.specs) == sorted(
+        [specs[1].key, specs[4].key])
+    assert {specs[0].key, specs[3].key} <= set(tight.left_out)
+    # reduced precisions go before any float32 probe
+    half = KernelSpec.of("matmul", "bfloat16", m=16, n=1024, k=512)
+    cost[half.key] = 0.5
+    mixed = plan_probes(specs + [half], policy, "default", "calibrate", estimate, budget_s=calls * 4)
+    assert half.key in mixed.left_out and len([s for b in mixed.benchmarks for s in b.specs]) == 4
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
+    """Probe: matmul 16 x 1024 x 512 (16.8 MFLOP; roofline 16.78 ms at 1 GFLOP/s) measured at 50.001 ms.
+    Eager: net of the 1 µs call, 50 ms: efficiency 0.33554, one probe, not overhead-bound: a constant
+    efficiency. Another small-m shape of 4x the work, not timed: 4 x 16.78 ms / 0.33554 + 1 µs."""
+    p = mm(16, 1024, 512)
+    other = mm(16, 4096, 512)
+    prof = profile(class_probes={"fw": [probe(p, 0.050001)]})
+    (point,) = class_points(prof, "fw", compiled=False)["matmul small-m float32"]
+    assert point.efficiency == pytest.approx(p.flops / 1e9 / 0.050) and not point.overhead_bound
+    fits = class_fits(prof, "fw", compiled=False)
+    op = Op("fc", other.flops, other.bytes, other)
+    seconds, sources, missing = op_time(op, "fw", prof, {}, False, False, fits)
+    assert seconds == pytest.approx(4 * 0.050 + 1e-6) and sources == {"class": seconds} and missing == [other.key]
+    # compiled: the probe's own cold call (3 µs) is taken off, and no call is added per operation
+    seconds, _, _ = op_time(op, "fw", prof, {}, True, False, class_fits(prof, "fw", compiled=True))
+    assert seconds == pytest.approx(4 * (0.050001 - 3e-6))
+    # another class (small-k) has no probe: the roofline at the ceilings, marked so
+    wgrad = mm(512, 1024, 16)
+    seconds, sources, _ = op_time(Op("w", wgrad.flops, wgrad.bytes, wgrad), "fw", prof, {}, False, False, fits)
+    assert seconds == pytest.approx(wgrad.flops / 1e9 + 1e-6) and sources == {"ceilings": seconds}
+    # a measured shape wins over its class
+    measured = {other.key: KernelTime(median_s=0.1, run_id="r", cache="cold")}
+    assert op_time(op, "fw", prof, measured, False, False, fits)[:2] == (0.1, {"shape": 0.1})
+    # a probe whose work at the ceilings is shorter than a call is overhead-bound: 1x1x1 (2 FLOP: 2 ns)
+    # at 21 µs is 20 µs of overhead, and a larger shape of its class is that overhead + its roofline
+    tiny = profile(class_probes={"fw": [probe(mm(1, 1, 1), 21e-6)]})
+    (point,) = class_points(tiny, "fw")["matmul small-m float32"]
+    assert point.overhead_bound
+    seconds, _, _ = op_time(op, "fw", tiny, {}, False, False, class_fits(tiny, "fw"))
+    assert seconds == pytest.approx(20e-6 - 2e-9 + other.flops / 1e9 + 1e-6)
+
+
+def test_a_prediction_splits_its_time_by_source():
+    from dlbench.definitions.loader import load_network
+    from pathlib import Path
+
+    net = load_network(Path(__file__).resolve().parents[2] / "suites" / "networks" / "fcn5.yaml")
+    work = decompose(net.resolved, 16, "train")
+    kernels = {op.kernel.key: op.kernel for layer in work.layers for op in layer.forward if op.kernel is not None}
+    first = next(k for k in kernels.values() if k.kind == "matmul")  # 16 x 2048 x 784: small-m
+    assert efficiency_class(first) == "matmul small-m float32"
+    prof = profile(class_probes={"fw": [probe(first, 0.01)]},
+                   kernels={"fw": {KernelSpec.of("softmax_xent_fwd", rows=16, classes=10).key:
+                                   KernelTime(median_s=1e-4, run_id="r", cache="cold")}})
+    p = predict(work, "fw", prof, facts=EAGER)
+    shares = p.source_shares
+    assert set(shares) == {"shape", "class", "ceilings"} and sum(shares.values()) == pytest.approx(1.0)
+    seconds = {s: sum(layer.sources.get(s, 0.0) for layer in p.layers) for s in shares}
+    assert seconds["shape"] == pytest.approx(1e-4)
+    assert sum(seconds.values()) == pytest.approx(p.forward_s + p.backward_s + p.update_s)
+    assert p.to_record()["sources"] == shares and p.measured_share == pytest.approx(shares["shape"])
+    # the framework's measured element-wise bandwidth counts as a class rate for work that is no kernel
+    with_relu = prof.model_copy(update={"elementwise_bandwidth": {"fw": [BandwidthPoint(bytes=1000, bytes_per_s=2e9,
+                                                                                        framework="fw")]}})
+    assert predict(work, "fw", with_relu, facts=EAGER).source_shares["class"] > shares["class"]
+    # without probes the note says what calibrate would add
+    bare = predict(work, "fw", profile(), facts=EAGER)
+    assert set(bare.source_shares) == {"ceilings"} and any("no kernel times or class probes" in n for n in bare.notes)
+
+
+def test_a_datasheet_prediction_is_all_datasheet():
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.definitions.loader import load_network
+    from dlbench.performance.datasheet import DatasheetMachines
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    sheet = DatasheetMachines(SuiteCatalog(root).machines_dir).profile("h200", ["fw"])
+    net = load_network(root / "networks" / "fcn5.yaml")
+    p = predict(decompose(net.resolved, 64, "train"), "fw", sheet, facts=EAGER)
+    assert p.source_shares == {"datasheet": pytest.approx(1.0)}
+
+
+def test_class_probes_from_kernel_records():
+    from types import SimpleNamespace as NS
+
+    spec = mm(16, 1024, 512)
+    ok = NS(kernels=[NS(spec=spec.to_dict(), status="ok", median_s=0.05),
+                     NS(spec=mm(1, 1, 1).to_dict(), status="failed", median_s=None)],
+            status="ok", device="cpu", policy={"cache": "cold"}, framework={"name": "fw"}, run_id="r1")
+    failed = NS(kernels=[], status="failed", device="cpu", policy={}, framework={"name": "other"}, run_id="r2")
+    probes = class_probes([ok, failed])
+    assert list(probes) == ["fw"] and [(p.median_s, p.cache, p.run_id) for p in probes["fw"]] == [(0.05, "cold", "r1")]
+
+
+# --------------------------------------------------------------------------- held to account
+
+
+def test_accuracy_sets_the_datasheet_beside_the_calibrated_prediction():
+    """A CUDA run on a board named as h200.yaml's gpu_names: predicted again from the sheet, its error
+    beside the stored prediction's; a CPU run is not matched."""
+    from types import SimpleNamespace as NS
+    from pathlib import Path
+
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.definitions.loader import load_network
+    from dlbench.performance.datasheet import DatasheetMachines
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    machines = DatasheetMachines(SuiteCatalog(root).machines_dir)
+    match = datasheet_matcher({n: machines.sheet(n).gpu_names for n in machines.names()})
+    assert match({"gpus": [{"name": "nvidia h200 "}]}) == "h200" and match({"gpus": []}) is None
+    assert match({"gpus": [{"name": "NVIDIA GeForce RTX 4090"}]}) is None
+    net = load_network(root / "networks" / "fcn5.yaml")
+    sheet = machines.profile("h200", ["torch"])
+    on_sheet = predict(decompose(net.resolved, 1024, "train"), "torch", sheet).iteration_s
+
+    def record(run_id, device, gpu, measured, predicted, sources):
+        return NS(run_id=run_id, status="ok", suite="fcn", benchmark="fcn5-train", framework={"name": "torch"},
+                  summary=NS(median_s=measured), distributed=None, network=NS(definition=net.resolved),
+                  workload=NS(mode="train", batch_size=1024, precision="fp32", device=device),
+                  machine={"gpus": [{"name": gpu}]} if gpu else {},
+                  settings=NS(threads_requested=None),
+                  prediction=NS(iteration_s=predicted, profile="abc@1", sources=sources))
+
+    records = [record("a", "cuda", "NVIDIA H200", 2 * on_sheet, 2.2 * on_sheet, {"shape": 0.6, "class": 0.4}),
+               record("b", "cpu", None, 1.0, 0.5, {"class": 1.0})]
+    rows = prediction_errors(records, datasheets={"h200": sheet}, match_datasheet=match)
+    a, b = rows
+    assert a["error"] == pytest.approx(0.1) and a["datasheet"] == "datasheet:h200"
+    assert a["datasheet_predicted_s"] == pytest.approx(on_sheet) and a["datasheet_error"] == pytest.approx(-0.5)
+    assert "datasheet" not in b and b["error"] == pytest.approx(-0.5)
+    groups = {(g["suite"], g["framework"]): g for g in accuracy_table_rows(rows)}
+    g = groups[("fcn", "torch")]
+    assert g["datasheet_predicted"] == 1 and g["datasheet_median_abs_error"] == pytest.approx(0.5)
+    assert g["median_abs_error"] == pytest.approx(0.3)  # median of 10% and 50%
+    assert g["sources"] == {"shape": pytest.approx(0.3), "class": pytest.approx(0.7)}
+
+
+def test_probe_candidates_are_the_single_process_suites_layer_shapes():
+    """What --full times and what the probes are chosen from: the kernels suite's layer_shapes
+    benchmarks of fcn, cnn, rnn and transformer (not the distributed suite's per-worker batches, timed
+    with --threads 1), in the dtypes the device computes in."""
+    from pathlib import Path
+
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.performance.kernel_suite import load_kernel_suite
+    from dlbench.performance.probes import candidates, layer_benchmarks
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    catalog = SuiteCatalog(root)
+    names = layer_benchmarks(root / "kernels.yaml", catalog.suite_names())
+    assert set(names) == {"fcn-layers", "cnn-layers", "rnn-layers", "transformer-layers", "fcn-layers-reduced",
+                          "cnn-layers-reduced", "rnn-layers-reduced", "transformer-layers-reduced"}
+    suite = load_kernel_suite(root / "kernels.yaml", catalog, "smoke", "cpu")
+    float32_only = candidates(suite, names, {"float32": None, "bfloat16": "no", "float16": "no"})
+    assert float32_only and {s.dtype for s in float32_only} == {"float32"}
+    assert not any(s.kind in ("copy", "transpose") for s in float32_only)
+    keys = {s.key for b in suite.benchmarks if b.name in names for s in b.specs}
+    assert {s.key for s in float32_only} == keys
