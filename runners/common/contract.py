@@ -292,6 +292,16 @@ class DecoderLayout:
             raise Skip(f"mode generate needs a decoder network; {network['name']} {why}")
         self.max_length = network["layers"][1]["max_length"]
 
+    def request_lengths(self, request: dict) -> tuple[int, int]:
+        """(prompt_length, new_tokens) of a generate request, refused when together they overrun the
+        position table (the controller refuses such a suite first; this guards a hand-made request)."""
+        gen = request["generation"]
+        prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
+        if prompt_length + new_tokens > self.max_length:
+            raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
+                             f"{self.max_length} rows")
+        return prompt_length, new_tokens
+
 
 # ------------------------------------------------------------------ the runner objects
 

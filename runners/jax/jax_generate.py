@@ -143,11 +143,7 @@ def prepare_generation(request: dict, device) -> Generator:
     if precision not in ("fp32", "tf32", "float64"):
         raise Skip(f"generate: the jax runner generates in fp32, tf32 and the check's float64, not {precision}")
     tm = jn.TrainingModel(request)  # precision pinned, compile mode checked (eager is skipped), plan
-    gen = request["generation"]
-    prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
-    if prompt_length + new_tokens > layout.max_length:
-        raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
-                         f"{layout.max_length} rows")
+    prompt_length, new_tokens = layout.request_lengths(request)
     seed = request.get("seed", 0)
     rng = np.random.default_rng(seed)
     sample = (network["input"]["sequence_length"],)

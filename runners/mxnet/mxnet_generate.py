@@ -96,11 +96,7 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
     mx = load_mxnet()
     network = request["network"]
     layout = DecoderLayout(network)
-    gen = request["generation"]
-    prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
-    if prompt_length + new_tokens > layout.max_length:
-        raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
-                         f"{layout.max_length} rows")
+    prompt_length, new_tokens = layout.request_lengths(request)
     float64 = request.get("precision") == "float64"
     storage = "float64" if float64 else "float32"
     seed = request.get("seed", 0)

@@ -25,11 +25,7 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
     ops = keras.ops
     network = request["network"]
     layout = DecoderLayout(network)
-    gen = request["generation"]
-    prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
-    if prompt_length + new_tokens > layout.max_length:
-        raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
-                         f"{layout.max_length} rows")
+    prompt_length, new_tokens = layout.request_lengths(request)
     length = prompt_length + new_tokens
     keras.utils.set_random_seed(request.get("seed", 0))
     with tf.device(device), tn.precision_scope(precision):

@@ -97,11 +97,8 @@ def prepare_generation(request: dict, device, compiled: bool, compile_settings: 
     torch = load_torch()
     network = request["network"]
     layout = DecoderLayout(network)
-    gen = request["generation"]
-    batch, prompt_length, new_tokens = request["batch_size"], gen["prompt_length"], gen["new_tokens"]
-    if prompt_length + new_tokens > layout.max_length:
-        raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
-                         f"{layout.max_length} rows")
+    batch = request["batch_size"]
+    prompt_length, new_tokens = layout.request_lengths(request)
     precision = request.get("precision") or "fp32"
     if precision not in ("fp32", "tf32", "float64"):
         raise Skip(f"generate: the torch runner generates in fp32, tf32 and the check's float64, not {precision}")
