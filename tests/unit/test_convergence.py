@@ -343,3 +343,31 @@ def test_list_shows_the_tasks():
     assert result.exit_code == 0, result.output
     for text in ("digits_cnn", "151,306", "top1 0.97", "0,1,2"):
         assert text in result.output
+
+
+def test_mllog_files_travel_with_their_record_and_verify_proves_them(conv_project, tmp_path):
+    from dlbench.store.merge import merge
+    from dlbench.store.verify import verify
+
+    source = tmp_path / "source"
+    result = run_cli("run", "--suite", str(suite_file(tmp_path)), "--framework", "fake", "--env", "current",
+                     "--profile", "smoke", "--store", str(source))
+    assert result.exit_code == 0, result.output
+    (record,) = list(Store(source).records())
+    logs = [run.mllog for run in record.convergence.runs]
+    assert len(logs) == 3 and not verify(Store(source)).problems
+
+    merged = tmp_path / "merged"
+    report = merge(Store(merged), [source])
+    assert len(report.added) == 1 and not report.unreadable
+    for log in logs:  # copied, byte for byte, before the record
+        assert (merged / log).read_bytes() == (source / log).read_bytes()
+    assert not verify(Store(merged)).problems
+
+    (merged / logs[1]).write_text("not the log the record lists\n")
+    problems = verify(Store(merged)).problems
+    assert len(problems) == 1 and "checksum mismatch" in problems[0].reason and logs[1] in str(problems[0].path)
+
+    (source / logs[0]).unlink()  # a source record whose MLLOG file is gone is kept out of a merge
+    report = merge(Store(tmp_path / "other"), [source])
+    assert not report.added and "MLLOG file" in report.unreadable[0][1]

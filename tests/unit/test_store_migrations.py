@@ -35,7 +35,13 @@ def store_with(tmp_path: Path, *versions: int) -> tuple[Store, dict[int, Path]]:
     for v in versions:
         paths[v] = store.runs / f"{fixture(v)['run_id']}.json"
         shutil.copy(FIXTURES / f"v{v}.json", paths[v])
+    copy_attachments(store.root)
     return store, paths
+
+
+def copy_attachments(root: Path) -> None:
+    """The files the fixtures keep beside them (v11's MLLOG files), where a store keeps them."""
+    shutil.copytree(FIXTURES / "mllog", root / "mllog", dirs_exist_ok=True)
 
 
 def test_there_is_a_fixture_of_every_schema_version():

@@ -5,9 +5,8 @@ A LoadGen run's worker leaves, per LoadGen test, a folder with LoadGen's `mlperf
 was given and took, its result). The record's figures are read here from the detail logs
 themselves, not from anything the worker says about them; the logs are kept in the store beside
 the record, STORE/loadgen/<run_id>/<test>/<file>, written like every store file (staged, linked,
-never overwritten), and the record lists each with its size and SHA-256. The record's own checksum
-covers that list, so `store verify` proves the logs by hashing them again (`log_problems`), and
-`store merge` copies them with their record (`merge_logs`), checked against it.
+never overwritten), and the record lists each with its size and SHA-256 (attachments.py: how
+`store verify` and `store merge` prove and carry them).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import json
 from pathlib import Path
 
 from .record import LoadGenInfo, LoadGenLog, LoadGenResult, Record
-from .store import Store, StoreError, read_regular
+from .store import Store, read_regular
 
 LOADGEN_DIR = "loadgen"
 LOG_FILES = ("mlperf_log_summary.txt", "mlperf_log_detail.txt")
@@ -133,46 +132,3 @@ def write_logs(store: Store, run_id: str, files: dict[str, bytes]) -> list[LoadG
         store.publish(content, store.root / path)
         entries.append(LoadGenLog(path=path, bytes=len(content), sha256=hashlib.sha256(content).hexdigest()))
     return entries
-
-
-def log_problem(root: Path, log: LoadGenLog) -> str | None:
-    """Why a listed log is not what its record says (missing, not a regular file, other bytes), or None."""
-    path = Path(root) / log.path
-    try:
-        raw = read_regular(path)
-    except StoreError as e:
-        return str(e)
-    if len(raw) != log.bytes or hashlib.sha256(raw).hexdigest() != log.sha256:
-        return (f"{path}: checksum mismatch with its record ({len(raw)} bytes hashing to "
-                f"{hashlib.sha256(raw).hexdigest()[:12]}..., the record says {log.bytes} bytes, {log.sha256[:12]}...)")
-    return None
-
-
-def log_problems(root: Path, record: Record) -> list[tuple[Path, str]]:
-    """(path, why) for every LoadGen log of `record` that is not as the record lists it."""
-    info: LoadGenInfo | None = record.loadgen
-    if info is None:
-        return []
-    return [(Path(root) / log.path, why) for log in info.logs if (why := log_problem(root, log))]
-
-
-def merge_logs(destination: Store, source_root: Path, record: Record) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
-    """Copy a record's LoadGen logs from `source_root` into `destination` (before the record), each
-    checked against the record. A log the destination already holds as listed needs no source (a
-    record kept in a spare store after a failed write comes back to logs written before it).
-    (damaged, conflicts): a log neither side holds as listed; another file under a log's name. With
-    either, the record must not be merged."""
-    damaged, conflicts = [], []
-    for log in record.loadgen.logs if record.loadgen else []:
-        if log_problem(destination.root, log) is None:
-            continue
-        why = log_problem(source_root, log)
-        if why is not None:
-            damaged.append((Path(source_root) / log.path, why))
-            continue
-        target = destination.root / log.path
-        try:
-            destination.publish(read_regular(Path(source_root) / log.path), target)
-        except FileExistsError:
-            conflicts.append((target, f"{target} exists with other content than run {record.run_id} lists; kept it"))
-    return damaged, conflicts

@@ -16,11 +16,12 @@ For every run record of every source store (runs/<run_id>.json) and every equiva
 - damaged (truncated, checksum mismatch, invalid, named other than its run id, of a newer schema
   than this dlbench reads): reported as unreadable and skipped.
 
-A LoadGen run's logs (loadgen/<run_id>/...) travel with its record: each is checked against the
-sizes and SHA-256 the record lists and copied before the record, so a merged record never lacks
+The files a record keeps beside it (attachments.py: a LoadGen run's logs under loadgen/<run_id>/, a
+convergence run's MLLOG files under mllog/<run_id>/) travel with it: each is checked against the
+SHA-256 (and size) the record lists and copied before the record, so a merged record never lacks
 them (one the destination already holds as listed is not needed from the source: a record kept in
-a spare store after a failed write comes back to its logs); a log neither side holds as listed
-keeps its record out (unreadable), another file under a log's name is a conflict.
+a spare store after a failed write comes back to its files); a file neither side holds as listed
+keeps its record out (unreadable), another file under a listed name is a conflict.
 
 Kernel records (kernels/<run_id>.json) and machine profiles (machines/<id>/profile-<revision>.json)
 are merged the same way, compared byte for byte: the same file is a duplicate, another one under
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import check_file_problem
-from .loadgen import merge_logs
+from .attachments import merge_attachments
 from .store import Store, StoreError, read_regular
 from .verify import performance_file_problems
 
@@ -111,14 +112,13 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
         report.unreadable.append((path, str(e)))
         return
     target = destination.runs / path.name
-    if incoming.record.loadgen is not None:
-        damaged, clashes = merge_logs(destination, source.root, incoming.record)
-        if damaged:
-            report.unreadable.append((path, f"{path}: its LoadGen log {damaged[0][1]}"))
-            return
-        if clashes:
-            report.conflicts.append((path, clashes[0][1]))
-            return
+    damaged, clashes = merge_attachments(destination, source.root, incoming.record)
+    if damaged:
+        report.unreadable.append((path, f"{path}: its {damaged[0][2]} {damaged[0][1]}"))
+        return
+    if clashes:
+        report.conflicts.append((path, clashes[0][1]))
+        return
     try:
         destination.publish(incoming.raw, target)
         report.added.append(target)

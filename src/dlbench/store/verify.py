@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .checks import check_file_problem
 from .kernels import KernelStore
-from .loadgen import log_problems
+from .attachments import attachment_problems
 from .profiles import ProfileError, read_profile
 from .store import Store, StoreError, Unreadable
 
@@ -55,8 +55,8 @@ def verify(store: Store) -> VerifyReport:
         except StoreError as e:
             report.problems.append(Unreadable(path, str(e)))
             continue
-        # a LoadGen run's logs (schema 9): each as its record lists it, size and SHA-256
-        report.problems += [Unreadable(p, why) for p, why in log_problems(store.root, stored.record)]
+        # the files a record keeps beside it (LoadGen logs, MLLOG files): each as its record lists it
+        report.problems += [Unreadable(p, why) for p, why in attachment_problems(store.root, stored.record)]
         if stored.verified:  # (a record named other than its run id is a StoreError of inspect)
             report.verified.append(path)
         else:
