@@ -32,6 +32,52 @@ from protocol import Skip, classify, read_request, write_atomically
 PROTOCOL_VERSION = 1
 
 
+def _time_calls(call: Callable[[], tuple], sync: Callable[[], None], warmup: dict, measure: dict,
+                clock: Callable[[], int], mark: Callable[[], int]) -> tuple[tuple, dict, list[tuple]]:
+    """The timing both `measure` and `measure_generation` follow. `call()` -> (seconds, *more): one
+    step or request, read between synchronisations. The first call apart, warm-up calls until their
+    times settle (the median of the last `window` within `tolerance` of the window before it) or
+    `max_iters`/`max_time_s` run out, then at least `min_iters` calls and `min_time_s` seconds of them
+    (at most `max_iters`). Returns (the first call's result, the timing part of a result, the measured
+    calls' results)."""
+    sync()
+    first = call()
+
+    warm: list[float] = []
+    settled = False
+    w = warmup["window"]
+    started = clock()
+    while len(warm) < warmup["max_iters"]:
+        warm.append(call()[0])
+        if len(warm) >= max(warmup["min_iters"], 2 * w):
+            before = statistics.median(warm[-2 * w:-w])
+            latest = statistics.median(warm[-w:])
+            if abs(latest - before) <= warmup["tolerance"] * before:
+                settled = True
+                break
+        if (clock() - started) / 1e9 >= warmup["max_time_s"]:
+            break
+
+    measured: list[tuple] = []
+    window_start = mark()
+    started = clock()
+    while True:
+        measured.append(call())
+        n = len(measured)
+        if n >= measure["max_iters"]:
+            break
+        if n >= measure["min_iters"] and (clock() - started) / 1e9 >= measure["min_time_s"]:
+            break
+    window_end = mark()
+    return first, {
+        "first_iter_s": first[0],
+        "warmup_iter_s": warm,
+        "warmup_settled": settled,
+        "iter_s": [m[0] for m in measured],
+        "window_monotonic_ns": [window_start, window_end],
+    }, measured
+
+
 def measure(prepared, warmup: dict, measure: dict,
             clock: Callable[[], int] = time.perf_counter_ns,
             mark: Callable[[], int] = time.monotonic_ns) -> dict:
@@ -43,48 +89,13 @@ def measure(prepared, warmup: dict, measure: dict,
     """
     step, sync = prepared.step, prepared.synchronize
 
-    def timed() -> float:
+    def timed() -> tuple[float]:
         t0 = clock()
         step()
         sync()
-        return (clock() - t0) / 1e9
+        return ((clock() - t0) / 1e9,)
 
-    sync()
-    first = timed()
-
-    warm: list[float] = []
-    settled = False
-    w = warmup["window"]
-    started = clock()
-    while len(warm) < warmup["max_iters"]:
-        warm.append(timed())
-        if len(warm) >= max(warmup["min_iters"], 2 * w):
-            before = statistics.median(warm[-2 * w:-w])
-            latest = statistics.median(warm[-w:])
-            if abs(latest - before) <= warmup["tolerance"] * before:
-                settled = True
-                break
-        if (clock() - started) / 1e9 >= warmup["max_time_s"]:
-            break
-
-    times: list[float] = []
-    window_start = mark()
-    started = clock()
-    while True:
-        times.append(timed())
-        n = len(times)
-        if n >= measure["max_iters"]:
-            break
-        if n >= measure["min_iters"] and (clock() - started) / 1e9 >= measure["min_time_s"]:
-            break
-    window_end = mark()
-    return {
-        "first_iter_s": first,
-        "warmup_iter_s": warm,
-        "warmup_settled": settled,
-        "iter_s": times,
-        "window_monotonic_ns": [window_start, window_end],
-    }
+    return _time_calls(timed, sync, warmup, measure, clock, mark)[1]
 
 
 def measure_generation(generator, warmup: dict, measure: dict, new_tokens: int,
@@ -113,48 +124,9 @@ def measure_generation(generator, warmup: dict, measure: dict, new_tokens: int,
         t2 = clock()
         return (t2 - t0) / 1e9, (t1 - t0) / 1e9, (t2 - t1) / 1e9 / decodes
 
-    sync()
-    first, first_ttft, _ = request()
-
-    warm: list[float] = []
-    settled = False
-    w = warmup["window"]
-    started = clock()
-    while len(warm) < warmup["max_iters"]:
-        warm.append(request()[0])
-        if len(warm) >= max(warmup["min_iters"], 2 * w):
-            before = statistics.median(warm[-2 * w:-w])
-            latest = statistics.median(warm[-w:])
-            if abs(latest - before) <= warmup["tolerance"] * before:
-                settled = True
-                break
-        if (clock() - started) / 1e9 >= warmup["max_time_s"]:
-            break
-
-    times: list[float] = []
-    ttft: list[float] = []
-    tpot: list[float] = []
-    window_start = mark()
-    started = clock()
-    while True:
-        total, to_first, per_token = request()
-        times.append(total)
-        ttft.append(to_first)
-        tpot.append(per_token)
-        n = len(times)
-        if n >= measure["max_iters"]:
-            break
-        if n >= measure["min_iters"] and (clock() - started) / 1e9 >= measure["min_time_s"]:
-            break
-    window_end = mark()
-    return {
-        "first_iter_s": first,
-        "warmup_iter_s": warm,
-        "warmup_settled": settled,
-        "iter_s": times,
-        "window_monotonic_ns": [window_start, window_end],
-        "generation": {"new_tokens": new_tokens, "first_ttft_s": first_ttft, "ttft_s": ttft, "tpot_s": tpot},
-    }
+    first, timing, measured = _time_calls(request, sync, warmup, measure, clock, mark)
+    return {**timing, "generation": {"new_tokens": new_tokens, "first_ttft_s": first[1],
+                                     "ttft_s": [m[1] for m in measured], "tpot_s": [m[2] for m in measured]}}
 
 
 class CacheFlush:
@@ -283,6 +255,16 @@ def check_generation(generator, request: dict) -> dict:
     return {"outputs": request["outputs"]}
 
 
+def _after_timing(prepared, result: dict) -> None:
+    """After the measured window: the allocator's peak over the whole process and the compiler's
+    counters, where the runner reports them (Prepared.memory, Prepared.compile_stats)."""
+    memory, compile_stats = getattr(prepared, "memory", None), getattr(prepared, "compile_stats", None)
+    if memory is not None:
+        result["memory"] = memory()
+    if compile_stats is not None:
+        result["compile"] = compile_stats()
+
+
 def run_generation(runner, request: dict, result: dict) -> None:
     """Mode `generate` (the runner's prepare_generation; a runner without one skips, saying so)."""
     prepare = getattr(runner, "prepare_generation", None)
@@ -294,10 +276,7 @@ def run_generation(runner, request: dict, result: dict) -> None:
     if request["action"] == "benchmark":
         result.update(measure_generation(generator, request["policy"]["warmup"], request["policy"]["measure"],
                                          new_tokens))
-        for name in ("memory", "compile_stats"):
-            fn = getattr(generator, name, None)
-            if fn is not None:
-                result["memory" if name == "memory" else "compile"] = fn()
+        _after_timing(generator, result)
     elif request["action"] == "check":
         result.update(check_generation(generator, request))
 
@@ -332,22 +311,12 @@ def run_request(runner, request: dict) -> dict:
                       settings=prepared.settings)
         if request["action"] == "benchmark":
             result.update(measure(prepared, request["policy"]["warmup"], request["policy"]["measure"]))
-            # after the measured window: the allocator's peak over the whole process, the compiler's counters
-            memory, compile_stats = getattr(prepared, "memory", None), getattr(prepared, "compile_stats", None)
-            if memory is not None:
-                result["memory"] = memory()
-            if compile_stats is not None:
-                result["compile"] = compile_stats()
+            _after_timing(prepared, result)
         elif request["action"] == "loadgen":
             from loadgen_harness import run_loadgen  # imports mlperf_loadgen, which only this action needs
 
             result["loadgen"] = run_loadgen(prepared, request, runner.name)
-            # after LoadGen's tests, as after a measured window: the allocator's peak, the compiler's counters
-            memory, compile_stats = getattr(prepared, "memory", None), getattr(prepared, "compile_stats", None)
-            if memory is not None:
-                result["memory"] = memory()
-            if compile_stats is not None:
-                result["compile"] = compile_stats()
+            _after_timing(prepared, result)  # after LoadGen's tests, as after a measured window
         elif request["action"] == "check":
             result.update(check(prepared, request))
         result["status"] = "ok"
