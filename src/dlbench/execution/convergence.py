@@ -144,9 +144,7 @@ def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: 
     record = Record(
         run_id=run_id, started_at=started, ended_at=datetime.now(timezone.utc), dlbench=dlbench_provenance(),
         suite=task.suite, benchmark=task.name,
-        network=NetworkInfo(name=net.name, file=task.network_file, hash=net.definition_hash,
-                            params_described=net.params, flops_per_sample=net.flops_per_sample,
-                            definition=net.resolved),
+        network=NetworkInfo.of(net, task.network_file),
         workload=Workload(mode="convergence", batch_size=spec.batch_size, precision=precision or spec.precision,
                           compile=run.runner.compile_mode("default"), compile_requested="default",
                           learning_rate=spec.optimizer.learning_rate, momentum=spec.optimizer.momentum,

@@ -192,7 +192,7 @@ class DistributedOrchestrator:
         )
         if summary is not None:
             _training_figures(info, repeats)
-        record = self._record(runner, started, b.suite, f"{b.name}-w{n}", _network_info(b), Workload(
+        record = self._record(runner, started, b.suite, f"{b.name}-w{n}", NetworkInfo.of(b.network, b.network_file), Workload(
             mode="train", batch_size=global_batch, precision=b.precision, compile=runner.default_compile,
             learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
@@ -281,12 +281,6 @@ class DistributedOrchestrator:
                                        stopped="fixed" if status == "ok" else (
                                            "not_started" if not repeats else "failed_repeat")),
         )
-
-
-def _network_info(b: DistributedBenchmark) -> NetworkInfo:
-    return NetworkInfo(name=b.network.name, file=b.network_file, hash=b.network.definition_hash,
-                       params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
-                       definition=b.network.resolved)
 
 
 def _train_repeat(index: int, outcome: JobOutcome, workers: int) -> Repeat:

@@ -145,6 +145,14 @@ def _reported_half_width(summary, batch_size: int) -> float | None:
     return shown.half_width_pct if shown is not None else None
 
 
+def _workload(b: Benchmark, run: PlannedRun, opts: RunOptions) -> Workload:
+    """What a record says was run: the benchmark's mode, batch, precision and compile mode as
+    resolved for the runner, and its LoadGen scenario (None: the harness's own timing)."""
+    return Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision, compile=run.compile,
+                    compile_requested=b.compile, compile_mode=opts.compile_mode if run.compile == "compiled" else None,
+                    learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device, scenario=b.scenario)
+
+
 def plan(runners: list[RunnerInfo], benchmarks: list[Benchmark]) -> list[PlannedRun]:
     """Every (runner, benchmark, batch size). Benchmarks that differ only in compile mode run one
     after the other at each batch size, so their ratio is measured side by side (the machine's
@@ -331,13 +339,8 @@ class Orchestrator:
         record = Record(
             run_id=new_run_id(started), started_at=started, ended_at=datetime.now(timezone.utc),
             dlbench=dlbench_provenance(), suite=b.suite, benchmark=b.name,
-            network=NetworkInfo(name=b.network.name, file=b.network_file, hash=b.network.definition_hash,
-                                params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
-                                definition=b.network.resolved),
-            workload=Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision,
-                              compile=run.compile, compile_requested=b.compile,
-                              compile_mode=opts.compile_mode if run.compile == "compiled" else None,
-                              learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device),
+            network=NetworkInfo.of(b.network, b.network_file),
+            workload=_workload(b, run, opts),
             framework=last_result.get("framework", {"name": run.runner.name}),
             environment=env_info, machine=fingerprint(),
             settings=Settings(profile=b.profile, repeats=min_repeats, threads_requested=opts.threads,
@@ -412,14 +415,8 @@ class Orchestrator:
         record = Record(
             run_id=run_id, started_at=started, ended_at=datetime.now(timezone.utc),
             dlbench=dlbench_provenance(), suite=b.suite, benchmark=b.name,
-            network=NetworkInfo(name=b.network.name, file=b.network_file, hash=b.network.definition_hash,
-                                params_described=b.network.params, flops_per_sample=b.network.flops_per_sample,
-                                definition=b.network.resolved),
-            workload=Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision,
-                              compile=run.compile, compile_requested=b.compile,
-                              compile_mode=opts.compile_mode if run.compile == "compiled" else None,
-                              learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device,
-                              scenario=b.scenario),
+            network=NetworkInfo.of(b.network, b.network_file),
+            workload=_workload(b, run, opts),
             framework=res.get("framework", {"name": run.runner.name}),
             environment=env_info, machine=fingerprint(),
             settings=Settings(profile=b.profile, repeats=1, threads_requested=opts.threads,

@@ -222,6 +222,12 @@ class NetworkInfo(_Model):
     flops_per_sample: Int64
     definition: dict[str, Any]
 
+    @classmethod
+    def of(cls, network, file: str) -> "NetworkInfo":
+        """What a record keeps of a resolved network (definitions/network.py) read from `file`."""
+        return cls(name=network.name, file=file, hash=network.definition_hash, params_described=network.params,
+                   flops_per_sample=network.flops_per_sample, definition=network.resolved)
+
 
 class Workload(_Model):
     mode: Literal["train", "infer", "collective", "generate", "convergence"]
