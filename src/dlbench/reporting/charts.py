@@ -146,6 +146,12 @@ def _text(x: float, y: float, content: str, anchor: str = "start", css: str = ""
             f"{escape(content)}</text>")
 
 
+def _y_label(middle: float, content: str) -> str:
+    """The y axis's label, written upwards along the left edge, centred on `middle` (pixels)."""
+    return (f'<text x="12" y="{middle:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
+            f'transform="rotate(-90 12 {middle:.1f})">{escape(content)}</text>')
+
+
 def _truncate(label: str, chars: int) -> str:
     return label if len(label) <= chars else label[: max(chars - 1, 1)] + "…"
 
@@ -313,8 +319,7 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, log
         body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" class="grid"/>')
         body.append(_text(x, height - bottom + 15, fmt_tick(t), "middle", "tick"))
     body.append(_text((left + width - right) / 2, height - 6, x_label, "middle", "axis"))
-    body.append(f'<text x="12" y="{(top + height - bottom) / 2:.1f}" font-size="{FONT}" text-anchor="middle" '
-                f'class="axis" transform="rotate(-90 12 {(top + height - bottom) / 2:.1f})">{escape(y_label)}</text>')
+    body.append(_y_label((top + height - bottom) / 2, y_label))
     for s in series:
         pts = sorted(s.points, key=lambda p: p.x)
         coords = " ".join(f"{xs_scale(p.x):.1f},{y_scale(p.y):.1f}" for p in pts)
@@ -353,8 +358,7 @@ def percentile_chart(series: list[Series], title: str, y_label: str, width: floa
         body.append(_text(x, height - bottom + 15, f"p{fmt_tick(pct)}", "middle", "tick"))
     body.append(_text((left + width - right) / 2, height - 6, "percentile of LoadGen's per-sample latencies",
                       "middle", "axis"))
-    body.append(f'<text x="12" y="{(top + height - bottom) / 2:.1f}" font-size="{FONT}" text-anchor="middle" '
-                f'class="axis" transform="rotate(-90 12 {(top + height - bottom) / 2:.1f})">{escape(y_label)}</text>')
+    body.append(_y_label((top + height - bottom) / 2, y_label))
     for s in series:
         pts = sorted(s.points, key=lambda p: p.x)
         coords = " ".join(f"{x_of[p.x]:.1f},{y_scale(p.y):.1f}" for p in pts)
@@ -556,8 +560,7 @@ def time_panels(tracks: list[Track], panels: list[Panel], title: str, width: flo
                          f'<text x="{left - 5:.1f}" y="{y + 4:.1f}" font-size="{FONT}" text-anchor="end" '
                          f'class="tick">{_tick_label(t)}</text>')
         frame.append(between.format_map(edges))
-        frames.append((frame, f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
-                              f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(panel.unit)}</text>'))
+        frames.append((frame, _y_label(top + plot_h / 2, panel.unit)))
         lines.append([(cols, name, panel.colours.get(name, PALETTE[0]), y_scale.px_lo, y_scale.lo, y_factor)
                       for name in names])
         y0 = top + plot_h + 8
@@ -696,6 +699,5 @@ def date_chart(points: list[DatedPoint], marks: list[ChangeMark], title: str, un
         if p.label and p.label != previous:
             body.append(_text(x, height - bottom - 4, p.label, "start", "version"))
         previous = p.label
-    body.append(f'<text x="12" y="{top + plot_h / 2:.1f}" font-size="{FONT}" text-anchor="middle" class="axis" '
-                f'transform="rotate(-90 12 {top + plot_h / 2:.1f})">{escape(unit)}</text>')
+    body.append(_y_label(top + plot_h / 2, unit))
     return _svg(width, height, title, body)
