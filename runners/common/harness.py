@@ -266,7 +266,8 @@ def _after_timing(prepared, result: dict) -> None:
 
 
 def run_generation(runner, request: dict, result: dict) -> None:
-    """Mode `generate` (the runner's prepare_generation; a runner without one skips, saying so)."""
+    """Mode `generate` (the runner's prepare_generation; a runner without one skips, saying so): timed
+    requests (benchmark), LoadGen's server scenario with token latencies (loadgen), or the check."""
     prepare = getattr(runner, "prepare_generation", None)
     if prepare is None:
         raise Skip(f"the {runner.name} runner does not generate (it has no prepare_generation)")
@@ -276,6 +277,11 @@ def run_generation(runner, request: dict, result: dict) -> None:
     if request["action"] == "benchmark":
         result.update(measure_generation(generator, request["policy"]["warmup"], request["policy"]["measure"],
                                          new_tokens))
+        _after_timing(generator, result)
+    elif request["action"] == "loadgen":
+        from loadgen_harness import serve_generation  # imports mlperf_loadgen, which only this action needs
+
+        result["loadgen"] = serve_generation(generator, request)
         _after_timing(generator, result)
     elif request["action"] == "check":
         result.update(check_generation(generator, request))

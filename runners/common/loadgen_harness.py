@@ -32,6 +32,20 @@ bisected between the highest that met it and the lowest that missed, `server_sea
 runs in all; "met" is LoadGen's own `result_perf_constraints_met`. The result is the LoadGen run at
 the highest rate that met the bound (LoadGen's VALID or INVALID verdict on it, early stopping
 included), every run of the search kept with its logs.
+
+Generation (mode `generate`, decoder networks) runs the server scenario only, with LoadGen's token
+latencies (`use_token_latencies`): each query is one request, the runner's Generator (prepared at
+batch 1) prefills the prompt and decodes `new_tokens - 1` more, greedily. The serving policy is the
+simplest a server can have: one thread takes the queued requests first come first served and runs
+them one at a time to their end (no batching across requests, continuous or static). When the
+prefill's token is on the host side of a synchronisation the SUT calls `FirstTokenComplete` (LoadGen's
+time to first token, TTFT, queueing included), and after the last decode `QuerySamplesComplete`
+with the request's token count (LoadGen's time per output token, TPOT: the rest of the request over
+the tokens after the first). LoadGen judges the run against the profile's TTFT and TPOT bounds
+(`server_ttft_ms`, `server_tpot_ms`, at the 99th percentile, as MLPerf states its LLM targets; with
+token latencies LoadGen does not apply the per-query `server_target_latency_ms`), and the same
+bounded search finds the highest Poisson rate that meets both, from the rate one request at a time
+can sustain (1 / the warm-up's fastest request).
 """
 
 from __future__ import annotations
@@ -81,26 +95,33 @@ def warm_up(prepared, sizes: list[int], times: int, clock=time.perf_counter, max
     warm-up calls, then 0.2 ms at LoadGen's median), or for `max_s` seconds. Per size the
     median and the fastest of the last `times` calls, in seconds."""
     out = {}
-    window = max(times, 1)
     for size in sizes:
-        prepared.infer(size)
-        prepared.synchronize()
-        taken = []
-        started = clock()
-        while True:
-            t0 = clock()
+        def call(size=size):
             prepared.infer(size)
             prepared.synchronize()
-            taken.append(clock() - t0)
-            if len(taken) >= 2 * window:
-                before, latest = statistics.median(taken[-2 * window:-window]), statistics.median(taken[-window:])
-                if abs(latest - before) <= 0.1 * before:
-                    break
-            if clock() - started >= max_s and len(taken) >= window:
-                break
-        last = taken[-window:]
-        out[size] = {"median_s": statistics.median(last), "min_s": min(last), "calls": len(taken) + 1}
+        out[size] = settle(call, times, clock, max_s)
     return out
+
+
+def settle(call, times: int, clock=time.perf_counter, max_s: float = 5.0) -> dict:
+    """`call()` once untimed, then timed until its time settles (warm_up's rule); the median and the
+    fastest of the last `times` calls, in seconds, and how many calls it took."""
+    window = max(times, 1)
+    call()
+    taken = []
+    started = clock()
+    while True:
+        t0 = clock()
+        call()
+        taken.append(clock() - t0)
+        if len(taken) >= 2 * window:
+            before, latest = statistics.median(taken[-2 * window:-window]), statistics.median(taken[-window:])
+            if abs(latest - before) <= 0.1 * before:
+                break
+        if clock() - started >= max_s and len(taken) >= window:
+            break
+    last = taken[-window:]
+    return {"median_s": statistics.median(last), "min_s": min(last), "calls": len(taken) + 1}
 
 
 class Batcher:
@@ -191,20 +212,23 @@ class LoadGenRun:
             ts.server_target_latency_percentile = 0.99
         return ts
 
+    def issuer(self, scenario: str) -> tuple:
+        """(LoadGen's issue callback, the server's Batcher or None) for one test."""
+        if scenario == "server":
+            batcher = Batcher(self._run_and_complete, max(self.sizes), self.policy["batch_timeout_ms"] / 1000)
+            return batcher.submit, batcher
+        if scenario == "offline":
+            def issue(samples):
+                for chunk in chunks(list(samples), max(self.sizes)):
+                    self._run_and_complete(chunk)
+            return issue, None
+        return self._run_and_complete, None
+
     def run(self, scenario: str, log_dir: str, target_qps: float | None, expected: dict) -> dict:
         lg = self.lg
         os.makedirs(log_dir, exist_ok=True)
         self.batches = 0
-        batcher = None
-        if scenario == "server":
-            batcher = Batcher(self._run_and_complete, max(self.sizes), self.policy["batch_timeout_ms"] / 1000)
-            issue = batcher.submit
-        elif scenario == "offline":
-            def issue(samples):
-                for chunk in chunks(list(samples), max(self.sizes)):
-                    self._run_and_complete(chunk)
-        else:
-            issue = self._run_and_complete
+        issue, batcher = self.issuer(scenario)
         loaded: list[int] = []
         sut = lg.ConstructSUT(issue, lambda: None)
         count = int(self.policy["sample_count"])
@@ -229,6 +253,90 @@ class LoadGenRun:
                 "batches": self.batches, "loaded_samples": sum(loaded),
                 "meets_bound": bool(detail.get("result_perf_constraints_met")) if scenario == "server" else None,
                 "validity": detail.get("result_validity")}
+
+
+class GenerationServerRun(LoadGenRun):
+    """LoadGen's server scenario over a Generator: each query one request (prompt, then `new_tokens`
+    tokens, greedy), served one at a time, first come first served, with LoadGen's token latencies."""
+
+    def __init__(self, lg, generator, policy: dict, new_tokens: int, batch: int):
+        super().__init__(lg, None, policy)
+        self.generator, self.new_tokens, self.batch = generator, new_tokens, batch
+
+    def _serve(self, samples) -> None:
+        lg, gen = self.lg, self.generator
+        for sample in samples:
+            gen.prefill()
+            gen.synchronize()
+            lg.FirstTokenComplete([lg.QuerySampleResponse(sample.id, 0, 0, self.batch)])
+            for _ in range(self.new_tokens - 1):
+                gen.decode()
+                gen.synchronize()  # each token exists before the next is asked for, as a stream sends it
+            self.batches += 1
+            lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0, self.batch * self.new_tokens)])
+
+    def issuer(self, scenario: str) -> tuple:
+        batcher = Batcher(self._serve, 1, 0.0)  # one request at a time, in arrival order
+        return batcher.submit, batcher
+
+    def settings(self, scenario: str, target_qps: float | None, expected: dict) -> object:
+        ts = super().settings(scenario, target_qps, expected)
+        ts.use_token_latencies = True
+        ts.ttft_latency = int(self.policy["server_ttft_ms"] * 1e6)
+        ts.tpot_latency = int(self.policy["server_tpot_ms"] * 1e6)
+        return ts
+
+
+def serve_generation(generator, request: dict) -> dict:
+    """Action `loadgen` in mode generate: the server scenario with TTFT and TPOT bounds over the
+    runner's Generator; what the worker result's `loadgen` holds (as run_loadgen's)."""
+    lg = _import_loadgen()
+    policy = request["loadgen"]
+    if policy["scenario"] != "server":
+        raise ValueError(f"generation runs LoadGen's server scenario only (time to first token and per output "
+                         f"token bounds), not {policy['scenario']!r}")
+    new_tokens, batch = int(request["generation"]["new_tokens"]), int(request["batch_size"])
+    if new_tokens < 2:
+        raise ValueError(f"generation under LoadGen needs at least 2 new tokens for a time per output token, "
+                         f"not {new_tokens}")
+
+    def one_request():
+        generator.prefill()
+        generator.synchronize()
+        for _ in range(new_tokens - 1):
+            generator.decode()
+            generator.synchronize()
+
+    warm = settle(one_request, int(policy["warmup_queries"]))
+    # one request at a time: the fastest request's rate is what the server can sustain at best
+    expected = {"latency_s": warm["min_s"], "qps": 1.0 / warm["min_s"]}
+    test = GenerationServerRun(lg, generator, policy, new_tokens, batch)
+    runs: list[dict] = []
+
+    def meets(rate: float) -> dict:
+        outcome = test.run("server", os.path.join(policy["log_dir"], f"server-{len(runs) + 1}"), rate, expected)
+        runs.append(outcome)
+        return outcome
+
+    search_rates(expected["qps"], int(policy["server_search_steps"]), meets)
+    return {"scenario": "server", "runs": runs, "chosen": _chosen_server_test(runs),
+            "warmup_latency_s": {str(batch): warm["median_s"]}, "expected": expected}
+
+
+def _chosen_server_test(runs: list[dict]) -> str:
+    """The server search's result: the highest rate that met the bound, else the lowest tried."""
+    passing = [r for r in runs if r["meets_bound"]]
+    return (max(passing, key=lambda r: r["target_qps"]) if passing
+            else min(runs, key=lambda r: r["target_qps"]))["log_dir"]
+
+
+def _import_loadgen():
+    try:
+        import mlperf_loadgen as lg
+    except ImportError as e:
+        raise RuntimeError(f"mlperf_loadgen is not importable in this environment ({e}); the runner's "
+                           "requirements install mlcommons-loadgen") from e
+    return lg
 
 
 def search_rates(capacity_qps: float, steps: int, meets) -> list[dict]:
@@ -257,11 +365,7 @@ def search_rates(capacity_qps: float, steps: int, meets) -> list[dict]:
 def run_loadgen(prepared, request: dict, runner_name: str) -> dict:
     """Action `loadgen` on a prepared network: warm up every batch size, run the scenario's LoadGen
     test(s) with their logs in request["loadgen"]["log_dir"]; what the worker result's `loadgen` holds."""
-    try:
-        import mlperf_loadgen as lg
-    except ImportError as e:
-        raise RuntimeError(f"mlperf_loadgen is not importable in this environment ({e}); the runner's "
-                           "requirements install mlcommons-loadgen") from e
+    lg = _import_loadgen()
     policy = request["loadgen"]
     scenario = policy["scenario"]
     if scenario not in SCENARIOS:
@@ -290,9 +394,7 @@ def run_loadgen(prepared, request: dict, runner_name: str) -> dict:
             return outcome
 
         search_rates(expected["qps"], int(policy["server_search_steps"]), meets)
-        passing = [r for r in runs if r["meets_bound"]]
-        chosen = (max(passing, key=lambda r: r["target_qps"]) if passing
-                  else min(runs, key=lambda r: r["target_qps"]))["log_dir"]
+        chosen = _chosen_server_test(runs)
     return {"scenario": scenario, "runs": runs, "chosen": chosen,
             "warmup_latency_s": {str(k): v["median_s"] for k, v in warm.items()},
             "expected": expected}

@@ -355,3 +355,133 @@ def test_a_record_comes_back_to_logs_the_store_already_holds(loadgen_store, tmp_
     report = merge(main, [spare.root])
     assert report.clean and [p.name for p in report.added] == [f"{victim.run_id}.json"]
     assert verify(main).problems == []
+
+
+# ------------------------------------------------------------------ generation's server (token latencies)
+
+
+def test_generation_serves_one_request_at_a_time():
+    assert LoadGenPolicy().batch_sizes("server", "generate") == [1]
+    assert LoadGenPolicy(max_batch=8).batch_sizes("server") == [1, 2, 4, 8]
+
+
+def test_a_token_latency_result_keeps_ttft_and_tpot_apart_from_the_query_latency():
+    text = "\n".join([
+        mllog("result_validity", "INVALID"), mllog("result_perf_constraints_met", False),
+        mllog("result_invalid_reason", "TTFT constrain not met: Reduce target QPS to improve latency. "),
+        mllog("effective_target_qps", 40.0), mllog("result_completed_samples_per_sec", 39.5),
+        mllog("result_99.00_percentile_latency_ns", 30e6), mllog("result_first_token_99.00_percentile_latency_ns", 20e6),
+        mllog("result_first_token_min_latency_ns", 2e6), mllog("result_time_per_output_token_99.00_percentile_ns", 1.5e6),
+        mllog("result_time_to_output_token_mean", 1.1e6), mllog("result_completed_tokens_per_second", 316.0),
+        mllog("early_stopping_met", False), mllog("early_stopping_ttft_result", " * Run unsuccessful."),
+        mllog("early_stopping_tpot_result", ""),
+    ])
+    result = result_of(read_detail(text), "server", "server-1", "server-1/mlperf_log_detail.txt")
+    assert result.latency_ns == {"99.00": 30e6}  # the query's latency only, not the token latencies
+    assert result.ttft_ns == {"99.00": 20e6, "min": 2e6} and result.tpot_ns == {"99.00": 1.5e6, "mean": 1.1e6}
+    assert result.tokens_per_s == 316.0 and result.early_stopping == "TTFT: * Run unsuccessful."
+    assert result.invalid_reasons[0].startswith("TTFT constrain not met")
+    assert "early stopping: TTFT: * Run unsuccessful." in result.invalid_reasons
+    assert metric_of("server", result) == ("queries/s within the p99 TTFT and TPOT bounds (highest rate found)", None)
+    met = result.model_copy(update={"meets_bound": True})
+    assert metric_of("server", met)[1] == 40.0
+
+
+class _FakeLoadGen:
+    """LoadGen's library boundary as GenerationServerRun uses it: the responses it is handed, in order."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def QuerySampleResponse(self, sample_id, data, size, n_tokens):
+        return (sample_id, n_tokens)
+
+    def FirstTokenComplete(self, responses):
+        self.events.append(("first", responses))
+
+    def QuerySamplesComplete(self, responses):
+        self.events.append(("done", responses))
+
+
+def test_a_request_reports_its_first_token_then_all_its_tokens():
+    from types import SimpleNamespace
+
+    calls: list[str] = []
+    generator = SimpleNamespace(prefill=lambda: calls.append("prefill"), decode=lambda: calls.append("decode"),
+                                synchronize=lambda: calls.append("sync"))
+    lg = _FakeLoadGen()
+    run = loadgen_harness.GenerationServerRun(lg, generator, {"batch_sizes": [1]}, new_tokens=4, batch=1)
+    run._serve([SimpleNamespace(id=7), SimpleNamespace(id=8)])
+    assert lg.events == [("first", [(7, 1)]), ("done", [(7, 4)]), ("first", [(8, 1)]), ("done", [(8, 4)])]
+    # the first token is complete only once synchronised; every decode is synchronised before the next
+    assert calls[:2] == ["prefill", "sync"] and calls[2:8] == ["decode", "sync"] * 3 and run.batches == 2
+
+
+@pytest.fixture(scope="module")
+def generation_server_store(tmp_path_factory):
+    """One `dlbench run --mode generate --scenario server` of transformer_tiny on the fake runner."""
+    pytest.importorskip("mlperf_loadgen")
+    project = tmp_path_factory.mktemp("project")
+    (project / "runners").mkdir()
+    for name in ("suites", "reports"):
+        (project / name).symlink_to(ROOT / name)
+    (project / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
+    (project / "runners" / "common").symlink_to(ROOT / "runners" / "common")
+    store = tmp_path_factory.mktemp("lg") / "store"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DLBENCH_ROOT", str(project))
+        mp.setenv("DLBENCH_FAKE_STEP_S", "0.002")  # a request: 2 ms prefill, 7 decodes of 0.5 ms
+        mp.delenv("DLBENCH_FAKE_BEHAVIOUR", raising=False)
+        code, out, err = invoke("run", "--suite", "transformer", "--framework", "fake", "--env", "current",
+                                "--device", "cpu", "--profile", "smoke", "--benchmark", "transformer_tiny",
+                                "--mode", "generate", "--scenario", "server", "--no-check", "--no-telemetry",
+                                "--threads", "1", "--store", str(store))
+    assert code == 0, err
+    return Store(store), out
+
+
+def test_generation_s_server_is_loadgen_s_token_latencies_within_both_bounds(generation_server_store):
+    store, out = generation_server_store
+    (record,) = store.records()
+    info = record.loadgen
+    assert record.status == "ok" and record.workload.mode == "generate" and record.workload.scenario == "server"
+    assert record.workload.batch_size == 1 and info.batching["max_batch"] == 1
+    assert info.generation["prompt_length"] == 8 and info.generation["new_tokens"] == 8
+    assert info.generation["ttft_ms"] == 100.0 and info.generation["tpot_ms"] == 25.0  # the smoke profile's
+    assert "one request at a time" in info.generation["serving"]
+    assert info.metric == "queries/s within the p99 TTFT and TPOT bounds (highest rate found)"
+    assert len(info.search) == 3 and info.result in info.search
+    for test in info.search:
+        assert test.ttft_ns["50.00"] <= test.ttft_ns["99.00"] and test.tpot_ns["50.00"] <= test.tpot_ns["99.00"]
+        assert test.tokens_per_s > 0
+        # LoadGen's verdict on both bounds, as its own percentiles show it
+        within = test.ttft_ns["99.00"] <= 100e6 and test.tpot_ns["99.00"] <= 25e6
+        assert test.meets_bound == within
+        assert test.figures.get("result_token_throughput_with_loadgen_overhead") is not None
+    passing = [t.target_qps for t in info.search if t.meets_bound]
+    assert info.metric_value == (max(passing) if passing else None)
+    assert info.result.validity == "VALID" or info.result.invalid_reasons
+    detail = (store.root / next(log.path for log in info.logs if log.path.endswith("detail.txt"))).read_text()
+    assert '"key": "requested_use_token_latencies", "value": true' in detail
+    assert '"key": "requested_server_ttft_latency", "value": 100000000' in detail
+    assert "LoadGen server on generation" in out and verify(store).problems == []
+
+
+def test_results_show_ttft_tpot_and_the_rate_of_generation_s_server(generation_server_store):
+    store, _ = generation_server_store
+    (record,) = store.records()
+    code, out, _ = invoke("results", "--store", str(store.root), "--format", "json")
+    (row,) = json.loads(out)
+    assert code == 0 and row["scenario"] == "server" and row["mode"] == "generate"
+    assert row["ttft_p99_ms"] == record.loadgen.result.ttft_ns["99.00"] / 1e6
+    assert row["tpot_p99_ms"] == record.loadgen.result.tpot_ns["99.00"] / 1e6
+    assert row["server_qps"] == record.loadgen.metric_value and row["tokens_per_s"] > 0
+    code, out, _ = invoke("results", "--store", str(store.root))
+    assert code == 0 and "TTFT p99" in out and "TPOT p99" in out and "server q/s" in out
+
+
+def test_generation_runs_only_the_server_scenario(tmp_path):
+    code, _, err = invoke("run", "--suite", "transformer", "--framework", "torch", "--device", "cpu", "--profile",
+                          "smoke", "--benchmark", "transformer_tiny", "--mode", "generate", "--scenario",
+                          "single_stream,server", "--store", str(tmp_path / "s"))
+    assert code == 2 and "--scenario single_stream: generation (--mode generate) runs LoadGen's server" in err

@@ -107,8 +107,11 @@ def results(
     shown = len(rows) if len(rows) == len(snapshot.rows) else f"{len(rows)} of {len(snapshot.rows)}"
     title = f"{shown} runs in {st.root}"
     # rows of LoadGen scenario runs only: their own key columns (LoadGen's verdict and percentiles)
-    default = (tables.LOADGEN_RESULTS_COLUMNS if rows and all(row.get("scenario") for row in rows)
-               else tables.RESULTS_COLUMNS)
+    default = tables.RESULTS_COLUMNS
+    if rows and all(row.get("scenario") for row in rows):
+        # generation's server only: LoadGen's TTFT and TPOT percentiles instead of per-sample latency
+        default = (tables.LOADGEN_GENERATION_RESULTS_COLUMNS if all(row.get("mode") == "generate" for row in rows)
+                   else tables.LOADGEN_RESULTS_COLUMNS)
     shown_columns = COLUMNS if wide else chosen or default
     if wide or len(rows) > RICH_TABLE_MAX_ROWS:
         sys.stdout.write(tables.plain_table(title, rows, shown_columns))

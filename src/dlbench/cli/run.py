@@ -87,7 +87,8 @@ def run(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
     scenario: Annotated[Optional[list[str]], typer.Option(
         help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(SCENARIOS)}; a comma list or 'all', repeatable "
-             "(default: none, the harness's back-to-back batches). LoadGen's settings: the profile's `loadgen`.")] = None,
+             "(default: none, the harness's back-to-back batches); generate mode: server, with time to first token "
+             "and per output token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
     no_check: Annotated[bool, typer.Option(
         "--no-check", help="Do not make the equivalence checks this run lacks before timing (records then carry "
                            "a stored check's status, or unchecked).")] = False,
@@ -179,10 +180,15 @@ def run(
     selected = with_axes(selected, precisions, compiles)
     scenarios = listed_choices("scenario", scenario, SCENARIOS)
     if scenarios is not None:
-        training = sorted({b.name for b in selected if b.mode != "infer"})
+        training = sorted({b.name for b in selected if b.mode not in ("infer", "generate")})
         if training:
             raise fail(f"--scenario runs inference under LoadGen, but {', '.join(training)} "
-                       f"{'is' if len(training) == 1 else 'are'} training (add --mode infer)")
+                       f"{'is' if len(training) == 1 else 'are'} training (add --mode infer, or --mode generate "
+                       "for a decoder's server scenario)")
+        not_server = [s for s in scenarios if s != "server"]
+        if not_server and any(b.mode == "generate" for b in selected):
+            raise fail(f"--scenario {','.join(not_server)}: generation (--mode generate) runs LoadGen's server "
+                       "scenario only, bounded by time to first token and per output token (--scenario server)")
         for option, value in (("--repeats", repeats), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
             if value is not None:
                 raise fail(f"{option} does not apply to --scenario: a LoadGen run is one worker, and LoadGen's "
@@ -341,10 +347,18 @@ def _loadgen_table(records) -> None:
     """LoadGen's results of the scenario runs, and LoadGen's reason under each INVALID one."""
     if not records:
         return
-    rows = [run_row(r) for r in records]
     styles = {r.run_id: {"ok": "green", "skipped": "yellow"}.get(r.status, "red") for r in records}
-    out.print(tables.rich_table(rows, tables.LOADGEN_RUN_COLUMNS, "dlbench run: LoadGen scenarios", styles),
-              width=min(out.width, tables.WIDTH))
+    generated = [run_row(r) for r in records if r.workload.mode == "generate"]
+    rows = [run_row(r) for r in records if r.workload.mode != "generate"]
+    if rows:
+        out.print(tables.rich_table(rows, tables.LOADGEN_RUN_COLUMNS, "dlbench run: LoadGen scenarios", styles),
+                  width=min(out.width, tables.WIDTH))
+    if generated:
+        out.print(tables.rich_table(generated, tables.LOADGEN_GENERATION_RUN_COLUMNS,
+                                    "dlbench run: LoadGen server on generation (TTFT, TPOT: median and p99 ms; "
+                                    "server q/s: the highest rate meeting both p99 bounds)", styles),
+                  width=min(out.width, tables.WIDTH))
+    rows += generated
     for row in rows:
         if row["loadgen_reason"]:
             out.print(f"INVALID {escape(row['benchmark'])} {escape(str(row['framework']))} {row['scenario']}: "
@@ -361,7 +375,7 @@ def _summary_table(records) -> Table:
 def with_scenarios(benchmarks: list[Benchmark], scenarios: list[str]) -> list[Benchmark]:
     """Each (inference) benchmark once per LoadGen scenario, in order; the batch a scenario's worker
     is prepared at is the largest it runs (LoadGenPolicy.batch_sizes), not the suite's."""
-    return [dataclasses.replace(b, scenario=s, batch_sizes=(max(b.policy.loadgen.batch_sizes(s)),))
+    return [dataclasses.replace(b, scenario=s, batch_sizes=(max(b.policy.loadgen.batch_sizes(s, b.mode)),))
             for b in benchmarks for s in scenarios]
 
 

@@ -27,6 +27,12 @@ LOADGEN_RUN_COLUMNS = ("benchmark", "framework", "framework_version", "scenario"
                        "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "samples_per_s", "server_qps")
 LOADGEN_RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "scenario", "loadgen_result", "latency_p50_ms",
                            "latency_p99_ms", "samples_per_s", "server_qps")
+# generation's LoadGen server (`--mode generate --scenario server`): LoadGen's TTFT and TPOT percentiles
+# and the highest rate meeting both bounds
+LOADGEN_GENERATION_RUN_COLUMNS = ("benchmark", "framework", "framework_version", "status", "loadgen_result",
+                                  "ttft_ms", "ttft_p99_ms", "tpot_ms", "tpot_p99_ms", "tokens_per_s", "server_qps")
+LOADGEN_GENERATION_RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "loadgen_result", "ttft_p99_ms",
+                                      "tpot_p99_ms", "tokens_per_s", "server_qps")
 # mode generate's own table (after the run table): per request, time to first token and per output token
 GENERATION_COLUMNS = ("benchmark", "framework", "batch_size", "compile", "status", "prompt_tokens", "new_tokens",
                       "ttft_ms", "ttft_p99_ms", "tpot_ms", "tpot_p99_ms", "tokens_per_s")

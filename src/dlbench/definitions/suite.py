@@ -68,6 +68,9 @@ class LoadGenPolicy(_Strict):
     multi_stream its 99th percentile latency, early stopping included (LoadGen needs 64 queries at
     the 90th, 662 at the 99th before its estimate can hold). The server's bound is its 99th
     percentile target latency; its rate is searched over `server_search_steps` LoadGen tests.
+    Generation (mode generate) runs the server only, bounded instead by the 99th percentiles of time
+    to first token (`server_ttft_ms`) and time per output token (`server_tpot_ms`), one request at
+    a time (batch 1: batch_sizes(scenario, "generate")).
     max_batch and batch_timeout_ms are the runner's batching for server and offline; sample_count
     the query sample library's size; seed LoadGen's three seeds (QSL, sample index, schedule)."""
 
@@ -80,6 +83,10 @@ class LoadGenPolicy(_Strict):
     batch_timeout_ms: Real(ge=0, le=60_000) = 2.0
     server_target_latency_ms: Real(gt=0, le=3_600_000) = 100.0
     server_search_steps: Int(1, 100) = 5
+    # generation's server (mode generate): 99th-percentile bounds on time to first token and time per
+    # output token, as MLPerf states its LLM targets (llama2-70b server: 2 s and 200 ms)
+    server_ttft_ms: Real(gt=0, le=3_600_000) = 2000.0
+    server_tpot_ms: Real(gt=0, le=3_600_000) = 200.0
     warmup_queries: Int(1, 10_000) = 3
     seed: Int(0, 2**31 - 1) = 0
 
@@ -89,11 +96,11 @@ class LoadGenPolicy(_Strict):
             raise ValueError(f"max_duration_s ({self.max_duration_s:g}) is below min_duration_s ({self.min_duration_s:g})")
         return self
 
-    def batch_sizes(self, scenario: str) -> list[int]:
+    def batch_sizes(self, scenario: str, mode: str = "infer") -> list[int]:
         """The batch sizes a scenario runs (a batch is padded up to the next): single_stream 1,
         multi_stream its samples per query, offline and server the powers of two below max_batch
-        and max_batch itself."""
-        if scenario == "single_stream":
+        and max_batch itself; generation's server 1 (each request is one sequence, served alone)."""
+        if scenario == "single_stream" or mode == "generate":
             return [1]
         if scenario == "multi_stream":
             return [self.samples_per_query]

@@ -178,7 +178,8 @@ def loadgen_settings(benchmark: Benchmark) -> dict:
     """What a LoadGen run's worker is given (and its record keeps): the profile's LoadGen policy,
     the scenario and the batch sizes it runs (runners/common/loadgen_harness.py)."""
     policy = benchmark.policy.loadgen
-    return {**policy.model_dump(), "scenario": benchmark.scenario, "batch_sizes": policy.batch_sizes(benchmark.scenario)}
+    return {**policy.model_dump(), "scenario": benchmark.scenario,
+            "batch_sizes": policy.batch_sizes(benchmark.scenario, benchmark.mode)}
 
 
 def build_request(run: PlannedRun, options: RunOptions) -> dict:
@@ -382,6 +383,8 @@ class Orchestrator:
         self.events.run_started(run, 1)
         env = self.environment(run.runner)
         settings = loadgen_settings(b)
+        generation = ({"prompt_length": b.generation.prompt_length, "new_tokens": b.generation.new_tokens}
+                      if b.mode == "generate" and b.generation is not None else None)
         res: dict = {}
         tail, status, reason, info, files = "", "ok", None, None, {}
         repeats: list[Repeat] = []
@@ -403,7 +406,7 @@ class Orchestrator:
                 if status == "ok":
                     try:
                         files = collect_logs(logs, [t["log_dir"] for t in res["loadgen"]["runs"]])
-                        info = loadgen_info(res["loadgen"], settings, files)
+                        info = loadgen_info(res["loadgen"], settings, files, generation)
                     except LoadGenLogError as e:
                         status, reason = "failed", f"LoadGen's log: {e}"
             self.events.repeat_done(run, repeats[0])
@@ -440,9 +443,16 @@ class Orchestrator:
         return record
 
 
-def loadgen_info(outcome: dict, settings: dict, files: dict[str, bytes]) -> LoadGenInfo:
+# how generation's server serves its requests (runners/common/loadgen_harness.py, GenerationServerRun)
+GENERATION_SERVING = ("one request at a time, first come first served: a server thread takes the oldest queued "
+                      "request and runs its prefill and every decode (batch 1) before the next; no batching "
+                      "across requests")
+
+
+def loadgen_info(outcome: dict, settings: dict, files: dict[str, bytes], generation: dict | None = None) -> LoadGenInfo:
     """The record's `loadgen` from the worker's account of its tests and LoadGen's detail logs (the
-    figures are the logs'): the chosen test's result, and every test of a server search."""
+    figures are the logs'): the chosen test's result, and every test of a server search. `generation`
+    (prompt and new tokens) for generation's server, whose bounds and serving policy it records."""
     scenario = outcome["scenario"]
     results, details = {}, {}
     for test in outcome["runs"]:
@@ -456,9 +466,13 @@ def loadgen_info(outcome: dict, settings: dict, files: dict[str, bytes]) -> Load
         scenario=scenario, loadgen_version=detail.get("loadgen_version"),
         mode=str(detail.get("effective_test_mode") or "PerformanceOnly"), metric=metric, metric_value=value,
         settings=settings, effective={k: v for k, v in detail.items() if k.startswith("effective_")},
-        batching={"max_batch": max(settings["batch_sizes"]), "timeout_ms": settings["batch_timeout_ms"],
-                  "batch_sizes": settings["batch_sizes"],
-                  "applies": "server (a batch waits at most timeout_ms after its first sample) and offline"
-                  if scenario in ("server", "offline") else "none: each query is one batch"},
+        batching=({"max_batch": 1, "batch_sizes": settings["batch_sizes"], "applies": GENERATION_SERVING}
+                  if generation is not None else
+                  {"max_batch": max(settings["batch_sizes"]), "timeout_ms": settings["batch_timeout_ms"],
+                   "batch_sizes": settings["batch_sizes"],
+                   "applies": "server (a batch waits at most timeout_ms after its first sample) and offline"
+                   if scenario in ("server", "offline") else "none: each query is one batch"}),
+        generation=({**generation, "ttft_ms": settings["server_ttft_ms"], "tpot_ms": settings["server_tpot_ms"],
+                     "percentile": 0.99, "serving": GENERATION_SERVING} if generation is not None else {}),
         warmup_latency_s=outcome["warmup_latency_s"], result=chosen,
         search=[results[t["log_dir"]] for t in outcome["runs"]] if scenario == "server" else [])

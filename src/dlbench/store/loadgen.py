@@ -28,12 +28,15 @@ METRIC_KEYS = {
     "offline": ("samples/s", "result_samples_per_second"),
     "server": ("queries/s within the p99 bound (highest rate found)", None),
 }
+# generation's server (LoadGen's token latencies): its figure is the rate too, within both bounds
+TOKEN_SERVER_METRIC = "queries/s within the p99 TTFT and TPOT bounds (highest rate found)"
 # the scenario's throughput in samples/s: single stream's queries are one sample; multi-stream has none of its own
 THROUGHPUT_KEYS = {"single_stream": "result_qps_with_loadgen_overhead", "offline": "result_samples_per_second",
                    "server": "result_completed_samples_per_sec"}
 UNMET = (("result_min_duration_met", "the minimum duration was not met"),
          ("result_min_queries_met", "the minimum query count was not met"),
-         ("result_perf_constraints_met", "the latency percentile exceeded the target latency"),
+         ("result_perf_constraints_met", "the latency percentile exceeded the target latency (with token "
+          "latencies: the TTFT or TPOT percentile exceeded its bound)"),
          ("early_stopping_met", "early stopping was not satisfied"))
 
 
@@ -78,17 +81,26 @@ def result_of(detail: dict, scenario: str, log_dir: str, source: str) -> LoadGen
     if isinstance(detail.get("result_invalid_reason"), str) and detail["result_invalid_reason"].strip():
         reasons.append(detail["result_invalid_reason"].strip())
     reasons += [words for key, words in UNMET if detail.get(key) is False]
-    early = detail.get("early_stopping_result")
-    early = " ".join(early.split()) if isinstance(early, str) and early.strip() else None
+    # token latencies: one early-stopping text for the time to first token and one per output token
+    texts = [(label, detail.get(key)) for label, key in (("", "early_stopping_result"),
+                                                         ("TTFT: ", "early_stopping_ttft_result"),
+                                                         ("TPOT: ", "early_stopping_tpot_result"))]
+    early = "; ".join(label + " ".join(t.split()) for label, t in texts if isinstance(t, str) and t.strip()) or None
     if detail.get("early_stopping_met") is False and early:
         reasons.append(f"early stopping: {early}")
     reasons += [f"LoadGen error: {e}" for e in detail.get("errors", [])]
-    latency = {}
+    latency, ttft, tpot = {}, {}, {}
     for key, value in detail.items():
-        if key.startswith("result_") and key.endswith("_latency_ns") and "per_query" not in key:
-            name = key[len("result_"):-len("_latency_ns")].removesuffix("_percentile")
-            if _number(value) is not None:
-                latency[name] = _number(value)
+        if _number(value) is None or not key.startswith("result_"):
+            continue
+        if key.startswith("result_first_token_") and key.endswith("_latency_ns"):
+            ttft[key[len("result_first_token_"):-len("_latency_ns")].removesuffix("_percentile")] = _number(value)
+        elif key.startswith("result_time_per_output_token_") and key.endswith("_percentile_ns"):
+            tpot[key[len("result_time_per_output_token_"):-len("_percentile_ns")]] = _number(value)
+        elif key.startswith("result_time_to_output_token_"):  # LoadGen's name for TPOT's min, mean, max
+            tpot[key[len("result_time_to_output_token_"):]] = _number(value)
+        elif key.endswith("_latency_ns") and "per_query" not in key:
+            latency[key[len("result_"):-len("_latency_ns")].removesuffix("_percentile")] = _number(value)
     throughput = THROUGHPUT_KEYS.get(scenario)
     figures = {k: v for k, v in detail.items() if k.startswith(("result_", "early_stopping_"))}
     return LoadGenResult(
@@ -97,15 +109,16 @@ def result_of(detail: dict, scenario: str, log_dir: str, source: str) -> LoadGen
         meets_bound=detail.get("result_perf_constraints_met") if scenario == "server" else None,
         query_count=detail.get("result_query_count") if isinstance(detail.get("result_query_count"), int) else None,
         latency_ns=latency, samples_per_s=_number(detail.get(throughput)) if throughput else None,
+        ttft_ns=ttft, tpot_ns=tpot, tokens_per_s=_number(detail.get("result_completed_tokens_per_second")),
         early_stopping=early, figures=figures)
 
 
 def metric_of(scenario: str, result: LoadGenResult) -> tuple[str, float | None]:
     """(what the scenario's figure is, its value): the server's is the rate of the chosen test when
-    it met the bound, else none (no rate tried met it)."""
+    it met the bound (with token latencies: both bounds), else none (no rate tried met it)."""
     name, key = METRIC_KEYS[scenario]
     if scenario == "server":
-        return name, result.target_qps if result.meets_bound else None
+        return TOKEN_SERVER_METRIC if result.ttft_ns else name, result.target_qps if result.meets_bound else None
     return name, _number(result.figures.get(key))
 
 

@@ -107,8 +107,15 @@ def update_to_12(data: dict) -> dict:
     return data
 
 
+def update_to_13(data: dict) -> dict:
+    """13 added LoadGen's token latencies (generation's server scenario): `loadgen.result.ttft_ns`,
+    `tpot_ns`, `tokens_per_s` and `loadgen.generation`. No older LoadGen run generated, so every
+    older record reads with none of them (absent: {} and None)."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11, 12: update_to_12}
+         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11, 12: update_to_12, 13: update_to_13}
 
 
 def upgrade(data: dict, target: int) -> dict:

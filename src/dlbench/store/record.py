@@ -98,6 +98,14 @@ records step by step and refuse newer ones):
     roofline at a calibrated profile's measured ceilings alone), `datasheet` (a datasheet's peaks
     times stated efficiencies). Older records read with no split (`sources` {}; `measured_share`
     keeps saying the `shape` part) (update_to_12).
+  13 (2026-12-02) LoadGen's server scenario on generation (`dlbench run --mode generate --scenario
+    server`, issue 20): LoadGen's token latencies. `loadgen.result` (and each test of `search`) has
+    `ttft_ns` (time to first token) and `tpot_ns` (time per output token): min, mean, max and
+    percentiles as LoadGen's detail log states them, and `tokens_per_s` (completed tokens/s);
+    `early_stopping` joins LoadGen's TTFT and TPOT early-stopping texts. `loadgen.generation` holds
+    the request shape (prompt, new tokens), the bounds (`ttft_ms`, `tpot_ms`, 99th percentile) and
+    the serving policy. The server's figure is the highest rate meeting both bounds. Older records
+    read with none of these ({}/None) (update_to_13).
 """
 
 from __future__ import annotations
@@ -109,7 +117,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -372,7 +380,12 @@ class LoadGenResult(_Model):
     query_count: Int64 | None = None
     latency_ns: dict[str, float] = {}  # min, mean, max, and percentiles "50.00" ... "99.90" (per sample)
     samples_per_s: float | None = None  # the scenario's throughput (see store/loadgen.py: which key)
-    early_stopping: str | None = None  # LoadGen's early-stopping text
+    # generation's server (schema 13, LoadGen's token latencies): time to first token and time per
+    # output token, ns: min, mean, max and percentiles "50.00" ... "99.90"; completed tokens/s
+    ttft_ns: dict[str, float] = {}
+    tpot_ns: dict[str, float] = {}
+    tokens_per_s: float | None = None
+    early_stopping: str | None = None  # LoadGen's early-stopping text (token latencies: TTFT's and TPOT's)
     figures: dict[str, Any] = {}  # every result_* and early_stopping_* key of the detail log, as LoadGen wrote it
 
 
@@ -387,7 +400,10 @@ class LoadGenInfo(_Model):
     settings: dict[str, Any]  # what dlbench gave LoadGen (profile: durations, counts, bound, seeds, batching)
     effective: dict[str, Any] = {}  # LoadGen's effective_* settings of the chosen test
     batching: dict[str, Any] = {}  # max batch, timeout, the padded batch sizes
-    warmup_latency_s: dict[str, float] = {}  # median per padded batch size, before LoadGen started
+    warmup_latency_s: dict[str, float] = {}  # median per padded batch size (generation: per request), before LoadGen
+    # generation's server (schema 13): prompt and new tokens per request, the TTFT and TPOT bounds
+    # (ms, 99th percentile) and the serving policy; {} for other runs
+    generation: dict[str, Any] = {}
     result: LoadGenResult  # the test the figure comes from (the server: the highest rate that met the bound)
     search: list[LoadGenResult] = []  # server: every test of the search, in order
     logs: list[LoadGenLog] = []

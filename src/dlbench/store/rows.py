@@ -72,8 +72,19 @@ def _loadgen_columns(r: Record) -> dict:
 
 def _generation_columns(r: Record) -> dict:
     """Mode generate (schema 10): the request's shape and the medians and 99th percentiles of time to
-    first token and time per output token, in ms."""
+    first token and time per output token, in ms; for generation's LoadGen server (schema 13),
+    LoadGen's own percentiles of the chosen test."""
     g = r.generation
+    info = r.loadgen
+    if g is None and info is not None and info.generation:
+        ttft, tpot = info.result.ttft_ns, info.result.tpot_ns
+
+        def pct_ms(values, p):
+            return values[p] / 1e6 if p in values else None
+
+        return {"prompt_tokens": info.generation.get("prompt_length"), "new_tokens": info.generation.get("new_tokens"),
+                "ttft_ms": pct_ms(ttft, "50.00"), "ttft_p99_ms": pct_ms(ttft, "99.00"),
+                "tpot_ms": pct_ms(tpot, "50.00"), "tpot_p99_ms": pct_ms(tpot, "99.00")}
 
     def ms(dist, key):
         return getattr(dist, key) * 1e3 if dist is not None else None
@@ -93,6 +104,8 @@ def run_tokens_per_s(r: Record, samples_per_s: float | None) -> float | None:
     run, else samples/s x sequence length of a token network (utilisation.tokens_per_s)."""
     if r.generation is not None:
         return samples_per_s * r.generation.new_tokens if samples_per_s is not None else None
+    if r.loadgen is not None and r.loadgen.generation:
+        return r.loadgen.result.tokens_per_s  # LoadGen's completed tokens/s
     return tokens_per_s(r.network.definition, samples_per_s)
 
 
