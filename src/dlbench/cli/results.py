@@ -121,10 +121,15 @@ def results(
         out.print(tables.rich_table(rows, shown_columns, title), width=width)
         for note in tables.footnotes(rows, shown_columns):
             out.print(escape(note), highlight=False, width=width)
-    generated = [row for row in rows if row.get("mode") == "generate"]
+    generated = [row for row in rows if row.get("mode") == "generate" and not row.get("scenario")]
+    served = [row for row in rows if row.get("mode") == "generate" and row.get("scenario")]
     if generated and chosen is None and not wide:  # mode generate: its own figures under the table
         out.print(tables.rich_table(generated, tables.GENERATION_COLUMNS, "generation (per request: median and 99th "
                                     "percentile)"), width=min(out.width, tables.WIDTH))
+    if served and chosen is None and not wide:  # generation's LoadGen server: LoadGen's token latencies
+        out.print(tables.rich_table(served, tables.GENERATION_COLUMNS, "generation under LoadGen's server (LoadGen's "
+                                    "TTFT and TPOT: median and 99th percentile, at the rate reported)"),
+                  width=min(out.width, tables.WIDTH))
     if any(row.get("workers") is not None for row in rows):
         from .distributed import print_distributed_details
 
