@@ -485,3 +485,16 @@ def test_generation_runs_only_the_server_scenario(tmp_path):
                           "smoke", "--benchmark", "transformer_tiny", "--mode", "generate", "--scenario",
                           "single_stream,server", "--store", str(tmp_path / "s"))
     assert code == 2 and "--scenario single_stream: generation (--mode generate) runs LoadGen's server" in err
+
+
+def test_the_report_shows_generation_s_server_bounds_and_token_latencies(generation_server_store, tmp_path):
+    store, _ = generation_server_store
+    (record,) = store.records()
+    site = tmp_path / "site"
+    code, _, err = invoke("report", "--store", str(store.root), "--out", str(site))
+    assert code == 0, err
+    run_page = (site / "runs" / f"{record.run_id}.html").read_text()
+    assert "Generation under LoadGen&#39;s server" in run_page or "Generation under LoadGen's server" in run_page
+    assert "time to first token 100.0 ms" in run_page and "TTFT p99 ms" in run_page
+    (bench_page,) = [p.read_text() for p in (site / "benchmarks").glob("*generate*.html")]
+    assert "TTFT p99 ms" in bench_page and "TPOT p99 ms" in bench_page

@@ -315,9 +315,15 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
 
 
 def _generation_figures(r: Record) -> dict:
-    """TTFT and TPOT (median, 99th percentile, ms) of a generate run; nothing for the others."""
+    """TTFT and TPOT (median, 99th percentile, ms) of a generate run, LoadGen's for one under its
+    server (schema 13); nothing for the others."""
     g = r.generation
     out = {}
+    if g is None and r.loadgen is not None and r.loadgen.generation:
+        for key, values in (("ttft", r.loadgen.result.ttft_ns), ("tpot", r.loadgen.result.tpot_ns)):
+            if "50.00" in values and "99.00" in values:
+                out.update({f"{key}_ms": values["50.00"] / 1e6, f"{key}_p99_ms": values["99.00"] / 1e6})
+        return out
     for key, dist in (("ttft", g.ttft if g else None), ("tpot", g.tpot if g else None)):
         if dist is not None:
             out.update({f"{key}_ms": dist.median * 1e3, f"{key}_p99_ms": dist.p99 * 1e3})

@@ -420,7 +420,8 @@ def loadgen_context(record: Record) -> dict | None:
     return {"info": info, "chart": chart,
             "figures": flatten(_rounded(info.result.figures)),
             "settings": flatten({"given": info.settings, "batching": info.batching,
-                                 "warmup_latency_s": info.warmup_latency_s}),
+                                 "warmup_latency_s": info.warmup_latency_s,
+                                 **({"generation": info.generation} if info.generation else {})}),
             "effective": flatten(info.effective),
             "search": info.search, "logs": info.logs}
 
