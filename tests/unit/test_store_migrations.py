@@ -40,8 +40,9 @@ def store_with(tmp_path: Path, *versions: int) -> tuple[Store, dict[int, Path]]:
 
 
 def copy_attachments(root: Path) -> None:
-    """The files the fixtures keep beside them (v11's MLLOG files), where a store keeps them."""
+    """The files the fixtures keep beside them (v11's MLLOG files, v13's LoadGen logs), where a store keeps them."""
     shutil.copytree(FIXTURES / "mllog", root / "mllog", dirs_exist_ok=True)
+    shutil.copytree(FIXTURES / "loadgen", root / "loadgen", dirs_exist_ok=True)
 
 
 def test_there_is_a_fixture_of_every_schema_version():
@@ -96,7 +97,7 @@ def test_every_version_reads_as_the_current_one_with_nothing_lost(tmp_path, vers
         assert rec.repeat_policy.target_interval is None and rec.repeat_policy.achieved_reported_ci_pct is None
     if version < 12:  # an older prediction's split by source cannot be told after the fact: none
         assert rec.prediction is None or rec.prediction.sources == {}
-    else:
+    elif data.get("prediction") is not None:  # v13's LoadGen run has none: LoadGen keeps the clock
         assert rec.prediction.sources == data["prediction"]["sources"] and set(rec.prediction.sources) <= {
             "shape", "class", "ceilings", "datasheet"}
         assert sum(rec.prediction.sources.values()) == pytest.approx(1.0)
@@ -168,6 +169,35 @@ def test_the_v11_fixture_is_a_convergence_record_with_its_score():
     assert c.score_s == score([r.time_to_target_s for r in c.runs]).seconds
     assert all(r.mllog == f"mllog/{rec.run_id}/seed-{r.seed}.log" and len(r.mllog_sha256) == 64 for r in c.runs)
     assert run_row(rec)["reached"] == "3/3"
+
+
+def test_the_v13_fixture_is_generation_s_loadgen_server_with_token_latencies(tmp_path):
+    data = fixture(13)
+    assert data["checksum"] == checksum_of(data)
+    store, paths = store_with(tmp_path, 13)
+    rec = store.read(paths[13])
+    info = rec.loadgen
+    assert rec.workload.mode == "generate" and rec.workload.scenario == "server" and rec.summary is None
+    assert info.generation["ttft_ms"] == 100.0 and info.generation["tpot_ms"] == 25.0
+    assert len(info.search) == 3 and all(t.ttft_ns and t.tpot_ns and t.tokens_per_s for t in info.search)
+    row = run_row(rec)
+    assert row["ttft_p99_ms"] == info.result.ttft_ns["99.00"] / 1e6 and row["server_qps"] == info.metric_value
+    assert verify(store).problems == []  # its LoadGen logs, kept beside it, match their SHA-256
+
+
+def test_older_loadgen_records_read_without_token_latencies(tmp_path):
+    store, paths = store_with(tmp_path, 12)
+    data = fixture(13)
+    data["schema_version"] = 12  # a LoadGen server record of 12 had none of 13's token fields
+    del data["loadgen"]["generation"]
+    for test in [data["loadgen"]["result"], *data["loadgen"]["search"]]:
+        for key in ("ttft_ns", "tpot_ns", "tokens_per_s"):
+            del test[key]
+    upgraded = migrations.upgrade(json.loads(json.dumps(data)), SCHEMA_VERSION)
+    from dlbench.store.record import Record
+
+    rec = Record.model_validate({k: v for k, v in upgraded.items() if k != "checksum"})
+    assert rec.loadgen.generation == {} and rec.loadgen.result.ttft_ns == {} and rec.loadgen.result.tokens_per_s is None
 
 
 def test_a_newer_version_is_refused_by_name(tmp_path):
