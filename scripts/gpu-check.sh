@@ -4,7 +4,8 @@
 # counter and integrated power within 5%), every precision x compile mode and the fp32 pinning
 # (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, generation (mode generate, GPT-2 small
 # and transformer_tiny, torch eager and with its compiled decode step, jax), `dlbench check` on CUDA
-# (float64 and amp_bf16, and --mode generate), MLPerf LoadGen's single_stream (and server) on CUDA, the
+# (float64 and amp_bf16, and --mode generate), MLPerf LoadGen's single_stream (and server, and the server
+# on generation with TTFT/TPOT bounds) on CUDA, the
 # convergence suite's digits task to 97% in amp_bf16, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
@@ -88,6 +89,11 @@ done
 "${DLBENCH[@]}" run --suite cnn --framework torch,jax --benchmark alexnet_r-infer --benchmark resnet50-infer \
    --mode infer --scenario single_stream,server --profile smoke --device cuda --no-check "${ENV[@]}" \
    --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/loadgen.log" || status=1
+# LoadGen's server on generation (token latencies): each query one request served alone, the highest
+# Poisson rate whose 99th-percentile time to first token and per output token meet the smoke bounds.
+"${DLBENCH[@]}" run --suite transformer --framework torch,jax --benchmark transformer_tiny --benchmark gpt2_small \
+   --mode generate --scenario server --profile smoke --device cuda --no-check "${ENV[@]}" \
+   --store "$OUT/store" --timeout 600 2>&1 | tee "$OUT/loadgen-generate.log" || status=1
 "${DLBENCH[@]}" results --store "$OUT/store" --format csv > "$OUT/results.csv"
 "${DLBENCH[@]}" report --store "$OUT/store" --out "$OUT/site"
 "$PY" scripts/gpu_check_records.py "$OUT/store" | tee "$OUT/telemetry-check.txt" || status=1
