@@ -308,3 +308,18 @@ def test_store_upgrade_command_reports_what_it_could_not_read(tmp_path):
     assert code == 1
     assert paths[2].name in " ".join(out.split()) and "left as they are" in err
     assert store.inspect(paths[1]).written_version == SCHEMA_VERSION
+
+
+def test_verify_names_files_beside_the_records_that_no_record_lists(tmp_path):
+    # v11's MLLOG files and v13's LoadGen logs are listed by their records: not reported; a LoadGen
+    # folder left by a run that died before its record was written is, without failing verify
+    store, _ = store_with(tmp_path, 11, 13)
+    orphan = store.root / "loadgen" / "20260101T000000Z-0123456789ab" / "offline" / "mlperf_log_summary.txt"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_text("left by a run that died\n")
+    report = verify(store)
+    assert report.problems == [] and report.unlisted == [orphan]
+    code, out, _ = invoke("store", "verify", "--store", str(store.root))
+    assert code == 0
+    assert "1 files beside the records that no record lists" in " ".join(out.split())
+    assert "loadgen/20260101T000000Z-0123456789ab" in out

@@ -40,6 +40,11 @@ def store_verify(store: StoreOption = None) -> None:
     if report.leftovers:
         out.print(f"{len(report.leftovers)} temporary files in {st.incoming} ({len(report.stale)} left by writers "
                   "that died or are over an hour old: the next write removes them)", highlight=False, soft_wrap=True)
+    if report.unlisted:
+        folders = sorted({p.relative_to(st.root).parts[:2] for p in report.unlisted})
+        out.print(f"{len(report.unlisted)} files beside the records that no record lists (a run that died before "
+                  f"its record was written leaves its logs; nothing depends on them): "
+                  f"{', '.join('/'.join(f) for f in folders)}", highlight=False, soft_wrap=True)
     if report.problems:
         raise fail(f"{len(report.problems)} damaged or invalid files in {st.root} (listed above)", 1)
 

@@ -73,3 +73,20 @@ def merge_attachments(destination: Store, source_root: Path, record: Record) -> 
         except FileExistsError:
             conflicts.append((target, f"{target} exists with other content than run {record.run_id} lists; kept it"))
     return damaged, conflicts
+
+
+ATTACHMENT_DIRS = ("loadgen", "mllog")  # where records keep their files, STORE/<dir>/<run_id>/...
+
+
+def unlisted_files(root: Path, listed: set[str]) -> list[Path]:
+    """Files under the attachment folders that no record lists (`listed`: every record's attachment
+    paths, relative to `root`): what a run that died between writing its logs and its record left,
+    or what was copied in by hand. Not damage: no record depends on them."""
+    out = []
+    for name in ATTACHMENT_DIRS:
+        folder = Path(root) / name
+        if folder.is_dir():
+            out += [p for p in sorted(folder.rglob("*"))
+                    if p.is_file() and p.relative_to(root).as_posix() not in listed]
+    return out
+

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .checks import check_file_problem
 from .kernels import KernelStore
-from .attachments import attachment_problems
+from .attachments import attachment_problems, attachments, unlisted_files
 from .profiles import ProfileError, read_profile
 from .store import Store, StoreError, Unreadable
 
@@ -24,6 +24,7 @@ class VerifyReport:
     profiles: int = 0  # readable machine profiles (STORE/machines/)
     leftovers: list[Path] = field(default_factory=list)  # temporary files in .incoming/
     stale: list[Path] = field(default_factory=list)  # of those, the ones clean_incoming would remove
+    unlisted: list[Path] = field(default_factory=list)  # files in loadgen/ and mllog/ that no record lists
 
 
 def performance_files(root: Path) -> list[Path]:
@@ -47,8 +48,10 @@ def performance_file_problems(root: Path) -> list[tuple[Path, str | None]]:
 
 def verify(store: Store) -> VerifyReport:
     """Check every record (readable, valid, checksum, named after its run id), check file, kernel
-    record, machine profile and LoadGen log of `store`; changes nothing."""
+    record, machine profile and file a record keeps beside it (LoadGen logs, MLLOG files) of `store`,
+    and find the files beside records that no record lists; changes nothing."""
     report = VerifyReport()
+    listed: set[str] = set()
     for path in store.paths():
         try:
             stored = store.inspect(path)
@@ -57,6 +60,7 @@ def verify(store: Store) -> VerifyReport:
             continue
         # the files a record keeps beside it (LoadGen logs, MLLOG files): each as its record lists it
         report.problems += [Unreadable(p, why) for p, why in attachment_problems(store.root, stored.record)]
+        listed.update(a.path for a in attachments(stored.record))
         if stored.verified:  # (a record named other than its run id is a StoreError of inspect)
             report.verified.append(path)
         else:
@@ -74,6 +78,7 @@ def verify(store: Store) -> VerifyReport:
             report.kernels += 1
         else:
             report.profiles += 1
+    report.unlisted = unlisted_files(store.root, listed)
     if store.incoming.is_dir():
         report.leftovers = sorted(store.incoming.glob("*.tmp"))
         report.stale = store.clean_incoming(dry_run=True)
