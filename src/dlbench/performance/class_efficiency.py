@@ -21,7 +21,8 @@ roofline).
 Classes (`efficiency_class`), each per dtype: matmul by aspect (the smallest of m, n, k under
 SMALL_DIM: `small-m`, `small-n`, `small-k`, else `large`), the batched products of attention,
 convolution forward and backward by filter family (`1x1`, `3x3` and smaller, `large`; a backward
-without the input gradient, a network's first layer, apart), LSTM layers and steps forward and
+without the input gradient, a network's first layer, apart, and so a forward over an
+image's few channels, `image-input`), LSTM layers and steps forward and
 backward, attention's fused core forward and backward with and without dropout on its
 probabilities (torch takes another path with it), layer norm forward and backward (normalisation),
 GELU forward and backward (element-wise), the loss forward and backward, and the SGD-momentum
