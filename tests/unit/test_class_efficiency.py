@@ -54,6 +54,12 @@ def test_classes_by_aspect_family_and_path():
     assert efficiency_class(KernelSpec.of("conv2d_bwd", kh=11, kw=11, input_grad=0, **conv)) == \
         "conv2d_bwd large no-dx float32"
     assert efficiency_class(KernelSpec.of("conv2d_bwd", kh=5, kw=5, input_grad=1, **conv)) == "conv2d_bwd large float32"
+    # a forward over an image's channels (a network's first layer) apart from those over feature maps
+    image = {**conv, "channels": 3}
+    assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=3, kw=3, **image)) == "conv2d_fwd 3x3 image-input float32"
+    assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=7, kw=7, **image)) == "conv2d_fwd large image-input float32"
+    assert efficiency_class(KernelSpec.of("conv2d_bwd", kh=7, kw=7, input_grad=0, **image)) == \
+        "conv2d_bwd large no-dx float32"  # its backward is already apart: no input gradient
     att = dict(batch=2, heads=4, steps=32, head_size=16, causal=1)
     assert efficiency_class(KernelSpec.of("attention_fwd", dropout=100, **att)) == "attention_fwd dropout float32"
     assert efficiency_class(KernelSpec.of("attention_bwd", dropout=0, **att)) == "attention_bwd float32"

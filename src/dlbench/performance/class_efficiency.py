@@ -21,7 +21,8 @@ roofline).
 Classes (`efficiency_class`), each per dtype: matmul by aspect (the smallest of m, n, k under
 SMALL_DIM: `small-m`, `small-n`, `small-k`, else `large`), the batched products of attention,
 convolution forward and backward by filter family (`1x1`, `3x3` and smaller, `large`; a backward
-without the input gradient, a network's first layer, apart), LSTM layers and steps forward and
+without the input gradient, a network's first layer, apart, and so a forward over an
+image's few channels, `image-input`), LSTM layers and steps forward and
 backward, attention's fused core forward and backward with and without dropout on its
 probabilities (torch takes another path with it), layer norm forward and backward (normalisation),
 GELU forward and backward (element-wise), the loss forward and backward, and the SGD-momentum
@@ -58,6 +59,11 @@ from .kernels import KernelSpec
 # call's checks and allocation, threads waking, a cold first touch) easily are 10x a small kernel's work
 MIN_STEADY_EFFICIENCY = 0.1
 SMALL_DIM = 128  # a GEMM dimension under this is "small": the others' blocking cannot hide it
+# a convolution over this few input channels reads an image (RGB, grey): its reduction over
+# kh x kw x channels is too short for the vector units, so it runs at a fraction of the efficiency
+# of the same filter over feature maps, and fitted with them it reads as a large fixed overhead of
+# every convolution of the family (jax's 3x3 forward: 1.8 ms per call from resnet56's first layer)
+IMAGE_CHANNELS = 4
 
 
 def efficiency_class(spec: KernelSpec) -> str:
@@ -73,6 +79,8 @@ def efficiency_class(spec: KernelSpec) -> str:
         family = "1x1" if size == 1 else "3x3" if size <= 3 else "large"
         if k == "conv2d_bwd" and not spec["input_grad"]:
             family += " no-dx"
+        elif spec["channels"] <= IMAGE_CHANNELS:
+            family += " image-input"
         return f"{k} {family} {spec.dtype}"
     if k.startswith("attention"):
         return f"{k}{' dropout' if spec['dropout'] else ''} {spec.dtype}"
