@@ -170,7 +170,7 @@ def test_the_digits_reach_their_target(framework_env, tmp_path, task):
 def test_fcn5_leaves_the_sigmoid_plateau_in_two_epochs(framework_env, tmp_path):
     """The shipped digits_fcn5 task, cut to 2 epochs (its warm-up, then the cosine) with a 50%
     target: at the frameworks' own initialisations it stayed at chance (10%) for tens of epochs;
-    with the network's described N(0, 16/F) weights torch is at 67-79% after one. Seconds per
+    with the network's described N(0, 16/F) weights torch was at 61-79% after one in trials. Seconds per
     framework, where the full task to 97% takes minutes."""
     shipped = yaml.safe_load((ROOT / "suites" / "convergence.yaml").read_text())
     (task,) = [t for t in shipped["tasks"] if t["name"] == "digits_fcn5"]
