@@ -5,8 +5,8 @@
 # (scripts/gpu_pinning.py), the transformer suite in amp_bf16 compiled, generation (mode generate, GPT-2 small
 # and transformer_tiny, torch eager and with its compiled decode step, jax), `dlbench check` on CUDA
 # (float64 and amp_bf16, and --mode generate), MLPerf LoadGen's single_stream (and server, and the server
-# on generation with TTFT/TPOT bounds) on CUDA, the
-# convergence suite's digits task to 97% in amp_bf16, then results and the report.
+# on generation with TTFT/TPOT bounds) on CUDA, the convergence suite's digits tasks (digits_cnn,
+# digits_fcn5) to 97% in amp_bf16, then results and the report.
 #
 # On a host with network access:   scripts/gpu-check.sh            (builds the cuda venv itself)
 # On an offline host whose python3 already has a CUDA torch (our lent H200s):

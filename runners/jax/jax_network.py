@@ -933,22 +933,32 @@ def canonical_to_variables(arrays: dict, network: dict, plan: list[dict], like: 
 
 # ----------------------------------------------------------------------------------------------
 
-def host_init(abstract: dict, rng, embedding_std: dict | None = None) -> dict:
+def host_init(abstract: dict, rng, embedding_std: dict | None = None, dense_init: dict | None = None) -> dict:
     """Initial values for flax's variable shapes, drawn with numpy (the same schemes as flax's
     defaults: LeCun-normal kernels, zero biases, N(0, 1/dim) embeddings, unit BN and layer-norm
     scales, unit BN variance, U(-1/sqrt(h), 1/sqrt(h)) LSTM weights; N(0, 0.02^2) position tables
     and class tokens, as transformer_modules draws them). `embedding_std`: module name -> the
-    described N(0, std^2) of that embedding's table (its `init_std`), in place of flax's default."""
+    described N(0, std^2) of that embedding's table (its `init_std`), in place of flax's default;
+    `dense_init`: module name -> a dense layer's described `init` (variance scale / fan, normal or
+    uniform; definitions/schema.py), in place of LeCun-normal."""
     import numpy as np
 
     embedding_std = embedding_std or {}
+    dense_init = dense_init or {}
 
     def one(path, s):
         leaf = path[-1].key
         shape = tuple(s.shape)
         if leaf == "kernel":
-            fan_in = int(np.prod(shape[:-1]))
-            return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(fan_in)).astype(np.float32)
+            fan_in, fan_out = int(np.prod(shape[:-1])), shape[-1]
+            init = dense_init.get(getattr(path[-2], "key", None)) if len(path) > 1 else None
+            if init is None:
+                return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(fan_in)).astype(np.float32)
+            fan = {"fan_in": fan_in, "fan_out": fan_out, "fan_avg": (fan_in + fan_out) / 2}[init["mode"]]
+            std = np.sqrt(init["scale"] / fan)
+            if init["distribution"] == "normal":
+                return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+            return rng.uniform(-np.sqrt(3) * std, np.sqrt(3) * std, shape).astype(np.float32)
         if leaf == "embedding":
             std = embedding_std.get(getattr(path[-2], "key", None)) or 1 / np.sqrt(shape[-1])
             return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
@@ -1070,7 +1080,9 @@ class TrainingModel:
         described = {f"layer{i:03d}": layer["init_std"] if layer["type"] == "embedding" else SEGMENT_TABLE_STD
                      for i, layer in enumerate(self.network["layers"])
                      if layer.get("init_std") or layer["type"] == "segment_embedding"}
-        return jax.tree.map(lambda v: v.astype(self.storage), host_init(abstract, rng, described))
+        dense = {f"layer{i:03d}": layer["init"] for i, layer in enumerate(self.network["layers"])
+                 if layer["type"] == "dense" and layer.get("init")}
+        return jax.tree.map(lambda v: v.astype(self.storage), host_init(abstract, rng, described, dense))
 
     def host_opt_state(self, params):
         """optax.sgd's state is the momentum trace (zeros) and empty states: built on the host.

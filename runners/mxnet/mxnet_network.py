@@ -405,7 +405,15 @@ def _nn():
 def _dense(spec, build):
     # flatten=False keeps a (batch, steps, features) input and applies the weights at every step
     in_shape = spec["in_shape"]
-    return _nn().Dense(spec["units"], use_bias=spec["bias"], flatten=len(in_shape) != 2, in_units=in_shape[-1])
+    init = spec.get("init")
+    # the described initialisation (a parameter's own initialiser outranks the network's Xavier; Gluon's
+    # biases start at zero): Xavier draws U(-sqrt(m / fan), ..) or N(0, m / fan), so m is 3 scale or scale
+    described = {"weight_initializer": load_mxnet().init.Xavier(
+        rnd_type="gaussian" if init["distribution"] == "normal" else "uniform",
+        factor_type={"fan_in": "in", "fan_out": "out", "fan_avg": "avg"}[init["mode"]],
+        magnitude=init["scale"] * (1 if init["distribution"] == "normal" else 3))} if init else {}
+    return _nn().Dense(spec["units"], use_bias=spec["bias"], flatten=len(in_shape) != 2, in_units=in_shape[-1],
+                       **described)
 
 
 def _conv2d(spec, build):

@@ -631,7 +631,12 @@ class LayerPlan:
 
 
 def _dense(spec, plan):
-    return [load_keras().layers.Dense(spec["units"], use_bias=spec["bias"])]
+    keras = load_keras()
+    init = spec.get("init")  # the described initialisation, else Keras' Glorot-uniform (and zero biases)
+    described = ({"kernel_initializer": keras.initializers.VarianceScaling(
+        init["scale"], init["mode"], "untruncated_normal" if init["distribution"] == "normal" else "uniform"),
+        "bias_initializer": "zeros"} if init else {})
+    return [keras.layers.Dense(spec["units"], use_bias=spec["bias"], **described)]
 
 
 def _conv2d(spec, plan):

@@ -37,7 +37,28 @@ def load_torch():
 
 
 def _dense(spec: dict):
-    return load_torch().nn.Linear(spec["in_shape"][-1], spec["units"], bias=spec["bias"])
+    layer = load_torch().nn.Linear(spec["in_shape"][-1], spec["units"], bias=spec["bias"])
+    if spec.get("init"):  # the described initialisation, else nn.Linear's own U(-1/sqrt(F), 1/sqrt(F))
+        variance_scaled_(layer, spec["init"])
+    return layer
+
+
+def variance_scaled_(layer, init: dict) -> None:
+    """A dense layer's described `init` (definitions/schema.py): weights of variance scale / fan from
+    a normal or a uniform distribution, biases zero."""
+    import math
+
+    torch = load_torch()
+    units, features = layer.weight.shape
+    fan = {"fan_in": features, "fan_out": units, "fan_avg": (features + units) / 2}[init["mode"]]
+    std = math.sqrt(init["scale"] / fan)
+    with torch.no_grad():
+        if init["distribution"] == "normal":
+            layer.weight.normal_(0.0, std)
+        else:
+            layer.weight.uniform_(-math.sqrt(3) * std, math.sqrt(3) * std)
+        if layer.bias is not None:
+            layer.bias.zero_()
 
 
 def _conv2d(spec: dict):

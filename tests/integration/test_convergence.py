@@ -1,8 +1,9 @@
 """The convergence suite (issue 21) in every framework's real environment: small IDX and
 CIFAR-binary files written here and read back through each framework's own input pipeline
 (DataLoader, tf.data, grain, Gluon DataLoader); resnet56 trained end to end on a tiny CIFAR-binary
-set (the path, no target); and the digits tasks reaching their 97% target (one seed each, the
-`smoke` profile), with MLLOG files that the strict reader accepts."""
+set (the path, no target); the digits_cnn task reaching its 97% target (one seed each, the `smoke`
+profile), with MLLOG files that the strict reader accepts; and digits_fcn5, as the shipped suite
+trains it, leaving the sigmoid plateau within its first two epochs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from dlbench import paths
@@ -163,3 +165,23 @@ def test_the_digits_reach_their_target(framework_env, tmp_path, task):
     assert run.reached and run.evals[-1]["accuracy"] >= 0.97 and record.convergence.score_s == run.time_to_target_s
     events = mllog_reader.read(store / run.mllog)
     assert mllog_reader.accuracies(events)[-1][1] >= 0.97
+
+
+def test_fcn5_leaves_the_sigmoid_plateau_in_two_epochs(framework_env, tmp_path):
+    """The shipped digits_fcn5 task, cut to 2 epochs (its warm-up, then the cosine) with a 50%
+    target: at the frameworks' own initialisations it stayed at chance (10%) for tens of epochs;
+    with the network's described N(0, 16/F) weights torch was at 61-79% after one in trials. Seconds per
+    framework, where the full task to 97% takes minutes."""
+    shipped = yaml.safe_load((ROOT / "suites" / "convergence.yaml").read_text())
+    (task,) = [t for t in shipped["tasks"] if t["name"] == "digits_fcn5"]
+    task.update(max_epochs=2, target={"metric": "top1", "value": 0.5})
+    path = tmp_path / "fcn5_two_epochs.yaml"
+    path.write_text(yaml.safe_dump({"name": "fcn5_two_epochs", "kind": "convergence",
+                                    "runs": {"smoke": 1, "default": 1, "paper": 1}, "tasks": [task]}))
+    store = tmp_path / "store"
+    result = run_cli("run", "--suite", str(path), "--framework", framework_env[0].name, "--profile", "smoke",
+                     "--threads", "2", "--store", str(store))
+    (record,) = list(Store(store).records())
+    assert result.exit_code == 0, (record.reason, record.output_tail[-2000:])
+    (run,) = record.convergence.runs
+    assert run.reached and run.evals[-1]["accuracy"] >= 0.5, run.evals

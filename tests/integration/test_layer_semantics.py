@@ -54,6 +54,12 @@ TINY = {
     "embedding_lstm_sequence_dense": ({"kind": "tokens", "vocabulary": 11, "sequence_length": 5}, [
         {"type": "embedding", "vocabulary": 11, "dim": 6}, {"type": "lstm", "hidden": 7, "layers": 2},
         {"type": "dense", "units": 11}]),
+    # described dense initialisations whose scales none of the frameworks' defaults has (torch
+    # 1/(3F), Keras 1/fan_avg, flax 1/F, MXNet 2/F: here 4/fan_avg and 0.5/fan_out)
+    "dense_described_init": ({"kind": "tensor", "shape": [300], "classes": 5}, [
+        {"type": "dense", "units": 200, "init": {"distribution": "normal", "scale": 4.0, "mode": "fan_avg"}},
+        {"type": "sigmoid"},
+        {"type": "dense", "units": 5, "init": {"distribution": "uniform", "scale": 0.5, "mode": "fan_out"}}]),
 }
 
 # The transformer types (issue 17), dim 8-16, 4-6 tokens, 1-2 heads and blocks; the head size is not
@@ -137,9 +143,38 @@ def test_every_framework_matches_numpy(runners, kind, tmp_path):
             drawn = float(np.std(arrays["init/000.weight"]))
             if not 0.6 * init_std < drawn < 1.5 * init_std:
                 failures.append(f"{runner.name}: embedding initialised with std {drawn:.3g}, described {init_std}")
+        failures += [f"{runner.name}: {f}" for f in dense_init_failures(net.resolved["layers"], arrays)]
         logits_err = relative_error(arrays["logits"], expected)
         loss_err = relative_error(arrays["loss"], np.asarray(expected_loss))
         if arrays["__params__"] != net.params or logits_err > tol or loss_err > tol:
             failures.append(f"{runner.name}: params {arrays['__params__']} (want {net.params}), "
                             f"logits error {logits_err:.2e}, loss error {loss_err:.2e} (tolerance {tol:g})")
     assert not failures, "\n".join(failures)
+
+
+def dense_init_failures(layers: list[dict], arrays: dict) -> list[str]:
+    """Each dense layer with a described `init`, as the runner initialised it (before the shared
+    weights): the weights' standard deviation within 10% of sqrt(scale / fan), their distribution
+    (a uniform one's kurtosis is 1.8 and its largest |w| sqrt(3) std; a normal one's kurtosis 3),
+    and zero biases."""
+    out = []
+    for i, layer in enumerate(layers):
+        init = layer.get("init") if layer["type"] == "dense" else None
+        if init is None:
+            continue
+        w = arrays[f"init/{i:03d}.weight"].astype(np.float64)
+        units, features = layer["units"], layer["in_shape"][-1]
+        fan = {"fan_in": features, "fan_out": units, "fan_avg": (features + units) / 2}[init["mode"]]
+        want = np.sqrt(init["scale"] / fan)
+        std = float(w.std())
+        kurtosis = float(np.mean((w - w.mean()) ** 4) / w.var() ** 2)
+        if not 0.9 * want < std < 1.1 * want:
+            out.append(f"dense {i:03d} initialised with std {std:.4g}, described {want:.4g} ({init})")
+        if init["distribution"] == "uniform" and (abs(kurtosis - 1.8) > 0.3 or np.abs(w).max() > np.sqrt(3) * want * 1.0001):
+            out.append(f"dense {i:03d}: kurtosis {kurtosis:.2f}, largest |w| {np.abs(w).max():.4g}: not U(-sqrt(3) std, sqrt(3) std)")
+        if init["distribution"] == "normal" and abs(kurtosis - 3.0) > 0.3:
+            out.append(f"dense {i:03d}: kurtosis {kurtosis:.2f}, not a normal distribution's 3")
+        bias = arrays.get(f"init/{i:03d}.bias")
+        if bias is not None and np.any(bias != 0):
+            out.append(f"dense {i:03d}: biases not zero (largest |b| {np.abs(bias).max():.3g})")
+    return out

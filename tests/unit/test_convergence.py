@@ -61,9 +61,15 @@ def test_the_shipped_suite_loads_with_its_digits_tasks():
     assert "convergence" in catalog.convergence_suite_names()
     assert "convergence" not in catalog.suite_names()  # `--suite all` stays the throughput suites
     tasks = catalog.load_convergence_suite(catalog.suite_path("convergence"), "default", "cpu")
-    assert [t.name for t in tasks] == ["digits_cnn"]
+    assert [t.name for t in tasks] == ["digits_cnn", "digits_fcn5"]
     assert all(t.spec.target.value == 0.97 and t.dataset.name == "digits" and len(t.seeds) == 3 for t in tasks)
-    assert tasks[0].network.resolved["input"]["shape"] == [1, 8, 8]
+    cnn, fcn5 = tasks
+    assert cnn.network.resolved["input"]["shape"] == [1, 8, 8] and fcn5.network.resolved["input"]["shape"] == [64]
+    # FCN-5's layers (suites/networks/fcn5.yaml) on 64 inputs, every weight drawn N(0, 16/F) in every framework
+    dense = [layer for layer in fcn5.network.resolved["layers"] if layer["type"] == "dense"]
+    assert [layer["units"] for layer in dense] == [2048, 4096, 1024, 10]
+    assert [layer["type"] for layer in fcn5.network.resolved["layers"]].count("sigmoid") == 3
+    assert all(layer["init"] == {"distribution": "normal", "scale": 16.0, "mode": "fan_in"} for layer in dense)
 
 
 @pytest.mark.parametrize(("old", "new", "field"), [
@@ -341,7 +347,7 @@ def test_a_worker_convergence_result_is_validated_at_the_boundary(change, field)
 def test_list_shows_the_tasks():
     result = run_cli("list", "--suite", "convergence")
     assert result.exit_code == 0, result.output
-    for text in ("digits_cnn", "151,306", "top1 0.97", "0,1,2"):
+    for text in ("digits_cnn", "151,306", "digits_fcn5", "12,731,402", "top1 0.97", "0,1,2"):
         assert text in result.output
 
 

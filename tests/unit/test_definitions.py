@@ -984,3 +984,39 @@ def test_embedding_init_std_must_be_a_finite_scale_in_0_1(tmp_path, bad):
     path = network_file(tmp_path, TOKENS_IN, [{"type": "embedding", "vocabulary": 20, "dim": 8, "init_std": bad},
                                               {"type": "dense", "units": 20}])
     assert "init_std" in str(load_error(path))
+
+
+# --------------------------------------------------------------------------- a dense layer's initialisation
+
+FLAT_IN = {"kind": "tensor", "shape": [64], "classes": 10}
+HE_NORMAL = {"distribution": "normal", "scale": 2.0, "mode": "fan_in"}
+
+
+def test_dense_init_is_resolved_when_described_and_left_out_when_not(tmp_path):
+    described = load_tiny(tmp_path, FLAT_IN, [{"type": "dense", "units": 32, "init": HE_NORMAL}, {"type": "sigmoid"},
+                                              {"type": "dense", "units": 10}])
+    default = load_tiny(tmp_path, FLAT_IN, [{"type": "dense", "units": 32}, {"type": "sigmoid"},
+                                            {"type": "dense", "units": 10}])
+    assert described.resolved["layers"][0]["init"] == HE_NORMAL
+    # absent: the framework's default; not written into the resolved form, so older hashes hold
+    assert "init" not in default.resolved["layers"][0] and "init" not in described.resolved["layers"][2]
+    assert described.definition_hash != default.definition_hash
+    assert described.params == default.params
+    uniform = load_tiny(tmp_path, FLAT_IN, [{"type": "dense", "units": 10,
+                                             "init": {"distribution": "uniform", "scale": 1.0}}])
+    assert uniform.resolved["layers"][0]["init"] == {"distribution": "uniform", "scale": 1.0, "mode": "fan_in"}
+
+
+@pytest.mark.parametrize(("init", "field"), [
+    ({"distribution": "gaussian", "scale": 2.0}, "distribution"),
+    ({"distribution": "normal", "scale": 0}, "scale"),
+    ({"distribution": "normal", "scale": float("inf")}, "scale"),
+    ({"distribution": "normal", "scale": "2"}, "scale"),
+    ({"distribution": "normal", "scale": 2.0, "mode": "fan_sum"}, "mode"),
+    ({"distribution": "normal", "scale": 2.0, "seed": 1}, "seed"),
+    ({"scale": 2.0}, "distribution"),
+])
+def test_a_bad_dense_init_is_one_error_naming_its_field(tmp_path, init, field):
+    path = network_file(tmp_path, FLAT_IN, [{"type": "dense", "units": 10, "init": init}])
+    message = str(load_error(path))
+    assert "layers[0]" in message and f"init.{field}" in message, message

@@ -103,3 +103,71 @@ def test_accuracy_per_precision_where_several_were_predicted():
     assert groups[("all", "all", "fp32")]["median_error"] == pytest.approx(0.02 / measured - 1)
     assert groups[("all", "all", "amp_bf16")]["median_error"] == pytest.approx(0.04 / runs[1].summary.median_s - 1)
     assert groups[("all", "all", "all")]["runs"] == 2
+
+
+# ------------------------------------------------------------- the data term against convergence runs
+
+
+def test_the_data_term_of_one_step_by_hand():
+    from dlbench.performance.data_term import check_data_term
+
+    # 100 steps of batch 32, 65 bytes a sample (64 pixels and a label), 2.0 s training of which 0.5 s
+    # blocked in the pipeline: the step computes (2.0 - 0.5) / 100 = 15 ms
+    hidden = check_data_term(batch=32, sample_bytes=65, steps=100, train_s=2.0, input_wait_s=0.5,
+                             read_bytes_per_s=1e6)
+    assert hidden["compute_s"] == pytest.approx(0.015)
+    assert hidden["io_s"] == pytest.approx(32 * 65 / 1e6)  # 2.08 ms at 1 MB/s: hidden behind 15 ms
+    assert hidden["predicted_exposed_s"] == 0.0 and hidden["predicted_share"] == 0.0
+    assert hidden["unhidden_share"] == pytest.approx(0.00208 / (0.00208 + 0.015))
+    assert hidden["measured_wait_s"] == pytest.approx(0.005) and hidden["measured_share"] == pytest.approx(0.25)
+    # at 100 kB/s a batch takes 20.8 ms, 5.8 ms more than the step: that much is exposed
+    slow = check_data_term(batch=32, sample_bytes=65, steps=100, train_s=2.0, input_wait_s=0.5,
+                           read_bytes_per_s=1e5)
+    assert slow["predicted_exposed_s"] == pytest.approx(0.0058)
+    assert slow["predicted_share"] == pytest.approx(0.0058 / (0.0058 + 0.015))
+    with pytest.raises(ValueError):
+        check_data_term(batch=32, sample_bytes=65, steps=0, train_s=2.0, input_wait_s=0.5, read_bytes_per_s=1e5)
+
+
+def _convergence_store(tmp_path: Path) -> tuple[Path, dict]:
+    """A store holding the v11 fixture: a fake-runner convergence record of digits_fcn5, 3 seeds."""
+    import json
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "records" / "v11.json"
+    data = json.loads(fixture.read_text())
+    store = tmp_path / "store"
+    (store / "runs").mkdir(parents=True)
+    (store / "runs" / f"{data['run_id']}.json").write_bytes(fixture.read_bytes())
+    return store, data
+
+
+def test_predict_accuracy_checks_the_data_term_of_convergence_records(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlbench.cli import app
+
+    store, data = _convergence_store(tmp_path)
+    runs = data["convergence"]["runs"]
+    steps, train_s, wait_s = (sum(r[k] for r in runs) for k in ("steps", "train_s", "input_wait_s"))
+    read_bytes = sum((r["train_samples"] + r["eval_samples"]) * 65 for r in runs)
+    result = CliRunner().invoke(app, ["predict", "--accuracy", "--store", str(store), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (check,) = json.loads(result.output)["data_term"]
+    assert check["task"] == "digits_linear" and check["runs"] == 3 and check["bandwidth_source"] == "measured"
+    assert check["bytes_per_batch"] == 32 * 65
+    assert check["read_bytes_per_s"] == pytest.approx(read_bytes / sum(r["read_s"] for r in runs))
+    assert check["measured_share"] == pytest.approx(wait_s / train_s)
+    assert check["compute_s"] == pytest.approx((train_s - wait_s) / steps)
+    assert check["unexplained_s"] == pytest.approx(wait_s / steps - check["predicted_exposed_s"])
+
+    stated = CliRunner().invoke(app, ["predict", "--accuracy", "--store", str(store), "--format", "json",
+                                      "--io-bandwidth", "0.000001"])  # 1 kB/s: 2 s a batch, nothing hidden
+    (check,) = json.loads(stated.output)["data_term"]
+    assert check["bandwidth_source"] == "stated" and check["io_s"] == pytest.approx(2.08)
+    assert check["predicted_share"] > 0.99
+    table = CliRunner().invoke(app, ["predict", "--accuracy", "--store", str(store)], terminal_width=200)
+    assert table.exit_code == 0 and "data term" in table.output and "digits_linear" in table.output
+    bad = CliRunner().invoke(app, ["predict", "--accuracy", "--store", str(store), "--io-bandwidth", "-1"])
+    assert bad.exit_code == 2 and "--io-bandwidth" in bad.output

@@ -45,7 +45,8 @@ def predict(
     precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
     io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(
-        "Read the data at this many GB/s (default: synthetic data already in memory).")) ] = None,
+        "Read the data at this many GB/s (default: synthetic data already in memory); with --accuracy, the "
+        "bandwidth the data term of convergence runs is checked at (default: each run's measured read).")) ] = None,
     accuracy: Annotated[bool, typer.Option("--accuracy", help=(
         "Instead: the prediction error of the runs in the store, per suite and framework.")) ] = False,
     recompute: Annotated[bool, typer.Option("--recompute", help=(
@@ -63,11 +64,12 @@ def predict(
     from ..performance.communication import SCHEDULES
 
     check_format(format)
+    if io_bandwidth is not None and not 0 < io_bandwidth < float("inf"):
+        raise fail(f"--io-bandwidth must be a number of GB/s above 0, not {io_bandwidth:g}")
     machines, counts = machine or [], workers or [1]
     settings = _efficiency(efficiency)
     if accuracy:
-        given = [o for o, v in (("--network", network), ("--batch", batch), ("--schedule", schedule),
-                                ("--io-bandwidth", io_bandwidth)) if v is not None]
+        given = [o for o, v in (("--network", network), ("--batch", batch), ("--schedule", schedule)) if v is not None]
         if given or counts != [1]:
             raise fail(f"--accuracy scores the runs in the store; {', '.join(given) or '--workers'} is for one prediction")
         if len(machines) > 1:
@@ -75,7 +77,7 @@ def predict(
         st = lookup.open_store(store)
         profile = _profile(machines[0] if machines else None, st, settings) if recompute else None
         _accuracy(store=st, suites=suite, frameworks=[framework] if framework else None,
-                  profile=profile, fmt=format, runs=runs)
+                  profile=profile, fmt=format, runs=runs, io_bandwidth=io_bandwidth)
         return
     if recompute or runs:
         raise fail("--recompute and --runs go with --accuracy")
@@ -264,8 +266,9 @@ def sources_text(shares: dict[str, float], short: bool = False) -> str:
 
 
 def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, profile,
-              fmt: str, runs: bool) -> None:
+              fmt: str, runs: bool, io_bandwidth: float | None = None) -> None:
     from ..performance.accuracy import accuracy_table_rows, prediction_errors
+    from ..performance.data_term import data_term_checks
     from ..store.store import Unreadable
 
     unreadable: list[Unreadable] = []
@@ -277,12 +280,46 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
     facts = {n: lookup.runner(registry, n).model for n in registry.names()}
     datasheets, match = _datasheets_of(records, registry.names())
     rows = prediction_errors(records, profile, facts, datasheets=datasheets, match_datasheet=match)
-    if not rows:
+    checks = data_term_checks(records, io_bandwidth * 1e9 if io_bandwidth else None)
+    if not rows and not checks:
         raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
     table_rows = accuracy_table_rows(rows)
     if fmt == "json":
-        sys.stdout.write(json.dumps({"groups": table_rows, "runs": rows}, indent=1) + "\n")
+        sys.stdout.write(json.dumps({"groups": table_rows, "runs": rows,
+                                     "data_term": [c.to_dict() for c in checks]}, indent=1) + "\n")
         return
+    if rows:
+        _accuracy_tables(store, rows, table_rows, profile, runs)
+    if checks:
+        out.print(data_term_table(checks))
+
+
+def data_term_table(checks) -> Table:
+    """The model's data term against the measured input-bound share, one row per convergence record
+    (performance/data_term.py)."""
+    t = Table(title="data term: predicted data share of a step against the measured input-bound share "
+                    "(convergence runs)")
+    columns = ["suite", "task", "framework", "runs", "B/batch", "read MB/s", "t_io ms", "compute ms",
+               "predicted", "no prefetch", "measured", "wait ms", "unexplained ms"]
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("suite", "task", "framework") else "right")
+    for c in checks:
+        t.add_row(escape(c.suite), escape(c.task), escape(c.framework), str(c.runs), f"{c.bytes_per_batch:,}",
+                  f"{c.read_bytes_per_s / 1e6:,.1f}{'' if c.bandwidth_source == 'stated' else ' m'}",
+                  f"{c.io_s * 1e3:.4f}", f"{c.compute_s * 1e3:.2f}", f"{c.predicted_share:.1%}",
+                  f"{c.unhidden_share:.1%}", f"{c.measured_share:.1%}", f"{c.measured_wait_s * 1e3:.2f}",
+                  f"{c.unexplained_s * 1e3:.2f}")
+    t.caption = ("per training step, summed over the seeds that trained; B/batch: as the files hold it (a byte per "
+                 "pixel and per label); read MB/s: stated by --io-bandwidth, or m: measured, the splits' bytes over "
+                 "the runs' read_s (pipelines built included: a lower bound); t_io: a batch at that rate; compute: "
+                 "the measured step less its wait; predicted: the model's data term, max(0, t_io - compute), as a "
+                 "share of the step; no prefetch: t_io / (t_io + compute); measured: the time blocked in the "
+                 "pipeline's next over the training time; unexplained: measured wait less the predicted one, per "
+                 "step: the pipeline's per-batch cost, which is no bandwidth term")
+    return t
+
+
+def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], profile, runs: bool) -> None:
     how = f"predicted again from profile {profile.ref}" if profile else "as predicted before each run"
     sheets = any(g["datasheet_predicted"] for g in table_rows)
     t = Table(title=f"prediction error in {store.root} ({how})")

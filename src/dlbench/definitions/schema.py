@@ -25,6 +25,15 @@ Canonical forms where frameworks disagree (every runner must build exactly these
   only of its numerics: a head tied to a 768-wide N(0, 1) table gives logits of std ~28, the softmax
   underflows and the head's backward products run on subnormal numbers, measured 8x slower in
   torch on x86 (a GPT-2 step 11.7 s instead of 1.5 s); a token network names its scale.
+- dense: `init` draws the (units, F) weights with variance scale / fan, fan being F
+  (`fan_in`), units (`fan_out`) or their mean (`fan_avg`): from N(0, scale / fan) (`normal`, not
+  truncated) or U(-sqrt(3 scale / fan), sqrt(3 scale / fan)) (`uniform`), and the biases zero, in
+  every runner. Absent, each framework's default draws them, and those differ: torch
+  U(-1/sqrt(F), 1/sqrt(F)) for weights and biases (variance 1/(3F)), Keras Glorot-uniform (1/fan_avg),
+  flax LeCun-normal (1/F), MXNet the runner's Xavier (2/F). For a deep sigmoid stack the scale
+  decides whether it learns at all: a sigmoid's slope is at most 1/4 and its output centred on 1/2,
+  so each layer passes on about sqrt(scale / 3 or 1) / 4 of its input's variation (see
+  suites/networks/digits_fcn5.yaml).
 
 Transformers (sequences are (T, D): T tokens of width D, no batch axis):
 - position_embedding: y = x + P[0:T], rows 0..T-1 of a learned (max_length, D) table P; T <= max_length.
@@ -130,10 +139,21 @@ def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int,
     return pair
 
 
+class VarianceScaling(_Strict):
+    """A dense layer's described initialisation (this module's docstring, `dense`): the weights drawn
+    with variance `scale` / fan, the biases zero."""
+
+    distribution: Literal["normal", "uniform"]
+    scale: Real(gt=0, le=100)
+    mode: Literal["fan_in", "fan_avg", "fan_out"] = "fan_in"
+
+
 class Dense(_Strict):
     type: Literal["dense"]
     units: Width
     bias: Bool = True
+    # the described initialisation (variance scaling, biases zero); absent: the framework's own default
+    init: VarianceScaling | None = None
 
 
 class Conv2d(_Strict):

@@ -7,7 +7,7 @@ block's MLP, an untied lm_head) reuse rather than repeat."""
 from __future__ import annotations
 
 from .. import schema
-from .base import Inferred, LayerType, Site
+from .base import Inferred, LayerType, Site, resolved_entry
 
 
 def counts(positions: int, fin: int, units: int, bias: bool) -> tuple[int, int]:
@@ -30,7 +30,11 @@ def infer(layer: schema.Dense, site: Site) -> Inferred:
         raise site.error(f"dense needs a flat or sequence input, got {list(shape)}; add a flatten")
     positions = shape[0] if len(shape) == 2 else 1
     params, flops = counts(positions, shape[-1], layer.units, layer.bias)
-    return Inferred(shape[:-1] + (layer.units,), params, flops)
+    out = shape[:-1] + (layer.units,)
+    entry = resolved_entry(layer, shape, out)
+    if entry["init"] is None:  # the framework's default: left out, so the definition hash stays as before
+        del entry["init"]
+    return Inferred(out, params, flops, resolved=[entry])
 
 
 def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
