@@ -159,16 +159,22 @@ def test_a_log_without_a_verdict_is_one_error_naming_it():
 # ------------------------------------------------------------------ dlbench run --scenario, end to end
 
 
-@pytest.fixture(scope="module")
-def loadgen_store(tmp_path_factory):
-    """One `dlbench run --scenario single_stream,offline,server` of fcn5-infer on the fake runner."""
-    pytest.importorskip("mlperf_loadgen")  # the test extra installs it
+def fake_project(tmp_path_factory):
+    """A project whose only runner is the fake one, over this repository's suites and reports."""
     project = tmp_path_factory.mktemp("project")
     (project / "runners").mkdir()
     for name in ("suites", "reports"):
         (project / name).symlink_to(ROOT / name)
     (project / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
     (project / "runners" / "common").symlink_to(ROOT / "runners" / "common")
+    return project
+
+
+@pytest.fixture(scope="module")
+def loadgen_store(tmp_path_factory):
+    """One `dlbench run --scenario single_stream,offline,server` of fcn5-infer on the fake runner."""
+    pytest.importorskip("mlperf_loadgen")  # the test extra installs it
+    project = fake_project(tmp_path_factory)
     store = tmp_path_factory.mktemp("lg") / "store"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DLBENCH_ROOT", str(project))
@@ -421,12 +427,7 @@ def test_a_request_reports_its_first_token_then_all_its_tokens():
 def generation_server_store(tmp_path_factory):
     """One `dlbench run --mode generate --scenario server` of transformer_tiny on the fake runner."""
     pytest.importorskip("mlperf_loadgen")
-    project = tmp_path_factory.mktemp("project")
-    (project / "runners").mkdir()
-    for name in ("suites", "reports"):
-        (project / name).symlink_to(ROOT / name)
-    (project / "runners" / "fake").symlink_to(ROOT / "tests" / "fixtures" / "runners" / "fake")
-    (project / "runners" / "common").symlink_to(ROOT / "runners" / "common")
+    project = fake_project(tmp_path_factory)
     store = tmp_path_factory.mktemp("lg") / "store"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DLBENCH_ROOT", str(project))
