@@ -290,6 +290,44 @@ def _legend(series: list[Series], x: float, y: float) -> list[str]:
     return body
 
 
+def _y_grid(left: float, right_x: float, top: float, bottom_y: float, y_scale, y_ticks) -> list[str]:
+    """The plot area from (left, top) to (right_x, bottom_y), and a grid line labelled at each y tick."""
+    body = [f'<rect x="{left}" y="{top}" width="{right_x - left}" height="{bottom_y - top}" class="plot"/>']
+    for t in y_ticks:
+        y = y_scale(t)
+        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right_x}" y2="{y:.1f}" class="grid"/>')
+        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    return body
+
+
+def _x_grid(ticks: list[tuple[float, str]], top: float, bottom_y: float) -> list[str]:
+    """A grid line at each (x, label), labelled under the plot."""
+    body = []
+    for x, label in ticks:
+        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom_y}" class="grid"/>')
+        body.append(_text(x, bottom_y + 15, label, "middle", "tick"))
+    return body
+
+
+def _series_lines(series: list[Series], x_of, y_scale) -> list[str]:
+    """Each series as a line through its points in x order, a marker at each, and an error bar
+    where a point has its low and high."""
+    body = []
+    for s in series:
+        pts = sorted(s.points, key=lambda p: p.x)
+        coords = " ".join(f"{x_of(p.x):.1f},{y_scale(p.y):.1f}" for p in pts)
+        if len(pts) > 1:
+            body.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" class="line"/>')
+        for p in pts:
+            x, y = x_of(p.x), y_scale(p.y)
+            if p.low is not None and p.high is not None:
+                lo, hi = y_scale(p.low), y_scale(p.high)
+                body.append(f'<path d="M{x:.1f},{lo:.1f}V{hi:.1f}M{x - 4:.1f},{lo:.1f}H{x + 4:.1f}'
+                            f'M{x - 4:.1f},{hi:.1f}H{x + 4:.1f}" stroke="{s.colour}" class="errorbar"/>')
+            body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{s.colour}" class="marker"/>')
+    return body
+
+
 def line_chart(series: list[Series], title: str, x_label: str, y_label: str, log_x: bool = False,
                width: float = 640, height: float = 280) -> Markup:
     points = [p for s in series for p in s.points]
@@ -309,29 +347,11 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, log
         xs_scale, x_ticks = value_scale(xs, left, width - right, zero=False, log=False)
     ys = [v for p in points for v in (p.y, p.high, p.low) if v is not None]
     y_scale, y_ticks = value_scale(ys, height - bottom, top, zero=True, log=False)
-    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="plot"/>']
-    for t in y_ticks:
-        y = y_scale(t)
-        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
-        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
-    for t in x_ticks:
-        x = xs_scale(t)
-        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" class="grid"/>')
-        body.append(_text(x, height - bottom + 15, fmt_tick(t), "middle", "tick"))
+    body = _y_grid(left, width - right, top, height - bottom, y_scale, y_ticks)
+    body += _x_grid([(xs_scale(t), fmt_tick(t)) for t in x_ticks], top, height - bottom)
     body.append(_text((left + width - right) / 2, height - 6, x_label, "middle", "axis"))
     body.append(_y_label((top + height - bottom) / 2, y_label))
-    for s in series:
-        pts = sorted(s.points, key=lambda p: p.x)
-        coords = " ".join(f"{xs_scale(p.x):.1f},{y_scale(p.y):.1f}" for p in pts)
-        if len(pts) > 1:
-            body.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" class="line"/>')
-        for p in pts:
-            x, y = xs_scale(p.x), y_scale(p.y)
-            if p.low is not None and p.high is not None:
-                lo, hi = y_scale(p.low), y_scale(p.high)
-                body.append(f'<path d="M{x:.1f},{lo:.1f}V{hi:.1f}M{x - 4:.1f},{lo:.1f}H{x + 4:.1f}'
-                            f'M{x - 4:.1f},{hi:.1f}H{x + 4:.1f}" stroke="{s.colour}" class="errorbar"/>')
-            body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.2" fill="{s.colour}" class="marker"/>')
+    body += _series_lines(series, xs_scale, y_scale)
     body.extend(_legend(series, left, 16))
     return _svg(width, height, title, body)
 
@@ -348,24 +368,12 @@ def percentile_chart(series: list[Series], title: str, y_label: str, width: floa
     x_of = {pct: left + (i * step if len(percentiles) > 1 else (width - left - right) / 2)
             for i, pct in enumerate(percentiles)}
     y_scale, y_ticks = value_scale([p.y for s in series for p in s.points], height - bottom, top, zero=True)
-    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{height - top - bottom}" class="plot"/>']
-    for t in y_ticks:
-        y = y_scale(t)
-        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
-        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
-    for pct, x in x_of.items():
-        body.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" class="grid"/>')
-        body.append(_text(x, height - bottom + 15, f"p{fmt_tick(pct)}", "middle", "tick"))
+    body = _y_grid(left, width - right, top, height - bottom, y_scale, y_ticks)
+    body += _x_grid([(x, f"p{fmt_tick(pct)}") for pct, x in x_of.items()], top, height - bottom)
     body.append(_text((left + width - right) / 2, height - 6, "percentile of LoadGen's per-sample latencies",
                       "middle", "axis"))
     body.append(_y_label((top + height - bottom) / 2, y_label))
-    for s in series:
-        pts = sorted(s.points, key=lambda p: p.x)
-        coords = " ".join(f"{x_of[p.x]:.1f},{y_scale(p.y):.1f}" for p in pts)
-        if len(pts) > 1:
-            body.append(f'<polyline points="{coords}" fill="none" stroke="{s.colour}" class="line"/>')
-        for p in pts:
-            body.append(f'<circle cx="{x_of[p.x]:.1f}" cy="{y_scale(p.y):.1f}" r="3.2" fill="{s.colour}" class="marker"/>')
+    body += _series_lines(series, x_of.__getitem__, y_scale)
     body.extend(_legend(series, left, 16))
     return _svg(width, height, title, body)
 
@@ -676,11 +684,7 @@ def date_chart(points: list[DatedPoint], marks: list[ChangeMark], title: str, un
     x_scale = Scale(lo - pad, hi + pad, left, width - right)
     y_scale, y_ticks = value_scale([p.value for p in points], height - bottom, top, zero=True, log=False)
     plot_h = height - top - bottom
-    body = [f'<rect x="{left}" y="{top}" width="{width - left - right}" height="{plot_h}" class="plot"/>']
-    for t in y_ticks:
-        y = y_scale(t)
-        body.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" class="grid"/>')
-        body.append(_text(left - 5, y + 4, fmt_tick(t), "end", "tick"))
+    body = _y_grid(left, width - right, top, height - bottom, y_scale, y_ticks)
     for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         when = lo + (hi - lo) * frac
         label = datetime.fromtimestamp(when, tz=points[0].when.tzinfo).strftime("%Y-%m-%d")
