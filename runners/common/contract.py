@@ -41,7 +41,18 @@ COMPILE_MODES = ("eager", "compiled")
 # ------------------------------------------------------------------ what the harnesses are handed
 
 
-class Prepared:
+class _CheckHooks:
+    """What Prepared and Generator share: the hooks only `dlbench check` needs, optional to build."""
+
+    def _needs(self, what: str, fn):
+        """`fn`, which only `dlbench check` calls, or why this object cannot do what it asks."""
+        if fn is None:
+            raise NotImplementedError(f"this {type(self).__name__} was built without {what} "
+                                      "(needed by `dlbench check`)")
+        return fn
+
+
+class Prepared(_CheckHooks):
     """One network, its optimiser and its data on the device, ready to be timed (`prepare`).
 
     params: trainable parameters as the framework built them; output_shape: the per-sample output
@@ -83,10 +94,6 @@ class Prepared:
         self.compile_stats = compile_stats
         self.infer = infer
 
-    def _needs(self, what: str, fn):
-        if fn is None:
-            raise NotImplementedError(f"this Prepared was built without {what} (needed by `dlbench check`)")
-        return fn
 
     def export_weights(self) -> Arrays:
         export = self._needs("export_weights", self._export)
@@ -104,7 +111,7 @@ class Prepared:
         return self._needs("forward_loss", self._forward_loss)()
 
 
-class Generator:
+class Generator(_CheckHooks):
     """A decoder network ready to generate text (`prepare_generation`, mode `generate`): a prompt
     of the request's `generation.prompt_length` tokens per sequence, then greedy decoding with the
     framework's key/value cache until `generation.new_tokens` tokens per sequence exist.
@@ -135,10 +142,6 @@ class Generator:
         self.memory = memory
         self.compile_stats = compile_stats
 
-    def _needs(self, what: str, fn):
-        if fn is None:
-            raise NotImplementedError(f"this Generator was built without {what} (needed by `dlbench check`)")
-        return fn
 
     def load_weights(self, arrays: Arrays) -> None:
         load = self._needs("load_weights", self._load)
