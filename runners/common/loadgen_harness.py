@@ -255,6 +255,18 @@ class LoadGenRun:
                 "validity": detail.get("result_validity")}
 
 
+def serve_request(generator, new_tokens: int, first_token=lambda: None) -> None:
+    """One request as a server streams it: the prompt's prefill, `first_token()` once that token
+    exists on the host side of a synchronisation, then `new_tokens - 1` decodes, each synchronised
+    before the next is asked for."""
+    generator.prefill()
+    generator.synchronize()
+    first_token()
+    for _ in range(new_tokens - 1):
+        generator.decode()
+        generator.synchronize()
+
+
 class GenerationServerRun(LoadGenRun):
     """LoadGen's server scenario over a Generator: each query one request (prompt, then `new_tokens`
     tokens, greedy), served one at a time, first come first served, with LoadGen's token latencies."""
@@ -266,12 +278,8 @@ class GenerationServerRun(LoadGenRun):
     def _serve(self, samples) -> None:
         lg, gen = self.lg, self.generator
         for sample in samples:
-            gen.prefill()
-            gen.synchronize()
-            lg.FirstTokenComplete([lg.QuerySampleResponse(sample.id, 0, 0, self.batch)])
-            for _ in range(self.new_tokens - 1):
-                gen.decode()
-                gen.synchronize()  # each token exists before the next is asked for, as a stream sends it
+            serve_request(gen, self.new_tokens,
+                          lambda sid=sample.id: lg.FirstTokenComplete([lg.QuerySampleResponse(sid, 0, 0, self.batch)]))
             self.batches += 1
             lg.QuerySamplesComplete([lg.QuerySampleResponse(sample.id, 0, 0, self.batch * self.new_tokens)])
 
@@ -300,14 +308,7 @@ def serve_generation(generator, request: dict) -> dict:
         raise ValueError(f"generation under LoadGen needs at least 2 new tokens for a time per output token, "
                          f"not {new_tokens}")
 
-    def one_request():
-        generator.prefill()
-        generator.synchronize()
-        for _ in range(new_tokens - 1):
-            generator.decode()
-            generator.synchronize()
-
-    warm = settle(one_request, int(policy["warmup_queries"]))
+    warm = settle(lambda: serve_request(generator, new_tokens), int(policy["warmup_queries"]))
     # one request at a time: the fastest request's rate is what the server can sustain at best
     expected = {"latency_s": warm["min_s"], "qps": 1.0 / warm["min_s"]}
     test = GenerationServerRun(lg, generator, policy, new_tokens, batch)
