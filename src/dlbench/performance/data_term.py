@@ -26,6 +26,7 @@ host-to-device copy (CUDA) is not in the term here: the profile has no bandwidth
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .model import DataPath
@@ -85,10 +86,7 @@ def sample_bytes_of(network_definition: dict) -> int | None:
     shape = (network_definition.get("input") or {}).get("shape")
     if not shape:
         return None
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n + LABEL_BYTES
+    return math.prod(int(d) for d in shape) + LABEL_BYTES
 
 
 def data_term_checks(records, io_bandwidth_bytes_per_s: float | None = None) -> list[DataTermCheck]:
