@@ -64,6 +64,12 @@ def test_classes_by_aspect_family_and_path():
     assert efficiency_class(KernelSpec.of("attention_fwd", dropout=100, **att)) == "attention_fwd dropout float32"
     assert efficiency_class(KernelSpec.of("attention_bwd", dropout=0, **att)) == "attention_bwd float32"
     assert efficiency_class(KernelSpec.of("sgd_momentum", elements=10)) == "sgd_momentum float32"
+    # pooling by operation: a window's maximum, its mean, the mean over the whole map
+    pool = dict(batch=8, channels=32, height=16, width=16, kh=3, kw=3, sh=2, sw=2, ph=0, pw=0)
+    assert efficiency_class(KernelSpec.of("pool2d_fwd", op=0, **pool)) == "pool2d_fwd max float32"
+    assert efficiency_class(KernelSpec.of("pool2d_bwd", "bfloat16", op=1, **pool)) == "pool2d_bwd avg bfloat16"
+    assert efficiency_class(KernelSpec.of("pool2d_fwd", op=2, **{**pool, "kh": 16, "kw": 16})) == \
+        "pool2d_fwd global float32"
     # work: FLOPs for the compute kinds, bytes for the memory-bound ones
     assert work_size(mm(2, 3, 4)) == 48 and work_size(KernelSpec.of("sgd_momentum", elements=10)) == 200
 

@@ -77,6 +77,22 @@ def test_transformer_kernel_counts_by_hand():
     assert KernelSpec.from_dict(dict(bwd.to_dict(), kind="attention_fwd")) == fwd
 
 
+def test_pooling_kernel_counts_by_hand():
+    # a 3x3 max-pool, stride 2, pad 1 over 2 x 3 x 7 x 7: output 3 x 4 x 4 (floor((7 + 2 - 3) / 2) + 1)
+    window = dict(batch=2, channels=3, height=7, width=7, kh=3, kw=3, sh=2, sw=2, ph=1, pw=1)
+    fwd = KernelSpec.of("pool2d_fwd", op=0, **window)
+    assert fwd.key == "pool2d_fwd batch=2 channels=3 height=7 width=7 kh=3 kw=3 sh=2 sw=2 ph=1 pw=1 op=0 float32"
+    assert (fwd.pool_op, fwd.memory_bound, fwd.unit) == ("max", True, "B/s")
+    assert (fwd.flops, fwd.bytes) == (9 * 2 * 3 * 16, 4 * (2 * 3 * 49 + 2 * 3 * 16))  # x read, y written
+    bwd = KernelSpec.of("pool2d_bwd", "bfloat16", op=1, **window)
+    assert bwd.pool_op == "avg"
+    assert (bwd.flops, bwd.bytes) == (2 * 3 * 49, 2 * (2 * 3 * 16 + 2 * 2 * 3 * 49))  # dy read, dx cleared, written
+    # the global mean: the window of the whole map, one FLOP per input element
+    mean = KernelSpec.of("pool2d_fwd", batch=2, channels=3, height=7, width=7, kh=7, kw=7, sh=1, sw=1, ph=0, pw=0, op=2)
+    assert (mean.pool_op, mean.flops, mean.bytes) == ("global", 2 * 3 * 49, 4 * (2 * 3 * 49 + 2 * 3))
+    assert KernelSpec.from_dict(mean.to_dict()) == mean
+
+
 def test_kernel_spec_refuses_what_it_does_not_know():
     with pytest.raises(ValueError, match="unknown kernel kind"):
         KernelSpec.of("fft", n=4)
@@ -93,7 +109,7 @@ def tiny(layers, shape=(4,), classes=3):
                                                                              "classes": classes}, "layers": layers}))
 
 
-@pytest.mark.parametrize("name", ["fcn5", "alexnet", "resnet56", "resnet50", "lstm32"])
+@pytest.mark.parametrize("name", ["fcn5", "alexnet", "alexnet_r", "resnet56", "resnet50", "lstm32"])
 def test_work_adds_up_to_the_descriptions_counts(name):
     summary = load_network(NETWORKS / f"{name}.yaml")
     work = decompose(summary.resolved, 4, "train")
@@ -181,6 +197,30 @@ def test_a_transformer_blocks_operations():
     assert not any("dropout" in op.label for l in infer.layers for op in l.forward)
     inferred = next(op for op in infer.layers[3].forward if op.label == "attn attention")
     assert inferred.kernel["dropout"] == 0 and not any("dropout" in p.label for p in inferred.parts)
+
+
+def test_pooling_layers_are_pool_kernels_with_the_descriptions_counts():
+    summary = load_network(NETWORKS / "alexnet_r.yaml")
+    work = decompose(summary.resolved, 64, "train")
+    pools = [(op.label, op.kernel.key) for l in work.layers for op in l.forward + l.backward
+             if op.kernel is not None and op.kernel.kind.startswith("pool2d")]
+    window = "kh=3 kw=3 sh=2 sw=2 ph=0 pw=0"
+    assert pools == [
+        ("max_pool", f"pool2d_fwd batch=64 channels=32 height=32 width=32 {window} op=0 float32"),
+        ("max_pool", f"pool2d_bwd batch=64 channels=32 height=32 width=32 {window} op=0 float32"),
+        ("max_pool", f"pool2d_fwd batch=64 channels=32 height=15 width=15 {window} op=0 float32"),
+        ("max_pool", f"pool2d_bwd batch=64 channels=32 height=15 width=15 {window} op=0 float32"),
+        ("avg_pool", f"pool2d_fwd batch=64 channels=64 height=7 width=7 {window} op=1 float32"),
+        ("avg_pool", f"pool2d_bwd batch=64 channels=64 height=7 width=7 {window} op=1 float32")]
+    # the description's forward FLOPs: kh x kw per output element (network.py); the kernels suite's
+    # layer shapes (kernel_specs) hold them
+    assert work.layers[1].forward[0].flops == 64 * 9 * 32 * 15 * 15
+    assert {op.kernel.key for op in work.layers[1].forward + work.layers[1].backward} <= {
+        k.key for k in kernel_specs(work)}
+    resnet = decompose(load_network(NETWORKS / "resnet56.yaml").resolved, 8, "infer")
+    mean = next(op.kernel for l in resnet.layers for op in l.forward if l.label.endswith("global_avg_pool"))
+    assert mean.key == "pool2d_fwd batch=8 channels=64 height=8 width=8 kh=8 kw=8 sh=1 sw=1 ph=0 pw=0 op=2 float32"
+    assert mean.flops == 8 * 64 * 64  # one per input element, as the description counts a global average
 
 
 def test_first_layer_computes_no_input_gradient():

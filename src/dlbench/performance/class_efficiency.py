@@ -25,9 +25,12 @@ without the input gradient, a network's first layer, apart, and so a forward ove
 image's few channels, `image-input`), LSTM layers and steps forward and
 backward, attention's fused core forward and backward with and without dropout on its
 probabilities (torch takes another path with it), layer norm forward and backward (normalisation),
-GELU forward and backward (element-wise), the loss forward and backward, and the SGD-momentum
-update (optimiser). Work that is no kernel (activations, batch norm, pooling, joins) is costed at
-the framework's own measured element-wise (relu) bandwidth already (calibrate's ceilings).
+GELU forward and backward (element-wise), pooling forward and backward by operation (`max`, `avg`,
+`global`: a window's maximum, its mean, and the mean over the whole map, which frameworks run as
+a reduction, cost differently: torch's max-pool forward on the CPU runs at a fraction of the
+bandwidth its average reaches), the loss forward and backward, and the SGD-momentum update
+(optimiser). Work that is no kernel (activations, batch norm, joins) is costed at the framework's
+own measured element-wise (relu) bandwidth already (calibrate's ceilings).
 
 Within a class the efficiency moves with size: a small kernel is mostly start-up (argument checks,
 allocation, threads waking), which a large one amortises. So a class is fitted as
@@ -84,6 +87,8 @@ def efficiency_class(spec: KernelSpec) -> str:
         return f"{k} {family} {spec.dtype}"
     if k.startswith("attention"):
         return f"{k}{' dropout' if spec['dropout'] else ''} {spec.dtype}"
+    if k.startswith("pool2d"):
+        return f"{k} {spec.pool_op} {spec.dtype}"
     return f"{k} {spec.dtype}"
 
 

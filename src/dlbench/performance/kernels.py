@@ -63,6 +63,18 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
   (definitions/layers/gelu.py), read once and written once.
 - gelu_bwd (elements, approximate): its input gradient, the derivative recomputed from x: 16 FLOPs
   per element; x and dy read, dx written.
+- pool2d_fwd (batch, channels, height, width, kh, kw, sh, sw, ph, pw, op): 2-D pooling of an NCHW
+  (or NHWC) input, `op` 0 max (padding pads with -inf), 1 average (no padding), 2 global average
+  (the mean over the whole map: written kh = height, kw = width, stride 1, no padding, so its one
+  output cell is the formula's; frameworks run it as a reduction, not a window); output size
+  floor((in + 2p - k) / s) + 1: kh·kw FLOPs per output element (so one per input element for the
+  global mean), as definitions/network.py counts pooling; input read once, output written once.
+  The framework's own pooling op (F.max_pool2d / avg_pool2d / adaptive_avg_pool2d, Keras' pooling
+  layers, flax.linen's max_pool / avg_pool or a mean, MXNet's Pooling) in the layout its networks
+  use.
+- pool2d_bwd (same): the input gradient (max: dy routed to each window's maximum; average: dy
+  spread evenly over the window): one FLOP per input element; dy read, dx cleared then written
+  (dx counted twice), as definitions/layers/pooling.py counts it.
 - sgd_momentum (elements): one SGD-with-momentum update of a parameter of `elements` values, the
   framework's optimiser as the runners use it: m = momentum m + g, w = w - lr m: 4 FLOPs; w, g, m
   read and w, m written.
@@ -97,13 +109,16 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "layer_norm_bwd": ("rows", "dim", "input_grad"),
     "gelu_fwd": ("elements", "approximate"),
     "gelu_bwd": ("elements", "approximate"),
+    "pool2d_fwd": ("batch", "channels", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw", "op"),
+    "pool2d_bwd": ("batch", "channels", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw", "op"),
 }
 SOFTMAX_FLOPS = 5  # per attention score (definitions/layers/attention.py)
 LAYER_NORM_FLOPS = {"layer_norm_fwd": 5, "layer_norm_bwd": 8}  # per element (definitions/layers/layer_norm.py)
 GELU_FLOPS = {"gelu_fwd": 8, "gelu_bwd": 16}  # per element (definitions/layers/gelu.py)
+POOL_OPS = ("max", "avg", "global")  # a pool2d kernel's `op`, by its value (definitions/layers/pooling.py)
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
 MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum",
-                "layer_norm_fwd", "layer_norm_bwd", "gelu_fwd", "gelu_bwd")
+                "layer_norm_fwd", "layer_norm_bwd", "gelu_fwd", "gelu_bwd", "pool2d_fwd", "pool2d_bwd")
 # The operation class of each kind whose work runs on the matrix units (definitions/machines.py
 # OP_CLASSES): a datasheet profile divides its FLOPs by the peak times that class's efficiency. Every
 # other kind, and work that is no kernel, is "elementwise" (memory-bound).
@@ -156,6 +171,14 @@ class KernelSpec:
         wo = (self["width"] + 2 * self["pw"] - self["kw"]) // self["sw"] + 1
         return ho, wo
 
+    def _pool_input(self) -> int:
+        return self["batch"] * self["channels"] * self["height"] * self["width"]
+
+    @property
+    def pool_op(self) -> str:
+        """A pool2d kernel's operation: max, avg or global (POOL_OPS)."""
+        return POOL_OPS[self["op"]]
+
     @property
     def flops(self) -> int:
         k = self.kind
@@ -181,6 +204,11 @@ class KernelSpec:
             return LAYER_NORM_FLOPS[k] * self["rows"] * self["dim"]
         if k.startswith("gelu"):
             return GELU_FLOPS[k] * self["elements"]
+        if k.startswith("pool2d"):
+            ho, wo = self._conv_out()
+            if k == "pool2d_bwd":
+                return self._pool_input()
+            return self["kh"] * self["kw"] * self["batch"] * self["channels"] * ho * wo
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
             fwd = 2 * self["batch"] * self["kh"] * self["kw"] * self["channels"] * self["filters"] * ho * wo
@@ -226,6 +254,10 @@ class KernelSpec:
             return s * ((5 if self["input_grad"] else 3) * n + 3 * d)
         if k.startswith("gelu"):
             return s * (2 if k == "gelu_fwd" else 3) * self["elements"]
+        if k.startswith("pool2d"):
+            ho, wo = self._conv_out()
+            x, y = self._pool_input(), self["batch"] * self["channels"] * ho * wo
+            return s * (x + y if k == "pool2d_fwd" else y + 2 * x)  # x, y; or dy, dx cleared and written
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
             x = self["batch"] * self["channels"] * self["height"] * self["width"]

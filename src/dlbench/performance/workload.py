@@ -2,8 +2,8 @@
 and backward operations, and the update.
 
 Each `Op` is either a kernel (`KernelSpec`: a GEMM, a convolution, an LSTM layer, attention's core, a
-layer norm, a GELU, the loss, the optimiser) whose time a machine profile may hold as measured, or
-memory-bound element-wise work (activations, batch norm, pooling, joins) that the model estimates
+layer norm, a GELU, a pooling, the loss, the optimiser) whose time a machine profile may hold as
+measured, or memory-bound element-wise work (activations, batch norm, joins) that the model estimates
 from its bytes and FLOPs; a kernel may name other kernels that do its work (`alternatives`) or the
 operations it is made of (`parts`), which stand in for it when it was not measured. Counts follow
 definitions/network.py (a multiply-add is 2 FLOPs); bytes are what each operation must read and
@@ -17,8 +17,9 @@ write at the least, `E` bytes per element (float32: 4):
 - relu, sigmoid, tanh: forward reads x and writes y (2 passes); backward reads y and dy, writes dx (3).
 - batch_norm: training forward reads x twice (statistics, then normalise) and writes y (3 passes),
   inference 2; backward reads x and dy twice and writes dx (5).
-- max_pool, avg_pool, global_avg_pool: forward reads the input and writes the output; backward
-  reads dy and writes dx, which it first clears (dx counted twice).
+- max_pool, avg_pool, global_avg_pool: the `pool2d_fwd` kernel (the input read, the output written;
+  a global average is the window of the whole map) and `pool2d_bwd` (dy read, dx cleared then
+  written: dx counted twice).
 - dropout: training forward reads x, writes y and the mask (3), backward reads dy and the mask and
   writes dx (3); inference: nothing. flatten: nothing (a view).
 - embedding: forward gathers batch x steps rows (read and write); backward clears the table's

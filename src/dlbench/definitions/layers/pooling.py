@@ -28,14 +28,27 @@ def infer_global(layer: schema.GlobalAvgPool, site: Site) -> Inferred:
     return Inferred((site.shape[0],), 0, numel(site.shape))
 
 
+# a pool2d kernel's `op` (performance/kernels.py POOL_OPS)
+POOL_OP = {"max_pool": 0, "avg_pool": 1, "global_avg_pool": 2}
+
+
 def work(b, layer, entry: dict, input_grad: bool) -> None:
+    """The `pool2d_fwd` kernel at the layer's window (performance/kernels.py counts it: kh·kw FLOPs
+    per output element, the input read and the output written) and, where a trainable layer precedes
+    it, `pool2d_bwd` (one FLOP per input element; dy read, dx cleared then written). A global average
+    is the window of the whole map, stride 1, no padding (its own `op`: frameworks reduce instead)."""
     t = entry["type"]
-    n_in, n_out = b.batch * numel(entry["in_shape"]), b.batch * numel(entry["out_shape"])
-    window = entry["size"][0] * entry["size"][1] if t != "global_avg_pool" else 1
-    layer.forward.append(b.op(t, window * n_out if t != "global_avg_pool" else n_in,
-                              b.element_bytes * (n_in + n_out)))
+    c, h, w = entry["in_shape"]
+    if t == "global_avg_pool":
+        window = dict(kh=h, kw=w, sh=1, sw=1, ph=0, pw=0)
+    else:
+        (ph, pw) = entry.get("padding", (0, 0))  # avg_pool has none
+        window = dict(kh=entry["size"][0], kw=entry["size"][1], sh=entry["stride"][0], sw=entry["stride"][1],
+                      ph=ph, pw=pw)
+    shape = dict(batch=b.batch, channels=c, height=h, width=w, op=POOL_OP[t], **window)
+    layer.forward.append(b.kernel(t, "pool2d_fwd", **shape))
     if b.train and input_grad:
-        layer.backward.append(b.op(t, n_in, b.element_bytes * (n_out + 2 * n_in)))
+        layer.backward.append(b.kernel(t, "pool2d_bwd", **shape))
 
 
 MAX_POOL = LayerType(schema.MaxPool, infer_window, work)
