@@ -13,7 +13,9 @@ runner's SelfAttention calls it on (B, T, heads, head_size) q, k and v: jax.nn.d
 (is_causal, the `implementation` the runner asks: cuDNN's on a GPU in half precision, else None),
 or flax.linen.dot_product_attention where training applies dropout to the probabilities (a causal
 mask, per-element dropout, as the runner's); flax's nn.LayerNorm and jax.nn.gelu in the layer's
-form; each backward the pullback of jax.vjp.
+form; each backward the pullback of jax.vjp. Pooling as the runner's network calls it on NHWC
+arrays: flax.linen.max_pool (padded with -inf by reduce_window), flax.linen.avg_pool (VALID), and
+the global average as jnp.mean over height and width; its backward the pullback of jax.vjp.
 """
 
 from __future__ import annotations
@@ -201,4 +203,25 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         if kind == "gelu_fwd":
             return ready(JitKernel(jax.jit(gelu), (x,), settings))
         return backward(gelu, (x,), settings)
+    if kind.startswith("pool2d"):
+        import flax.linen as nn
+
+        window, stride = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
+        padding = ((shape["ph"], shape["ph"]), (shape["pw"], shape["pw"]))
+        op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+        if op == "max":
+            def pool(x):
+                return nn.max_pool(x, window, stride, padding)
+        elif op == "avg":
+            def pool(x):
+                return nn.avg_pool(x, window, stride, "VALID")
+        else:
+            def pool(x):
+                return jnp.mean(x, axis=(1, 2))
+        settings = {"op": {"max": "flax.linen.max_pool", "avg": "flax.linen.avg_pool",
+                           "global": "jnp.mean over height and width"}[op], "layout": "NHWC"}
+        x = rand(shape["batch"], shape["height"], shape["width"], shape["channels"])
+        if kind == "pool2d_fwd":
+            return ready(JitKernel(jax.jit(pool), (x,), settings))
+        return backward(pool, (x,), settings)
     raise ValueError(f"jax runner: unknown kernel kind {kind!r}")

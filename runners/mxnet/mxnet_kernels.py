@@ -15,7 +15,10 @@ sequence-first (T, B, 3HS) projection, contrib.interleaved_matmul_selfatt_qk, th
 added, softmax, Dropout where training applies it, contrib.interleaved_matmul_selfatt_valatt (in
 float32 where their kernels refuse the dtype, as the runner's AMP keeps them); the runner's layer
 norm (nn.LayerNorm) and GELU blocks (nn.GELU, or the tanh form from operators), hybridised.
-Their backward is one autograd forward and backward, less the forward.
+Their backward is one autograd forward and backward, less the forward. Pooling is the `Pooling`
+operator as the runner's Gluon blocks call it (NCHW, pooling_convention "valid"): MaxPool2D's max
+with its padding, AvgPool2D's avg without, GlobalAvgPool2D's global_pool; its input gradient one
+autograd forward and backward, less the forward.
 """
 
 from __future__ import annotations
@@ -178,6 +181,28 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
             with mx.autograd.record():
                 out = block(*inputs)
             out.backward(dy)
+
+        return kernel(forward_backward, includes_forward=True, settings=settings)
+    if kind.startswith("pool2d"):
+        x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
+        op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+        # the Pooling arguments of gluon's MaxPool2D, AvgPool2D (no padding) and GlobalAvgPool2D
+        options = dict(kernel=(shape["kh"], shape["kw"]), stride=(shape["sh"], shape["sw"]),
+                       pad=(shape["ph"], shape["pw"]), pool_type="avg" if op != "max" else "max",
+                       pooling_convention="valid", global_pool=op == "global", layout="NCHW")
+        if op == "global":
+            options.update(kernel=(1, 1), stride=(1, 1), pad=(0, 0))
+        settings = {"op": f"Pooling(pool_type={options['pool_type']!r}, global_pool={op == 'global'})",
+                    "layout": "NCHW"}
+        if kind == "pool2d_fwd":
+            return kernel(lambda: mx.nd.Pooling(x, **options), settings=settings)
+        x.attach_grad()
+        dy = mx.nd.ones_like(mx.nd.Pooling(x, **options))
+
+        def forward_backward():
+            with mx.autograd.record():
+                y = mx.nd.Pooling(x, **options)
+            y.backward(dy)
 
         return kernel(forward_backward, includes_forward=True, settings=settings)
     raise ValueError(f"mxnet runner: unknown kernel kind {kind!r}")

@@ -16,14 +16,17 @@ attention's core as the runner's keras.layers.MultiHeadAttention computes it fro
 mask left to it, keras.ops.dot_product_attention without dropout, its own einsum path with it);
 keras.layers.LayerNormalization and the runner's GELU (keras.activations.gelu in the layer's
 form). Their backward runs in a GradientTape with the forward (the output's gradient given), so
-the harness also times the forward and takes the difference.
+the harness also times the forward and takes the difference. Pooling is the runner's own Keras
+layer (NHWC): MaxPooling2D with its padding plan (SAME, VALID, or a -inf pad then VALID:
+PaddedMaxPool2D), AveragePooling2D (VALID), GlobalAveragePooling2D; its input gradient likewise in
+a tape with the forward.
 """
 
 from __future__ import annotations
 
 from contract import Kernel
 from contract import KERNEL_PRECISION
-from tensorflow_network import (load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
+from tensorflow_network import (layer_classes, load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
                                 transformer_classes)
 
 
@@ -166,7 +169,43 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return make(tf.linalg.matmul, (a, b), settings={"op": "tf.linalg.matmul"})
     if kind.startswith(("attention", "layer_norm", "gelu")):
         return _transformer_kernel(tf, kind, shape, spec["dtype"], rand, make)
+    if kind.startswith("pool2d"):
+        return _pooling_kernel(tf, kind, shape, spec["dtype"], rand, make)
     raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")
+
+
+def _pooling_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> GraphKernel:
+    """Max, average or global average pooling as the runner's layers compute it (tensorflow_network.py),
+    under the kernel's precision's Keras policy; the backward as forward + backward in one tape."""
+    keras = load_keras()
+    n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+    size, stride = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
+    op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+    with precision_scope(KERNEL_PRECISION[dtype]):
+        if op == "max":
+            layer = layer_classes().max_pool(size, stride, (shape["ph"], shape["pw"]), (h, w))
+        elif op == "avg":
+            layer = keras.layers.AveragePooling2D(size, stride, padding="valid")
+        else:
+            layer = keras.layers.GlobalAveragePooling2D()
+        layer.build((n, h, w, c))
+    x = tf.cast(rand(n, h, w, c), layer.compute_dtype)
+    settings = {"op": f"keras.layers.{type(layer).__name__}", "layout": "NHWC",
+                **({"padding": layer.padding + (" after a -inf tf.pad" if hasattr(layer, "pads") else "")}
+                   if op != "global" else {})}
+    if kind == "pool2d_fwd":
+        return make(layer, (x,), settings=settings)
+    dy = tf.ones_like(layer(x))
+
+    def forward_backward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x)
+        # the output returned too: an average's gradient needs none of the forward, which the graph
+        # would otherwise prune, and the forward timed alone would then be taken off a backward only
+        return out, tape.gradient(out, x, output_gradients=dy)
+
+    return make(forward_backward, (x,), includes_forward=True, settings=settings)
 
 
 def _transformer_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> GraphKernel:

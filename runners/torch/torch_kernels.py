@@ -13,7 +13,10 @@ momentum over a parameter with a gradient, as the runner's optimiser makes it. T
 is_causal, dropout_p where training applies it (torch then runs its math backend on the CPU, its
 flash kernel without), torch choosing the kernel, and its backward by autograd.grad of that call;
 `F.layer_norm` with gamma and beta (nn.LayerNorm's call) and `F.gelu` in the layer's form
-(nn.GELU's), their backward by autograd.grad.
+(nn.GELU's), their backward by autograd.grad. Pooling as the network's modules call it:
+`F.max_pool2d` (nn.MaxPool2d), `F.avg_pool2d` (nn.AvgPool2d), `F.adaptive_avg_pool2d` to 1 x 1
+(nn.AdaptiveAvgPool2d, the global mean), channels-last on CUDA as the runner's image networks are,
+the backward the input gradient by autograd.grad.
 """
 
 from __future__ import annotations
@@ -158,7 +161,41 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         dy = torch.randn_like(y)
         return Kernel(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), sync,
                       {"op": f"autograd.grad of F.gelu(approximate={approximate!r})"})
+    if kind.startswith("pool2d"):
+        return _pooling(torch, kind, shape, rand, sync, cuda)
     raise ValueError(f"torch runner: unknown kernel kind {kind!r}")
+
+
+def _pooling(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel:
+    """Max, average or global average pooling as the runner's modules call it (torch_network.py)."""
+    functional = torch.nn.functional
+    memory_format = torch.channels_last if cuda else torch.contiguous_format  # the runner's image layout
+    x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"]).contiguous(
+        memory_format=memory_format).requires_grad_(kind == "pool2d_bwd")
+    window, stride, padding = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"]), (shape["ph"], shape["pw"])
+    op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+    if op == "max":
+        def pool(x):
+            return functional.max_pool2d(x, window, stride, padding)
+    elif op == "avg":
+        def pool(x):
+            return functional.avg_pool2d(x, window, stride)
+    else:
+        def pool(x):
+            return functional.adaptive_avg_pool2d(x, 1)
+    name = {"max": "F.max_pool2d (nn.MaxPool2d's)", "avg": "F.avg_pool2d (nn.AvgPool2d's)",
+            "global": "F.adaptive_avg_pool2d(1) (nn.AdaptiveAvgPool2d's)"}[op]
+    settings = {"memory_format": "channels_last" if cuda else "contiguous"}
+    if kind == "pool2d_fwd":
+        def forward():
+            with torch.no_grad():
+                pool(x)
+
+        return Kernel(forward, sync, {**settings, "op": name})
+    y = pool(x)
+    dy = torch.randn_like(y)
+    return Kernel(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), sync,
+                  {**settings, "op": f"autograd.grad of {name}"})
 
 
 def _attention(torch, kind: str, shape: dict, rand, sync) -> Kernel:

@@ -2,8 +2,9 @@
 pins TF32 off before it prepares a kernel and says so in the kernel's settings (on the CPU the
 flags are what the same code sets on a GPU, where JAX, TensorFlow and cuDNN default to TF32).
 And every runner times the transformer kernels (batched products, attention's core with and
-without dropout on the probabilities, layer norm, both GELU forms, forward and backward) with the
-op its network builder calls, at the smallest shapes. One worker per framework serves both."""
+without dropout on the probabilities, layer norm, both GELU forms, forward and backward) and the
+pooling kernels (max with padding, average, global average, forward and backward) with the op its
+network builder calls, at the smallest shapes. One worker per framework serves them all."""
 
 from __future__ import annotations
 
@@ -45,6 +46,21 @@ TRANSFORMER = [
     KernelSpec.of("gelu_fwd", elements=128, approximate=1),
     KernelSpec.of("gelu_bwd", elements=128, approximate=0),
 ]
+# 2 samples of 3 x 7 x 7: a 3x3 max-pool, stride 2, pad 1 (resnet50's), a 2x2 average (no padding), the
+# global average (the window of the whole map)
+WINDOW = dict(batch=2, channels=3, height=7, width=7)
+POOLING = [KernelSpec.of(kind, **WINDOW, **pool) for kind in ("pool2d_fwd", "pool2d_bwd") for pool in (
+    dict(kh=3, kw=3, sh=2, sw=2, ph=1, pw=1, op=0), dict(kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, op=1),
+    dict(kh=7, kw=7, sh=1, sw=1, ph=0, pw=0, op=2))]
+# the op each network builder runs for max, average and global average pooling (torch_network.py,
+# tensorflow_network.py, jax_network.py, mxnet_network.py), as the kernel's settings name it
+POOLING_OP = {
+    "torch": ("F.max_pool2d", "F.avg_pool2d", "F.adaptive_avg_pool2d"),
+    "tensorflow": ("MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D"),
+    "jax": ("flax.linen.max_pool", "flax.linen.avg_pool", "jnp.mean"),
+    "mxnet": ("Pooling(pool_type='max', global_pool=False)", "Pooling(pool_type='avg', global_pool=False)",
+              "Pooling(pool_type='avg', global_pool=True)"),
+}
 # the op each network builder runs for attention's core, as the kernel's settings name it
 ATTENTION_OP = {"torch": "scaled_dot_product_attention", "tensorflow": "MultiHeadAttention._compute_attention",
                 "jax": "dot_product_attention", "mxnet": "interleaved_matmul_selfatt_qk/valatt"}
@@ -52,11 +68,12 @@ ATTENTION_OP = {"torch": "scaled_dot_product_attention", "tensorflow": "MultiHea
 
 @functools.lru_cache(maxsize=None)
 def kernels_of(framework: str) -> tuple[dict, ...]:
-    """One worker of `framework` timing the matmuls and the transformer kernels (cached per module run)."""
+    """One worker of `framework` timing the matmuls, the transformer and the pooling kernels (cached per
+    module run)."""
     runner = RunnerRegistry(paths.runners_dir()).get(framework)
     env = VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
     policy = KernelPolicy(warmup_iters=1, min_iters=2, min_time_s=0.0, max_iters=3, repeats=1, cache="warm")
-    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER, policy, "cpu", 1),
+    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING, policy, "cpu", 1),
                          timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     return tuple(outcome.result["kernels"])
@@ -74,7 +91,7 @@ def test_kernels_run_under_the_precisions_math_and_record_it(framework):
 
 @pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
 def test_transformer_kernels_are_timed_with_the_networks_own_ops(framework):
-    results = kernels_of(framework)[len(MATMULS):]
+    results = kernels_of(framework)[len(MATMULS):len(MATMULS) + len(TRANSFORMER)]
     assert [r["spec"] for r in results] == [s.to_dict() for s in TRANSFORMER]
     for r in results:
         assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
@@ -93,3 +110,15 @@ def test_transformer_kernels_are_timed_with_the_networks_own_ops(framework):
     if framework == "jax":  # jax.nn's has no dropout: flax.linen's then
         assert by_kind[("attention_fwd", 100)]["function"] == "flax.linen.dot_product_attention"
         assert by_kind[("attention_fwd", 0)]["function"] == "jax.nn.dot_product_attention"
+
+
+@pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
+def test_pooling_kernels_are_timed_with_the_networks_own_ops(framework):
+    results = kernels_of(framework)[len(MATMULS) + len(TRANSFORMER):]
+    assert [r["spec"] for r in results] == [s.to_dict() for s in POOLING]
+    for r in results:
+        assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
+        assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
+        assert POOLING_OP[framework][r["spec"]["shape"]["op"]] in r["settings"]["op"], r["settings"]
+    if framework == "tensorflow":  # resnet50's 3x3 / 2 pad 1 max-pool: TensorFlow's SAME pads it so
+        assert results[0]["settings"]["padding"] == "same"
