@@ -157,8 +157,8 @@ def test_quick_calibrate_measures_class_efficiencies_that_predictions_use(torch_
     assert "torch" in profile.class_probes, cal.stderr
     kinds = {p.spec["kind"] for p in profile.class_probes["torch"]}
     # the cheap classes always fit the budget (a slow one may be left out on a loaded machine, and says so)
-    assert {"matmul", "conv2d_fwd", "conv2d_bwd", "attention_fwd", "layer_norm_fwd", "gelu_fwd",
-            "softmax_xent_fwd", "sgd_momentum"} <= kinds
+    assert {"matmul", "conv2d_fwd", "conv2d_bwd", "attention_fwd", "layer_norm_fwd", "gelu_fwd", "pool2d_fwd",
+            "pool2d_bwd", "softmax_xent_fwd", "sgd_momentum"} <= kinds
     points = class_points(profile, "torch")
     assert len(points) >= 10 and all(0 < q.efficiency for pts in points.values() for q in pts)
     # alexnet_r at batch 16: its convolutions were probed at the smoke profile's batch (8) only

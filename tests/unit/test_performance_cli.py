@@ -55,6 +55,11 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
     assert by_dtype == {("float32", "ok"), ("float16", "ok"), ("bfloat16", "skipped")}
     assert "not available in bfloat16: TypeError: the fake framework has no bfloat16" in err
     assert "matmul" in out and "GFLOP/s" in out and "no machine profile when these ran" in out
+    # alexnet_r's poolings are layer shapes too, memory-bound (bytes/s): no schema of their own
+    cnn = next(r for r in records if r.benchmark == "cnn-layers")
+    pools = [k for k in cnn.kernels if k.spec["kind"].startswith("pool2d")]
+    assert {k.spec["kind"] for k in pools} == {"pool2d_fwd", "pool2d_bwd"}
+    assert all(k.status == "ok" and k.unit == "B/s" and k.achieved > 0 for k in pools)
 
     code, out, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
                             "--threads", "1", "--store", str(store), "--quick")
@@ -141,7 +146,7 @@ def test_calibrate_probes_the_operation_classes_and_predictions_say_so(project, 
     probes = profile.class_probes["fake"]
     kinds = {p.spec["kind"] for p in probes}
     assert {"matmul", "conv2d_fwd", "conv2d_bwd", "lstm_layer_fwd", "attention_fwd", "layer_norm_fwd", "gelu_fwd",
-            "softmax_xent_fwd", "sgd_momentum"} <= kinds
+            "pool2d_fwd", "pool2d_bwd", "softmax_xent_fwd", "sgd_momentum"} <= kinds
     assert sorted(profile.sources["class_probes"]["fake"]) == sorted(r.run_id for r in probe_runs)
     assert "efficiency per operation class" in out and "matmul small-m float32" in out
     # alexnet_r at batch 16: its convolutions were probed at the smoke batch (8) only, so every one takes
@@ -154,6 +159,8 @@ def test_calibrate_probes_the_operation_classes_and_predictions_say_so(project, 
     assert set(p["sources"]) <= {"shape", "class", "ceilings"}
     convs = [layer for layer in p["layers"] if "conv2d" in layer["label"]]
     assert convs and all(set(layer["sources_s"]) == {"class"} for layer in convs)
+    pools = [layer for layer in p["layers"] if "pool" in layer["label"]]  # and so does every pooling
+    assert len(pools) == 3 and all(set(layer["sources_s"]) == {"class"} for layer in pools)
     code, out, _ = invoke("predict", "--network", "alexnet_r", "--framework", "fake", "--batch", "16",
                           "--threads", "1", "--store", str(store), "--layers")
     text = " ".join(out.split())
