@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 import pytest
 
 from dlbench.performance.accuracy import accuracy_table_rows, datasheet_matcher, prediction_errors
-from dlbench.performance.class_efficiency import ClassPoint, efficiency_class, fit_class, select_probes, work_size
+from dlbench.performance.class_efficiency import (ClassPoint, efficiency_class, fit_class, matmul_aspect,
+                                                  operand_elements, probe_stratum, select_probes, work_size)
 from dlbench.performance.kernel_suite import KernelPolicy
 from dlbench.performance.kernels import KernelSpec
 from dlbench.performance.model import FrameworkFacts, class_fits, class_points, op_time, predict
@@ -43,11 +44,16 @@ def probe(spec: KernelSpec, seconds: float, cache="cold") -> ProbeTime:
 
 
 def test_classes_by_aspect_family_and_path():
-    assert efficiency_class(mm(64, 2048, 784)) == "matmul small-m float32"
-    assert efficiency_class(mm(784, 2048, 64)) == "matmul small-k float32"
-    assert efficiency_class(mm(64, 10, 2048)) == "matmul small-n float32"  # the smallest of the small ones
-    assert efficiency_class(mm(256, 768, 3072)) == "matmul large float32"
-    assert efficiency_class(KernelSpec.of("matmul", "bfloat16", m=256, n=768, k=3072)) == "matmul large bfloat16"
+    # one matmul class per dtype, its probes spread over the aspects
+    assert efficiency_class(mm(64, 2048, 784)) == efficiency_class(mm(256, 768, 3072)) == "matmul float32"
+    assert efficiency_class(KernelSpec.of("matmul", "bfloat16", m=256, n=768, k=3072)) == "matmul bfloat16"
+    assert probe_stratum(mm(64, 2048, 784)) == "matmul float32 small-m"
+    assert probe_stratum(mm(784, 2048, 64)) == "matmul float32 small-k"
+    assert probe_stratum(mm(64, 10, 2048)) == "matmul float32 small-n"  # the smallest of the small ones
+    assert probe_stratum(mm(256, 768, 3072)) == "matmul float32 large"
+    assert matmul_aspect(mm(128, 128, 128)) == "large" and matmul_aspect(mm(127, 127, 127)) == "small-m"
+    assert operand_elements(mm(2, 3, 4)) == 2 * 4 + 4 * 3 + 2 * 3
+    assert operand_elements(KernelSpec.of("sgd_momentum", elements=10)) == 0
     conv = dict(batch=8, channels=64, height=8, width=8, filters=64, sh=1, sw=1, ph=1, pw=1)
     assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=3, kw=3, **conv)) == "conv2d_fwd 3x3 float32"
     assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=1, kw=1, **conv)) == "conv2d_fwd 1x1 float32"
@@ -91,6 +97,21 @@ def test_a_class_is_fitted_as_overhead_plus_slowed_work():
     assert fit_class([ClassPoint(1e-4, 9e-4, "a")]) == type(fit)(0.0, pytest.approx(9.0), 1)
     with pytest.raises(ValueError):
         fit_class([])
+
+
+def test_a_matmul_class_is_fitted_with_an_operand_term():
+    """Five probes of 20 µs + 1.5 x FLOPs at the peak + 2 ns per operand element: fitted back. Three
+    distinct probes are needed for the term; with two, the class is fitted as any other."""
+    shapes = [mm(64, 2048, 784), mm(784, 2048, 64), mm(1024, 10000, 256), mm(16, 4096, 1000), mm(512, 512, 512)]
+    points = [ClassPoint(s.flops / 1e9, 20e-6 + 1.5 * s.flops / 1e9 + 2e-9 * operand_elements(s), s.key,
+                         operands=operand_elements(s)) for s in shapes]
+    fit = fit_class(points)
+    assert fit.overhead_s == pytest.approx(20e-6, rel=1e-3) and fit.slowdown == pytest.approx(1.5, rel=1e-6)
+    assert fit.per_operand_s == pytest.approx(2e-9, rel=1e-6)
+    other = mm(64, 4096, 2048)
+    assert fit.seconds(other.flops / 1e9, operand_elements(other)) == pytest.approx(
+        20e-6 + 1.5 * 2 * 64 * 4096 * 2048 / 1e9 + 2e-9 * (64 * 2048 + 2048 * 4096 + 64 * 4096), rel=1e-6)
+    assert fit_class(points[:2]).per_operand_s == 0.0
 
 
 def test_probes_spread_over_each_class_and_respect_the_cap():
@@ -144,7 +165,7 @@ def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     p = mm(16, 1024, 512)
     other = mm(16, 4096, 512)
     prof = profile(class_probes={"fw": [probe(p, 0.050001)]})
-    (point,) = class_points(prof, "fw", compiled=False)["matmul small-m float32"]
+    (point,) = class_points(prof, "fw", compiled=False)["matmul float32"]
     assert point.efficiency == pytest.approx(p.flops / 1e9 / 0.050) and not point.overhead_bound
     fits = class_fits(prof, "fw", compiled=False)
     op = Op("fc", other.flops, other.bytes, other)
@@ -153,8 +174,8 @@ def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     # compiled: the probe's own cold call (3 µs) is taken off, and no call is added per operation
     seconds, _, _ = op_time(op, "fw", prof, {}, True, False, class_fits(prof, "fw", compiled=True))
     assert seconds == pytest.approx(4 * (0.050001 - 3e-6))
-    # another class (small-k) has no probe: the roofline at the ceilings, marked so
-    wgrad = mm(512, 1024, 16)
+    # another class (bfloat16 products) has no probe: the roofline at the ceilings, marked so
+    wgrad = KernelSpec.of("matmul", "bfloat16", m=512, n=1024, k=16)
     seconds, sources, _ = op_time(Op("w", wgrad.flops, wgrad.bytes, wgrad), "fw", prof, {}, False, False, fits)
     assert seconds == pytest.approx(wgrad.flops / 1e9 + 1e-6) and sources == {"ceilings": seconds}
     # a measured shape wins over its class
@@ -163,7 +184,7 @@ def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     # a probe whose work at the ceilings is shorter than a call is overhead-bound: 1x1x1 (2 FLOP: 2 ns)
     # at 21 µs is 20 µs of overhead, and a larger shape of its class is that overhead + its roofline
     tiny = profile(class_probes={"fw": [probe(mm(1, 1, 1), 21e-6)]})
-    (point,) = class_points(tiny, "fw")["matmul small-m float32"]
+    (point,) = class_points(tiny, "fw")["matmul float32"]
     assert point.overhead_bound
     seconds, _, _ = op_time(op, "fw", tiny, {}, False, False, class_fits(tiny, "fw"))
     assert seconds == pytest.approx(20e-6 - 2e-9 + other.flops / 1e9 + 1e-6)
@@ -176,8 +197,8 @@ def test_a_prediction_splits_its_time_by_source():
     net = load_network(Path(__file__).resolve().parents[2] / "suites" / "networks" / "fcn5.yaml")
     work = decompose(net.resolved, 16, "train")
     kernels = {op.kernel.key: op.kernel for layer in work.layers for op in layer.forward if op.kernel is not None}
-    first = next(k for k in kernels.values() if k.kind == "matmul")  # 16 x 2048 x 784: small-m
-    assert efficiency_class(first) == "matmul small-m float32"
+    first = next(k for k in kernels.values() if k.kind == "matmul")  # 16 x 2048 x 784
+    assert efficiency_class(first) == "matmul float32"
     prof = profile(class_probes={"fw": [probe(first, 0.01)]},
                    kernels={"fw": {KernelSpec.of("softmax_xent_fwd", rows=16, classes=10).key:
                                    KernelTime(median_s=1e-4, run_id="r", cache="cold")}})

@@ -456,16 +456,18 @@ def _print_classes(p: MachineProfile, facts: dict) -> None:
     for fw in sorted(p.class_probes):
         points = class_points(p, fw, facts[fw].compiled if fw in facts else False)
         t = Table(title=f"{fw}: efficiency per operation class")
-        for col in ("class", "probes", "probe efficiencies", "fit: overhead", "fit: efficiency"):
+        for col in ("class", "probes", "probe efficiencies", "fit: overhead", "fit: efficiency", "fit: per operand"):
             t.add_column(col, justify="left" if col == "class" else "right")
         for cls, pts in sorted(points.items()):
             pts = sorted(pts, key=lambda q: q.roofline_s)
             fit = fit_class(pts)
             t.add_row(escape(cls), str(len(pts)),
                       ", ".join(f"{100 * q.efficiency:.1f}%{'*' if q.overhead_bound else ''}" for q in pts),
-                      f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%")
-        t.caption = ("probe efficiency: roofline time at the ceilings / time net of the call, smallest probe first "
-                     "(* overhead-bound); a shape not timed takes overhead + roofline / efficiency")
+                      f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%",
+                      f"{fit.per_operand_s * 1e9:,.3f} ns" if fit.per_operand_s else "")
+        t.caption = ("probe efficiency: roofline time at the ceilings (a matmul's: its FLOPs at the peak) / time net "
+                     "of the call, smallest probe first (* overhead-bound); a shape not timed takes overhead + "
+                     "roofline / efficiency (+ per operand x its operands' elements: a matmul's mk + kn + mn)")
         out.print(t)
 
 

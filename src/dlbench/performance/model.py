@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
-from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class
+from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class, operand_elements
 from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
 from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
@@ -220,6 +220,17 @@ def kernel_roofline(kernel: KernelSpec, profile: MachineProfile) -> float:
     return max(kernel.flops / peak if peak else 0.0, kernel.bytes / bandwidth if bandwidth else 0.0)
 
 
+def class_work(kernel: KernelSpec, profile: MachineProfile, framework: str, tf32: bool = False) -> float:
+    """A kernel's work at the ceilings as its class is fitted (class_efficiency.py): a matrix
+    product's FLOPs at the peak alone, its operands' traffic being the fit's operand term; any
+    other kernel's roofline time."""
+    if operand_elements(kernel):
+        peak = profile.peak_flops("tf32" if tf32 and kernel.dtype == "float32" else kernel.dtype)
+        if peak:
+            return kernel.flops / peak
+    return roofline_time(Op(kernel.key, kernel.flops, kernel.bytes, kernel), profile, framework, tf32)
+
+
 def class_points(profile: MachineProfile, framework: str, compiled: bool = False) -> dict[str, list[ClassPoint]]:
     """The framework's class probes per class (class_efficiency.efficiency_class): each probe's
     roofline time and its time net of the call, the call counted as op_time counts it for a measured
@@ -231,14 +242,15 @@ def class_points(profile: MachineProfile, framework: str, compiled: bool = False
     out: dict[str, list[ClassPoint]] = {}
     for probe in profile.class_probes.get(framework, []):
         spec = KernelSpec.from_dict(probe.spec)
-        roofline = roofline_time(Op(spec.key, spec.flops, spec.bytes, spec), profile, framework)
+        roofline = class_work(spec, profile, framework)
         own_call = profile.dispatch_cold_s.get(framework, call) if compiled and probe.cache == "cold" else call
         net, bound = probe.median_s - own_call, (roofline if compiled else probe.median_s / 2)
         if roofline > 0:
             # overhead-bound: the call could not be taken off in full, or the work at the ceilings is
             # shorter than one call: its time says what the class's calls cost, not how fast its work runs
             out.setdefault(efficiency_class(spec), []).append(
-                ClassPoint(roofline, max(net, bound), spec.key, overhead_bound=net <= bound or roofline < own_call))
+                ClassPoint(roofline, max(net, bound), spec.key, overhead_bound=net <= bound or roofline < own_call,
+                           operands=operand_elements(spec)))
     return out
 
 
@@ -277,8 +289,8 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
     for kernel, count in candidates:
         fit = (classes or {}).get(efficiency_class(kernel))
         if fit is not None:
-            roofline = roofline_time(Op(kernel.key, kernel.flops, kernel.bytes, kernel), profile, framework, tf32)
-            seconds = fit.seconds(roofline) + (0.0 if compiled else call)
+            seconds = (fit.seconds(class_work(kernel, profile, framework, tf32), operand_elements(kernel))
+                       + (0.0 if compiled else call))
             total = op.repeat * count * seconds
             return total, {"class": total}, missing
     if op.parts:  # the kernel counts as unmeasured only where none of its parts' kernels was measured

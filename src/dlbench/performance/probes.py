@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..definitions.loader import read_yaml, validate
 from ..store.profiles import MachineProfile, ProbeTime
-from .class_efficiency import efficiency_class, select_probes, work_size
+from .class_efficiency import efficiency_class, probe_stratum, select_probes, work_size
 from .kernel_suite import KernelBenchmark, KernelPolicy, KernelSuite, KernelSuiteFile, LayersEntry
 from .kernels import KernelSpec
 from .model import roofline_time
@@ -125,12 +125,12 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
 
 def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
     """What a budget gives up first: the reduced-precision classes' probes before any float32 one
-    (every precision's default run is fp32), and within those each class keeps its middle probe
-    longest (tier 0), then its largest (1: the amortised end a large shape is predicted from), the
-    smallest last (2)."""
+    (every precision's default run is fp32), and within those each class's stratum (probe_stratum)
+    keeps its middle probe longest (tier 0), then its largest (1: the amortised end a large shape is
+    predicted from), the smallest last (2)."""
     by_class: dict[str, list[KernelSpec]] = {}
     for s in chosen:
-        by_class.setdefault(efficiency_class(s), []).append(s)
+        by_class.setdefault(probe_stratum(s), []).append(s)
     tier = {}
     for specs in by_class.values():
         specs = sorted(specs, key=lambda s: (work_size(s), s.key))
