@@ -209,15 +209,9 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         window, stride = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
         padding = ((shape["ph"], shape["ph"]), (shape["pw"], shape["pw"]))
         op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
-        if op == "max":
-            def pool(x):
-                return nn.max_pool(x, window, stride, padding)
-        elif op == "avg":
-            def pool(x):
-                return nn.avg_pool(x, window, stride, "VALID")
-        else:
-            def pool(x):
-                return jnp.mean(x, axis=(1, 2))
+        pool = {"max": lambda x: nn.max_pool(x, window, stride, padding),
+                "avg": lambda x: nn.avg_pool(x, window, stride, "VALID"),
+                "global": lambda x: jnp.mean(x, axis=(1, 2))}[op]
         settings = {"op": {"max": "flax.linen.max_pool", "avg": "flax.linen.avg_pool",
                            "global": "jnp.mean over height and width"}[op], "layout": "NHWC"}
         x = rand(shape["batch"], shape["height"], shape["width"], shape["channels"])

@@ -174,15 +174,9 @@ def _pooling(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel:
         memory_format=memory_format).requires_grad_(kind == "pool2d_bwd")
     window, stride, padding = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"]), (shape["ph"], shape["pw"])
     op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
-    if op == "max":
-        def pool(x):
-            return functional.max_pool2d(x, window, stride, padding)
-    elif op == "avg":
-        def pool(x):
-            return functional.avg_pool2d(x, window, stride)
-    else:
-        def pool(x):
-            return functional.adaptive_avg_pool2d(x, 1)
+    pool = {"max": lambda x: functional.max_pool2d(x, window, stride, padding),
+            "avg": lambda x: functional.avg_pool2d(x, window, stride),
+            "global": lambda x: functional.adaptive_avg_pool2d(x, 1)}[op]
     name = {"max": "F.max_pool2d (nn.MaxPool2d's)", "avg": "F.avg_pool2d (nn.AvgPool2d's)",
             "global": "F.adaptive_avg_pool2d(1) (nn.AdaptiveAvgPool2d's)"}[op]
     settings = {"memory_format": "channels_last" if cuda else "contiguous"}
