@@ -171,7 +171,8 @@ class KernelSpec:
         wo = (self["width"] + 2 * self["pw"] - self["kw"]) // self["sw"] + 1
         return ho, wo
 
-    def _pool_input(self) -> int:
+    def _input_elements(self) -> int:
+        """A convolution's or pooling's input: batch x channels x height x width."""
         return self["batch"] * self["channels"] * self["height"] * self["width"]
 
     @property
@@ -204,10 +205,10 @@ class KernelSpec:
             return LAYER_NORM_FLOPS[k] * self["rows"] * self["dim"]
         if k.startswith("gelu"):
             return GELU_FLOPS[k] * self["elements"]
-        if k.startswith("pool2d"):
+        if k == "pool2d_bwd":
+            return self._input_elements()
+        if k == "pool2d_fwd":
             ho, wo = self._conv_out()
-            if k == "pool2d_bwd":
-                return self._pool_input()
             return self["kh"] * self["kw"] * self["batch"] * self["channels"] * ho * wo
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
@@ -256,11 +257,11 @@ class KernelSpec:
             return s * (2 if k == "gelu_fwd" else 3) * self["elements"]
         if k.startswith("pool2d"):
             ho, wo = self._conv_out()
-            x, y = self._pool_input(), self["batch"] * self["channels"] * ho * wo
+            x, y = self._input_elements(), self["batch"] * self["channels"] * ho * wo
             return s * (x + y if k == "pool2d_fwd" else y + 2 * x)  # x, y; or dy, dx cleared and written
         if k.startswith("conv2d"):
             ho, wo = self._conv_out()
-            x = self["batch"] * self["channels"] * self["height"] * self["width"]
+            x = self._input_elements()
             w = self["filters"] * self["channels"] * self["kh"] * self["kw"]
             y = self["batch"] * self["filters"] * ho * wo
             if k == "conv2d_fwd":
