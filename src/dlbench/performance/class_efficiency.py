@@ -58,9 +58,10 @@ the buckets.
 
 Both forms are fitted by `fit_class`: relative least squares over the class's probes
 (`scipy.optimize.lsq_linear`), the overhead and the per-operand time non-negative and the slowdown
-at least 1, i.e. the marginal work never faster than the ceilings, unless a probe itself was. One probe cannot tell the two apart: a probe whose time is mostly the
-framework's call or other overhead (`overhead_bound`: model.class_points could not take the call off
-in full, or the work at the ceilings takes less than one call) says only how much a call of that
+at least 1, i.e. the marginal work never faster than the ceilings, unless a probe itself was. One
+probe cannot tell overhead from slowdown: a probe whose time is mostly the framework's call or
+other overhead (`overhead_bound`: model.class_points could not take the call off in full, or the
+work at the ceilings takes less than one call) says only how much a call of that
 class costs beyond the smallest operation, so it is read as overhead with the work at the ceilings
 (slowdown 1), and so is one under MIN_STEADY_EFFICIENCY; any other single probe as a constant
 efficiency (overhead 0). A probe's own shape is no concern of the fit: it is in the profile's
