@@ -10,7 +10,8 @@ import pytest
 
 from dlbench.performance.accuracy import accuracy_table_rows, datasheet_matcher, prediction_errors
 from dlbench.performance.class_efficiency import (ClassPoint, efficiency_class, fit_class, matmul_aspect,
-                                                  operand_elements, probe_stratum, select_probes, work_size)
+                                                  leave_one_out_error, operand_elements, output_elements, probe_stratum,
+                                                  select_probes, work_size)
 from dlbench.performance.kernel_suite import KernelPolicy
 from dlbench.performance.kernels import KernelSpec
 from dlbench.performance.model import FrameworkFacts, class_fits, class_points, op_time, predict
@@ -112,6 +113,50 @@ def test_a_matmul_class_is_fitted_with_an_operand_term():
     assert fit.seconds(other.flops / 1e9, operand_elements(other)) == pytest.approx(
         20e-6 + 1.5 * 2 * 64 * 4096 * 2048 / 1e9 + 2e-9 * (64 * 2048 + 2048 * 4096 + 64 * 4096), rel=1e-6)
     assert fit_class(points[:2]).per_operand_s == 0.0
+
+
+MATMUL_PROBES = [mm(64, 2048, 784), mm(784, 2048, 64), mm(1024, 10000, 256), mm(16, 4096, 1000), mm(512, 512, 512),
+                 mm(38, 30522, 768), mm(256, 64, 4096)]
+
+
+def matmul_points(seconds) -> list[ClassPoint]:
+    """The probes at a peak of 100 GFLOP/s, taking `seconds(spec)` each."""
+    return [ClassPoint(s.flops / 1e11, seconds(s), s.key, operands=operand_elements(s), outputs=output_elements(s))
+            for s in MATMUL_PROBES]
+
+
+def test_a_matmul_class_takes_the_form_its_left_out_probes_choose():
+    """Probes whose outputs cost 5 ns an element beyond 1 ns per operand element: the `outputs` form
+    predicts each left-out probe exactly and is chosen, its terms fitted back; probes with no such
+    extra cost keep the plain operand term (the richer form must win by LOO_MARGIN, not tie)."""
+    def with_outputs(s):
+        return 20e-6 + 1.5 * s.flops / 1e11 + 1e-9 * operand_elements(s) + 5e-9 * output_elements(s)
+
+    points = matmul_points(with_outputs)
+    assert leave_one_out_error(points, "outputs") == pytest.approx(0.0, abs=1e-6)
+    assert leave_one_out_error(points, "operands") > 0.05
+    fit = fit_class(points)
+    assert fit.form == "outputs"
+    assert (fit.per_operand_s, fit.per_output_s) == (pytest.approx(1e-9, rel=1e-4), pytest.approx(5e-9, rel=1e-4))
+    s = mm(64, 4096, 2048)
+    assert fit.seconds(s.flops / 1e11, operand_elements(s), output_elements(s)) == pytest.approx(with_outputs(s), rel=1e-4)
+    plain = fit_class(matmul_points(lambda s: 20e-6 + 1.5 * s.flops / 1e11 + 2e-9 * operand_elements(s)))
+    assert (plain.form, plain.per_output_s) == ("operands", 0.0)
+    assert output_elements(mm(2, 3, 4)) == 2 * 3 and output_elements(KernelSpec.of("sgd_momentum", elements=10)) == 0
+
+
+def test_the_model_charges_a_matmul_its_output_elements():
+    """A profile (1 GFLOP/s) whose matmul probes cost 10 ns per operand and 200 ns more per output
+    element predicts an unmeasured GEMM with both terms (eager: the call added)."""
+    probes = [ProbeTime(spec=s.to_dict(), median_s=1e-6 + 20e-6 + s.flops / 1e9 + 1e-8 * operand_elements(s)
+                        + 2e-7 * output_elements(s), run_id="r", cache="cold") for s in MATMUL_PROBES]
+    p = profile(class_probes={"fw": probes})
+    assert class_fits(p, "fw")["matmul float32"].form == "outputs"
+    s = mm(64, 4096, 2048)
+    seconds, sources, _ = op_time(Op("dense", s.flops, s.bytes, s), "fw", p, {}, classes=class_fits(p, "fw"))
+    assert seconds == pytest.approx(1e-6 + 20e-6 + s.flops / 1e9 + 1e-8 * operand_elements(s)
+                                    + 2e-7 * output_elements(s), rel=1e-4)
+    assert set(sources) == {"class"}
 
 
 def test_probes_spread_over_each_class_and_respect_the_cap():

@@ -447,6 +447,14 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
                   "estimates at the ceilings", highlight=False)
 
 
+def _operand_terms(fit) -> str:
+    """A matmul fit's time per operand element and, in the `outputs` form, per output element more."""
+    cells = [f"{fit.per_operand_s * 1e9:,.3f} ns"] if fit.per_operand_s or fit.form != "affine" else []
+    if fit.form == "outputs":
+        cells.append(f"+ {fit.per_output_s * 1e9:,.3f} ns per output")
+    return " ".join(cells)
+
+
 def _print_classes(p: MachineProfile, facts: dict) -> None:
     """Each framework's probes per operation class: each one's efficiency (of the roofline at the
     ceilings, net of the call) and the class's fit, overhead + roofline / efficiency."""
@@ -464,10 +472,11 @@ def _print_classes(p: MachineProfile, facts: dict) -> None:
             t.add_row(escape(cls), str(len(pts)),
                       ", ".join(f"{100 * q.efficiency:.1f}%{'*' if q.overhead_bound else ''}" for q in pts),
                       f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%",
-                      f"{fit.per_operand_s * 1e9:,.3f} ns" if fit.per_operand_s else "")
+                      _operand_terms(fit))
         t.caption = ("probe efficiency: roofline time at the ceilings (a matmul's: its FLOPs at the peak) / time net "
                      "of the call, smallest probe first (* overhead-bound); a shape not timed takes overhead + "
-                     "roofline / efficiency (+ per operand x its operands' elements: a matmul's mk + kn + mn)")
+                     "roofline / efficiency (+ per operand x its operands' elements: a matmul's mk + kn + mn; + per output x mn "
+                     "where its probes chose that form)")
         out.print(t)
 
 

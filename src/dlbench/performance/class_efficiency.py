@@ -56,7 +56,18 @@ to 24% (torch), 23% to 20% (tensorflow), 23% to 19% (mxnet), and from 21% to 23%
 in turn, each probe was predicted by the others within a median 12-26% (eager) against 37-71% for
 the buckets.
 
-Both forms are fitted by `fit_class`: relative least squares over the class's probes
+How much a GEMM's output costs beside its inputs differs by framework (measured here: a fresh output
+buffer of tens of MB faults in every page on each call in torch, where glibc's allocator hands such
+buffers back to the system; tensorflow and jax keep them): so a matmul class has a third form,
+the operand term plus a time per output element (mn) again,
+
+    net time = overhead + slowdown x FLOPs / peak + per-operand time x (mk + kn + mn) + per-output time x mn
+
+and each framework's class takes the form that predicts its probes best when each is left out in
+turn and predicted by the others (`leave_one_out_error`, the median relative error; a richer form
+must win by LOO_MARGIN; with too few probes to leave one out, the operand form).
+
+The forms are fitted by `fit_class`: relative least squares over the class's probes
 (`scipy.optimize.lsq_linear`), the overhead and the per-operand time non-negative and the slowdown
 at least 1, i.e. the marginal work never faster than the ceilings, unless a probe itself was. One
 probe cannot tell overhead from slowdown: a probe whose time is mostly the framework's call or
@@ -81,6 +92,9 @@ from .kernels import KernelSpec
 # rarely runs at under a tenth of the measured ceilings once it is large, while fixed costs (the
 # call's checks and allocation, threads waking, a cold first touch) easily are 10x a small kernel's work
 MIN_STEADY_EFFICIENCY = 0.1
+# a richer fit form is chosen only where its median leave-one-out error beats the simpler one's by
+# more than this (a tie or a hair's breadth is noise in the probes, not a term)
+LOO_MARGIN = 0.01
 SMALL_DIM = 128  # a GEMM dimension under this is "small": the others' blocking cannot hide it
 # a convolution over this few input channels reads an image (RGB, grey): its reduction over
 # kh x kw x channels is too short for the vector units, so it runs at a fraction of the efficiency
@@ -132,6 +146,12 @@ def operand_elements(spec: KernelSpec) -> int:
     return 0
 
 
+def output_elements(spec: KernelSpec) -> int:
+    """The elements of a matrix product's output (mn), which a class fitted in the `outputs` form
+    charges again apart from its operands; 0 for any other kind."""
+    return spec["m"] * spec["n"] if spec.kind == "matmul" else 0
+
+
 def work_size(spec: KernelSpec) -> float:
     """A shape's work: bytes for the memory-bound kinds, else FLOPs (what probes are spread over)."""
     return float(spec.bytes if spec.memory_bound else spec.flops)
@@ -140,14 +160,16 @@ def work_size(spec: KernelSpec) -> float:
 @dataclass(frozen=True)
 class ClassPoint:
     """One probe of a class: its roofline time (a matmul's: its FLOPs at the peak), its time net of
-    the call, whether that net time is mostly call (the call could not be taken off it in full), and
-    its operand elements (operand_elements: 0 but for a matmul)."""
+    the call, whether that net time is mostly call (the call could not be taken off it in full), its
+    operand elements and, of those, its output's (operand_elements, output_elements: 0 but for a
+    matmul)."""
 
     roofline_s: float
     net_s: float
     key: str  # the probe kernel's key
     overhead_bound: bool = False
     operands: int = 0
+    outputs: int = 0
 
     @property
     def efficiency(self) -> float:
@@ -156,16 +178,18 @@ class ClassPoint:
 
 @dataclass(frozen=True)
 class ClassFit:
-    """net time = overhead_s + slowdown x roofline time (+ per_operand_s x operand elements: a
-    matmul class's; see the module docstring)."""
+    """net time = overhead_s + slowdown x roofline time (+ per_operand_s x operand elements + per_output_s
+    x output elements: a matmul class's, in the form its probes chose; see the module docstring)."""
 
     overhead_s: float
     slowdown: float
     probes: int
     per_operand_s: float = 0.0
+    per_output_s: float = 0.0
+    form: str = "affine"
 
-    def seconds(self, roofline_s: float, operands: int = 0) -> float:
-        return self.overhead_s + self.slowdown * roofline_s + self.per_operand_s * operands
+    def seconds(self, roofline_s: float, operands: int = 0, outputs: int = 0) -> float:
+        return self.overhead_s + self.slowdown * roofline_s + self.per_operand_s * operands + self.per_output_s * outputs
 
     @property
     def efficiency(self) -> float:
@@ -173,8 +197,54 @@ class ClassFit:
         return 1.0 / self.slowdown
 
 
+# the fitted forms, simplest first: the columns each adds to overhead + slowdown x roofline time
+FORMS = {"affine": (), "operands": ("operands",), "outputs": ("operands", "outputs")}
+
+
+def _identifiable(points: list[ClassPoint], form: str) -> bool:
+    """Whether the probes tell the form's terms apart: a distinct probe per coefficient, and the
+    terms present at all."""
+    terms = FORMS[form]
+    if any(not any(getattr(p, t) for p in points) for t in terms):
+        return False
+    return len({(p.roofline_s, *(getattr(p, t) for t in terms)) for p in points}) >= 2 + len(terms)
+
+
+def _solve(points: list[ClassPoint], form: str) -> ClassFit:
+    """Relative least squares of `form` over the probes (see the module docstring)."""
+    from scipy.optimize import lsq_linear
+
+    terms = FORMS[form]
+    floor = min(1.0, min(p.net_s / p.roofline_s for p in points))
+    net = np.array([p.net_s for p in points])
+    columns = [np.ones_like(net), np.array([p.roofline_s for p in points])]
+    columns += [np.array([float(getattr(p, t)) for p in points]) for t in terms]
+    a = np.column_stack(columns) / net[:, None]  # relative residuals: every probe counts
+    scale = 1.0 / np.abs(a).max(axis=0)  # columns of similar size for the solver
+    lower = np.array([0.0, floor] + [0.0] * len(terms)) / scale
+    solution = lsq_linear(a * scale, np.ones_like(net), bounds=(lower, np.full(len(columns), np.inf)))
+    overhead, slowdown, *per_term = (float(v) for v in solution.x * scale)
+    per = dict(zip(terms, per_term))
+    return ClassFit(overhead, max(slowdown, floor), len(points), per.get("operands", 0.0), per.get("outputs", 0.0),
+                    form)
+
+
+def leave_one_out_error(points: list[ClassPoint], form: str) -> float:
+    """The median relative error of each probe predicted by `form` fitted to the others; inf where
+    a form cannot be told apart without some probe."""
+    errors = []
+    for i, p in enumerate(points):
+        rest = points[:i] + points[i + 1:]
+        if not _identifiable(rest, form):
+            return float("inf")
+        fit = _solve(rest, form)
+        errors.append(abs(fit.seconds(p.roofline_s, p.operands, p.outputs) / p.net_s - 1.0))
+    return float(np.median(errors))
+
+
 def fit_class(points: list[ClassPoint]) -> ClassFit:
-    """The class's overhead and slowdown from its probes (see the module docstring)."""
+    """The class's fit from its probes (see the module docstring): the form that predicts each of
+    them best from the others, where there are enough to leave one out."""
     if not points:
         raise ValueError("no probe points")
     if len(points) == 1 or len({p.roofline_s for p in points}) == 1:
@@ -182,22 +252,16 @@ def fit_class(points: list[ClassPoint]) -> ClassFit:
         if p.overhead_bound or p.efficiency < MIN_STEADY_EFFICIENCY:
             return ClassFit(max(0.0, p.net_s - p.roofline_s), 1.0, len(points))
         return ClassFit(0.0, p.net_s / p.roofline_s, len(points))
-    from scipy.optimize import lsq_linear
-
-    floor = min(1.0, min(p.net_s / p.roofline_s for p in points))
-    net = np.array([p.net_s for p in points])
-    columns = [np.ones_like(net), np.array([p.roofline_s for p in points])]
-    # the operand term where the class has one and three distinct probes to tell it from the others
-    with_operands = any(p.operands for p in points) and len({(p.roofline_s, p.operands) for p in points}) >= 3
-    if with_operands:
-        columns.append(np.array([float(p.operands) for p in points]))
-    a = np.column_stack(columns) / net[:, None]  # relative residuals: every probe counts
-    scale = 1.0 / np.abs(a).max(axis=0)  # columns of similar size for the solver
-    lower = np.array([0.0, floor, 0.0][:len(columns)]) / scale
-    solution = lsq_linear(a * scale, np.ones_like(net), bounds=(lower, np.full(len(columns), np.inf)))
-    overhead, slowdown, *per_operand = solution.x * scale
-    return ClassFit(float(overhead), float(max(slowdown, floor)), len(points),
-                    float(per_operand[0]) if per_operand else 0.0)
+    forms = [f for f in FORMS if _identifiable(points, f)]
+    if len(forms) == 1:
+        return _solve(points, forms[0])
+    scores = {f: leave_one_out_error(points, f) for f in forms}
+    # too few probes to leave one out of two forms: the operand term, where it can be had
+    if sum(v < float("inf") for v in scores.values()) < 2:
+        return _solve(points, "operands" if "operands" in forms else forms[0])
+    best = min(scores.values())
+    # a richer form must predict the left-out probes better by more than LOO_MARGIN to be chosen
+    return _solve(points, next(f for f in forms if scores[f] <= best + LOO_MARGIN))
 
 
 def select_probes(candidates: Iterable[KernelSpec], per_class: int,

@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
-from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class, operand_elements
+from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class, operand_elements, output_elements
 from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
 from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
@@ -250,7 +250,7 @@ def class_points(profile: MachineProfile, framework: str, compiled: bool = False
             # shorter than one call: its time says what the class's calls cost, not how fast its work runs
             out.setdefault(efficiency_class(spec), []).append(
                 ClassPoint(roofline, max(net, bound), spec.key, overhead_bound=net <= bound or roofline < own_call,
-                           operands=operand_elements(spec)))
+                           operands=operand_elements(spec), outputs=output_elements(spec)))
     return out
 
 
@@ -289,7 +289,8 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
     for kernel, count in candidates:
         fit = (classes or {}).get(efficiency_class(kernel))
         if fit is not None:
-            seconds = (fit.seconds(class_work(kernel, profile, framework, tf32), operand_elements(kernel))
+            seconds = (fit.seconds(class_work(kernel, profile, framework, tf32), operand_elements(kernel),
+                                   output_elements(kernel))
                        + (0.0 if compiled else call))
             total = op.repeat * count * seconds
             return total, {"class": total}, missing
