@@ -81,6 +81,7 @@ kernel times, a measured shape.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -247,6 +248,12 @@ def fit_class(points: list[ClassPoint]) -> ClassFit:
     them best from the others, where there are enough to leave one out."""
     if not points:
         raise ValueError("no probe points")
+    return _fit(tuple(points))
+
+
+@functools.lru_cache(maxsize=4096)  # a profile's fits are asked for once per prediction; leaving out costs ~50 ms
+def _fit(points: tuple[ClassPoint, ...]) -> ClassFit:
+    points = list(points)
     if len(points) == 1 or len({p.roofline_s for p in points}) == 1:
         p = min(points, key=lambda q: q.roofline_s)
         if p.overhead_bound or p.efficiency < MIN_STEADY_EFFICIENCY:
