@@ -171,6 +171,20 @@ def test_probes_spread_over_each_class_and_respect_the_cap():
     assert [s["n"] for s in capped] == [256, 512, 1024]
 
 
+def test_a_matmul_stratum_also_probes_its_widest_output():
+    """Spread by work, the large stratum's picks are the smallest, the middle and the largest; the
+    shape writing the most output elements (4096 x 4096) is timed besides, and a budget gives it up
+    with the largest, after the smallest."""
+    from dlbench.performance.probes import _tiers
+
+    specs = [mm(256, 256, 256), mm(512, 512, 512), mm(1024, 1024, 1024), mm(4096, 4096, 130), mm(256, 256, 65536)]
+    chosen = select_probes(specs, per_class=3)
+    assert [s.key for s in chosen] == [specs[i].key for i in (0, 2, 3, 4)]
+    tiers = _tiers(chosen)
+    assert [tiers[specs[i].key] for i in (0, 2, 3, 4)] == [2, 0, 1, 1]
+    assert [s.key for s in select_probes(specs, per_class=1)] == [specs[2].key]  # one probe: the median only
+
+
 def test_plan_stays_within_the_budget_and_the_per_call_cap():
     specs = [mm(16, n, 512) for n in (256, 1024, 4096)] + [KernelSpec.of("sgd_momentum", elements=e)
                                                              for e in (1000, 10_000)]

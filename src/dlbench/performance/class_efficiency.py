@@ -276,7 +276,8 @@ def select_probes(candidates: Iterable[KernelSpec], per_class: int,
                   max_probe_s: float | None = None) -> list[KernelSpec]:
     """Up to `per_class` shapes of each class's stratum (probe_stratum: a matmul class's aspects)
     among `candidates` (the suites' own layer shapes), spread over its range of work: the smallest
-    and largest and evenly between them in rank (1: the median one). `estimate_s` with
+    and largest and evenly between them in rank (1: the median one); with more than one, a matmul
+    stratum's shape with the most output elements besides (output_elements). `estimate_s` with
     `max_probe_s`: shapes estimated to take longer than that per call are left out first (a bounded
     calibration). Order: by stratum, then size."""
     by_class: dict[str, dict[str, KernelSpec]] = {}
@@ -294,5 +295,11 @@ def select_probes(candidates: Iterable[KernelSpec], per_class: int,
         else:
             n = min(per_class, len(specs))
             picks = sorted({round(i * (len(specs) - 1) / (n - 1)) for i in range(n)})
+            # a matmul's output cost is not its work's: the stratum's largest output is timed too
+            # (an LSTM's 1024 x 10000 x 256 classifier wrote 4x the elements of its backward's product
+            # of the same FLOPs, and took 2x as long in jax)
+            widest = max(range(len(specs)), key=lambda i: (output_elements(specs[i]), work_size(specs[i])))
+            if output_elements(specs[widest]) and widest not in picks:
+                picks = sorted(picks + [widest])
         chosen += [specs[i] for i in picks]
     return chosen

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..definitions.loader import read_yaml, validate
 from ..store.profiles import MachineProfile, ProbeTime
-from .class_efficiency import efficiency_class, probe_stratum, select_probes, work_size
+from .class_efficiency import efficiency_class, output_elements, probe_stratum, select_probes, work_size
 from .kernel_suite import KernelBenchmark, KernelPolicy, KernelSuite, KernelSuiteFile, LayersEntry
 from .kernels import KernelSpec
 from .model import roofline_time
@@ -128,17 +128,21 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
 def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
     """What a budget gives up first: the reduced-precision classes' probes before any float32 one
     (every precision's default run is fp32), and within those each class's stratum (probe_stratum)
-    keeps its middle probe longest (tier 0), then its largest (1: the amortised end a large shape is
-    predicted from), the smallest last (2)."""
+    keeps its middle probe longest (tier 0), then its largest and a matmul's widest output (1: the
+    amortised end a large shape is predicted from, and what writing an output costs), the smallest
+    last (2)."""
     by_class: dict[str, list[KernelSpec]] = {}
     for s in chosen:
         by_class.setdefault(probe_stratum(s), []).append(s)
     tier = {}
     for specs in by_class.values():
-        specs = sorted(specs, key=lambda s: (work_size(s), s.key))
-        for i, s in enumerate(specs):
-            tier[s.key] = ((0 if i == len(specs) // 2 else 1 if i == len(specs) - 1 else 2)
+        widest = max(specs, key=lambda s: (output_elements(s), work_size(s)))
+        spread = sorted((s for s in specs if s is not widest or not output_elements(s) or len(specs) <= 3),
+                        key=lambda s: (work_size(s), s.key))
+        for i, s in enumerate(spread):
+            tier[s.key] = ((0 if i == len(spread) // 2 else 1 if i == len(spread) - 1 else 2)
                            + (0 if s.dtype == "float32" else 3))
+        tier.setdefault(widest.key, 1 + (0 if widest.dtype == "float32" else 3))  # a matmul's widest output
     return tier
 
 
