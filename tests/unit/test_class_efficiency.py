@@ -171,6 +171,18 @@ def test_probes_spread_over_each_class_and_respect_the_cap():
     assert [s["n"] for s in capped] == [256, 512, 1024]
 
 
+def test_overhead_bound_probes_are_left_out_where_three_others_fit():
+    """Four probes of 50 µs + 2 x roofline, and two tiny overhead-bound ones whose net time was clipped
+    at their roofline (a compiled step's call taken off): fitted with them, relative residuals would
+    pull the overhead towards 0; left out, the law comes back. With only two steady probes the
+    bound ones are kept."""
+    steady = [ClassPoint(r, 50e-6 + 2 * r, f"s{r}") for r in (1e-4, 1e-3, 1e-2, 1e-1)]
+    bound = [ClassPoint(r, r, f"b{r}", overhead_bound=True) for r in (1e-7, 1e-6)]
+    fit = fit_class(bound + steady)
+    assert (fit.overhead_s, fit.slowdown, fit.probes) == (pytest.approx(50e-6), pytest.approx(2.0), 4)
+    assert fit_class(bound + steady[:2]).probes == 4
+
+
 def test_a_matmul_stratum_also_probes_its_widest_output():
     """Spread by work, the large stratum's picks are the smallest, the middle and the largest; the
     shape writing the most output elements (4096 x 4096) is timed besides, and a budget gives it up
