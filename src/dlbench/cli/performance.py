@@ -474,7 +474,8 @@ def _print_classes(p: MachineProfile, facts: dict) -> None:
                       f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%",
                       _operand_terms(fit))
         t.caption = ("probe efficiency: roofline time at the ceilings (a matmul's: its FLOPs at the peak) / time net "
-                     "of the call, smallest probe first (* overhead-bound: left out of the fit where three others remain); a shape not timed takes overhead + "
+                     "of the call, smallest probe first (* overhead-bound: left out of the fit where three others "
+                     "remain); a shape not timed takes overhead + "
                      "roofline / efficiency (+ per operand x its operands' elements: a matmul's mk + kn + mn; + per output x mn "
                      "where its probes chose that form)")
         out.print(t)
