@@ -11,7 +11,7 @@ import pytest
 from dlbench.performance.accuracy import accuracy_table_rows, datasheet_matcher, prediction_errors
 from dlbench.performance.class_efficiency import (ClassPoint, efficiency_class, fit_class, matmul_aspect,
                                                   leave_one_out_error, operand_elements, output_elements, probe_stratum,
-                                                  select_probes, work_size)
+                                                  probe_roles, select_probes, work_size)
 from dlbench.performance.kernel_suite import KernelPolicy
 from dlbench.performance.kernels import KernelSpec
 from dlbench.performance.model import FrameworkFacts, class_fits, class_points, op_time, predict
@@ -187,14 +187,33 @@ def test_a_matmul_stratum_also_probes_its_widest_output():
     """Spread by work, the large stratum's picks are the smallest, the middle and the largest; the
     shape writing the most output elements (4096 x 4096) is timed besides, and a budget gives it up
     with the largest, after the smallest."""
-    from dlbench.performance.probes import _tiers
+    from dlbench.performance.probes import probe_tiers
 
     specs = [mm(256, 256, 256), mm(512, 512, 512), mm(1024, 1024, 1024), mm(4096, 4096, 130), mm(256, 256, 65536)]
-    chosen = select_probes(specs, per_class=3)
-    assert [s.key for s in chosen] == [specs[i].key for i in (0, 2, 3, 4)]
-    tiers = _tiers(chosen)
+    roles = probe_roles(specs, per_class=3)
+    assert [(s.key, role) for s, role in roles] == [(specs[0].key, "smallest"), (specs[2].key, "middle"),
+                                                     (specs[3].key, "widest"), (specs[4].key, "largest")]
+    tiers = probe_tiers(roles)
     assert [tiers[specs[i].key] for i in (0, 2, 3, 4)] == [2, 0, 1, 1]
     assert [s.key for s in select_probes(specs, per_class=1)] == [specs[2].key]  # one probe: the median only
+
+
+def test_a_small_matmul_stratum_also_probes_its_largest_small_dimension():
+    """small-m shapes spread by work pick m = 2, 16 and 38 (the largest work, which also writes the
+    most output); the m = 64 shape, small in work, is timed besides as the thickest, and a
+    reduced-precision copy of it ranks three tiers later."""
+    from dlbench.performance.probes import probe_tiers
+
+    specs = [mm(2, 768, 768), mm(64, 512, 512), mm(16, 4096, 1000), mm(16, 4096, 9216), mm(38, 30522, 768)]
+    roles = dict((s.key, role) for s, role in probe_roles(specs, per_class=3))
+    assert roles == {specs[0].key: "smallest", specs[2].key: "middle", specs[1].key: "thickest",
+                     specs[4].key: "largest"}
+    half = [KernelSpec.of("matmul", "bfloat16", m=s["m"], n=s["n"], k=s["k"]) for s in specs]
+    tiers = probe_tiers(probe_roles(specs + half, per_class=3))
+    assert (tiers[specs[1].key], tiers[half[1].key]) == (1, 4)
+    # the large aspect has no small dimension to spread over: no thickest pick there
+    large = [mm(256, 256, 256), mm(512, 512, 512), mm(1024, 1024, 1024), mm(2048, 256, 256)]
+    assert "thickest" not in {role for _, role in probe_roles(large, per_class=3)}
 
 
 def test_plan_stays_within_the_budget_and_the_per_call_cap():

@@ -281,35 +281,66 @@ def _fit(points: tuple[ClassPoint, ...]) -> ClassFit:
     return _solve(points, next(f for f in forms if scores[f] <= best + LOO_MARGIN))
 
 
-def select_probes(candidates: Iterable[KernelSpec], per_class: int,
-                  estimate_s: Callable[[KernelSpec], float] | None = None,
-                  max_probe_s: float | None = None) -> list[KernelSpec]:
+def probe_roles(candidates: Iterable[KernelSpec], per_class: int,
+                estimate_s: Callable[[KernelSpec], float] | None = None,
+                max_probe_s: float | None = None) -> list[tuple[KernelSpec, str]]:
     """Up to `per_class` shapes of each class's stratum (probe_stratum: a matmul class's aspects)
-    among `candidates` (the suites' own layer shapes), spread over its range of work: the smallest
-    and largest and evenly between them in rank (1: the median one); with more than one, a matmul
-    stratum's shape with the most output elements besides (output_elements). `estimate_s` with
-    `max_probe_s`: shapes estimated to take longer than that per call are left out first (a bounded
-    calibration). Order: by stratum, then size."""
+    among `candidates` (the suites' own layer shapes), spread over its range of work, each with its
+    role in rank of work: `middle` (of two, the larger), `largest`, `smallest`, `between` the others. With more
+    than one, a matmul stratum also times its shape with the most output elements (`widest`,
+    output_elements) and, in a small aspect, its shape with the largest small dimension (`thickest`:
+    the most work among those), where the spread did not pick them. `estimate_s` with `max_probe_s`:
+    shapes estimated to take longer than that per call are left out first (a bounded calibration).
+    Order: by stratum, then size."""
     by_class: dict[str, dict[str, KernelSpec]] = {}
     for spec in candidates:
         if estimate_s is not None and max_probe_s is not None and estimate_s(spec) > max_probe_s:
             continue
         by_class.setdefault(probe_stratum(spec), {}).setdefault(spec.key, spec)
-    chosen: list[KernelSpec] = []
+    chosen: list[tuple[KernelSpec, str]] = []
     for cls in sorted(by_class):
         specs = sorted(by_class[cls].values(), key=lambda s: (work_size(s), s.key))
         if per_class <= 0:
             continue
         if per_class == 1 or len(specs) == 1:
-            picks = [len(specs) // 2]
+            roles = {len(specs) // 2: "middle"}
         else:
             n = min(per_class, len(specs))
-            picks = sorted({round(i * (len(specs) - 1) / (n - 1)) for i in range(n)})
-            # a matmul's output cost is not its work's: the stratum's largest output is timed too
-            # (an LSTM's 1024 x 10000 x 256 classifier wrote 4x the elements of its backward's product
-            # of the same FLOPs, and took 2x as long in jax)
-            widest = max(range(len(specs)), key=lambda i: (output_elements(specs[i]), work_size(specs[i])))
-            if output_elements(specs[widest]) and widest not in picks:
-                picks = sorted(picks + [widest])
-        chosen += [specs[i] for i in picks]
+            spread = sorted({round(i * (len(specs) - 1) / (n - 1)) for i in range(n)})
+            middle = spread[len(spread) // 2]
+            roles = {i: ("middle" if i == middle else "largest" if i == spread[-1]
+                         else "smallest" if i == spread[0] else "between") for i in spread}
+            for i, role in _matmul_extremes(specs):
+                roles.setdefault(i, role)
+        chosen += [(specs[i], roles[i]) for i in sorted(roles)]
     return chosen
+
+
+def _matmul_extremes(specs: list[KernelSpec]) -> list[tuple[int, str]]:
+    """A matmul stratum's shapes (sorted by work) that its spread by work can miss:
+    - `widest`, the most output elements: a matmul's output cost is not its work's (an LSTM's
+      1024 x 10000 x 256 classifier wrote 4x the elements of its backward's product of the same
+      FLOPs, and took 2x as long in jax);
+    - in a small aspect, `thickest`, the largest small dimension: how far a GEMM's blocking is
+      filled moves with it (one plain calibration on an AMX Xeon probed small-m at m = 2, 16 and 38,
+      which ran at up to 37% of the roofline in jax, and FCN-5's m = 64 products, unprobed, were
+      predicted from them 45-58% slow)."""
+    if not specs or specs[0].kind != "matmul":
+        return []
+    out = [(max(range(len(specs)), key=lambda i: (output_elements(specs[i]), work_size(specs[i]))), "widest")]
+    if matmul_aspect(specs[0]) != "large":
+        out.append((max(range(len(specs)), key=lambda i: (smallest_dimension(specs[i]), work_size(specs[i]))),
+                    "thickest"))
+    return out
+
+
+def smallest_dimension(spec: KernelSpec) -> int:
+    """A matrix product's smallest of m, n and k."""
+    return min(spec["m"], spec["n"], spec["k"])
+
+
+def select_probes(candidates: Iterable[KernelSpec], per_class: int,
+                  estimate_s: Callable[[KernelSpec], float] | None = None,
+                  max_probe_s: float | None = None) -> list[KernelSpec]:
+    """The shapes of probe_roles, without their roles."""
+    return [spec for spec, _ in probe_roles(candidates, per_class, estimate_s, max_probe_s)]

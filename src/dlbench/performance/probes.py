@@ -14,8 +14,8 @@ The time is bounded before anything runs: each candidate's time per call is esti
 ceilings just measured (its roofline over PESSIMISTIC_EFFICIENCY, plus the framework's call and,
 for a cold policy, the cache flush), candidates over `max_probe_s` per call are left out, and
 while the estimated total of the chosen probes exceeds the budget the costliest is dropped: the
-reduced precisions' before float32's, and each class's smallest probes first, then its largest,
-its middle one last (`_tiers`). The
+reduced precisions' before float32's, and each class's smallest probes first, then its largest
+(and a matmul's widest and thickest), its middle one last (ROLE_TIERS). The
 estimate is on the slow side by design; what it took is measured and printed.
 
 Probes are grouped into a few kernel runs per framework (GROUPS: matrix products, convolutions,
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..definitions.loader import read_yaml, validate
 from ..store.profiles import MachineProfile, ProbeTime
-from .class_efficiency import efficiency_class, output_elements, probe_stratum, select_probes, work_size
+from .class_efficiency import efficiency_class, probe_roles, select_probes
 from .kernel_suite import KernelBenchmark, KernelPolicy, KernelSuite, KernelSuiteFile, LayersEntry
 from .kernels import KernelSpec
 from .model import roofline_time
@@ -101,11 +101,11 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
                 estimate: Callable[[KernelSpec], float], budget_s: float) -> ProbePlan:
     """The probes within `budget_s` (see the module docstring), grouped into kernel benchmarks."""
     calls = 1 + policy.warmup_iters + policy.max_iters
-    fitting = select_probes(specs, PROBES_PER_CLASS[profile], estimate, MAX_PROBE_S[profile])
+    fitting = probe_roles(specs, PROBES_PER_CLASS[profile], estimate, MAX_PROBE_S[profile])
     everything = select_probes(specs, PROBES_PER_CLASS[profile])
-    left_out = [s.key for s in everything if s.key not in {f.key for f in fitting}]
-    chosen = list(fitting)
-    tier = _tiers(chosen)
+    left_out = [s.key for s in everything if s.key not in {f.key for f, _ in fitting}]
+    chosen = [s for s, _ in fitting]
+    tier = probe_tiers(fitting)
     while chosen and sum(calls * estimate(s) for s in chosen) > budget_s:
         last_tier = max(tier[s.key] for s in chosen)
         costliest = max((s for s in chosen if tier[s.key] == last_tier), key=estimate)
@@ -125,25 +125,18 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
                      sum(calls * estimate(s) for s in chosen), tuple(left_out))
 
 
-def _tiers(chosen: list[KernelSpec]) -> dict[str, int]:
-    """What a budget gives up first: the reduced-precision classes' probes before any float32 one
-    (every precision's default run is fp32), and within those each class's stratum (probe_stratum)
-    keeps its middle probe longest (tier 0), then its largest and a matmul's widest output (1: the
-    amortised end a large shape is predicted from, and what writing an output costs), the smallest
-    last (2)."""
-    by_class: dict[str, list[KernelSpec]] = {}
-    for s in chosen:
-        by_class.setdefault(probe_stratum(s), []).append(s)
-    tier = {}
-    for specs in by_class.values():
-        widest = max(specs, key=lambda s: (output_elements(s), work_size(s)))
-        spread = sorted((s for s in specs if s is not widest or not output_elements(s) or len(specs) <= 3),
-                        key=lambda s: (work_size(s), s.key))
-        for i, s in enumerate(spread):
-            tier[s.key] = ((0 if i == len(spread) // 2 else 1 if i == len(spread) - 1 else 2)
-                           + (0 if s.dtype == "float32" else 3))
-        tier.setdefault(widest.key, 1 + (0 if widest.dtype == "float32" else 3))  # a matmul's widest output
-    return tier
+# what a budget gives up first (the larger tier): the reduced-precision classes' probes before any
+# float32 one (every precision's default run is fp32, `REDUCED_TIER` more), and within those each
+# stratum keeps its middle probe longest, then its largest and a matmul's widest output and largest
+# small dimension (the amortised end a large shape is predicted from, what writing an output costs,
+# how far a GEMM's blocking is filled), the smallest and any between them last
+ROLE_TIERS = {"middle": 0, "largest": 1, "widest": 1, "thickest": 1, "smallest": 2, "between": 2}
+REDUCED_TIER = 3
+
+
+def probe_tiers(roles: list[tuple[KernelSpec, str]]) -> dict[str, int]:
+    """Each chosen probe's tier (ROLE_TIERS) from its role (class_efficiency.probe_roles)."""
+    return {s.key: ROLE_TIERS[role] + (0 if s.dtype == "float32" else REDUCED_TIER) for s, role in roles}
 
 
 def class_probes(records) -> dict[str, list[ProbeTime]]:
