@@ -458,17 +458,17 @@ def _operand_terms(fit) -> str:
 def _print_classes(p: MachineProfile, facts: dict) -> None:
     """Each framework's probes per operation class: each one's efficiency (of the roofline at the
     ceilings, net of the call) and the class's fit, overhead + roofline / efficiency."""
-    from ..performance.class_efficiency import fit_class
-    from ..performance.model import class_points
+    from ..performance.model import class_fits, class_points
 
     for fw in sorted(p.class_probes):
-        points = class_points(p, fw, facts[fw].compiled if fw in facts else False)
+        compiled = facts[fw].compiled if fw in facts else False
+        points, fits = class_points(p, fw, compiled), class_fits(p, fw, compiled)  # the fits `predict` uses
         t = Table(title=f"{fw}: efficiency per operation class")
         for col in ("class", "probes", "probe efficiencies", "fit: overhead", "fit: efficiency", "fit: per operand"):
             t.add_column(col, justify="left" if col == "class" else "right")
         for cls, pts in sorted(points.items()):
             pts = sorted(pts, key=lambda q: q.roofline_s)
-            fit = fit_class(pts)
+            fit = fits[cls]
             t.add_row(escape(cls), str(len(pts)),
                       ", ".join(f"{100 * q.efficiency:.1f}%{'*' if q.overhead_bound else ''}" for q in pts),
                       f"{fit.overhead_s * 1e6:,.1f} µs", f"{100 * fit.efficiency:.1f}%",
