@@ -174,6 +174,15 @@ def _time_kernel(kernel, policy: dict, clock: Callable[[], int], flush: Callable
     return {"first_s": first, "times_s": times, "median_s": statistics.median(times)}
 
 
+def measure_yardstick(runner, request: dict, clock: Callable[[], int] = time.perf_counter_ns) -> list[dict]:
+    """The request's `yardstick` kernels (src/dlbench/performance/yardstick.py), timed as every kernel
+    is, before the worker's own work: how fast the machine ran at that moment. A framework that
+    cannot time one says why in its entry; the worker's own work goes on either way."""
+    yardstick = request["yardstick"]
+    return measure_kernels(runner, {"kernels": yardstick["kernels"], "kernel_policy": yardstick["policy"],
+                                    "device": request["device"]}, clock)
+
+
 def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_counter_ns) -> list[dict]:
     """Every kernel of the request, each on its own: one that the framework cannot run in a reduced
     precision is `skipped` with the framework's reason, any other error `failed`; the rest go on.
@@ -296,6 +305,8 @@ def run_request(runner, request: dict) -> dict:
         why_not = runner.device_available(device)
         if why_not:
             raise Skip(why_not)
+        if request.get("yardstick") and request["action"] in ("kernels", "benchmark"):
+            result["yardstick"] = measure_yardstick(runner, request)
         if request["action"] == "kernels":
             result["kernels"] = measure_kernels(runner, request)
             result["status"] = "ok"

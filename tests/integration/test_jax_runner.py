@@ -33,6 +33,7 @@ from dlbench.execution.equivalence import _probe as check_probe
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
+from dlbench.performance import yardstick
 
 from .transformer_step import assert_tiny_step
 
@@ -233,7 +234,8 @@ def results(envs):
     jobs = {("check", n): (lambda n=n: check_network(_summary(n), [torch_env, jax_env])) for n in HEAVIEST_FIRST}
     jobs.update({("zoo", n): (lambda n=n: _compare_at(_summary(n), torch_env, jax_env, WELL_POSED_LR))
                  for n in ZOO})
-    jobs.update({("benchmark", m): (lambda m=m: worker(_request(_summary("alexnet_r").resolved, "benchmark", m, 4)))
+    jobs.update({("benchmark", m): (lambda m=m: worker(_request(_summary("alexnet_r").resolved, "benchmark", m, 4)
+                                                        | ({"yardstick": yardstick.request()} if m == "train" else {})))
                  for m in ("train", "infer")})
     # dropout in training (not deterministic): a key split inside the compiled step
     jobs[("benchmark", "dropout")] = lambda: worker(_request(_summary("zoo_image").resolved, "benchmark", "train", 4))
@@ -301,6 +303,12 @@ def test_worker_measures_and_applies_threads(results, mode):
     assert res["threads"]["requested"] == 1
     assert res["threads"]["affinity"] == 1 and res["threads"]["intra_op"] == 1
     assert len(res["threads"]["cpus"]) == 1
+    # the yardstick, asked for in training only, timed in this framework before the network was built
+    if mode == "train":
+        assert [e["status"] for e in res["yardstick"]] == ["ok", "ok"], res["yardstick"]
+        assert set(yardstick.times(res["yardstick"])) == {spec.key for spec in yardstick.YARDSTICK}
+    else:
+        assert "yardstick" not in res
     assert res["settings"]["layout"] == "NHWC"
     if mode == "train":
         assert "params" in res["settings"]["donated"]

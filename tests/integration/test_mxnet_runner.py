@@ -18,6 +18,7 @@ from dlbench.execution.equivalence import _probe, check_network, make_inputs
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
+from dlbench.performance import yardstick
 
 from .transformer_step import assert_tiny_step
 
@@ -81,8 +82,10 @@ def test_parameter_count_built_by_mxnet_equals_description(mxnet_env, name):
 def test_worker_measures_and_applies_threads(mxnet_env, mode, threads):
     runner, env = mxnet_env
     summary = _summary("alexnet_r")
-    outcome = run_worker(env.python, runner.worker,
-                         _request(summary.resolved, "benchmark", mode, 4, threads), timeout_s=300)
+    request = _request(summary.resolved, "benchmark", mode, 4, threads)
+    if mode == "train":
+        request["yardstick"] = yardstick.request()
+    outcome = run_worker(env.python, runner.worker, request, timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     res = outcome.result
     assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
@@ -90,6 +93,12 @@ def test_worker_measures_and_applies_threads(mxnet_env, mode, threads):
     assert res["threads"]["requested"] == threads
     assert res["threads"]["intra_op"] == threads  # OpenMP threads per operator, read back from libgomp
     assert res["threads"]["inter_op"] == 1  # one engine worker for the CPU
+    # the yardstick, asked for in training only, timed in this framework before the network was built
+    if mode == "train":
+        assert [e["status"] for e in res["yardstick"]] == ["ok", "ok"], res["yardstick"]
+        assert set(yardstick.times(res["yardstick"])) == {spec.key for spec in yardstick.YARDSTICK}
+    else:
+        assert "yardstick" not in res
     start, end = res["window_monotonic_ns"]
     assert end - start >= int(sum(res["iter_s"]) * 1e9 * 0.99)
 

@@ -30,6 +30,7 @@ from dlbench.execution.equivalence import _probe, check_network, make_inputs
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
+from dlbench.performance import yardstick
 
 from .transformer_step import assert_tiny_step
 
@@ -214,12 +215,21 @@ def assert_cpu_memory(memory: dict) -> None:
 def test_worker_measures_and_applies_threads(tensorflow_env, mode):
     runner, env = tensorflow_env
     summary = _summary("alexnet_r")
-    outcome = run_worker(env.python, runner.worker, _request(summary.resolved, "benchmark", mode, 4), timeout_s=300)
+    request = _request(summary.resolved, "benchmark", mode, 4)
+    if mode == "train":
+        request["yardstick"] = yardstick.request()
+    outcome = run_worker(env.python, runner.worker, request, timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     res = outcome.result
     assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
     assert res["first_iter_s"] > 0
     assert res["threads"]["intra_op"] == 1 and res["threads"]["inter_op"] == 1
+    # the yardstick, asked for in training only, timed in this framework before the network was built
+    if mode == "train":
+        assert [e["status"] for e in res["yardstick"]] == ["ok", "ok"], res["yardstick"]
+        assert set(yardstick.times(res["yardstick"])) == {spec.key for spec in yardstick.YARDSTICK}
+    else:
+        assert "yardstick" not in res
     assert res["settings"]["intra_op_threads"] == 1 and res["settings"]["data_format"] == "channels_last"
     assert res["settings"]["jit_compile"] is False
     start, end = res["window_monotonic_ns"]

@@ -22,6 +22,7 @@ from dlbench.execution.equivalence import _probe, make_inputs
 from dlbench.execution.launcher import run_worker
 from dlbench.execution.orchestrator import PROTOCOL_VERSION
 from dlbench.execution.registry import RunnerRegistry
+from dlbench.performance import yardstick
 
 from .transformer_step import assert_tiny_step
 
@@ -83,12 +84,21 @@ def test_parameter_count_built_by_torch_equals_description(torch_env, name):
 def test_worker_measures_and_applies_threads(torch_env, mode):
     runner, env = torch_env
     summary = load_network(paths.suites_dir() / "networks" / "alexnet_r.yaml")
-    outcome = run_worker(env.python, runner.worker, _request(summary.resolved, "benchmark", mode, 4), timeout_s=300)
+    request = _request(summary.resolved, "benchmark", mode, 4)
+    if mode == "train":
+        request["yardstick"] = yardstick.request()
+    outcome = run_worker(env.python, runner.worker, request, timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     res = outcome.result
     assert len(res["iter_s"]) == 5 and all(t > 0 for t in res["iter_s"])
     assert res["first_iter_s"] > 0
     assert res["threads"]["intra_op"] == 1
+    # the yardstick, asked for in training only, timed in this framework before the network was built
+    if mode == "train":
+        assert [e["status"] for e in res["yardstick"]] == ["ok", "ok"], res["yardstick"]
+        assert set(yardstick.times(res["yardstick"])) == {spec.key for spec in yardstick.YARDSTICK}
+    else:
+        assert "yardstick" not in res
     # fp32 eager, the runner's default compile mode: read back and recorded
     settings = res["settings"]
     assert settings["precision"] == "fp32"

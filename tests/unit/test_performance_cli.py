@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from dlbench.cli import app
 from dlbench.cli import performance as performance_cli
+from dlbench.performance.yardstick import YARDSTICK
 from dlbench.reporting.charts import fmt
 from dlbench.store.kernels import KernelStore
 from dlbench.store.profiles import ProfileStore
@@ -212,3 +213,52 @@ def test_a_bad_kernel_suite_file_is_named_with_its_field(project, tmp_path):
     path.write_text((project / "suites" / "kernels.yaml").read_text().replace("suite: rnn", "suite: rnnn", 1))
     code, _, err = invoke("run", "--suite", str(path), "--framework", "fake", "--store", str(tmp_path / "s"))
     assert code == 2 and str(path) in err and "benchmarks[4].suite" in err and "unknown suite 'rnnn'" in err
+
+
+def test_a_machine_slower_during_the_runs_than_when_calibrated_is_scored_at_its_own_speed(project, tmp_path,
+                                                                                          monkeypatch):
+    """Every worker times the yardstick first: calibrate's (into the profile) and each run's (into its
+    repeats). The fake runner sleeps twice as long for everything with DLBENCH_FAKE_SLOWDOWN=2, as a
+    VM whose neighbours woke up: the same runs' raw errors move by that factor, the scaled ones not."""
+    store = tmp_path / "s"
+    code, _, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
+                          "--threads", "1", "--store", str(store), "--quick")
+    assert code == 0, err
+    (profile,) = [ProfileStore(Store(store)).latest(m) for m in ProfileStore(Store(store)).machines()]
+    stick = profile.yardstick["fake"]
+    calibration = list(KernelStore(Store(store)).records())
+    assert stick.workers == sum(len(r.repeats) for r in calibration) >= 3  # ceilings, the cold call, probes
+    # the fake sleeps a 512^3 matmul at 50 GFLOP/s and 32 MiB moved at 10 GB/s, plus its 20 us call
+    matmul, relu = YARDSTICK
+    assert matmul.kind == "matmul" and stick.median_s[matmul.key] >= 2 * 512**3 / 5e10
+    assert relu.kind == "relu" and stick.median_s[relu.key] >= 8 * (4 << 20) / 1e10
+    assert stick.fastest <= 1.0 <= stick.slowest
+
+    def fcn(slowdown: str) -> None:
+        monkeypatch.setenv("DLBENCH_FAKE_SLOWDOWN", slowdown)
+        code, _, err = invoke("run", "--no-check", "--suite", "fcn", "--framework", "fake", "--profile", "smoke",
+                              "--device", "cpu", "--env", "current", "--threads", "1", "--store", str(store),
+                              "--benchmark", "fcn5-train", "--no-telemetry")
+        assert code == 0, err
+
+    fcn("1")
+    fcn("2")
+    runs = sorted(Store(store).records(), key=lambda r: r.started_at)
+    assert all(rep.yardstick and len(rep.yardstick) == 2 for r in runs for rep in r.repeats)
+    code, out, _ = invoke("predict", "--accuracy", "--recompute", "--store", str(store), "--format", "json")
+    assert code == 0
+    rows = {row["run_id"]: row for row in json.loads(out)["runs"]}
+    normal, slow = rows[runs[0].run_id], rows[runs[1].run_id]
+    assert normal["predicted_s"] == pytest.approx(slow["predicted_s"])  # one profile, one network
+    assert 0.8 < normal["speed_ratio"] < 1.25 and 1.6 < slow["speed_ratio"] < 2.5
+    assert slow["scaled_error"] == pytest.approx(slow["predicted_s"] * slow["speed_ratio"] / slow["measured_s"] - 1)
+    # raw: the slow run's error is the normal one's over two (1 + e halves); scaled: the same error
+    assert (1 + slow["error"]) / (1 + normal["error"]) < 0.65
+    assert 0.8 < (1 + slow["scaled_error"]) / (1 + normal["scaled_error"]) < 1.25
+    code, out, _ = invoke("predict", "--accuracy", "--recompute", "--store", str(store), "--runs")
+    text = " ".join(out.split())
+    assert code == 0 and "speed ratio" in text and "scaled |error|" in text
+    # the stored predictions (made before each run from the same profile) are scored the same way
+    code, out, _ = invoke("predict", "--accuracy", "--store", str(store), "--format", "json")
+    stored = {row["run_id"]: row for row in json.loads(out)["runs"]}
+    assert stored[runs[1].run_id]["speed_ratio"] == pytest.approx(slow["speed_ratio"])

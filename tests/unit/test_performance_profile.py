@@ -47,23 +47,27 @@ def test_a_changed_profile_is_refused_by_name(tmp_path):
         read_profile(path)
 
 
-def test_a_format_1_profile_reads_as_one_without_class_probes_and_a_newer_one_is_refused(tmp_path):
-    """Format 2 added `class_probes`; a profile calibrate wrote before reads with none of them."""
+@pytest.mark.parametrize("older", [1, 2])
+def test_an_older_profile_reads_as_one_without_what_came_later_and_a_newer_one_is_refused(tmp_path, older):
+    """Format 2 added `class_probes`, format 3 `yardstick`; a profile calibrate wrote before reads with
+    none of them."""
     profiles = ProfileStore(Store(tmp_path))
     profiles.write(make())
     path = profiles.path("a" * 64, 1)
     data = json.loads(path.read_text())
-    assert data["format"] == 2 and data["class_probes"] == {}
-    del data["checksum"], data["class_probes"]
-    data["format"] = 1
+    assert data["format"] == 3 and data["class_probes"] == {} and data["yardstick"] == {}
+    del data["checksum"], data["yardstick"]
+    if older == 1:
+        del data["class_probes"]
+    data["format"] = older
     data["checksum"] = checksum_of(data)
     path.write_text(json.dumps(data))
     old = read_profile(path)
-    assert old.class_probes == {} and old.peak_flops() == 1e9
-    data["format"] = 3
+    assert old.class_probes == {} and old.yardstick == {} and old.peak_flops() == 1e9
+    data["format"] = 4
     data["checksum"] = checksum_of({k: v for k, v in data.items() if k != "checksum"})
     path.write_text(json.dumps(data))
-    with pytest.raises(ProfileError, match="format 3; this dlbench reads formats 1, 2"):
+    with pytest.raises(ProfileError, match="format 4; this dlbench reads formats 1, 2, 3"):
         read_profile(path)
 
 

@@ -107,6 +107,7 @@ def test_records_of_older_schemas_are_copied_as_they_are(tmp_path):
         name = json.loads((FIXTURES / f"v{v}.json").read_text())["run_id"]
         shutil.copy(FIXTURES / f"v{v}.json", src.runs / f"{name}.json")
     shutil.copytree(FIXTURES / "mllog", src.root / "mllog")  # v11's MLLOG files travel with it
+    shutil.copytree(FIXTURES / "loadgen", src.root / "loadgen")  # and v13's LoadGen logs
     dest = Store(tmp_path / "dest")
     report = merge(dest, [src.root])
     assert report.clean and len(report.added) == len(older)

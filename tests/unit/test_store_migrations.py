@@ -185,6 +185,18 @@ def test_the_v13_fixture_is_generation_s_loadgen_server_with_token_latencies(tmp
     assert verify(store).problems == []  # its LoadGen logs, kept beside it, match their SHA-256
 
 
+def test_the_v14_fixture_keeps_each_repeats_yardstick_and_older_records_read_with_none(tmp_path):
+    from dlbench.performance.yardstick import YARDSTICK
+
+    store, paths = store_with(tmp_path, 14)
+    rec = store.read(paths[14])
+    keys = {spec.key for spec in YARDSTICK}
+    assert len(rec.repeats) == 2 and all(set(r.yardstick) == keys and min(r.yardstick.values()) > 0
+                                         for r in rec.repeats)
+    older = store.read(store_with(tmp_path / "older", 12)[1][12])
+    assert all(r.yardstick is None for r in older.repeats)
+
+
 def test_older_loadgen_records_read_without_token_latencies(tmp_path):
     store, paths = store_with(tmp_path, 12)
     data = fixture(13)

@@ -431,7 +431,8 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
     profile = build_profile(machine=machine, provenance=dlbench_provenance(), device=device, threads=threads,
                             ceiling_records=records, cold_records=cold_records,
                             dispatch_bytes=suite.ceilings.dispatch_bytes, latest=latest, fits=fits, notes=notes,
-                            class_probes=class_probes.class_probes(probe_records), probe_runs=probe_runs)
+                            class_probes=class_probes.class_probes(probe_records), probe_runs=probe_runs,
+                            probe_records=probe_records)
     stored = ProfileStore(store).write(profile)
     _print_profile(stored, ProfileStore(store).path(stored.machine_id, stored.revision))
     _print_classes(stored, {r.name: r.model for r in measured_runners})
@@ -505,6 +506,10 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
 
         classes = {efficiency_class(KernelSpec.from_dict(q.spec)) for q in probes}
         t.add_row("class probes", f"{len(probes)} shapes of {len(classes)} classes", escape(fw))
+    for fw, y in sorted(p.yardstick.items()):
+        t.add_row("yardstick (512³ matmul, 16 MiB relu)",
+                  " / ".join(f"{seconds * 1e3:,.2f}" for seconds in y.median_s.values()) + " ms",
+                  escape(f"{fw}: median of {y.workers} workers, slowest {y.slowest:.2f}x, fastest {y.fastest:.2f}x"))
     for c in p.comm:
         t.add_row(f"all-reduce, {c.workers} workers", f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
                   escape(f"{c.framework}: α {c.alpha_s * 1e6:.1f} µs, β {c.beta_s_per_byte * 1e9:.3f} ns/B, "

@@ -279,7 +279,8 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
     registry = lookup.registry()
     facts = {n: lookup.runner(registry, n).model for n in registry.names()}
     datasheets, match = _datasheets_of(records, registry.names())
-    rows = prediction_errors(records, profile, facts, datasheets=datasheets, match_datasheet=match)
+    rows = prediction_errors(records, profile, facts, datasheets=datasheets, match_datasheet=match,
+                             yardsticks=None if profile is not None else _stored_yardsticks(store, records))
     checks = data_term_checks(records, io_bandwidth * 1e9 if io_bandwidth else None)
     if not rows and not checks:
         raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
@@ -292,6 +293,22 @@ def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] |
         _accuracy_tables(store, rows, table_rows, profile, runs)
     if checks:
         out.print(data_term_table(checks))
+
+
+def _stored_yardsticks(store: Store, records: list) -> dict:
+    """The yardstick of each profile the records' stored predictions came from, by its ref; a profile
+    no longer in this store (merged records) is left out: those runs are scored raw only."""
+    from ..store.profiles import ProfileError, ProfileStore
+
+    profiles, found = ProfileStore(store), {}
+    for ref in {r.prediction.profile for r in records if r.prediction is not None and r.prediction.profile}:
+        if ref.startswith("datasheet:"):
+            continue
+        try:
+            found[ref] = profiles.resolve(ref, "").yardstick
+        except ProfileError:
+            continue
+    return found
 
 
 def data_term_table(checks) -> Table:
@@ -322,9 +339,12 @@ def data_term_table(checks) -> Table:
 def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], profile, runs: bool) -> None:
     how = f"predicted again from profile {profile.ref}" if profile else "as predicted before each run"
     sheets = any(g["datasheet_predicted"] for g in table_rows)
+    scaled = any(g["scaled"] for g in table_rows)
     t = Table(title=f"prediction error in {store.root} ({how})")
     columns = ["suite", "framework", "precision", "runs", "predicted", "median |error|", "within 25%", "median error",
                "from (mean share)"]
+    if scaled:
+        columns += ["speed ratio", "scaled |error|", "scaled within 25%"]
     if sheets:
         columns += ["datasheet runs", "datasheet |error|", "datasheet error"]
     for col in columns:
@@ -336,6 +356,10 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
                  f"{100 * g['within_25']:.0f}%" if g["within_25"] is not None else "",
                  f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else "",
                  sources_text(g["sources"], short=True)]
+        if scaled:
+            cells += [f"{g['median_speed_ratio']:.2f}x" if g["median_speed_ratio"] is not None else "",
+                      f"{100 * g['scaled_median_abs_error']:.1f}%" if g["scaled_median_abs_error"] is not None else "",
+                      f"{100 * g['scaled_within_25']:.0f}%" if g["scaled_within_25"] is not None else ""]
         if sheets:
             cells += [str(g["datasheet_predicted"]),
                       f"{100 * g['datasheet_median_abs_error']:.1f}%" if g["datasheet_median_abs_error"] is not None else "",
@@ -344,12 +368,17 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
     t.caption = ("error = predicted / measured median iteration time - 1; runs without a prediction are counted, not "
                  "scored; from: shape (kernels timed at that shape), class (measured class efficiencies), ceilings "
                  "(the roofline at the measured ceilings), datasheet"
+                 + ("; speed ratio: the median over the runs of how much longer their workers took for the yardstick "
+                    "(a 512³ matmul and a 16 MiB relu) than the profile's calibration did; scaled: each prediction "
+                    "times its run's ratio, i.e. the model's error with the machine's drift taken out" if scaled else "")
                  + ("; datasheet columns: the same runs predicted from the datasheet file of their GPU (published "
                     "peaks x stated efficiencies)" if sheets else ""))
     out.print(t)
     if runs:
         rt = Table(title="runs")
         columns = ["suite", "benchmark", "framework", "batch", "workers", "measured ms", "predicted ms", "error", "from"]
+        if scaled:
+            columns += ["speed ratio", "scaled error"]
         if sheets:
             columns += ["datasheet ms", "datasheet error"]
         for col in columns:
@@ -360,6 +389,9 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
                      f"{row['predicted_s'] * 1e3:.2f}" if row["predicted_s"] else "",
                      f"{100 * row['error']:+.1f}%" if row["error"] is not None else "",
                      sources_text(row["sources"], short=True)]
+            if scaled:
+                cells += [f"{row['speed_ratio']:.2f}x" if row.get("speed_ratio") else "",
+                          f"{100 * row['scaled_error']:+.1f}%" if row.get("scaled_error") is not None else ""]
             if sheets:
                 cells += [f"{row['datasheet_predicted_s'] * 1e3:.2f}" if row.get("datasheet_predicted_s") else "",
                           f"{100 * row['datasheet_error']:+.1f}%" if row.get("datasheet_error") is not None else ""]

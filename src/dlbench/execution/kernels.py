@@ -12,6 +12,7 @@ from typing import Any
 
 from ..machine import dlbench_provenance, fingerprint, last_level_cache_bytes
 from ..performance.kernel_suite import KernelBenchmark, KernelPolicy, ceiling_of
+from ..performance import yardstick
 from ..performance.kernels import KernelSpec
 from ..store.kernels import KernelRecord, KernelResult, KernelStore
 from ..store.profiles import MachineProfile
@@ -47,7 +48,7 @@ def kernel_request(specs: list[KernelSpec], policy: KernelPolicy, device: str, t
     timing = policy.model_dump(exclude={"repeats", "cache"})
     timing["flush_bytes"] = flush_bytes(policy, device)
     return {"protocol": PROTOCOL_VERSION, "action": "kernels", "device": device, "threads": threads, "seed": seed,
-            "kernel_policy": timing, "kernels": [s.to_dict() for s in specs]}
+            "kernel_policy": timing, "kernels": [s.to_dict() for s in specs], "yardstick": yardstick.request()}
 
 
 @dataclass
@@ -98,7 +99,8 @@ def run_kernels(env, runner, specs: list[KernelSpec], policy: KernelPolicy, devi
             outcome.last_result = res or outcome.last_result
             outcome.tail = res_outcome.output_tail
             outcome.repeats.append({"index": index, "status": res_outcome.status, "reason": res_outcome.reason,
-                                    "wall_s": res_outcome.wall_s})
+                                    "wall_s": res_outcome.wall_s,
+                                    **({"yardstick": ys} if (ys := yardstick.times(res.get("yardstick"))) else {})})
             if res_outcome.status != "ok":
                 outcome.status, outcome.reason = res_outcome.status, res_outcome.reason
                 break

@@ -30,6 +30,7 @@ from ..analysis.generation import summarise_generation
 from ..analysis.timing import summarise
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
+from ..performance import yardstick
 from ..store.checks import CheckStore
 from ..store.intervals import reported_interval
 from ..telemetry.contention import DEFAULT_THRESHOLD_PCT, wait_for_quiet, window_contention
@@ -200,6 +201,7 @@ def build_request(run: PlannedRun, options: RunOptions) -> dict:
         "momentum": b.momentum,
         "seed": options.seed,
         "policy": {"warmup": b.policy.warmup.model_dump(), "measure": b.policy.measure.model_dump()},
+        **({} if b.scenario else {"yardstick": yardstick.request()}),
         **({"inputs": str(options.inputs)} if options.inputs is not None else {}),
         **({"generation": {"prompt_length": b.generation.prompt_length, "new_tokens": b.generation.new_tokens}}
            if b.mode == "generate" and b.generation is not None else {}),
@@ -314,6 +316,7 @@ class Orchestrator:
                     window_monotonic_ns=res.get("window_monotonic_ns", []), wall_s=outcome.wall_s,
                     telemetry=series, derived=derived, memory=res.get("memory"), compile=res.get("compile"),
                     contention=contention, generation=res.get("generation"),
+                    yardstick=yardstick.times(res.get("yardstick")),
                 )
                 repeats.append(rep)
                 index += 1

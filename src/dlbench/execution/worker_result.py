@@ -192,6 +192,8 @@ class WorkerResult(_Strict):
     generation: GenerationTimes | None = None  # mode generate
     # action kernels
     kernels: list[KernelEntry] | None = None
+    # actions benchmark and kernels, when asked: the machine's speed before the work (performance/yardstick.py)
+    yardstick: list[KernelEntry] | None = None
     # action check
     outputs: str | None = None
     # action loadgen
@@ -219,7 +221,8 @@ class WorkerResult(_Strict):
     def _complete(self, info: ValidationInfo):
         # the free-form parts (threads, settings, memory, compile, the framework's build) go into
         # the record as they are: strict JSON (no NaN or infinity) with integers the store can hold
-        for field in ("threads", "settings", "memory", "compile", "framework", "kernels", "convergence"):
+        for field in ("threads", "settings", "memory", "compile", "framework", "kernels", "yardstick",
+                      "convergence"):
             value = getattr(self, field)
             if value is not None:
                 _storable(value.model_dump() if isinstance(value, BaseModel) else value, field)

@@ -6,7 +6,13 @@ Each prediction says how much of its time came from each source (model.SOURCES);
 gives the mean of those shares. Held to account: a run on a GPU that a datasheet file describes
 (its `gpu_names`) is predicted from that datasheet too, and its error is set beside the calibrated
 (or stored) prediction's, so what the published figures and stated efficiencies get wrong shows
-on runs of the very machine."""
+on runs of the very machine.
+
+The machine's drift: a run and a profile that both timed the yardstick (performance/yardstick.py)
+are compared at the same speed too. `speed_ratio` is how much longer the run's workers took for
+the yardstick than the profile's calibration did; `scaled_error` is the prediction times that ratio
+against the measured time. Where the raw error and the scaled one differ, the machine moved between
+the calibration and the run; the scaled one is the model's own."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from ..store.profiles import MachineProfile
 from .model import SOURCES, FrameworkFacts
+from . import yardstick
 from .runtime import RunPredictor
 
 
@@ -34,14 +41,18 @@ def datasheet_matcher(sheets: Mapping[str, list[str]]) -> Callable[[dict], str |
 def prediction_errors(records, recompute_with: MachineProfile | None = None,
                       frameworks: Mapping[str, FrameworkFacts] | None = None,
                       datasheets: Mapping[str, MachineProfile] | None = None,
-                      match_datasheet: Callable[[dict], str | None] | None = None) -> list[dict]:
+                      match_datasheet: Callable[[dict], str | None] | None = None,
+                      yardsticks: Mapping[str, Mapping] | None = None) -> list[dict]:
     """One row per completed run with a prediction: suite, framework, benchmark, batch, measured and
     predicted seconds per iteration, the relative error (predicted / measured - 1) and the shares
     of the predicted time by source. With `recompute_with`, every run is predicted again from that
     profile instead of the stored prediction, each framework with its `frameworks` facts
     (RunPredictor). With `datasheets` (name -> datasheet profile) and `match_datasheet`
     (datasheet_matcher), a CUDA run of a board a datasheet describes is also predicted from it:
-    `datasheet`, `datasheet_predicted_s`, `datasheet_error` (or `datasheet_problem`)."""
+    `datasheet`, `datasheet_predicted_s`, `datasheet_error` (or `datasheet_problem`). A run whose
+    workers timed the yardstick, predicted from a profile that did (`recompute_with`'s, else the
+    stored prediction's profile in `yardsticks`: profile ref -> its `yardstick`), also gets
+    `speed_ratio` and `scaled_error`."""
     predictor = RunPredictor(recompute_with, frameworks=frameworks) if recompute_with is not None else None
     sheet_predictors = {name: RunPredictor(p, frameworks=frameworks) for name, p in (datasheets or {}).items()}
     rows = []
@@ -62,11 +73,17 @@ def prediction_errors(records, recompute_with: MachineProfile | None = None,
             predicted = profile = None
             sources = {}
         measured = r.summary.median_s
+        base = (recompute_with.yardstick if recompute_with is not None else (yardsticks or {}).get(profile) or {})
+        calibrated = base.get(str(r.framework.get("name")))
+        ratio = (yardstick.speed_ratio(yardstick.pooled(rep.yardstick for rep in r.repeats if rep.status == "ok"),
+                                       calibrated.median_s) if calibrated is not None else None)
         row = {"run_id": r.run_id, "suite": r.suite, "framework": str(r.framework.get("name")),
                "benchmark": r.benchmark, "batch": r.workload.batch_size, "workers": workers,
                "precision": r.workload.precision,
                "measured_s": measured, "predicted_s": predicted, "profile": profile, "sources": sources,
-               "error": predicted / measured - 1 if predicted and measured else None}
+               "error": predicted / measured - 1 if predicted and measured else None,
+               "speed_ratio": ratio,
+               "scaled_error": predicted * ratio / measured - 1 if predicted and measured and ratio else None}
         sheet = match_datasheet(r.machine) if match_datasheet and r.workload.device == "cuda" else None
         if sheet in sheet_predictors:
             batch = (r.distributed.per_worker_batch if r.distributed and r.distributed.per_worker_batch
@@ -104,11 +121,16 @@ def accuracy_table_rows(rows: list[dict]) -> list[dict]:
         errors = [m["error"] for m in members if m["error"] is not None]
         split = [m["sources"] for m in members if m["error"] is not None and m.get("sources")]
         on_sheets = [m["datasheet_error"] for m in members if m.get("datasheet_error") is not None]
+        scaled = [m for m in members if m.get("scaled_error") is not None]
         out_rows.append({"suite": suite, "framework": framework, "precision": precision,
                          "runs": len(members), "predicted": len(errors),
                          "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
                          "within_25": sum(abs(e) <= 0.25 for e in errors) / len(errors) if errors else None,
                          "median_error": statistics.median(errors) if errors else None,
+                         "scaled": len(scaled),
+                         "scaled_median_abs_error": statistics.median(abs(m["scaled_error"]) for m in scaled) if scaled else None,
+                         "scaled_within_25": sum(abs(m["scaled_error"]) <= 0.25 for m in scaled) / len(scaled) if scaled else None,
+                         "median_speed_ratio": statistics.median(m["speed_ratio"] for m in scaled) if scaled else None,
                          # the mean share of each source over the predictions that say it (schema 12 on)
                          "sources": {s: sum(x.get(s, 0.0) for x in split) / len(split) for s in SOURCES
                                      if any(x.get(s) for x in split)} if split else {},

@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from ..store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
+from ..store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling, Yardstick
+from . import yardstick
 from .communication import AllReduceCost
 from .kernel_suite import KernelBenchmark, KernelPolicy
 from .kernels import KernelSpec
@@ -154,14 +155,33 @@ def calibration_benchmarks(suite, suite_path, support: dict) -> tuple[KernelBenc
     return bench, cold
 
 
+def yardsticks(records) -> dict[str, Yardstick]:
+    """Each framework's yardstick over the workers of `records` (kernel records: every worker of a
+    calibration times it first): the median per kernel, and the slowest and fastest worker against it."""
+    per_framework: dict[str, list[dict[str, float]]] = {}
+    for r in records:
+        for repeat in r.repeats:
+            if repeat.get("yardstick"):
+                per_framework.setdefault(str(r.framework.get("name")), []).append(repeat["yardstick"])
+    out = {}
+    for framework, measured in per_framework.items():
+        median = yardstick.pooled(measured)
+        ratios = [x for m in measured if (x := yardstick.speed_ratio(m, median)) is not None]
+        if median and ratios:
+            out[framework] = Yardstick(median_s=median, workers=len(measured), slowest=max(ratios),
+                                       fastest=min(ratios))
+    return out
+
+
 def build_profile(*, machine: dict, provenance: dict, device: str, threads: int, ceiling_records: list,
                   cold_records: list, dispatch_bytes: int, latest: dict, fits: list[CommFit],
                   notes: list[str], class_probes: dict | None = None,
-                  probe_runs: dict[str, list[str]] | None = None) -> MachineProfile:
+                  probe_runs: dict[str, list[str]] | None = None, probe_records: list | None = None) -> MachineProfile:
     """The machine profile from the ceilings' kernel records (one per framework), the cold smallest
     operation's, the latest kernel times of this machine (store.kernels.KernelStore.latest_times)
     and the all-reduce fits, each figure's sources kept; `class_probes`: each framework's class probe
-    times (performance/probes.py class_probes), from the runs `probe_runs` names."""
+    times (performance/probes.py class_probes), from the runs `probe_runs` names. The yardstick is
+    that of every worker of the ceilings, the cold smallest operation and `probe_records`."""
     results = {str(r.framework.get("name")): r.kernels for r in ceiling_records if r.status == "ok"}
     peak, bandwidth, dispatch, elementwise = ceilings(results, dispatch_bytes)
     dispatch_cold = {str(r.framework.get("name")): k.median_s for r in cold_records if r.status == "ok"
@@ -171,6 +191,7 @@ def build_profile(*, machine: dict, provenance: dict, device: str, threads: int,
         machine=machine, device=device, threads=threads, matmul_peak=peak, copy_bandwidth=bandwidth,
         dispatch_s=dispatch, dispatch_cold_s=dispatch_cold, elementwise_bandwidth=elementwise,
         kernels=kernel_times(latest), comm=fits, class_probes=class_probes or {},
+        yardstick=yardsticks([*ceiling_records, *cold_records, *(probe_records or [])]),
         sources={"ceilings": {str(r.framework.get("name")): {"run_id": r.run_id, "status": r.status,
                                                              "version": r.framework.get("version")}
                               for r in ceiling_records},

@@ -114,8 +114,15 @@ def update_to_13(data: dict) -> dict:
     return data
 
 
+def update_to_14(data: dict) -> dict:
+    """14 added each repeat's yardstick times (`Repeat.yardstick`). Nothing measured them before, so an
+    older record reads with none (absent: None), and its predictions are scored raw only."""
+    return data
+
+
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11, 12: update_to_12, 13: update_to_13}
+         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11, 12: update_to_12, 13: update_to_13,
+         14: update_to_14}
 
 
 def upgrade(data: dict, target: int) -> dict:

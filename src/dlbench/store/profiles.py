@@ -27,9 +27,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .store import CHECKSUM_PREFIX, Store, StoreError, checksum_of, read_regular
 
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 3
 # 1: before class probes; read as a profile without them (no field of format 1 changed meaning)
-READABLE_FORMATS = (1, PROFILE_FORMAT)
+# 2: before the yardstick; read as a profile without one (its predictions are scored raw only)
+READABLE_FORMATS = (1, 2, PROFILE_FORMAT)
 
 
 class ProfileError(Exception):
@@ -70,6 +71,18 @@ class ProbeTime(_Model):
     cache: Literal["cold", "warm"] | None = None
 
 
+class Yardstick(_Model):
+    """A framework's yardstick (performance/yardstick.py) over the workers of one calibration: how fast
+    the machine ran while the profile was measured, and how much that moved within the calibration."""
+
+    median_s: dict[str, float]  # kernel key -> the median over the workers of each worker's median
+    workers: int
+    # the slowest and the fastest worker's speed ratio to median_s: 1.3 / 0.9 say the machine ran
+    # the yardstick 1.3x as long at one point of the calibration, 0.9x at another
+    slowest: float
+    fastest: float
+
+
 class CommFit(_Model):
     """All-reduce time = startup_s + per_byte_s * bytes, fitted for `workers` (linear regression)."""
 
@@ -106,6 +119,7 @@ class MachineProfile(_Model):
     # shape that was not timed by its class's efficiency at these (performance/class_efficiency.py)
     class_probes: dict[str, list[ProbeTime]] = {}
     comm: list[CommFit] = []
+    yardstick: dict[str, Yardstick] = {}  # framework -> (format 3)
     sources: dict[str, Any] = {}  # run ids and worker results the ceilings came from
     notes: list[str] = []
     # "measured": made by calibrate on the machine; "datasheet": made from a vendor's published
@@ -174,7 +188,7 @@ def read_profile(path: Path) -> MachineProfile:
         raise ProfileError(f"{path}: format {data.get('format')!r}; this dlbench reads formats "
                            f"{', '.join(map(str, READABLE_FORMATS))}")
     body = {k: v for k, v in data.items() if k != "checksum"}
-    body["format"] = PROFILE_FORMAT  # a format-1 profile is a format-2 one without class probes
+    body["format"] = PROFILE_FORMAT  # an older profile is a current one without what came later
     try:
         return MachineProfile.model_validate(body)
     except ValidationError as e:

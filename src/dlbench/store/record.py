@@ -106,6 +106,11 @@ records step by step and refuse newer ones):
     the request shape (prompt, new tokens), the bounds (`ttft_ms`, `tpot_ms`, 99th percentile) and
     the serving policy. The server's figure is the highest rate meeting both bounds. Older records
     read with none of these ({}/None) (update_to_13).
+  14 (2026-12-03) the machine's speed beside each measurement: each repeat's `yardstick`, the
+    median seconds (by kernel key) of the two fixed kernels its worker timed in the run's framework
+    before building the network (performance/yardstick.py: a float32 512^3 matrix product and a relu
+    over 16 MiB), so a prediction can be scored against the machine as fast as it was when the run
+    ran (`dlbench predict --accuracy`). Older records read with none (None) (update_to_14).
 """
 
 from __future__ import annotations
@@ -117,7 +122,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -172,6 +177,8 @@ class Repeat(_Model):
     contention: dict[str, Any] | None = None
     # mode generate (schema 10): {"new_tokens", "first_ttft_s", "ttft_s": [per request], "tpot_s": [...]}
     generation: dict[str, Any] | None = None
+    # schema 14: kernel key -> median seconds of the worker's yardstick (performance/yardstick.py)
+    yardstick: dict[str, float] | None = None
 
 
 class MedianInterval(_Model):
