@@ -20,6 +20,7 @@ from .. import paths
 from ..definitions.loader import DefinitionError
 from ..execution.interrupts import exit_status, signal_name
 from ..execution.backends import BACKENDS
+from ..performance.probes import BUDGET_S
 from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
 from ..store.store import Store
 from . import lookup
@@ -309,7 +310,7 @@ def calibrate(
         "Seconds, for tests: short ceilings and one probe per operation class from the smoke profile's shapes.")) ] = False,
     budget: Annotated[float, typer.Option(min=1.0, metavar="SECONDS", help=(
         "Estimated time allowed for the class probes of each framework (shapes estimated to take longer "
-        "are left out).")) ] = 180.0,
+        "are left out).")) ] = BUDGET_S,
     device: DeviceOption = "auto",
     env: Annotated[str, typer.Option(help="venv | current")] = "venv",
     threads: ThreadsOption = None,
@@ -329,7 +330,7 @@ def calibrate(
 
 
 def _calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
-               store: Store, workers: int | None, mode: str = "probes", budget_s: float = 180.0) -> None:
+               store: Store, workers: int | None, mode: str = "probes", budget_s: float = BUDGET_S) -> None:
     """`mode`: probes (ceilings and class probes), quick (the same, small: for tests), full (and every
     layer shape of the kernels suite)."""
     import time

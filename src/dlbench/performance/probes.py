@@ -41,8 +41,7 @@ PESSIMISTIC_EFFICIENCY = 0.05  # for the time estimate only: slow kernels reach 
 # calls per probe: (warm-up calls, minimum timed calls, most timed calls); no minimum time
 PROBE_CALLS = {"default": (1, 3, 5), "smoke": (0, 1, 2)}
 PROBES_PER_CLASS = {"default": 3, "smoke": 1}
-# per framework, the default of `calibrate --budget` (cli/performance.py repeats the figure: the CLI imports
-# no model code at start); at 120 s the pooling classes' probes left no room for 4 of the 11 float32 matmul ones
+# per framework, the default of `calibrate --budget`; at 120 s the pooling classes' probes left no room for 4 of the 11 float32 matmul ones
 BUDGET_S = 180.0
 MAX_PROBE_S = {"default": 2.0, "smoke": 0.5}  # per call, estimated (a cold call writes 1.5x the LLC first)
 
