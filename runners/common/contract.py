@@ -34,6 +34,14 @@ CHECK_PRECISION = "float64"
 # The precision whose math settings a kernel of the kernels suite runs under, by its dtype: a float32
 # kernel is IEEE float32 (TF32 off), as an fp32 run's layers are; reduced ones as the AMP runs set them.
 KERNEL_PRECISION = {"float32": "fp32", "bfloat16": "amp_bf16", "float16": "amp_fp16"}
+# A pool2d kernel's `op` is the index of its operation here: the spec's shape holds integers only.
+# The controller's table is src/dlbench/performance/kernels.py POOL_OPS (tests keep the two equal).
+POOL_OPS = ("max", "avg", "global")
+
+
+def pool_op(shape: dict) -> str:
+    """A pool2d kernel's operation, by name: max, avg or global."""
+    return POOL_OPS[shape["op"]]
 # The request's `compile`: the framework's eager (or default graph) execution, or its compiler.
 COMPILE_MODES = ("eager", "compiled")
 

@@ -20,7 +20,7 @@ the global average as jnp.mean over height and width; its backward the pullback 
 
 from __future__ import annotations
 
-from contract import Kernel
+from contract import Kernel, pool_op
 from jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, load_jax,
                          lstm_layer_class)
 
@@ -208,7 +208,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
         window, stride = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
         padding = ((shape["ph"], shape["ph"]), (shape["pw"], shape["pw"]))
-        op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+        op = pool_op(shape)
         pool = {"max": lambda x: nn.max_pool(x, window, stride, padding),
                 "avg": lambda x: nn.avg_pool(x, window, stride, "VALID"),
                 "global": lambda x: jnp.mean(x, axis=(1, 2))}[op]

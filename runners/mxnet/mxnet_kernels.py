@@ -185,7 +185,7 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
         return kernel(forward_backward, includes_forward=True, settings=settings)
     if kind.startswith("pool2d"):
         x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
-        op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+        op = contract.pool_op(shape)
         # the Pooling arguments of gluon's MaxPool2D, AvgPool2D (no padding) and GlobalAvgPool2D
         options = dict(kernel=(shape["kh"], shape["kw"]), stride=(shape["sh"], shape["sw"]),
                        pad=(shape["ph"], shape["pw"]), pool_type="avg" if op != "max" else "max",

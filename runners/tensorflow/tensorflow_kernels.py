@@ -24,7 +24,7 @@ a tape with the forward.
 
 from __future__ import annotations
 
-from contract import Kernel
+from contract import Kernel, pool_op
 from contract import KERNEL_PRECISION
 from tensorflow_network import (layer_classes, load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
                                 transformer_classes)
@@ -180,7 +180,7 @@ def _pooling_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> Graph
     keras = load_keras()
     n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
     size, stride = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"])
-    op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+    op = pool_op(shape)
     with precision_scope(KERNEL_PRECISION[dtype]):
         if op == "max":
             layer = layer_classes().max_pool(size, stride, (shape["ph"], shape["pw"]), (h, w))

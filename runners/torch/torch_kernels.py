@@ -21,7 +21,7 @@ the backward the input gradient by autograd.grad.
 
 from __future__ import annotations
 
-from contract import Kernel
+from contract import Kernel, pool_op
 from torch_network import load_torch, lstm_layer
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -173,7 +173,7 @@ def _pooling(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel:
     x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"]).contiguous(
         memory_format=memory_format).requires_grad_(kind == "pool2d_bwd")
     window, stride, padding = (shape["kh"], shape["kw"]), (shape["sh"], shape["sw"]), (shape["ph"], shape["pw"])
-    op = ("max", "avg", "global")[shape["op"]]  # performance/kernels.py POOL_OPS
+    op = pool_op(shape)
     pool = {"max": lambda x: functional.max_pool2d(x, window, stride, padding),
             "avg": lambda x: functional.avg_pool2d(x, window, stride),
             "global": lambda x: functional.adaptive_avg_pool2d(x, 1)}[op]

@@ -395,6 +395,16 @@ def test_one_protocol_version_everywhere():
     assert set(controller.values()) == {protocol.PROTOCOL_VERSION}, controller
 
 
+def test_the_runners_read_a_pooling_kernels_operation_from_the_controllers_table():
+    from dlbench.performance.kernels import POOL_OPS, KernelSpec
+
+    assert contract.POOL_OPS == POOL_OPS
+    for index, name in enumerate(POOL_OPS):
+        spec = KernelSpec.of("pool2d_fwd", batch=1, channels=1, height=4, width=4, kh=2, kw=2, sh=2, sw=2, ph=0, pw=0,
+                             op=index)
+        assert contract.pool_op(spec.to_dict()["shape"]) == spec.pool_op == name
+
+
 def test_protocol_writes_atomically_and_classifies(tmp_path):
     target = tmp_path / "result.json"
     protocol.write_atomically(str(target), {"status": "ok"})
