@@ -385,7 +385,7 @@ def test_probe_candidates_are_the_single_process_suites_layer_shapes():
 
     from dlbench.definitions.catalog import SuiteCatalog
     from dlbench.performance.kernel_suite import load_kernel_suite
-    from dlbench.performance.probes import candidates, layer_benchmarks
+    from dlbench.performance.probes import candidates, layer_benchmarks, layer_sets
 
     root = Path(__file__).resolve().parents[2] / "suites"
     catalog = SuiteCatalog(root)
@@ -398,3 +398,12 @@ def test_probe_candidates_are_the_single_process_suites_layer_shapes():
     assert not any(s.kind in ("copy", "transpose") for s in float32_only)
     keys = {s.key for b in suite.benchmarks if b.name in names for s in b.specs}
     assert {s.key for s in float32_only} == keys
+    # calibrate --full's layer sets (the default profile's): all, or some suites' in some precisions
+    suite = load_kernel_suite(root / "kernels.yaml", catalog, "default", "cpu")
+    assert [b.name for b in layer_sets(suite, names)] == list(names)
+    fcn32 = layer_sets(suite, names, ["fcn", "rnn"], ["float32"])
+    assert [b.name for b in fcn32] == ["fcn-layers", "rnn-layers"] and {s.dtype for b in fcn32 for s in b.specs} == {"float32"}
+    reduced = layer_sets(suite, names, ["cnn"], ["bfloat16"])
+    assert [b.name for b in reduced] == ["cnn-layers-reduced"] and {s.dtype for s in reduced[0].specs} == {"bfloat16"}
+    with pytest.raises(ValueError, match="nope: the kernels suite times the layers of cnn, fcn, rnn, transformer"):
+        layer_sets(suite, names, ["nope"])

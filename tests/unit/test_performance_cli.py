@@ -262,3 +262,13 @@ def test_a_machine_slower_during_the_runs_than_when_calibrated_is_scored_at_its_
     code, out, _ = invoke("predict", "--accuracy", "--store", str(store), "--format", "json")
     stored = {row["run_id"]: row for row in json.loads(out)["runs"]}
     assert stored[runs[1].run_id]["speed_ratio"] == pytest.approx(slow["speed_ratio"])
+
+
+def test_bad_choices_of_full_calibrations_layer_sets_exit_2_before_timing(project, tmp_path):
+    for args, words in ((["--suite", "fcn"], "give --full too"), (["--precision", "fp32"], "give --full too"),
+                        (["--full", "--suite", "nope"], "--suite nope: the kernels suite times the layers of cnn, fcn"),
+                        (["--full", "--precision", "tf32"], "precision")):
+        code, _, err = invoke("calibrate", "--framework", "fake", "--env", "current", "--device", "cpu",
+                              "--store", str(tmp_path / "t"), *args)
+        assert code == 2 and words in err, (args, err)
+        assert not (tmp_path / "t" / "kernels").exists()

@@ -295,6 +295,10 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 
 # ---------------------------------------------------------------------------------------- calibrate
 
+# `calibrate --full --precision`: the dtype of the layer shapes each precision's runs compute in
+FULL_DTYPES = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16"}
+
+
 @stops_on_signals
 @lookup.reports_unsaved_records
 def calibrate(
@@ -306,6 +310,11 @@ def calibrate(
         "Also time every layer shape of the kernels suite's layer_shapes benchmarks at the default profile "
         "(what `run --suite kernels` times; many minutes per framework): predictions then come from measured "
         "shapes.")) ] = False,
+    suite: Annotated[Optional[list[str]], typer.Option(help=(
+        "With --full: time the layer shapes of these suites only (cnn, fcn, rnn, transformer). Repeatable.")) ] = None,
+    precision: Annotated[Optional[list[str]], typer.Option(help=(
+        "With --full: time the layer shapes of these precisions only (fp32, amp_bf16, amp_fp16; default: every "
+        "one the device computes in). Repeatable.")) ] = None,
     quick: Annotated[bool, typer.Option("--quick", help=(
         "Seconds, for tests: short ceilings and one probe per operation class from the smoke profile's shapes.")) ] = False,
     budget: Annotated[float, typer.Option(min=1.0, metavar="SECONDS", help=(
@@ -323,16 +332,22 @@ def calibrate(
     check_choice("environment backend", env, list(BACKENDS))
     if full and quick:
         raise fail("--full and --quick exclude each other")
+    if (suite or precision) and not full:
+        raise fail(f"--{'suite' if suite else 'precision'} chooses the layer shapes of --full; give --full too")
+    for p in precision or []:
+        check_choice("precision", p, list(FULL_DTYPES))
     registry = lookup.registry()
     _calibrate(names=lookup.framework_names(registry, framework), registry=registry, device=resolve_device(device),
                env=env, threads=threads, timeout=timeout, store=lookup.open_store(store), workers=workers,
-               mode="full" if full else "quick" if quick else "probes", budget_s=budget)
+               mode="full" if full else "quick" if quick else "probes", budget_s=budget, full_suites=suite,
+               full_dtypes=[FULL_DTYPES[p] for p in precision] if precision else None)
 
 
 def _calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
-               store: Store, workers: int | None, mode: str = "probes", budget_s: float = BUDGET_S) -> None:
+               store: Store, workers: int | None, mode: str = "probes", budget_s: float = BUDGET_S,
+               full_suites: list[str] | None = None, full_dtypes: list[str] | None = None) -> None:
     """`mode`: probes (ceilings and class probes), quick (the same, small: for tests), full (and every
-    layer shape of the kernels suite)."""
+    layer shape of the kernels suite; of `full_suites`' layers only, in `full_dtypes` only, when given)."""
     import time
 
     from ..execution.kernels import flush_bytes, plan_kernel_runs
@@ -353,8 +368,12 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
     try:
         suite = load_kernel_suite(suite_path, catalog, shapes_profile, device)
         layer_names = class_probes.layer_benchmarks(suite_path, catalog.suite_names())
+        if mode == "full":
+            class_probes.layer_sets(suite, layer_names, full_suites, full_dtypes)  # a bad --suite, before timing
     except DefinitionError as e:
         raise fail(str(e)) from None
+    except ValueError as e:
+        raise fail(f"--suite {e}") from None
     threads = threads or available_cpus()
     support = _support(device)
     bench, cold_bench = calibration_benchmarks(suite, suite_path, support)
@@ -411,7 +430,7 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
                           f"{escape(str(r.reason))}", highlight=False, soft_wrap=True)
     full_s = 0.0
     if mode == "full":
-        shapes = [b for b in suite.benchmarks if b.name in layer_names]
+        shapes = class_probes.layer_sets(suite, layer_names, full_suites, full_dtypes)
         err.print(f"dlbench calibrate --full: every layer shape of {', '.join(b.name for b in shapes)} "
                   f"({sum(len(b.specs) for b in shapes)} kernels per framework)", highlight=False)
         before = time.monotonic()

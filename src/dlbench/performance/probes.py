@@ -26,7 +26,7 @@ the smoke profile's few probes (`--quick`, for tests) go in one run, one worker 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..definitions.loader import read_yaml, validate
@@ -60,11 +60,32 @@ class ProbePlan:
     left_out: tuple[str, ...]  # keys dropped for the per-call cap or the budget
 
 
-def layer_benchmarks(suite_path: Path, single_suites: Iterable[str]) -> list[str]:
-    """The names of the kernel suite file's `layer_shapes` benchmarks over single-process suites."""
+def layer_benchmarks(suite_path: Path, single_suites: Iterable[str]) -> dict[str, str]:
+    """The kernel suite file's `layer_shapes` benchmarks over single-process suites: name -> the suite
+    whose layers it times, in the file's order."""
     spec = validate(KernelSuiteFile, read_yaml(suite_path), suite_path)
     singles = set(single_suites)
-    return [e.name for e in spec.benchmarks if isinstance(e, LayersEntry) and e.suite in singles]
+    return {e.name: e.suite for e in spec.benchmarks if isinstance(e, LayersEntry) and e.suite in singles}
+
+
+def layer_sets(suite: KernelSuite, layer_names: dict[str, str], suites: Iterable[str] | None = None,
+               dtypes: Iterable[str] | None = None) -> list[KernelBenchmark]:
+    """What `calibrate --full` times: the suite's layer_shapes benchmarks (`layer_names`, from
+    layer_benchmarks), those of `suites` only and with the kernels of `dtypes` only when given (a set
+    left with none is left out). ValueError naming the suites there are for a suite none times."""
+    chosen, kept = set(suites or ()), set(dtypes or ())
+    unknown = sorted(chosen - set(layer_names.values()))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)}: the kernels suite times the layers of "
+                         f"{', '.join(sorted(set(layer_names.values())))}")
+    out = []
+    for b in suite.benchmarks:
+        if b.name not in layer_names or (chosen and layer_names[b.name] not in chosen):
+            continue
+        specs = tuple(s for s in b.specs if not kept or s.dtype in kept)
+        if specs:
+            out.append(b if len(specs) == len(b.specs) else replace(b, specs=specs))
+    return out
 
 
 def candidates(suite: KernelSuite, benchmark_names: Iterable[str], support: dict) -> list[KernelSpec]:
