@@ -149,5 +149,30 @@ def test_predictions_are_scored_at_the_speed_of_the_machine_when_the_run_ran():
     assert prediction_errors([run])[0]["scaled_error"] is None  # the profile's yardstick unknown: raw only
     groups = {(g["suite"], g["framework"]): g for g in accuracy_table_rows(list(rows.values()))}
     assert groups[("fcn", "torch")]["scaled"] == 1 and groups[("fcn", "torch")]["scaled_median_abs_error"] == 0
-    assert groups[("fcn", "torch")]["median_speed_ratio"] == pytest.approx(2.0)
+    assert groups[("fcn", "torch")]["median_drift"] == pytest.approx(2.0)
     assert groups[("fcn", "all")]["scaled"] == 1 and groups[("fcn", "jax")]["scaled_median_abs_error"] is None
+
+
+def test_a_run_is_scaled_by_the_median_of_its_own_and_its_neighbours_speed_ratios():
+    """One burst in one worker's yardstick is voted down by the runs beside it; a machine that stays
+    slower is followed; a run 20 minutes away is another period and votes on nothing."""
+    from datetime import timedelta
+
+    from store_records import T0
+
+    base = {"torch": Yardstick(median_s={MATMUL: 0.002, RELU: 0.001}, workers=4, slowest=1.1, fastest=0.9)}
+    ratios, starts = [1.0, 1.5, 1.0, 2.0, 2.0, 1.0], [0, 60, 120, 180, 240, 240 + 21 * 60]
+    runs = []
+    for ratio, offset in zip(ratios, starts):
+        run = make_record(framework="torch", started=T0 + timedelta(seconds=offset))
+        for rep in run.repeats:
+            rep.yardstick = {MATMUL: 0.002 * ratio, RELU: 0.001 * ratio}
+        run.prediction = Prediction(model_version=1, profile="p@1", iteration_s=run.summary.median_s)
+        runs.append(run)
+    rows = prediction_errors(list(reversed(runs)), yardsticks={"p@1": base})  # in any order
+    by_start = sorted(rows, key=lambda r: r["started_at"])
+    assert [r["speed_ratio"] for r in by_start] == pytest.approx(ratios)
+    # the burst (1.5) between two 1.0s is voted down; the step to 2.0 is followed from its 2nd run;
+    # the last run, 21 minutes after its neighbour, has only itself
+    assert [r["drift"] for r in by_start] == pytest.approx([1.25, 1.0, 1.5, 2.0, 2.0, 1.0])
+    assert all(r["scaled_error"] == pytest.approx(r["drift"] - 1) for r in by_start)  # predicted = measured

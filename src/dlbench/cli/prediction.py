@@ -344,7 +344,7 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
     columns = ["suite", "framework", "precision", "runs", "predicted", "median |error|", "within 25%", "median error",
                "from (mean share)"]
     if scaled:
-        columns += ["speed ratio", "scaled |error|", "scaled within 25%"]
+        columns += ["drift", "scaled |error|", "scaled within 25%"]
     if sheets:
         columns += ["datasheet runs", "datasheet |error|", "datasheet error"]
     for col in columns:
@@ -357,7 +357,7 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
                  f"{100 * g['median_error']:+.1f}%" if g["median_error"] is not None else "",
                  sources_text(g["sources"], short=True)]
         if scaled:
-            cells += [f"{g['median_speed_ratio']:.2f}x" if g["median_speed_ratio"] is not None else "",
+            cells += [f"{g['median_drift']:.2f}x" if g["median_drift"] is not None else "",
                       f"{100 * g['scaled_median_abs_error']:.1f}%" if g["scaled_median_abs_error"] is not None else "",
                       f"{100 * g['scaled_within_25']:.0f}%" if g["scaled_within_25"] is not None else ""]
         if sheets:
@@ -368,9 +368,10 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
     t.caption = ("error = predicted / measured median iteration time - 1; runs without a prediction are counted, not "
                  "scored; from: shape (kernels timed at that shape), class (measured class efficiencies), ceilings "
                  "(the roofline at the measured ceilings), datasheet"
-                 + ("; speed ratio: the median over the runs of how much longer their workers took for the yardstick "
-                    "(a 512³ matmul and a 16 MiB relu) than the profile's calibration did; scaled: each prediction "
-                    "times its run's ratio, i.e. the model's error with the machine's drift taken out" if scaled else "")
+                 + ("; drift: the median over the runs of how much longer the workers took for the yardstick (a "
+                    "512³ matmul and a 16 MiB relu) than the profile's calibration did, each run's ratio the median of "
+                    "its own and its framework's neighbouring runs'; scaled: each prediction times its run's drift, "
+                    "i.e. the model's error with the machine's drift taken out" if scaled else "")
                  + ("; datasheet columns: the same runs predicted from the datasheet file of their GPU (published "
                     "peaks x stated efficiencies)" if sheets else ""))
     out.print(t)
@@ -378,7 +379,7 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
         rt = Table(title="runs")
         columns = ["suite", "benchmark", "framework", "batch", "workers", "measured ms", "predicted ms", "error", "from"]
         if scaled:
-            columns += ["speed ratio", "scaled error"]
+            columns += ["speed ratio", "drift", "scaled error"]
         if sheets:
             columns += ["datasheet ms", "datasheet error"]
         for col in columns:
@@ -391,6 +392,7 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
                      sources_text(row["sources"], short=True)]
             if scaled:
                 cells += [f"{row['speed_ratio']:.2f}x" if row.get("speed_ratio") else "",
+                          f"{row['drift']:.2f}x" if row.get("drift") else "",
                           f"{100 * row['scaled_error']:+.1f}%" if row.get("scaled_error") is not None else ""]
             if sheets:
                 cells += [f"{row['datasheet_predicted_s'] * 1e3:.2f}" if row.get("datasheet_predicted_s") else "",

@@ -10,19 +10,27 @@ on runs of the very machine.
 
 The machine's drift: a run and a profile that both timed the yardstick (performance/yardstick.py)
 are compared at the same speed too. `speed_ratio` is how much longer the run's workers took for
-the yardstick than the profile's calibration did; `scaled_error` is the prediction times that ratio
-against the measured time. Where the raw error and the scaled one differ, the machine moved between
-the calibration and the run; the scaled one is the model's own."""
+the yardstick than the profile's calibration did. One worker's yardstick is a tenth of a second:
+a burst of another tenant's work in it moves it by up to 1.45x on the development VM, where the
+run's own median, over seconds, moves little. So a run is scaled by its `drift`, the median speed
+ratio of it and its neighbours in time of the same framework (the runs before and after it,
+within DRIFT_WINDOW_S): one burst is voted down, a machine that stays slower is followed from its
+second run on. `scaled_error` is the prediction times that drift against the measured time. Where
+the raw error and the scaled one differ, the machine moved between the calibration and the run;
+the scaled one is the model's own."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping
+from datetime import datetime
 
 from ..store.profiles import MachineProfile
 from .model import SOURCES, FrameworkFacts
 from . import yardstick
 from .runtime import RunPredictor
+
+DRIFT_WINDOW_S = 20 * 60  # a neighbour further away in time is another period of the machine
 
 
 def datasheet_matcher(sheets: Mapping[str, list[str]]) -> Callable[[dict], str | None]:
@@ -51,8 +59,8 @@ def prediction_errors(records, recompute_with: MachineProfile | None = None,
     (datasheet_matcher), a CUDA run of a board a datasheet describes is also predicted from it:
     `datasheet`, `datasheet_predicted_s`, `datasheet_error` (or `datasheet_problem`). A run whose
     workers timed the yardstick, predicted from a profile that did (`recompute_with`'s, else the
-    stored prediction's profile in `yardsticks`: profile ref -> its `yardstick`), also gets
-    `speed_ratio` and `scaled_error`."""
+    stored prediction's profile in `yardsticks`: profile ref -> its `yardstick`), also gets its
+    `speed_ratio`, its `drift` and `scaled_error` (_scale_by_drift)."""
     predictor = RunPredictor(recompute_with, frameworks=frameworks) if recompute_with is not None else None
     sheet_predictors = {name: RunPredictor(p, frameworks=frameworks) for name, p in (datasheets or {}).items()}
     rows = []
@@ -82,8 +90,7 @@ def prediction_errors(records, recompute_with: MachineProfile | None = None,
                "precision": r.workload.precision,
                "measured_s": measured, "predicted_s": predicted, "profile": profile, "sources": sources,
                "error": predicted / measured - 1 if predicted and measured else None,
-               "speed_ratio": ratio,
-               "scaled_error": predicted * ratio / measured - 1 if predicted and measured and ratio else None}
+               "started_at": r.started_at.isoformat(), "speed_ratio": ratio}
         sheet = match_datasheet(r.machine) if match_datasheet and r.workload.device == "cuda" else None
         if sheet in sheet_predictors:
             batch = (r.distributed.per_worker_batch if r.distributed and r.distributed.per_worker_batch
@@ -96,7 +103,26 @@ def prediction_errors(records, recompute_with: MachineProfile | None = None,
                         "datasheet_error": on_sheet / measured - 1 if on_sheet and measured else None,
                         **({"datasheet_problem": pred["error"]} if pred.get("error") else {})})
         rows.append(row)
+    _scale_by_drift(rows)
     return rows
+
+
+def _scale_by_drift(rows: list[dict]) -> None:
+    """Each row with a speed ratio gets `drift` (the median ratio of it and the framework's runs just
+    before and after it, within DRIFT_WINDOW_S) and `scaled_error`; the others get None."""
+    timed: dict[str, list[tuple[float, dict]]] = {}
+    for row in rows:
+        row["drift"] = row["scaled_error"] = None
+        if row["speed_ratio"] is not None:
+            started = datetime.fromisoformat(row["started_at"]).timestamp()
+            timed.setdefault(row["framework"], []).append((started, row))
+    for runs in timed.values():
+        runs.sort(key=lambda pair: pair[0])
+        for i, (started, row) in enumerate(runs):
+            near = [other["speed_ratio"] for t, other in runs[max(0, i - 1): i + 2] if abs(t - started) <= DRIFT_WINDOW_S]
+            row["drift"] = statistics.median(near)
+            if row["predicted_s"] and row["measured_s"]:
+                row["scaled_error"] = row["predicted_s"] * row["drift"] / row["measured_s"] - 1
 
 
 def accuracy_table_rows(rows: list[dict]) -> list[dict]:
@@ -130,7 +156,7 @@ def accuracy_table_rows(rows: list[dict]) -> list[dict]:
                          "scaled": len(scaled),
                          "scaled_median_abs_error": statistics.median(abs(m["scaled_error"]) for m in scaled) if scaled else None,
                          "scaled_within_25": sum(abs(m["scaled_error"]) <= 0.25 for m in scaled) / len(scaled) if scaled else None,
-                         "median_speed_ratio": statistics.median(m["speed_ratio"] for m in scaled) if scaled else None,
+                         "median_drift": statistics.median(m["drift"] for m in scaled) if scaled else None,
                          # the mean share of each source over the predictions that say it (schema 12 on)
                          "sources": {s: sum(x.get(s, 0.0) for x in split) / len(split) for s in SOURCES
                                      if any(x.get(s) for x in split)} if split else {},
