@@ -360,7 +360,8 @@ def test_accuracy_sets_the_datasheet_beside_the_calibrated_prediction():
                   summary=NS(median_s=measured), distributed=None, network=NS(definition=net.resolved),
                   workload=NS(mode="train", batch_size=1024, precision="fp32", device=device),
                   machine={"gpus": [{"name": gpu}]} if gpu else {},
-                  settings=NS(threads_requested=None),
+                  settings=NS(threads_requested=None), repeats=[],
+                  started_at=datetime(2026, 12, 3, 6, 0, tzinfo=timezone.utc),
                   prediction=NS(iteration_s=predicted, profile="abc@1", sources=sources))
 
     records = [record("a", "cuda", "NVIDIA H200", 2 * on_sheet, 2.2 * on_sheet, {"shape": 0.6, "class": 0.4}),
