@@ -216,6 +216,48 @@ def test_a_small_matmul_stratum_also_probes_its_largest_small_dimension():
     assert "thickest" not in {role for _, role in probe_roles(large, per_class=3)}
 
 
+def test_a_stratum_also_probes_its_busiest_shape_and_a_budget_keeps_it_longest():
+    """Given each shape's executions per iteration, the stratum also times the one executed most
+    often (a small shape the spread by work passes over), in the first tier; without them, or with
+    one probe per class, nothing changes."""
+    from dlbench.performance.probes import probe_tiers
+
+    specs = [mm(256, 256, 256), mm(384, 384, 384), mm(512, 512, 512), mm(1024, 1024, 1024), mm(2048, 2048, 2048)]
+    plain = probe_roles(specs, per_class=3)
+    uses = {specs[0].key: 1, specs[1].key: 48, specs[2].key: 2, specs[3].key: 1, specs[4].key: 1}
+    roles = dict((s.key, role) for s, role in probe_roles(specs, per_class=3, uses=uses))
+    assert roles[specs[1].key] == "busiest" and set(roles) == {s.key for s, _ in plain} | {specs[1].key}
+    assert probe_tiers(probe_roles(specs, per_class=3, uses=uses))[specs[1].key] == 0
+    # a busiest shape the spread already picked keeps its role
+    assert dict((s.key, r) for s, r in probe_roles(specs, per_class=3, uses={specs[2].key: 9}))[specs[2].key] == "middle"
+    assert [s.key for s in select_probes(specs, per_class=1, uses=uses)] == [specs[2].key]
+
+
+def test_the_busiest_shapes_are_the_suites_most_executed_ones():
+    """ResNet-56's first stage runs its 3x3 16-channel convolution 18 times a training iteration and
+    18 times an inference one: the kernels suite's layer shapes count it so (KernelBenchmark.uses),
+    and the default calibration probes it (its 3x3 class was fitted from a strided convolution and
+    ResNet-50's and AlexNet's before)."""
+    from pathlib import Path
+
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.performance.kernel_suite import load_kernel_suite
+    from dlbench.performance.probes import candidate_uses, candidates, layer_benchmarks
+
+    root = Path(__file__).resolve().parents[2] / "suites"
+    catalog = SuiteCatalog(root)
+    names = layer_benchmarks(root / "kernels.yaml", catalog.suite_names())
+    suite = load_kernel_suite(root / "kernels.yaml", catalog, "default", "cpu")
+    uses = candidate_uses(suite, names)
+    stage1 = dict(batch=32, channels=16, height=32, width=32, filters=16, kh=3, kw=3, sh=1, sw=1, ph=1, pw=1)
+    forward = KernelSpec.of("conv2d_fwd", **stage1)
+    backward = KernelSpec.of("conv2d_bwd", input_grad=1, **stage1)
+    assert (uses[forward.key], uses[backward.key]) == (36, 18)
+    specs = [s for s in candidates(suite, names, {}) if s.dtype == "float32"]
+    roles = dict((s.key, role) for s, role in probe_roles(specs, per_class=3, uses=uses))
+    assert roles[forward.key] == roles[backward.key] == "busiest"
+
+
 def test_plan_stays_within_the_budget_and_the_per_call_cap():
     specs = [mm(16, n, 512) for n in (256, 1024, 4096)] + [KernelSpec.of("sgd_momentum", elements=e)
                                                              for e in (1000, 10_000)]

@@ -410,7 +410,8 @@ def _calibrate(*, names: list[str], registry, device: str, env: str, threads: in
     flush_s = flush / ceilings_only.bandwidth(flush) if flush and ceilings_only.bandwidth(flush) else 0.0
     call = max(ceilings_only.dispatch_cold_s.values(), default=0.0)
     plan = class_probes.plan_probes(class_probes.candidates(suite, layer_names, support), policy, shapes_profile,
-                                    "calibrate", class_probes.call_estimate(ceilings_only, call, flush_s), budget_s)
+                                    "calibrate", class_probes.call_estimate(ceilings_only, call, flush_s), budget_s,
+                                    class_probes.candidate_uses(suite, layer_names))
     measured_runners = [r for r in runners if r.name in results]
     probe_records: list = []
     probes_s = 0.0

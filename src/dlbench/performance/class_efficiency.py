@@ -86,7 +86,7 @@ kernel times, a measured shape.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -283,7 +283,8 @@ def _fit(points: tuple[ClassPoint, ...]) -> ClassFit:
 
 def probe_roles(candidates: Iterable[KernelSpec], per_class: int,
                 estimate_s: Callable[[KernelSpec], float] | None = None,
-                max_probe_s: float | None = None) -> list[tuple[KernelSpec, str]]:
+                max_probe_s: float | None = None,
+                uses: Mapping[str, int] | None = None) -> list[tuple[KernelSpec, str]]:
     """Up to `per_class` shapes of each class's stratum (probe_stratum: a matmul class's aspects)
     among `candidates` (the suites' own layer shapes), spread over its range of work, each with its
     role in rank of work: `middle` (of two, the larger), `largest`, `smallest`, `between` the others. With more
@@ -312,6 +313,9 @@ def probe_roles(candidates: Iterable[KernelSpec], per_class: int,
                          else "smallest" if i == spread[0] else "between") for i in spread}
             for i, role in _matmul_extremes(specs):
                 roles.setdefault(i, role)
+            if uses:
+                busiest = max(range(len(specs)), key=lambda i: (uses.get(specs[i].key, 0), work_size(specs[i]), i))
+                roles.setdefault(busiest, "busiest")
         chosen += [(specs[i], roles[i]) for i in sorted(roles)]
     return chosen
 
@@ -341,6 +345,6 @@ def smallest_dimension(spec: KernelSpec) -> int:
 
 def select_probes(candidates: Iterable[KernelSpec], per_class: int,
                   estimate_s: Callable[[KernelSpec], float] | None = None,
-                  max_probe_s: float | None = None) -> list[KernelSpec]:
+                  max_probe_s: float | None = None, uses: Mapping[str, int] | None = None) -> list[KernelSpec]:
     """The shapes of probe_roles, without their roles."""
-    return [spec for spec, _ in probe_roles(candidates, per_class, estimate_s, max_probe_s)]
+    return [spec for spec, _ in probe_roles(candidates, per_class, estimate_s, max_probe_s, uses)]

@@ -41,7 +41,7 @@ from ..definitions.schema import Int, PositiveInt, Real, _Strict
 from ..definitions.suite import MAX_ITERS, MAX_REPEATS, MAX_SECONDS
 from ..store.profiles import MachineProfile
 from .kernels import KernelSpec
-from .workload import decompose, kernel_specs
+from .workload import decompose, kernel_specs, kernel_uses
 
 Dtype = Literal["float32", "float16", "bfloat16"]
 # The loss and the optimiser's update stay in float32 under mixed precision (float32 master weights,
@@ -137,6 +137,9 @@ class KernelBenchmark:
     profile: str
     policy: KernelPolicy
     source: str  # what the shapes come from, for people
+    # a layer_shapes benchmark's: each kernel's executions per iteration summed over the networks,
+    # batch sizes and modes it times (workload.kernel_uses), by key; what calibrate's probes weigh
+    uses: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,9 +184,12 @@ def load_kernel_suite(path: Path, catalog, profile: str, device: str) -> KernelS
             specs = [_square(entry.kind, n, d) for d in entry.dtypes for n in sizes]
             source = f"square {', '.join(map(str, sizes))}"
         else:
-            specs, source = _layer_kernels(entry, i, path, catalog, profile, device)
+            specs, source, uses = _layer_kernels(entry, i, path, catalog, profile, device)
             if not specs:
                 continue  # `networks: {<profile>: []}`: not in this profile
+            benchmarks.append(KernelBenchmark(spec.name, entry.name, tuple(specs), profile, policy, source,
+                                              tuple(uses.items())))
+            continue
         benchmarks.append(KernelBenchmark(spec.name, entry.name, tuple(specs), profile, policy, source))
     return KernelSuite(spec.name, spec.description, path, tuple(benchmarks), spec.ceilings)
 
@@ -236,6 +242,7 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
             raise DefinitionError(path, f"benchmarks[{i}].networks.{profile}[{j}]",
                                   f"{name!r} is not a network of suite {suite.name} ({', '.join(sorted(names))})")
     seen: dict[str, KernelSpec] = {}
+    uses: dict[str, int] = {}
     used: list[str] = []
     for name, network in networks.items():
         if subset is not None and name not in subset:
@@ -244,14 +251,21 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
             used.append(f"{name} b={batch}")
             # both modes' kernels: inference's are mostly training's, but not all (attention's core
             # without the dropout on its probabilities that training applies)
-            specs = [s for mode in ("train", "infer") for s in kernel_specs(decompose(network.resolved, batch, mode))]
-            for s in specs:
+            workloads = [decompose(network.resolved, batch, mode) for mode in ("train", "infer")]
+            counts: dict[str, int] = {}
+            for w in workloads:
+                for key, n in kernel_uses(w).items():
+                    counts[key] = counts.get(key, 0) + n
+            distinct = {s.key: s for w in workloads for s in kernel_specs(w)}
+            for s in distinct.values():
                 for dtype in entry.dtypes:
                     if dtype != "float32" and s.kind in FLOAT32_ONLY:
                         continue
                     k = KernelSpec(s.kind, s.shape, dtype)
-                    seen.setdefault(k.key, k)
-    return list(seen.values()), f"layers of {', '.join(dict.fromkeys(used))}"
+                    if k.key not in seen:
+                        seen[k.key] = k
+                    uses[k.key] = uses.get(k.key, 0) + counts[s.key]
+    return list(seen.values()), f"layers of {', '.join(dict.fromkeys(used))}", uses
 
 
 # ---------------------------------------------------------------------------------------- device

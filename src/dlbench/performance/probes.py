@@ -15,7 +15,7 @@ ceilings just measured (its roofline over PESSIMISTIC_EFFICIENCY, plus the frame
 for a cold policy, the cache flush), candidates over `max_probe_s` per call are left out, and
 while the estimated total of the chosen probes exceeds the budget the costliest is dropped: the
 reduced precisions' before float32's, and each class's smallest probes first, then its largest
-(and a matmul's widest and thickest), its middle one last (ROLE_TIERS). The
+(and a matmul's widest and thickest), its middle and busiest ones last (ROLE_TIERS). The
 estimate is on the slow side by design; what it took is measured and printed.
 
 Probes are grouped into a few kernel runs per framework (GROUPS: matrix products, convolutions,
@@ -101,6 +101,18 @@ def candidates(suite: KernelSuite, benchmark_names: Iterable[str], support: dict
     return list(seen.values())
 
 
+def candidate_uses(suite: KernelSuite, benchmark_names: Iterable[str]) -> dict[str, int]:
+    """Each candidate's executions per iteration summed over those benchmarks' networks, batch
+    sizes and modes (KernelBenchmark.uses): what makes a shape the busiest of its class."""
+    names = set(benchmark_names)
+    out: dict[str, int] = {}
+    for b in suite.benchmarks:
+        if b.name in names:
+            for key, n in b.uses:
+                out[key] = out.get(key, 0) + n
+    return out
+
+
 def probe_policy(base: KernelPolicy, profile: str) -> KernelPolicy:
     """The kernels suite's policy of that profile (its cache policy kept) with PROBE_CALLS' calls."""
     warmup, least, most = PROBE_CALLS[profile]
@@ -118,11 +130,13 @@ def call_estimate(ceilings: MachineProfile, framework_call_s: float, flush_s: fl
 
 
 def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, suite_name: str,
-                estimate: Callable[[KernelSpec], float], budget_s: float) -> ProbePlan:
-    """The probes within `budget_s` (see the module docstring), grouped into kernel benchmarks."""
+                estimate: Callable[[KernelSpec], float], budget_s: float,
+                uses: dict[str, int] | None = None) -> ProbePlan:
+    """The probes within `budget_s` (see the module docstring), grouped into kernel benchmarks;
+    `uses` (candidate_uses) adds each stratum's busiest shape."""
     calls = 1 + policy.warmup_iters + policy.max_iters
-    fitting = probe_roles(specs, PROBES_PER_CLASS[profile], estimate, MAX_PROBE_S[profile])
-    everything = select_probes(specs, PROBES_PER_CLASS[profile])
+    fitting = probe_roles(specs, PROBES_PER_CLASS[profile], estimate, MAX_PROBE_S[profile], uses)
+    everything = select_probes(specs, PROBES_PER_CLASS[profile], uses=uses)
     left_out = [s.key for s in everything if s.key not in {f.key for f, _ in fitting}]
     chosen = [s for s, _ in fitting]
     tier = probe_tiers(fitting)
@@ -147,10 +161,11 @@ def plan_probes(specs: list[KernelSpec], policy: KernelPolicy, profile: str, sui
 
 # what a budget gives up first (the larger tier): the reduced-precision classes' probes before any
 # float32 one (every precision's default run is fp32, `REDUCED_TIER` more), and within those each
-# stratum keeps its middle probe longest, then its largest and a matmul's widest output and largest
+# stratum keeps its middle probe and its busiest shape (the most of the class's work in the suites'
+# runs) longest, then its largest and a matmul's widest output and largest
 # small dimension (the amortised end a large shape is predicted from, what writing an output costs,
 # how far a GEMM's blocking is filled), the smallest and any between them last
-ROLE_TIERS = {"middle": 0, "largest": 1, "widest": 1, "thickest": 1, "smallest": 2, "between": 2}
+ROLE_TIERS = {"middle": 0, "busiest": 0, "largest": 1, "widest": 1, "thickest": 1, "smallest": 2, "between": 2}
 REDUCED_TIER = 3
 
 

@@ -228,6 +228,29 @@ def op_kernels(op: Op) -> list[KernelSpec]:
     return out
 
 
+def op_kernel_uses(op: Op, times: int = 1) -> dict[str, int]:
+    """Executions per iteration of each kernel an operation may be timed by (op_kernels): its own and
+    its alternatives' as often as each would run for it, its parts' as often as they run in it."""
+    out: dict[str, int] = {}
+    runs = times * op.repeat
+    for kernel, count in ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives):
+        out[kernel.key] = out.get(kernel.key, 0) + runs * count
+    for part in op.parts:
+        for key, n in op_kernel_uses(part, runs).items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+def kernel_uses(workload: Workload) -> dict[str, int]:
+    """Executions per iteration of each kernel of `workload` (op_kernel_uses, summed over its operations)."""
+    out: dict[str, int] = {}
+    for layer in workload.layers:
+        for op in layer.forward + layer.backward + layer.update:
+            for key, n in op_kernel_uses(op).items():
+                out[key] = out.get(key, 0) + n
+    return out
+
+
 def kernel_specs(workload: Workload) -> list[KernelSpec]:
     """Every distinct kernel of an iteration, in the order the iteration first meets it."""
     seen: dict[str, KernelSpec] = {}
