@@ -327,6 +327,34 @@ def test_single_worker_prediction_by_hand():
     assert any("no kernel times or class probes of eager_fw" in n for n in q.notes)
 
 
+def test_a_step_that_fuses_epilogues_charges_them_nothing():
+    """dense 4 -> 3 (matmul, bias), sigmoid, dense 3 -> 3 at batch 2, inference, all at the ceilings
+    (1 GFLOP/s, 1 GB/s): fused, the bias and the sigmoid after the first matmul (across the layer
+    boundary) and the bias after the second cost nothing; the loss, which is no epilogue, stays.
+    Training's batch norm is no epilogue (it reduces over the batch first), inference's is; the
+    option-A shortcut of a residual block comes before its convolutions, so that the join and the
+    ReLU after the last one are fused at inference."""
+    net = tiny([{"type": "dense", "units": 3}, {"type": "sigmoid"}, {"type": "dense", "units": 3}])
+    work = decompose(net.resolved, 2, "infer")
+    separate = predict(work, "tf", profile(), facts=GRAPH)
+    fused = predict(work, "tf", profile(), facts=FrameworkFacts("graph", "none", "fused"))
+    labels = [op.label for layer in work.layers for op in layer.forward]
+    assert labels[:5] == ["matmul", "bias", "sigmoid", "matmul", "bias"]
+    # bias 6 FLOPs 24 B -> 24 ns, sigmoid 2 passes of 6 values -> 48 ns, second bias 24 ns
+    assert separate.forward_s - fused.forward_s == pytest.approx(24e-9 + 48e-9 + 24e-9)
+    assert any("3 element-wise operations of the forward run fused" in n for n in fused.notes)
+    assert not any("fused" in n for n in separate.notes)
+    from dlbench.performance.model import fused_epilogues
+
+    resnet = load_network(ROOT / "suites" / "networks" / "resnet56.yaml").resolved
+    for mode, expected in (("infer", ["bn1 batch norm", "relu1", "bn2 batch norm", "join", "relu"]), ("train", [])):
+        work = decompose(resnet, 2, mode)
+        block = next(layer for layer in work.layers if layer.label.endswith("residual basic 32/2"))
+        fused = fused_epilogues(work)
+        assert block.forward[0].label == "option-A shortcut"
+        assert [op.label for op in block.forward if id(op) in fused] == expected
+
+
 def test_a_compiled_step_pays_the_call_once():
     """jax runs its step as one call: the smallest-operation time (1 us) once per iteration; a kernel
     timed on its own paid one call too, which is taken off (1 ms - 1 us), and roofline operations pay none."""
@@ -510,9 +538,9 @@ def test_the_runners_state_what_the_model_assumed_of_them_before():
 
     facts = RunnerRegistry(ROOT / "runners").model_facts()
     assert {name: facts[name] for name in ("torch", "tensorflow", "jax", "mxnet")} == {
-        "torch": FrameworkFacts("eager", "mgwfbp"), "tensorflow": FrameworkFacts("graph", "none"),
+        "torch": FrameworkFacts("eager", "mgwfbp"), "tensorflow": FrameworkFacts("graph", "none", "fused"),
         "jax": FrameworkFacts("graph", "none"), "mxnet": FrameworkFacts("graph", "wfbp")}
-    assert FrameworkFacts() == FrameworkFacts("eager", "mgwfbp")  # a framework that states nothing
+    assert FrameworkFacts() == FrameworkFacts("eager", "mgwfbp", "separate")  # a framework that states nothing
 
 
 def runner_toml(tmp_path, model: str) -> Path:
@@ -531,6 +559,7 @@ def runner_toml(tmp_path, model: str) -> Path:
     ('[model]\nstep = "lazy"\n', "model.step", "'lazy' is not one of eager, graph"),
     ('[model]\nstep = "graph"\nschedule = "ring"\n', "model.schedule", "'ring' is not one of none, wfbp, mgwfbp"),
     ('[model]\nsteps = "graph"\n', "model.steps", "unknown field"),
+    ('[model]\nepilogues = "folded"\n', "model.epilogues", "'folded' is not one of separate, fused"),
     ('model = "graph"\n', "model", "must be a table"),
 ])
 def test_a_bad_model_section_is_one_error_naming_the_file_and_field(tmp_path, model, field, reason):

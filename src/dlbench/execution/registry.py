@@ -10,7 +10,7 @@ import tomllib
 from ..definitions.loader import DefinitionError
 from ..definitions.suite import COMPILE_MODES
 from ..performance.communication import SCHEDULES
-from ..performance.model import STEPS, FrameworkFacts
+from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
 
 FLAVOURS = ("cpu", "cuda")
 
@@ -88,7 +88,7 @@ def _default_compile(path: Path, section) -> str:
     return value
 
 
-MODEL_FIELDS = {"step": STEPS, "schedule": SCHEDULES}
+MODEL_FIELDS = {"step": STEPS, "schedule": SCHEDULES, "epilogues": EPILOGUES}
 
 
 def _model(path: Path, section) -> FrameworkFacts:

@@ -58,6 +58,11 @@ from .workload import ELEMENT_BYTES, Op, Workload
 MODEL_VERSION = 1
 
 STEPS = ("eager", "graph")
+# whether a framework's step computes the element-wise epilogues of its matrix products and
+# convolutions inside them (workload.Op.epilogue) or as operations of their own
+EPILOGUES = ("separate", "fused")
+# the kernels whose output an epilogue can be fused into
+CONTRACTIONS = ("matmul", "batched_matmul", "conv2d_fwd")
 
 # Where a share of a predicted time came from: a kernel timed at that very shape, an operation class's
 # efficiency measured by calibrate's probes (or the framework's measured element-wise bandwidth, for
@@ -70,15 +75,20 @@ SOURCES = ("shape", "class", "ceilings", "datasheet")
 class FrameworkFacts:
     """What the model takes from a framework's runner rather than from measurement: how the runner
     executes a training step (`eager`: operation by operation from Python; `graph`: one compiled
-    call, d paid once) and the gradient schedule its data-parallel engine uses by default (one of
-    communication.SCHEDULES). Each runner states them, with its reasons, in its runner.toml's
+    call, d paid once), the gradient schedule its data-parallel engine uses by default (one of
+    communication.SCHEDULES) and whether its step fuses element-wise epilogues into the matrix
+    product or convolution they follow (`fused`: a graph optimiser's rewrite, each such operation
+    costs nothing of its own; `separate`: each is timed as an operation). Each runner states them, with its reasons, in its runner.toml's
     [model] section (execution/registry.py reads and checks it); the model itself knows no
     framework by name. The defaults are what a framework that states nothing is taken to do."""
 
     step: str = "eager"
     schedule: str = "mgwfbp"
+    epilogues: str = "separate"
 
     def __post_init__(self):
+        if self.epilogues not in EPILOGUES:
+            raise ValueError(f"unknown epilogues {self.epilogues!r}; expected one of {', '.join(EPILOGUES)}")
         if self.step not in STEPS:
             raise ValueError(f"unknown step execution {self.step!r}; expected one of {', '.join(STEPS)}")
         if self.schedule not in SCHEDULES:
@@ -338,10 +348,16 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         notes.append(f"no smallest-operation time of {framework} in the profile: none added")
     unmeasured: dict[str, None] = {}
     layers: list[LayerTimes] = []
+    fused = fused_epilogues(workload) if facts.epilogues == "fused" else set()
+    if fused:
+        notes.append(f"{len(fused)} element-wise operations of the forward run fused into the matrix product or "
+                     f"convolution before them (the {framework} runner's step fuses epilogues): no time of their own")
     for work in workload.layers:
         lt = LayerTimes(work.index, work.label, work.params)
         for phase, ops in (("forward_s", work.forward), ("backward_s", work.backward), ("update_s", work.update)):
             for op in ops:
+                if id(op) in fused:
+                    continue
                 seconds, by_source, missing = op_time(op, framework, profile, measured, facts.compiled,
                                                       workload.precision == "tf32", classes)
                 setattr(lt, phase, getattr(lt, phase) + seconds)
@@ -375,6 +391,21 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
         prediction.communication_s = sched.communication
         prediction.communication_exposed_s = sched.exposed
     return prediction
+
+
+def fused_epilogues(workload: Workload) -> set[int]:
+    """The forward operations (by id) a step that fuses epilogues computes inside a kernel: each run of
+    epilogue operations (workload.Op.epilogue) right after a matrix product or convolution, across
+    layers (a dense layer's bias and the activation layer after it); any other operation ends the run."""
+    fused: set[int] = set()
+    open_run = False
+    for work in workload.layers:
+        for op in work.forward:
+            if open_run and op.epilogue:
+                fused.add(id(op))
+            else:
+                open_run = op.kernel is not None and op.kernel.kind in CONTRACTIONS
+    return fused
 
 
 def gradient_layers(layers: list[LayerTimes]) -> tuple[list[float], list[float]]:

@@ -92,6 +92,11 @@ class Op:
     # where a framework does not fuse it (attention: two batched products around the softmax), each
     # timed as any operation is (measured, or its roofline); their sum stands in for it
     parts: tuple[Op, ...] = ()
+    # element-wise work on a matrix product's or convolution's output that a graph optimiser can
+    # compute in that kernel's epilogue, while the output is still in registers: a bias, an
+    # activation, a residual addition, a batch norm at inference (its statistics are constants);
+    # model.predict charges none where the framework fuses epilogues (FrameworkFacts.epilogues)
+    epilogue: bool = False
 
 
 @dataclass
@@ -126,8 +131,8 @@ def _numel(shape) -> int:
     return n
 
 
-def _passes(label: str, elements: int, passes: int, flops_per_element: float = 1.0) -> Op:
-    return Op(label, flops_per_element * elements, passes * ELEMENT_BYTES * elements)
+def _passes(label: str, elements: int, passes: int, flops_per_element: float = 1.0, epilogue: bool = False) -> Op:
+    return Op(label, flops_per_element * elements, passes * ELEMENT_BYTES * elements, epilogue=epilogue)
 
 
 class _Builder:
@@ -142,13 +147,15 @@ class _Builder:
     def op(self, label: str, flops: float, bytes: float) -> Op:
         return Op(label, flops, bytes)
 
-    def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0) -> Op:
-        return _passes(label, elements, passes, flops_per_element)
+    def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0,
+               epilogue: bool = False) -> Op:
+        return _passes(label, elements, passes, flops_per_element, epilogue)
 
-    def kernel(self, label: str, kind: str, alternatives: tuple = (), parts: tuple = (), **shape) -> Op:
+    def kernel(self, label: str, kind: str, alternatives: tuple = (), parts: tuple = (), epilogue: bool = False,
+               **shape) -> Op:
         spec = KernelSpec.of(kind, self.dtype, **shape)
         others = tuple((KernelSpec.of(k, self.dtype, **s), count) for k, count, s in alternatives)
-        return Op(label, spec.flops, spec.bytes, spec, alternatives=others, parts=tuple(parts))
+        return Op(label, spec.flops, spec.bytes, spec, alternatives=others, parts=tuple(parts), epilogue=epilogue)
 
     def conv(self, work: LayerWork, name: str, in_shape, filters, kernel, stride, padding, input_grad, bias):
         c, h, w = in_shape
@@ -168,13 +175,14 @@ class _Builder:
 
     def batch_norm(self, work: LayerWork, name: str, shape):
         n = self.batch * _numel(shape)
-        work.forward.append(_passes(f"{name} batch norm", n, 3 if self.train else 2, 2))
+        # training normalises by the batch's own statistics (a reduction first): no epilogue then
+        work.forward.append(_passes(f"{name} batch norm", n, 3 if self.train else 2, 2, epilogue=not self.train))
         if self.train:
             work.backward.append(_passes(f"{name} batch norm", n, 5, 4))
 
     def activation(self, work: LayerWork, name: str, shape):
         n = self.batch * _numel(shape)
-        work.forward.append(_passes(name, n, 2))
+        work.forward.append(_passes(name, n, 2, epilogue=True))
         if self.train:
             work.backward.append(_passes(name, n, 3))
 

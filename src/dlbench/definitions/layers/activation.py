@@ -12,7 +12,7 @@ def infer(layer: schema.Activation, site: Site) -> Inferred:
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:
     n = b.batch * numel(entry["in_shape"])
-    layer.forward.append(b.passes(entry["type"], n, 2))
+    layer.forward.append(b.passes(entry["type"], n, 2, epilogue=True))
     if b.train and input_grad:
         layer.backward.append(b.passes(entry["type"], n, 3))
 

@@ -88,14 +88,19 @@ class Work(Protocol):
     def op(self, label: str, flops: float, bytes: float) -> Any:
         """Element-wise work estimated from its FLOPs and bytes."""
 
-    def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0) -> Any:
-        """Element-wise work over `elements` values read or written `passes` times."""
+    def passes(self, label: str, elements: int, passes: int, flops_per_element: float = 1.0,
+               epilogue: bool = False) -> Any:
+        """Element-wise work over `elements` values read or written `passes` times; `epilogue`: work
+        a graph optimiser may fold into the matrix product or convolution it follows (a bias, an
+        activation, a residual addition, an inference batch norm: performance/workload.py Op)."""
 
-    def kernel(self, label: str, kind: str, alternatives: tuple = (), parts: tuple = (), **shape) -> Any:
+    def kernel(self, label: str, kind: str, alternatives: tuple = (), parts: tuple = (), epilogue: bool = False,
+               **shape) -> Any:
         """A kernel of performance/kernels.py at the workload's dtype; `alternatives`: ((kind, count,
         shape), ...) kernels that do the same work, the first measured one standing in for it;
         `parts`: operations made by this builder that the same work is made of unfused, their sum
-        standing in for it where neither it nor an alternative was measured."""
+        standing in for it where neither it nor an alternative was measured; `epilogue`: as for
+        `passes` (a GELU's forward)."""
 
     def conv(self, layer: Any, name: str, in_shape, filters, kernel, stride, padding, input_grad, bias):
         """A convolution's forward and backward kernels (and bias gradient); returns its output shape."""

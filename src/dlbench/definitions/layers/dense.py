@@ -51,7 +51,7 @@ def products(b, layer, name: str, m: int, k: int, n: int, bias: bool, input_grad
 
     layer.forward.append(b.kernel(label("matmul"), "matmul", m=m, n=n, k=k))
     if bias:
-        layer.forward.append(b.passes(label("bias"), m * n, 1))
+        layer.forward.append(b.passes(label("bias"), m * n, 1, epilogue=True))
     if b.train:
         if input_grad:
             layer.backward.append(b.kernel(label("input gradient"), "matmul", m=m, n=k, k=n))

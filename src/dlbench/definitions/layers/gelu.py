@@ -22,7 +22,7 @@ def passes(b, layer, name: str, elements: int, input_grad: bool, form: str = "er
     forward's FLOPs)."""
     label = f"{name} gelu".strip()
     approximate = int(form == "tanh")
-    layer.forward.append(b.kernel(label, "gelu_fwd", elements=elements, approximate=approximate))
+    layer.forward.append(b.kernel(label, "gelu_fwd", elements=elements, approximate=approximate, epilogue=True))
     if b.train and input_grad:
         layer.backward.append(b.kernel(label, "gelu_bwd", elements=elements, approximate=approximate))
 

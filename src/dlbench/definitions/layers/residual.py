@@ -103,6 +103,14 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     cout = entry["out_shape"][0]
     f, s = entry["filters"], entry["stride"]
     shape = (cin, h, w)
+    n_in = b.batch * cin * h * w
+    if entry["shortcut"] == "option_a":
+        # from the block's input, beside the convolutions (first here: it is no step between the
+        # last convolution and the join, which a graph optimiser fuses into it)
+        n_short = b.batch * numel(entry["out_shape"])
+        layer.forward.append(b.passes("option-A shortcut", n_short, 2, 0))
+        if b.train and input_grad:
+            layer.backward.append(b.op("option-A shortcut", 0, b.element_bytes * (n_in + n_short)))
     if entry["block"] == "basic":
         plan = [(f, 3, s, 1, True), (f, 3, 1, 1, False)]
     else:
@@ -116,15 +124,10 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         if relu:
             b.activation(layer, f"relu{j}", shape)
     n_out = b.batch * numel(shape)
-    n_in = b.batch * cin * h * w
     if entry["shortcut"] == "projection":
         proj = b.conv(layer, "projection", (cin, h, w), cout, (1, 1), (s, s), (0, 0), input_grad, bias=False)
         b.batch_norm(layer, "projection", proj)
-    elif entry["shortcut"] == "option_a":
-        layer.forward.append(b.passes("option-A shortcut", n_out, 2, 0))
-        if b.train and input_grad:
-            layer.backward.append(b.op("option-A shortcut", 0, b.element_bytes * (n_in + n_out)))
-    layer.forward.append(b.passes("join", n_out, 3))
+    layer.forward.append(b.passes("join", n_out, 3, epilogue=True))
     b.activation(layer, "relu", shape)
     if b.train and input_grad:
         layer.backward.append(b.passes("join gradient", n_in, 3))

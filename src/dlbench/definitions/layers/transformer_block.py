@@ -71,7 +71,7 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         if train and rate > 0:
             layer.forward.append(b.passes(f"{name} branch dropout", n, 3))
             layer.backward.append(b.passes(f"{name} branch dropout", n, 3))
-        layer.forward.append(b.passes(f"{name} join", n, 3))
+        layer.forward.append(b.passes(f"{name} join", n, 3, epilogue=True))
         if train and (input_grad or not into_input):
             layer.backward.append(b.passes(f"{name} join gradient", n, 3))
 
