@@ -89,7 +89,10 @@ def test_kernels_calibrate_predict_run_accuracy(project, tmp_path, monkeypatch):
                                 "--threads", "1", "--store", str(store), "--format", "json")
         assert code == 0, err
         p = json.loads(out)
-        assert p["iteration_s"] > 0 and p["phases"]["backward"] > p["phases"]["forward"] > 0, name
+        assert p["iteration_s"] > 0 and p["phases"]["backward"] > 0 and p["phases"]["forward"] > 0, name
+        # from class fits the backward's twice the work shows; transformer_tiny's measured microsecond
+        # kernels can time the other way round on a shared VM (forward 14.0 ms, backward 12.8 ms once)
+        assert unmeasured == 0 or p["phases"]["backward"] > p["phases"]["forward"], name
         assert (p["unmeasured_kernels"] == 0) is (unmeasured == 0), (name, p["unmeasured_kernels"])
     code, out, _ = invoke("predict", "--network", "transformer_tiny", "--framework", "fake", "--batch", "4",
                           "--mode", "infer", "--threads", "1", "--store", str(store), "--layers")
