@@ -30,6 +30,7 @@ profile exists (else the fraction is left empty and says why).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -182,15 +183,13 @@ def load_kernel_suite(path: Path, catalog, profile: str, device: str) -> KernelS
         if isinstance(entry, SquareEntry):
             sizes = getattr(entry.sizes, profile)
             specs = [_square(entry.kind, n, d) for d in entry.dtypes for n in sizes]
-            source = f"square {', '.join(map(str, sizes))}"
+            source, uses = f"square {', '.join(map(str, sizes))}", Counter()
         else:
             specs, source, uses = _layer_kernels(entry, i, path, catalog, profile, device)
             if not specs:
                 continue  # `networks: {<profile>: []}`: not in this profile
-            benchmarks.append(KernelBenchmark(spec.name, entry.name, tuple(specs), profile, policy, source,
-                                              tuple(uses.items())))
-            continue
-        benchmarks.append(KernelBenchmark(spec.name, entry.name, tuple(specs), profile, policy, source))
+        benchmarks.append(KernelBenchmark(spec.name, entry.name, tuple(specs), profile, policy, source,
+                                          tuple(uses.items())))
     return KernelSuite(spec.name, spec.description, path, tuple(benchmarks), spec.ceilings)
 
 
@@ -242,7 +241,7 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
             raise DefinitionError(path, f"benchmarks[{i}].networks.{profile}[{j}]",
                                   f"{name!r} is not a network of suite {suite.name} ({', '.join(sorted(names))})")
     seen: dict[str, KernelSpec] = {}
-    uses: dict[str, int] = {}
+    uses: Counter[str] = Counter()
     used: list[str] = []
     for name, network in networks.items():
         if subset is not None and name not in subset:
@@ -252,19 +251,15 @@ def _layer_kernels(entry: LayersEntry, i: int, path: Path, catalog, profile: str
             # both modes' kernels: inference's are mostly training's, but not all (attention's core
             # without the dropout on its probabilities that training applies)
             workloads = [decompose(network.resolved, batch, mode) for mode in ("train", "infer")]
-            counts: dict[str, int] = {}
-            for w in workloads:
-                for key, n in kernel_uses(w).items():
-                    counts[key] = counts.get(key, 0) + n
+            counts = sum((kernel_uses(w) for w in workloads), Counter())
             distinct = {s.key: s for w in workloads for s in kernel_specs(w)}
             for s in distinct.values():
                 for dtype in entry.dtypes:
                     if dtype != "float32" and s.kind in FLOAT32_ONLY:
                         continue
                     k = KernelSpec(s.kind, s.shape, dtype)
-                    if k.key not in seen:
-                        seen[k.key] = k
-                    uses[k.key] = uses.get(k.key, 0) + counts[s.key]
+                    seen.setdefault(k.key, k)
+                    uses[k.key] += counts[s.key]
     return list(seen.values()), f"layers of {', '.join(dict.fromkeys(used))}", uses
 
 

@@ -78,21 +78,22 @@ class FrameworkFacts:
     call, d paid once), the gradient schedule its data-parallel engine uses by default (one of
     communication.SCHEDULES) and whether its step fuses element-wise epilogues into the matrix
     product or convolution they follow (`fused`: a graph optimiser's rewrite, each such operation
-    costs nothing of its own; `separate`: each is timed as an operation). Each runner states them, with its reasons, in its runner.toml's
-    [model] section (execution/registry.py reads and checks it); the model itself knows no
-    framework by name. The defaults are what a framework that states nothing is taken to do."""
+    costs nothing of its own; `separate`: each is timed as an operation). Each runner states them,
+    with its reasons, in its runner.toml's [model] section (execution/registry.py reads and checks
+    it); the model itself knows no framework by name. The defaults are what a framework that
+    states nothing is taken to do."""
 
     step: str = "eager"
     schedule: str = "mgwfbp"
     epilogues: str = "separate"
 
     def __post_init__(self):
-        if self.epilogues not in EPILOGUES:
-            raise ValueError(f"unknown epilogues {self.epilogues!r}; expected one of {', '.join(EPILOGUES)}")
         if self.step not in STEPS:
             raise ValueError(f"unknown step execution {self.step!r}; expected one of {', '.join(STEPS)}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        if self.epilogues not in EPILOGUES:
+            raise ValueError(f"unknown epilogues {self.epilogues!r}; expected one of {', '.join(EPILOGUES)}")
 
     @property
     def compiled(self) -> bool:

@@ -25,6 +25,7 @@ the smoke profile's few probes (`--quick`, for tests) go in one run, one worker 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -105,11 +106,10 @@ def candidate_uses(suite: KernelSuite, benchmark_names: Iterable[str]) -> dict[s
     """Each candidate's executions per iteration summed over those benchmarks' networks, batch
     sizes and modes (KernelBenchmark.uses): what makes a shape the busiest of its class."""
     names = set(benchmark_names)
-    out: dict[str, int] = {}
+    out: Counter[str] = Counter()
     for b in suite.benchmarks:
         if b.name in names:
-            for key, n in b.uses:
-                out[key] = out.get(key, 0) + n
+            out.update(dict(b.uses))
     return out
 
 

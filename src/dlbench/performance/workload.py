@@ -66,6 +66,7 @@ this module's builder (`_Builder`, the `Work` protocol there); the list above is
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..definitions import layers as layer_table
@@ -236,26 +237,24 @@ def op_kernels(op: Op) -> list[KernelSpec]:
     return out
 
 
-def op_kernel_uses(op: Op, times: int = 1) -> dict[str, int]:
+def op_kernel_uses(op: Op, times: int = 1) -> Counter[str]:
     """Executions per iteration of each kernel an operation may be timed by (op_kernels): its own and
     its alternatives' as often as each would run for it, its parts' as often as they run in it."""
-    out: dict[str, int] = {}
     runs = times * op.repeat
+    out: Counter[str] = Counter()
     for kernel, count in ([(op.kernel, 1)] if op.kernel is not None else []) + list(op.alternatives):
-        out[kernel.key] = out.get(kernel.key, 0) + runs * count
+        out[kernel.key] += runs * count
     for part in op.parts:
-        for key, n in op_kernel_uses(part, runs).items():
-            out[key] = out.get(key, 0) + n
+        out.update(op_kernel_uses(part, runs))
     return out
 
 
-def kernel_uses(workload: Workload) -> dict[str, int]:
+def kernel_uses(workload: Workload) -> Counter[str]:
     """Executions per iteration of each kernel of `workload` (op_kernel_uses, summed over its operations)."""
-    out: dict[str, int] = {}
+    out: Counter[str] = Counter()
     for layer in workload.layers:
         for op in layer.forward + layer.backward + layer.update:
-            for key, n in op_kernel_uses(op).items():
-                out[key] = out.get(key, 0) + n
+            out.update(op_kernel_uses(op))
     return out
 
 
