@@ -373,10 +373,11 @@ def test_a_compiled_step_pays_the_call_once():
         104e-9 + 24e-9 + 72e-9)
 
 
-def test_a_kernel_timed_cold_loses_the_cold_call_in_a_compiled_step_only():
+def test_a_kernel_timed_cold_loses_the_cold_call_compiled_and_what_the_flush_added_eager():
     """Timed cold, a kernel's call also found the framework's code and data evicted: a compiled step
-    takes off the smallest operation timed cold (0.5 ms), not warm (1 us); an eager step keeps the
-    measured time whole (its every operation is such a call); a warm kernel loses the warm call."""
+    takes off the smallest operation timed cold (0.5 ms), not warm (1 us); an eager step, which
+    calls every operation with its framework hot, takes off what the flush added to the call
+    (0.5 ms - 1 us) and keeps the warm call; a warm kernel loses the warm call compiled, nothing eager."""
     net = tiny([{"type": "dense", "units": 3}])
     key = "matmul m=2 n=3 k=4 float32"
     cold = {key: KernelTime(median_s=2e-3, run_id="r", cache="cold")}
@@ -386,14 +387,26 @@ def test_a_kernel_timed_cold_loses_the_cold_call_in_a_compiled_step_only():
     assert predict(decompose(net.resolved, 2, "train"), "jax", prof, facts=GRAPH).forward_s == pytest.approx(
         2e-3 - 5e-4 + elementwise)
     assert predict(decompose(net.resolved, 2, "train"), "torch", prof).forward_s == pytest.approx(
-        2e-3 + elementwise + 2 * 1e-6)  # the roofline operations pay torch's warm call each
-    warm = prof.model_copy(update={"kernels": {"jax": {key: KernelTime(median_s=2e-3, run_id="r", cache="warm")}}})
+        2e-3 - (5e-4 - 1e-6) + elementwise + 2 * 1e-6)  # the roofline operations pay torch's warm call each
+    warm = prof.model_copy(update={"kernels": {"jax": {key: KernelTime(median_s=2e-3, run_id="r", cache="warm")},
+                                               "torch": {key: KernelTime(median_s=2e-3, run_id="r", cache="warm")}}})
     assert predict(decompose(net.resolved, 2, "train"), "jax", warm, facts=GRAPH).forward_s == pytest.approx(
         2e-3 - 1e-6 + elementwise)
+    assert predict(decompose(net.resolved, 2, "train"), "torch", warm).forward_s == pytest.approx(
+        2e-3 + elementwise + 2 * 1e-6)
+    # never below the roofline plus the warm call: a cold kernel that was nearly all flush
+    flushed = prof.model_copy(update={"kernels": {"torch": {key: KernelTime(median_s=5e-4, run_id="r",
+                                                                             cache="cold")}}})
+    matmul_roofline = 4 * (8 + 12 + 6) / 1e9  # its bytes at the test profile's 1 GB/s (above its FLOPs at 1 GFLOP/s)
+    assert 5e-4 - (5e-4 - 1e-6) < matmul_roofline + 1e-6
+    assert predict(decompose(net.resolved, 2, "train"), "torch", flushed).forward_s == pytest.approx(
+        matmul_roofline + 1e-6 + elementwise + 2 * 1e-6)
     # a profile without a cold call (made before it was measured) takes off the warm one
     older = prof.model_copy(update={"dispatch_cold_s": {}})
     assert predict(decompose(net.resolved, 2, "train"), "jax", older, facts=GRAPH).forward_s == pytest.approx(
         2e-3 - 1e-6 + elementwise)
+    assert predict(decompose(net.resolved, 2, "train"), "torch", older).forward_s == pytest.approx(
+        2e-3 + elementwise + 2 * 1e-6)
 
 
 def test_bandwidth_follows_the_working_set():
