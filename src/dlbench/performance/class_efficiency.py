@@ -12,11 +12,10 @@ the form fitted below):
 
     efficiency = roofline time at the ceilings / the probe's time net of the framework's call
 
-"net of the call" exactly as model.op_time counts a kernel: an eager step pays the framework's
-smallest-operation time d on every operation (so the probe's d is taken off, at most half its
-time, and added back to every operation predicted from it), a compiled step pays it once per
-iteration (so the probe's own call, warm or cold as it was timed, is taken off, never below the
-roofline).
+"net of the call" exactly as model.op_time counts a kernel: the probe's own call, warm or cold as
+it was timed (d or d_cold), is taken off; an eager step pays the warm d on every operation (so at
+most half the probe's time is taken off, and d is added back to every operation predicted from
+it), a compiled step pays it once per iteration (never below the roofline).
 
 Classes (`efficiency_class`), each per dtype: matmul (one class, its probes spread over its
 aspects: below), the batched products of attention,
