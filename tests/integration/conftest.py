@@ -3,7 +3,7 @@
 The jax, tensorflow and mxnet modules each check the seed networks against torch (check_network:
 the same seeded weights and inputs, batch and hyper-parameters, a deterministic step), so torch's
 step of a network comes out the same in each; it ran three times, some 100 s of CI's two cores per
-module. Here the first run's outputs are kept (the worker's npz file, on disk: alexnet's are
+module. Here the first run's arrays are kept (saved to an npz file, on disk: alexnet's are
 ~1.5 GB of float64) and a later probe of exactly the same request (the same environment, network,
 batch, settings and weight and input arrays) reads them back instead of starting torch again."""
 
@@ -51,13 +51,13 @@ def torch_reference_once(tmp_path_factory):
         arrays, reason, status = real(runner, env, network, workdir, device, timeout_s, weights_path, inputs_path,
                                       batch, **settings)
         if arrays is not None:
-            path = kept_dir / f"{len(kept)}-{network.name}.npz"
+            path = kept_dir / f"{network.name}-{hashlib.blake2b(repr(key).encode(), digest_size=8).hexdigest()}.npz"
             np.savez(path, **{k: v for k, v in arrays.items() if not k.startswith("__")})
             with lock:
                 kept[key] = (str(path), arrays["__params__"], arrays["__version__"])
         return arrays, reason, status
 
-    equivalence._probe = probe
-    yield
-    equivalence._probe = real
-    shutil.rmtree(kept_dir, ignore_errors=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(equivalence, "_probe", probe)
+        yield
+    shutil.rmtree(kept_dir, ignore_errors=True)  # gigabytes: not left for pytest's retention of old runs

@@ -36,8 +36,8 @@ the framework's own code and data as well (measured here: TensorFlow's call ~0.5
 warm call d per operation; but a kernel timed cold also paid for the framework's own code and data
 coming back from memory (d_cold − d), which an operation called from a running step, its framework
 hot, does not: that much is taken off (never below its roofline time plus d). Measured here:
-torch's call 3 us warm, ~90 us cold; kept, transformer_tiny's ~60 operations were over-predicted
-by 30-180%.
+torch's call 3 us warm, 76-93 us cold; charged, it over-predicted transformer_tiny's ~60
+operations by 30-180%.
 
 N workers, synchronous SGD on a per-worker batch: the same per-worker computation, plus gradient
 all-reduce from the profile's fitted α–β cost for that framework (`communication.py`), scheduled
@@ -246,18 +246,24 @@ def class_work(kernel: KernelSpec, profile: MachineProfile, framework: str, tf32
     return roofline_time(Op(kernel.key, kernel.flops, kernel.bytes, kernel), profile, framework, tf32)
 
 
+def timed_call(profile: MachineProfile, framework: str, cache: str) -> float:
+    """The framework's call as a kernel or probe timed with `cache` paid it: d_cold for one timed cold
+    (the flush evicted the framework's code and data too; d where the profile predates d_cold), else d."""
+    call = profile.dispatch_s.get(framework, 0.0)
+    return profile.dispatch_cold_s.get(framework, call) if cache == "cold" else call
+
+
 def class_points(profile: MachineProfile, framework: str, compiled: bool = False) -> dict[str, list[ClassPoint]]:
     """The framework's class probes per class (class_efficiency.efficiency_class): each probe's
     roofline time and its time net of the call, warm or cold as the probe was timed (eager: at most
     half the time taken off, since every operation predicted from it pays the warm call again;
     compiled: never below the roofline); `overhead_bound` where that limit was reached or the probe's
     work at the ceilings takes less than one call."""
-    call = profile.dispatch_s.get(framework, 0.0)
     out: dict[str, list[ClassPoint]] = {}
     for probe in profile.class_probes.get(framework, []):
         spec = KernelSpec.from_dict(probe.spec)
         roofline = class_work(spec, profile, framework)
-        own_call = profile.dispatch_cold_s.get(framework, call) if probe.cache == "cold" else call
+        own_call = timed_call(profile, framework, probe.cache)
         net, bound = probe.median_s - own_call, (roofline if compiled else probe.median_s / 2)
         if roofline > 0:
             # overhead-bound: the call could not be taken off in full, or the work at the ceilings is
@@ -294,11 +300,11 @@ def op_time(op: Op, framework: str, profile: MachineProfile, measured: dict,
         if kernel.key in measured:
             timed = measured[kernel.key]
             seconds = timed.median_s
-            cold_call = profile.dispatch_cold_s.get(framework, call) if timed.cache == "cold" else call
+            own_call = timed_call(profile, framework, timed.cache)
             if compiled:  # the step is one call: the kernel's own call, timed as it was, is not part of it
-                seconds = max(seconds - cold_call, kernel_roofline(kernel, profile))
-            elif cold_call > call:  # an eager step pays the warm call, not what the flush added to it
-                seconds = max(seconds - (cold_call - call), min(seconds, kernel_roofline(kernel, profile) + call))
+                seconds = max(seconds - own_call, kernel_roofline(kernel, profile))
+            elif own_call > call:  # an eager step pays the warm call, not what the flush added to it
+                seconds = max(seconds - (own_call - call), min(seconds, kernel_roofline(kernel, profile) + call))
             total = op.repeat * count * seconds
             return total, {"shape": total}, []
     missing = [k.key for k, _ in candidates]
