@@ -15,13 +15,15 @@ or flax.linen.dot_product_attention where training applies dropout to the probab
 mask, per-element dropout, as the runner's); flax's nn.LayerNorm and jax.nn.gelu in the layer's
 form; each backward the pullback of jax.vjp. Pooling as the runner's network calls it on NHWC
 arrays: flax.linen.max_pool (padded with -inf by reduce_window), flax.linen.avg_pool (VALID), and
-the global average as jnp.mean over height and width; its backward the pullback of jax.vjp.
+the global average as jnp.mean over height and width; its backward the pullback of jax.vjp. Batch
+norm is the runner's flax nn.BatchNorm in training (the batch's statistics, the running ones
+returned updated) on NHWC or flat (N, C) arrays, its backward the pullback of jax.vjp.
 """
 
 from __future__ import annotations
 
 from contract import Kernel, pool_op
-from jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, load_jax,
+from jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, batch_norm_module, load_jax,
                          lstm_layer_class)
 
 
@@ -218,4 +220,23 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         if kind == "pool2d_fwd":
             return ready(JitKernel(jax.jit(pool), (x,), settings))
         return backward(pool, (x,), settings)
+    if kind.startswith("batch_norm"):
+        n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+        layer = batch_norm_module(True, 0.1, 1e-5, dtype)  # training: the batch's statistics
+        x = rand(n, h, w, c) if h * w > 1 else rand(n, c)
+        variables = jax.device_put(layer.init(next(keys), x), device)
+        params, stats = variables["params"], variables["batch_stats"]
+
+        def forward(params, x):  # y and the running statistics updated, as the training step computes them
+            return layer.apply({"params": params, "batch_stats": stats}, x, mutable=["batch_stats"])
+
+        def normalise(params, x):
+            return forward(params, x)[0]
+
+        settings = {"op": "flax.linen.BatchNorm(use_running_average=False)", "layout": "NHWC"}
+        if kind == "batch_norm_fwd":
+            return ready(JitKernel(jax.jit(forward), (params, x), settings))
+        if shape["input_grad"]:
+            return backward(normalise, (params, x), settings)
+        return backward(lambda params: normalise(params, x), (params,), settings)
     raise ValueError(f"jax runner: unknown kernel kind {kind!r}")

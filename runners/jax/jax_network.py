@@ -340,8 +340,13 @@ def _global_avg_pool(x, spec, at):
     return _jnp().mean(x, axis=(1, 2))
 
 
+def batch_norm_module(train: bool, momentum: float, eps: float, dtype, name: str | None = None):
+    """The flax BatchNorm the network builder makes (canonical momentum: the weight of the new value)."""
+    return _blocks().batch_norm(train, momentum, eps, dtype, name)
+
+
 def _batch_norm(x, spec, at):
-    return _blocks().batch_norm(at.train, spec["momentum"], spec["eps"], at.dtype, at.name)(x)
+    return batch_norm_module(at.train, spec["momentum"], spec["eps"], at.dtype, at.name)(x)
 
 
 def _relu(x, spec, at):

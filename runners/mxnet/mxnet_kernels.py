@@ -18,7 +18,8 @@ norm (nn.LayerNorm) and GELU blocks (nn.GELU, or the tanh form from operators), 
 Their backward is one autograd forward and backward, less the forward. Pooling is the `Pooling`
 operator as the runner's Gluon blocks call it (NCHW, pooling_convention "valid"): MaxPool2D's max
 with its padding, AvgPool2D's avg without, GlobalAvgPool2D's global_pool; its input gradient one
-autograd forward and backward, less the forward.
+autograd forward and backward, less the forward. Batch norm is the runner's nn.BatchNorm
+(hybridised) in training mode, its gradients one autograd forward and backward, less the forward.
 """
 
 from __future__ import annotations
@@ -180,6 +181,30 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
         def forward_backward():
             with mx.autograd.record():
                 out = block(*inputs)
+            out.backward(dy)
+
+        return kernel(forward_backward, includes_forward=True, settings=settings)
+    if kind.startswith("batch_norm"):
+        n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+        block = mx.gluon.nn.BatchNorm(axis=1, momentum=0.9, epsilon=1e-5, in_channels=c)  # as the runner's
+        block.initialize(ctx=ctx)  # its parameters float32 in every precision, as AMP keeps a batch norm's
+        block.hybridize(static_alloc=True, static_shape=True)
+        x = rand(n, c, h, w) if h * w > 1 else rand(n, c)
+        settings = {"op": "nn.BatchNorm, training", "layout": "NCHW" if h * w > 1 else "(N, C)",
+                    "block": "hybridised"}
+        if kind == "batch_norm_fwd":
+            def forward():
+                with mx.autograd.train_mode():  # the batch's statistics, the running ones updated
+                    block(x)
+
+            return kernel(forward, settings=settings)
+        if shape["input_grad"]:
+            x.attach_grad()
+        dy = mx.nd.ones_like(block(x))
+
+        def forward_backward():
+            with mx.autograd.record():
+                out = block(x)
             out.backward(dy)
 
         return kernel(forward_backward, includes_forward=True, settings=settings)

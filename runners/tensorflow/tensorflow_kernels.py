@@ -19,7 +19,8 @@ form). Their backward runs in a GradientTape with the forward (the output's grad
 the harness also times the forward and takes the difference. Pooling is the runner's own Keras
 layer (NHWC): MaxPooling2D with its padding plan (SAME, VALID, or a -inf pad then VALID:
 PaddedMaxPool2D), AveragePooling2D (VALID), GlobalAveragePooling2D; its input gradient likewise in
-a tape with the forward.
+a tape with the forward. Batch norm is the runner's layer in training (FusedBatchNormV3, the running
+statistics assigned), its gradients likewise in a tape with the forward.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from __future__ import annotations
 from contract import Kernel, pool_op
 from contract import KERNEL_PRECISION
 from tensorflow_network import (layer_classes, load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
-                                transformer_classes)
+                                set_batch_norm_floor, transformer_classes)
 
 
 class GraphKernel(Kernel):
@@ -171,6 +172,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return _transformer_kernel(tf, kind, shape, spec["dtype"], rand, make)
     if kind.startswith("pool2d"):
         return _pooling_kernel(tf, kind, shape, spec["dtype"], rand, make)
+    if kind.startswith("batch_norm"):
+        return _batch_norm_kernel(tf, kind, shape, spec["dtype"], rand, make, device_name == "cuda")
     raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")
 
 
@@ -204,6 +207,37 @@ def _pooling_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> Graph
         # the output returned too: an average's gradient needs none of the forward, which the graph
         # would otherwise prune, and the forward timed alone would then be taken off a backward only
         return out, tape.gradient(out, x, output_gradients=dy)
+
+    return make(forward_backward, (x,), includes_forward=True, settings=settings)
+
+
+def _batch_norm_kernel(tf, kind: str, shape: dict, dtype: str, rand, make, cuda: bool) -> GraphKernel:
+    """A training step's batch norm as the runner's layer computes it (FusedBatchNorm: the fused kernel,
+    the running statistics assigned), on NHWC or flat (N, C) input under the kernel's precision's
+    Keras policy; the backward as forward + backward in one tape (dx when asked, dgamma, dbeta)."""
+    n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+    dims = (n, h, w, c) if h * w > 1 else (n, c)
+    set_batch_norm_floor(cuda)  # cuDNN's epsilon floor on a GPU, as the runner's networks are built
+    with precision_scope(KERNEL_PRECISION[dtype]):
+        layer = layer_classes().batch_norm(1e-5, 0.1)
+        layer.build(dims)
+    x = tf.cast(rand(*dims), layer.compute_dtype)
+    settings = {"op": "FusedBatchNormV3 (the runner's keras BatchNormalization), training",
+                "layout": "NHWC" if h * w > 1 else "(N, C) as (N, 1, 1, C)"}
+
+    def forward(x):
+        return layer(x, training=True)
+
+    if kind == "batch_norm_fwd":
+        return make(forward, (x,), settings=settings)
+    dy = tf.ones_like(forward(x))
+    input_grad = bool(shape["input_grad"])
+
+    def forward_backward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = forward(x)
+        return tape.gradient(out, ([x] if input_grad else []) + [layer.gamma, layer.beta], output_gradients=dy)
 
     return make(forward_backward, (x,), includes_forward=True, settings=settings)
 

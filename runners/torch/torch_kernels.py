@@ -16,7 +16,8 @@ flash kernel without), torch choosing the kernel, and its backward by autograd.g
 (nn.GELU's), their backward by autograd.grad. Pooling as the network's modules call it:
 `F.max_pool2d` (nn.MaxPool2d), `F.avg_pool2d` (nn.AvgPool2d), `F.adaptive_avg_pool2d` to 1 x 1
 (nn.AdaptiveAvgPool2d, the global mean), channels-last on CUDA as the runner's image networks are,
-the backward the input gradient by autograd.grad.
+the backward the input gradient by autograd.grad. Batch norm as nn.BatchNorm2d (nn.BatchNorm1d on a
+flat input) calls it in training, `F.batch_norm(training=True)`, its backward by autograd.grad.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
                       {"op": f"autograd.grad of F.gelu(approximate={approximate!r})"})
     if kind.startswith("pool2d"):
         return _pooling(torch, kind, shape, rand, sync, cuda)
+    if kind.startswith("batch_norm"):
+        return _batch_norm(torch, kind, shape, rand, sync, cuda)
     raise ValueError(f"torch runner: unknown kernel kind {kind!r}")
 
 
@@ -190,6 +193,42 @@ def _pooling(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel:
     dy = torch.randn_like(y)
     return Kernel(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), sync,
                   {**settings, "op": f"autograd.grad of {name}"})
+
+
+def _batch_norm(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel:
+    """A training step's batch norm as nn.BatchNorm2d calls it (F.batch_norm, training: the batch's
+    statistics, the running ones updated in place), a flat input as nn.BatchNorm1d's (N, C); the
+    backward autograd.grad of that call (dx when asked, dgamma, dbeta)."""
+    n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
+    grad = kind == "batch_norm_bwd"
+    image = h * w > 1
+    memory_format = torch.channels_last if cuda and image else torch.contiguous_format  # the runner's image layout
+    x = (rand(n, c, h, w).contiguous(memory_format=memory_format) if image else rand(n, c)).requires_grad_(
+        grad and bool(shape["input_grad"]))
+    gamma, beta = rand(c, requires_grad=grad), rand(c, requires_grad=grad)
+    running_mean = torch.zeros(c, device=x.device, dtype=torch.float32 if x.dtype != torch.float64 else x.dtype)
+    running_var = torch.ones_like(running_mean)
+    if x.dtype in (torch.float16, torch.bfloat16):  # as autocast leaves a batch norm: its parameters in float32
+        gamma, beta = (t.detach().float().requires_grad_(grad) for t in (gamma, beta))
+
+    def batch_norm():
+        return torch.nn.functional.batch_norm(x, running_mean, running_var, gamma, beta, training=True,
+                                              momentum=0.1, eps=1e-5)
+
+    settings = {"op": "F.batch_norm(training=True) (nn.BatchNorm2d's)" if image else
+                "F.batch_norm(training=True) (nn.BatchNorm1d's)",
+                "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous"}
+    if not grad:
+        def forward():
+            with torch.no_grad():
+                batch_norm()
+
+        return Kernel(forward, sync, settings)
+    y = batch_norm()
+    dy = torch.randn_like(y)
+    inputs = ((x,) if shape["input_grad"] else ()) + (gamma, beta)
+    return Kernel(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True), sync,
+                  {**settings, "op": f"autograd.grad of {settings['op']}"})
 
 
 def _attention(torch, kind: str, shape: dict, rand, sync) -> Kernel:

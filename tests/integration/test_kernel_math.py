@@ -3,8 +3,9 @@ pins TF32 off before it prepares a kernel and says so in the kernel's settings (
 flags are what the same code sets on a GPU, where JAX, TensorFlow and cuDNN default to TF32).
 And every runner times the transformer kernels (batched products, attention's core with and
 without dropout on the probabilities, layer norm, both GELU forms, forward and backward) and the
-pooling kernels (max with padding, average, global average, forward and backward) with the op its
-network builder calls, at the smallest shapes. One worker per framework serves them all."""
+pooling kernels (max with padding, average, global average, forward and backward) and a training
+step's batch norm with the op its network builder calls, at the smallest shapes. One worker per
+framework serves them all."""
 
 from __future__ import annotations
 
@@ -61,6 +62,14 @@ POOLING_OP = {
     "mxnet": ("Pooling(pool_type='max', global_pool=False)", "Pooling(pool_type='avg', global_pool=False)",
               "Pooling(pool_type='avg', global_pool=True)"),
 }
+# a training step's batch norm over 2 samples of 3 x 4 x 4, with and without the input's gradient,
+# and over a flat (N, C) input
+BATCH_NORM = [KernelSpec.of("batch_norm_fwd", batch=2, channels=3, height=4, width=4),
+              KernelSpec.of("batch_norm_bwd", batch=2, channels=3, height=4, width=4, input_grad=1),
+              KernelSpec.of("batch_norm_bwd", batch=2, channels=3, height=4, width=4, input_grad=0),
+              KernelSpec.of("batch_norm_fwd", batch=4, channels=3, height=1, width=1)]
+BATCH_NORM_OP = {"torch": "F.batch_norm(training=True)", "tensorflow": "FusedBatchNormV3",
+                 "jax": "flax.linen.BatchNorm(use_running_average=False)", "mxnet": "nn.BatchNorm, training"}
 # the op each network builder runs for attention's core, as the kernel's settings name it
 ATTENTION_OP = {"torch": "scaled_dot_product_attention", "tensorflow": "MultiHeadAttention._compute_attention",
                 "jax": "dot_product_attention", "mxnet": "interleaved_matmul_selfatt_qk/valatt"}
@@ -73,7 +82,7 @@ def kernels_of(framework: str) -> tuple[dict, ...]:
     runner = RunnerRegistry(paths.runners_dir()).get(framework)
     env = VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
     policy = KernelPolicy(warmup_iters=1, min_iters=2, min_time_s=0.0, max_iters=3, repeats=1, cache="warm")
-    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING, policy, "cpu", 1),
+    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING + BATCH_NORM, policy, "cpu", 1),
                          timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     return tuple(outcome.result["kernels"])
@@ -114,7 +123,8 @@ def test_transformer_kernels_are_timed_with_the_networks_own_ops(framework):
 
 @pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
 def test_pooling_kernels_are_timed_with_the_networks_own_ops(framework):
-    results = kernels_of(framework)[len(MATMULS) + len(TRANSFORMER):]
+    start = len(MATMULS) + len(TRANSFORMER)
+    results = kernels_of(framework)[start:start + len(POOLING)]
     assert [r["spec"] for r in results] == [s.to_dict() for s in POOLING]
     for r in results:
         assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
@@ -122,3 +132,13 @@ def test_pooling_kernels_are_timed_with_the_networks_own_ops(framework):
         assert POOLING_OP[framework][r["spec"]["shape"]["op"]] in r["settings"]["op"], r["settings"]
     if framework == "tensorflow":  # resnet50's 3x3 / 2 pad 1 max-pool: TensorFlow's SAME pads it so
         assert results[0]["settings"]["padding"] == "same"
+
+
+@pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
+def test_batch_norm_kernels_are_timed_with_the_networks_own_op_in_training(framework):
+    results = kernels_of(framework)[-len(BATCH_NORM):]
+    assert [r["spec"] for r in results] == [s.to_dict() for s in BATCH_NORM]
+    for r in results:
+        assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
+        assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
+        assert BATCH_NORM_OP[framework] in r["settings"]["op"], r["settings"]

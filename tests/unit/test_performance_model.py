@@ -93,6 +93,19 @@ def test_pooling_kernel_counts_by_hand():
     assert KernelSpec.from_dict(mean.to_dict()) == mean
 
 
+def test_batch_norm_kernel_counts_by_hand():
+    # 2 samples of 3 channels over 4 x 5: 120 elements, 5 FLOPs each forward, 8 backward (a layer norm's)
+    fwd = KernelSpec.of("batch_norm_fwd", batch=2, channels=3, height=4, width=5)
+    assert fwd.key == "batch_norm_fwd batch=2 channels=3 height=4 width=5 float32"
+    assert (fwd.flops, fwd.memory_bound) == (600, True)
+    assert fwd.bytes == 4 * (3 * 120 + 6 * 3)  # x twice, y; gamma, beta, the running statistics in and out
+    bwd = KernelSpec.of("batch_norm_bwd", "bfloat16", batch=2, channels=3, height=4, width=5, input_grad=1)
+    assert (bwd.flops, bwd.bytes) == (960, 2 * (5 * 120 + 3 * 3))  # x, dy twice, dx; gamma, dgamma, dbeta
+    params_only = KernelSpec.of("batch_norm_bwd", batch=2, channels=3, height=4, width=5, input_grad=0)
+    assert (params_only.flops, params_only.bytes) == (480, 4 * (3 * 120 + 3 * 3))
+    assert KernelSpec.from_dict(bwd.to_dict()) == bwd
+
+
 def test_kernel_spec_refuses_what_it_does_not_know():
     with pytest.raises(ValueError, match="unknown kernel kind"):
         KernelSpec.of("fft", n=4)
@@ -240,6 +253,41 @@ def test_inference_is_forward_only():
     assert not any(l.label.startswith("loss") for l in work.layers)
     first_conv = work.layers[0].forward[0].kernel
     assert first_conv.kind == "conv2d_fwd" and first_conv["batch"] == 8
+
+
+def test_a_training_batch_norm_is_its_kernel_or_else_its_passes():
+    net = load_network(NETWORKS / "resnet56.yaml").resolved
+    train = decompose(net, 8, "train")
+    block = next(l for l in train.layers if "residual" in l.label)
+    bn = next(op for op in block.forward if op.label == "bn1 batch norm")
+    key = "batch_norm_fwd batch=8 channels=16 height=32 width=32 float32"
+    assert bn.kernel.key == key and not bn.epilogue
+    (passes,) = bn.parts  # x read twice, y written
+    assert (passes.kernel, passes.bytes) == (None, 3 * 4 * 8 * 16 * 32 * 32)
+    bwd = next(op for op in block.backward if op.label == "bn1 batch norm")
+    assert bwd.kernel.key == "batch_norm_bwd batch=8 channels=16 height=32 width=32 input_grad=1 float32"
+    assert bwd.parts[0].bytes == 5 * 4 * 8 * 16 * 32 * 32
+    assert {key, bwd.kernel.key} <= {s.key for s in kernel_specs(train)}  # what the kernels suite times
+    # at inference the statistics are constants: a scale and shift a graph optimiser fuses, no kernel
+    infer = decompose(net, 8, "infer")
+    folded = next(op for l in infer.layers if "residual" in l.label for op in l.forward if "batch norm" in op.label)
+    assert (folded.kernel, folded.epilogue, folded.bytes) == (None, True, 2 * 4 * 8 * 16 * 32 * 32)
+    # unmeasured: its passes at the ceilings (and their call: torch is eager); measured: its time
+    ceilings = profile(dispatch_s={"torch": 1e-5})
+
+    def first_block(kernels):
+        p = predict(train, "torch", profile(dispatch_s={"torch": 1e-5}, kernels={"torch": {
+            k: KernelTime(median_s=t, run_id="r") for k, t in kernels.items()}}))
+        return p.layers[block.index], p.unmeasured
+
+    unmeasured_time, unmeasured = first_block({})
+    assert key in unmeasured
+    measured_time, unmeasured = first_block({key: 5e-3})
+    assert key not in unmeasured
+    same_shape = [op for op in block.forward if op.kernel is not None and op.kernel.key == key]  # bn1 and bn2
+    assert len(same_shape) == 2
+    assert measured_time.forward_s - unmeasured_time.forward_s == pytest.approx(
+        2 * (5e-3 - (roofline_time(passes, ceilings, "torch") + 1e-5)))
 
 
 def test_an_lstm_layer_is_its_fused_layer_or_else_its_steps():

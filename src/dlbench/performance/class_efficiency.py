@@ -23,12 +23,13 @@ convolution forward and backward by filter family (`1x1`, `3x3` and smaller, `la
 without the input gradient, a network's first layer, apart, and so a forward over an
 image's few channels, `image-input`), LSTM layers and steps forward and
 backward, attention's fused core forward and backward with and without dropout on its
-probabilities (torch takes another path with it), layer norm forward and backward (normalisation),
+probabilities (torch takes another path with it), layer norm and batch norm (in training) forward
+and backward (normalisation),
 GELU forward and backward (element-wise), pooling forward and backward by operation (`max`, `avg`,
 `global`: a window's maximum, its mean, and the mean over the whole map, which frameworks run as
 a reduction, cost differently: torch's max-pool forward on the CPU runs at a fraction of the
 bandwidth its average reaches), the loss forward and backward, and the SGD-momentum update
-(optimiser). Work that is no kernel (activations, batch norm, joins) is costed at the framework's
+(optimiser). Work that is no kernel (activations, an inference batch norm, joins) is costed at the framework's
 own measured element-wise (relu) bandwidth already (calibrate's ceilings).
 
 Within a class the efficiency moves with size: a small kernel is mostly start-up (argument checks,

@@ -57,6 +57,18 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
   `input_grad`: 8 FLOPs per element, x and dy read twice and dx written; without dx 4 FLOPs per
   element, x and dy read and x again (the row statistics recomputed); gamma read, its and beta's
   gradients written.
+- batch_norm_fwd (batch, channels, height, width): batch normalisation as a training step runs it
+  on an NCHW input (or NHWC: the framework's layout; a flat (N, C) input is height = width = 1):
+  each channel's mean and biased variance over the batch and the map, the input normalised, scaled
+  and shifted, the running statistics updated (the framework's layer in training mode:
+  F.batch_norm, TensorFlow's FusedBatchNormV3 as the runner's Keras layer calls it, flax
+  nn.BatchNorm, gluon nn.BatchNorm): 5 FLOPs per element, as a layer norm's; x read twice, y
+  written, gamma, beta and the running statistics read (and those written): 3 passes. At
+  inference the statistics are constants: a scale and shift on the convolution's output, costed
+  as element-wise work that a graph optimiser fuses into it, no kernel (performance/workload.py).
+- batch_norm_bwd (batch, channels, height, width, input_grad): the gradients of gamma and beta
+  (two per-channel reductions of dy and dy x-hat) and of x when `input_grad`: 8 FLOPs per element,
+  x and dy read twice and dx written (5 passes); without dx 4 FLOPs, x and dy read once (3).
 - gelu_fwd (elements, approximate): GELU, the exact erf form (`approximate` 0) or the tanh
   approximation (1), the framework's own (nn.GELU, keras.activations.gelu, jax.nn.gelu, gluon
   nn.GELU or the mxnet runner's tanh form from operators): 8 FLOPs per element whichever the form
@@ -107,6 +119,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "attention_bwd": ("batch", "heads", "steps", "head_size", "causal", "dropout"),
     "layer_norm_fwd": ("rows", "dim"),
     "layer_norm_bwd": ("rows", "dim", "input_grad"),
+    "batch_norm_fwd": ("batch", "channels", "height", "width"),
+    "batch_norm_bwd": ("batch", "channels", "height", "width", "input_grad"),
     "gelu_fwd": ("elements", "approximate"),
     "gelu_bwd": ("elements", "approximate"),
     "pool2d_fwd": ("batch", "channels", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw", "op"),
@@ -114,11 +128,13 @@ PARAMS: dict[str, tuple[str, ...]] = {
 }
 SOFTMAX_FLOPS = 5  # per attention score (definitions/layers/attention.py)
 LAYER_NORM_FLOPS = {"layer_norm_fwd": 5, "layer_norm_bwd": 8}  # per element (definitions/layers/layer_norm.py)
+BATCH_NORM_FLOPS = {"batch_norm_fwd": 5, "batch_norm_bwd": 8}  # per element, as a layer norm's
 GELU_FLOPS = {"gelu_fwd": 8, "gelu_bwd": 16}  # per element (definitions/layers/gelu.py)
 POOL_OPS = ("max", "avg", "global")  # a pool2d kernel's `op`, by its value (definitions/layers/pooling.py)
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
 MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum",
-                "layer_norm_fwd", "layer_norm_bwd", "gelu_fwd", "gelu_bwd", "pool2d_fwd", "pool2d_bwd")
+                "layer_norm_fwd", "layer_norm_bwd", "batch_norm_fwd", "batch_norm_bwd", "gelu_fwd", "gelu_bwd",
+                "pool2d_fwd", "pool2d_bwd")
 # The operation class of each kind whose work runs on the matrix units (definitions/machines.py
 # OP_CLASSES): a datasheet profile divides its FLOPs by the peak times that class's efficiency. Every
 # other kind, and work that is no kernel, is "elementwise" (memory-bound).
@@ -172,7 +188,7 @@ class KernelSpec:
         return ho, wo
 
     def _input_elements(self) -> int:
-        """A convolution's or pooling's input: batch x channels x height x width."""
+        """A convolution's, pooling's or batch norm's input: batch x channels x height x width."""
         return self["batch"] * self["channels"] * self["height"] * self["width"]
 
     @property
@@ -203,6 +219,10 @@ class KernelSpec:
             if k == "layer_norm_bwd" and not self["input_grad"]:
                 return 4 * self["rows"] * self["dim"]
             return LAYER_NORM_FLOPS[k] * self["rows"] * self["dim"]
+        if k.startswith("batch_norm"):
+            if k == "batch_norm_bwd" and not self["input_grad"]:
+                return 4 * self._input_elements()
+            return BATCH_NORM_FLOPS[k] * self._input_elements()
         if k.startswith("gelu"):
             return GELU_FLOPS[k] * self["elements"]
         if k == "pool2d_bwd":
@@ -253,6 +273,11 @@ class KernelSpec:
             if k == "layer_norm_fwd":
                 return s * (3 * n + 2 * d)
             return s * ((5 if self["input_grad"] else 3) * n + 3 * d)
+        if k.startswith("batch_norm"):
+            n, c = self._input_elements(), self["channels"]
+            if k == "batch_norm_fwd":
+                return s * (3 * n + 6 * c)  # gamma, beta read; the running mean and variance read and written
+            return s * ((5 if self["input_grad"] else 3) * n + 3 * c)  # gamma read, its and beta's gradients written
         if k.startswith("gelu"):
             return s * (2 if k == "gelu_fwd" else 3) * self["elements"]
         if k.startswith("pool2d"):

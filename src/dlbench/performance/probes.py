@@ -49,7 +49,7 @@ MAX_PROBE_S = {"default": 2.0, "smoke": 0.5}  # per call, estimated (a cold call
 GROUPS = (("matmul", ("matmul", "batched_matmul")), ("convolution", ("conv2d_fwd", "conv2d_bwd")),
           ("recurrent-attention", ("lstm_layer_fwd", "lstm_layer_bwd", "lstm_step_fwd", "lstm_step_bwd",
                                    "attention_fwd", "attention_bwd")))
-MEMORY_GROUP = "memory-bound"  # the rest: layer norm, GELU, pooling, the loss, the update
+MEMORY_GROUP = "memory-bound"  # the rest: layer and batch norm, GELU, pooling, the loss, the update
 ALL_GROUP = "all"  # the smoke profile's probes, in one run
 
 

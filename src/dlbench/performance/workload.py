@@ -2,9 +2,9 @@
 and backward operations, and the update.
 
 Each `Op` is either a kernel (`KernelSpec`: a GEMM, a convolution, an LSTM layer, attention's core, a
-layer norm, a GELU, a pooling, the loss, the optimiser) whose time a machine profile may hold as
-measured, or memory-bound element-wise work (activations, batch norm, joins) that the model estimates
-from its bytes and FLOPs; a kernel may name other kernels that do its work (`alternatives`) or the
+layer norm, a batch norm in training, a GELU, a pooling, the loss, the optimiser) whose time a
+machine profile may hold as measured, or memory-bound element-wise work (activations, joins, an
+inference batch norm) that the model estimates from its bytes and FLOPs; a kernel may name other kernels that do its work (`alternatives`) or the
 operations it is made of (`parts`), which stand in for it when it was not measured. Counts follow
 definitions/network.py (a multiply-add is 2 FLOPs); bytes are what each operation must read and
 write at the least, `E` bytes per element (float32: 4):
@@ -15,8 +15,10 @@ write at the least, `E` bytes per element (float32: 4):
 - conv2d: the forward and backward convolution kernels at its shape (a bias is fused into the
   convolution, as oneDNN and cuDNN do; its gradient is one reduction over the output gradient).
 - relu, sigmoid, tanh: forward reads x and writes y (2 passes); backward reads y and dy, writes dx (3).
-- batch_norm: training forward reads x twice (statistics, then normalise) and writes y (3 passes),
-  inference 2; backward reads x and dy twice and writes dx (5).
+- batch_norm: in training the `batch_norm_fwd` kernel (batch, channels, height, width; a flat input
+  is 1 x 1: x read twice, for the statistics then to normalise, y written, 3 passes) and
+  `batch_norm_bwd` (x and dy read twice, dx written: 5; without an input gradient 3), each made of
+  those passes where it was not measured; at inference a scale and shift (2 passes, an epilogue).
 - max_pool, avg_pool, global_avg_pool: the `pool2d_fwd` kernel (the input read, the output written;
   a global average is the window of the whole map) and `pool2d_bwd` (dy read, dx cleared then
   written: dx counted twice).
@@ -174,12 +176,20 @@ class _Builder:
                 work.backward.append(_passes(f"{name} bias grad", self.batch * _numel(out), 1))
         return out
 
-    def batch_norm(self, work: LayerWork, name: str, shape):
+    def batch_norm(self, work: LayerWork, name: str, shape, input_grad: bool = True):
         n = self.batch * _numel(shape)
-        # training normalises by the batch's own statistics (a reduction first): no epilogue then
-        work.forward.append(_passes(f"{name} batch norm", n, 3 if self.train else 2, 2, epilogue=not self.train))
-        if self.train:
-            work.backward.append(_passes(f"{name} batch norm", n, 5, 4))
+        label = f"{name} batch norm".strip()
+        if not self.train:  # the statistics are constants: a scale and shift, a convolution's epilogue
+            work.forward.append(_passes(label, n, 2, 2, epilogue=True))
+            return
+        # training normalises by the batch's own statistics (a reduction first): no epilogue; the
+        # kernels, and where none was measured the passes they make at the least
+        c, h, w = (tuple(shape) + (1, 1))[:3]
+        image = dict(batch=self.batch, channels=c, height=h, width=w)
+        work.forward.append(self.kernel(label, "batch_norm_fwd", parts=(_passes(label, n, 3, 2),), **image))
+        work.backward.append(self.kernel(label if input_grad else f"{label} parameter gradient", "batch_norm_bwd",
+                                         parts=(_passes(label, n, 5 if input_grad else 3, 4),),
+                                         input_grad=int(input_grad), **image))
 
     def activation(self, work: LayerWork, name: str, shape):
         n = self.batch * _numel(shape)

@@ -105,8 +105,9 @@ class Work(Protocol):
     def conv(self, layer: Any, name: str, in_shape, filters, kernel, stride, padding, input_grad, bias):
         """A convolution's forward and backward kernels (and bias gradient); returns its output shape."""
 
-    def batch_norm(self, layer: Any, name: str, shape) -> None:
-        """A batch norm's forward and backward passes over `shape`."""
+    def batch_norm(self, layer: Any, name: str, shape, input_grad: bool = True) -> None:
+        """A batch norm over `shape` (C, H, W) or (C,): in training its forward and backward kernels
+        (the input's gradient when `input_grad`), at inference its scale and shift."""
 
     def activation(self, layer: Any, name: str, shape) -> None:
         """An element-wise activation's forward and backward passes over `shape`."""

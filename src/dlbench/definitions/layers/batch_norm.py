@@ -24,7 +24,7 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:
-    b.batch_norm(layer, "", tuple(entry["in_shape"]))
+    b.batch_norm(layer, "", tuple(entry["in_shape"]), input_grad)
 
 
 LAYER = LayerType(schema.BatchNorm, infer, work, weights)
