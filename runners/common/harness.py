@@ -30,6 +30,8 @@ from protocol import Skip, classify, read_request, write_atomically
 # protocol.PROTOCOL_VERSION, spelled out: tests/unit/test_no_framework_import.py compares this file's
 # literal with the controller's (tests/unit/test_runner_contract.py keeps the two equal)
 PROTOCOL_VERSION = 1
+# how a backward kernel timed with its forward got its time (the kernel's settings say it)
+PAIRED = "forward+backward minus forward (median of paired calls)"
 
 
 def _time_calls(call: Callable[[], tuple], sync: Callable[[], None], warmup: dict, measure: dict,
@@ -174,6 +176,41 @@ def _time_kernel(kernel, policy: dict, clock: Callable[[], int], flush: Callable
     return {"first_s": first, "times_s": times, "median_s": statistics.median(times)}
 
 
+def _time_paired(combined, forward, policy: dict, clock: Callable[[], int],
+                 flush: Callable[[], None] = lambda: None) -> dict:
+    """A backward kernel that runs with its forward (`combined`) and that forward, their calls
+    alternating (each after a flush, as `_time_kernel` times one): the backward is the median of
+    the differences of each pair of calls made back to back. On a shared machine, whose speed moves
+    from one second to the next, two medians taken apart (the forward's a few seconds after the
+    pair's) differed by more than the backward itself: TensorFlow's 64-step LSTM layer backward came
+    out 46 ms, its 32-step one 137 ms, in one calibration."""
+    def timed(kernel) -> float:
+        flush()
+        t0 = clock()
+        kernel.step()
+        kernel.synchronize()
+        return (clock() - t0) / 1e9
+
+    combined.synchronize()
+    forward.synchronize()
+    first, forward_first = timed(combined), timed(forward)
+    for _ in range(policy["warmup_iters"]):
+        timed(combined)
+        timed(forward)
+    times: list[float] = []
+    forward_times: list[float] = []
+    started = clock()
+    while len(times) < policy["max_iters"]:
+        times.append(timed(combined))
+        forward_times.append(timed(forward))
+        if len(times) >= policy["min_iters"] and (clock() - started) / 1e9 >= policy["min_time_s"]:
+            break
+    difference = statistics.median(t - f for t, f in zip(times, forward_times))
+    return {"first_s": first, "times_s": times, "forward_first_s": forward_first, "forward_times_s": forward_times,
+            "with_forward_median_s": statistics.median(times), "forward_median_s": statistics.median(forward_times),
+            "median_s": max(difference, 0.0)}
+
+
 def measure_yardstick(runner, request: dict, clock: Callable[[], int] = time.perf_counter_ns) -> list[dict]:
     """The request's `yardstick` kernels (src/dlbench/performance/yardstick.py), timed as every kernel
     is, before the worker's own work: how fast the machine ran at that moment. A framework that
@@ -186,8 +223,8 @@ def measure_yardstick(runner, request: dict, clock: Callable[[], int] = time.per
 def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_counter_ns) -> list[dict]:
     """Every kernel of the request, each on its own: one that the framework cannot run in a reduced
     precision is `skipped` with the framework's reason, any other error `failed`; the rest go on.
-    A backward kernel that can only be timed together with its forward is timed both ways and its
-    time is the difference of the medians (said in its settings)."""
+    A backward kernel that can only be timed together with its forward is timed both ways, the calls
+    alternating, and its time is the median of the pairs' differences (said in its settings)."""
     out = []
     policy = request["kernel_policy"]
     flush = CacheFlush(int(policy.get("flush_bytes", 0)))
@@ -195,15 +232,16 @@ def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_
         entry: dict = {"spec": spec}
         try:
             kernel = runner.prepare_kernel(spec, request["device"])
-            entry.update(_time_kernel(kernel, policy, clock, flush))
-            entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
             if getattr(kernel, "includes_forward", False):
                 forward = dict(spec, kind=spec["kind"].replace("_bwd", "_fwd"))
                 forward["shape"] = {k: v for k, v in spec["shape"].items() if k != "input_grad"}
-                fwd = _time_kernel(runner.prepare_kernel(forward, request["device"]), policy, clock, flush)
-                entry.update(with_forward_median_s=entry["median_s"], forward_median_s=fwd["median_s"],
-                             median_s=max(entry["median_s"] - fwd["median_s"], 0.0))
-                entry["settings"]["backward_time"] = "forward+backward minus forward (medians)"
+                entry.update(_time_paired(kernel, runner.prepare_kernel(forward, request["device"]), policy, clock,
+                                          flush))
+                entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
+                entry["settings"]["backward_time"] = PAIRED
+            else:
+                entry.update(_time_kernel(kernel, policy, clock, flush))
+                entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
             entry["status"] = "ok"
         except Skip as e:
             entry.update(status="skipped", reason=str(e))

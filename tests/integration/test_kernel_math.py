@@ -106,7 +106,7 @@ def test_transformer_kernels_are_timed_with_the_networks_own_ops(framework):
         assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
         assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
         if r.get("with_forward_median_s") is not None:  # forward + backward less the forward
-            assert r["settings"]["backward_time"] == "forward+backward minus forward (medians)"
+            assert r["settings"]["backward_time"] == "forward+backward minus forward (median of paired calls)"
     attention = [r for r in results if r["spec"]["kind"].startswith("attention")]
     assert all(ATTENTION_OP[framework] in str(r["settings"]) for r in attention), attention
     by_kind = {(r["spec"]["kind"], r["spec"]["shape"].get("dropout")): r["settings"] for r in results}

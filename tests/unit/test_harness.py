@@ -377,6 +377,34 @@ def test_kernels_are_timed_after_a_cache_flush_when_asked():
     assert flush._value == 2 and harness.CacheFlush(0)() is None
 
 
+def test_a_backward_timed_with_its_forward_is_the_median_of_paired_differences():
+    """The forward+backward and the forward calls alternate, each after a flush, so a slow spell of
+    the machine (here 10x, over the second measured pair) slows both calls of a pair; the backward
+    is the median of the pairs' differences."""
+    log = []
+    clock_ns = [0]
+    speed = iter([1, 1, 1, 1, 1, 1, 10, 10, 1, 1])  # per call: first pair, warm-up pair, 3 measured pairs
+
+    class Kernel:
+        def __init__(self, name, ms):
+            self.name, self.ms = name, ms
+
+        def step(self):
+            log.append(self.name)
+            clock_ns[0] += self.ms * next(speed) * 10**6
+
+        def synchronize(self):
+            pass
+
+    policy = {"warmup_iters": 1, "min_iters": 3, "min_time_s": 0.0, "max_iters": 10}
+    out = harness._time_paired(Kernel("both", 5), Kernel("forward", 2), policy, lambda: clock_ns[0],
+                               flush=lambda: log.append("flush"))
+    assert log == ["flush", "both", "flush", "forward"] * 5
+    assert out["times_s"] == [0.005, 0.05, 0.005] and out["forward_times_s"] == [0.002, 0.02, 0.002]
+    assert out["median_s"] == pytest.approx(0.003)  # the pairs' differences: 3, 30, 3 ms
+    assert (out["with_forward_median_s"], out["forward_median_s"]) == (0.005, 0.002)
+
+
 def test_run_request_reports_the_allocator_peak_and_compiler_counters_after_the_window():
     runner = Runner()
     prepared = runner.prepared

@@ -187,7 +187,7 @@ def test_backward_kernels_timed_with_their_forward_are_the_difference(project, t
     assert code == 0, err
     (record,) = KernelStore(Store(tmp_path / "s")).records()
     bwd = next(k for k in record.kernels if k.spec["kind"] == "lstm_step_bwd")
-    assert bwd.settings["backward_time"] == "forward+backward minus forward (medians)"
+    assert bwd.settings["backward_time"] == "forward+backward minus forward (median of paired calls)"
     assert 0 < bwd.median_s < max(bwd.times_s)
 
 

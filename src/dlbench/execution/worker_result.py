@@ -67,7 +67,7 @@ class KernelEntry(BaseModel):
     reason: str | None = None
     first_s: Seconds | None = None
     times_s: list[Seconds] = []
-    # a backward kernel timed with its forward is the difference of two medians, which may be 0
+    # a backward kernel timed with its forward is the median difference of paired calls, which may be 0
     median_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     forward_median_s: Seconds | None = None
     with_forward_median_s: Seconds | None = None
