@@ -294,7 +294,8 @@ def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     """Probe: matmul 16 x 1024 x 512 (16.8 MFLOP; roofline 16.78 ms at 1 GFLOP/s) measured cold at
     50.003 ms. Eager: net of the 3 µs cold call, 50 ms: efficiency 0.33554, one probe, not
     overhead-bound: a constant efficiency. Another small-m shape of 4x the work, not timed:
-    4 x 16.78 ms / 0.33554 + the 1 µs warm call an eager step pays."""
+    4 x 16.78 ms / 0.33554 + the 1 µs warm call an eager step pays (a compiled one pays neither
+    the call nor the class's overhead per operation)."""
     p = mm(16, 1024, 512)
     other = mm(16, 4096, 512)
     prof = profile(class_probes={"fw": [probe(p, 0.050003)]})
@@ -321,6 +322,11 @@ def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     assert point.overhead_bound
     seconds, _, _ = op_time(op, "fw", tiny, {}, False, False, class_fits(tiny, "fw"))
     assert seconds == pytest.approx(20e-6 - 2e-9 + other.flops / 1e9 + 1e-6)
+    # a compiled step pays that overhead no more than the call: the operation runs inside its executable
+    fit = class_fits(tiny, "fw", compiled=True)
+    assert fit["matmul float32"].overhead_s == pytest.approx(20e-6 - 2e-9)
+    seconds, _, _ = op_time(op, "fw", tiny, {}, True, False, fit)
+    assert seconds == pytest.approx(other.flops / 1e9)
 
 
 def test_a_prediction_splits_its_time_by_source():

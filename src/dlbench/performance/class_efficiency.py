@@ -15,7 +15,9 @@ the form fitted below):
 "net of the call" exactly as model.op_time counts a kernel: the probe's own call, warm or cold as
 it was timed (d or d_cold), is taken off; an eager step pays the warm d on every operation (so at
 most half the probe's time is taken off, and d is added back to every operation predicted from
-it), a compiled step pays it once per iteration (never below the roofline).
+it), a compiled step pays it once per iteration (never below the roofline), and no class overhead
+per operation either (below: what a probe paid per call beyond its work, which an operation inside
+one executable does not).
 
 Classes (`efficiency_class`), each per dtype: matmul (one class, its probes spread over its
 aspects: below), the batched products of attention,
