@@ -150,27 +150,29 @@ class CacheFlush:
             self._memset(self._buffer, self._value, self.nbytes)
 
 
+def _timed_call(kernel, clock: Callable[[], int], flush: Callable[[], None]) -> float:
+    """Seconds of one call of a kernel between two synchronisations, after a flush (not timed)."""
+    flush()
+    t0 = clock()
+    kernel.step()
+    kernel.synchronize()
+    return (clock() - t0) / 1e9
+
+
 def _time_kernel(kernel, policy: dict, clock: Callable[[], int], flush: Callable[[], None] = lambda: None) -> dict:
     """One kernel: a first call timed apart, `warmup_iters` more, then at least `min_iters` calls and
     `min_time_s` seconds of them (at most `max_iters`), each between two synchronisations and, with
     `flush`, after the caches were flushed (the flush is not timed, but `min_time_s` is wall time,
     flushes included: a cold microsecond kernel would otherwise take `max_iters` flushes of a
     last-level cache's size, tens of seconds, to add up to `min_time_s` of calls)."""
-    def timed() -> float:
-        flush()
-        t0 = clock()
-        kernel.step()
-        kernel.synchronize()
-        return (clock() - t0) / 1e9
-
     kernel.synchronize()
-    first = timed()
+    first = _timed_call(kernel, clock, flush)
     for _ in range(policy["warmup_iters"]):
-        timed()
+        _timed_call(kernel, clock, flush)
     times: list[float] = []
     started = clock()
     while len(times) < policy["max_iters"]:
-        times.append(timed())
+        times.append(_timed_call(kernel, clock, flush))
         if len(times) >= policy["min_iters"] and (clock() - started) / 1e9 >= policy["min_time_s"]:
             break
     return {"first_s": first, "times_s": times, "median_s": statistics.median(times)}
@@ -185,11 +187,7 @@ def _time_paired(combined, forward, policy: dict, clock: Callable[[], int],
     pair's) differed by more than the backward itself: TensorFlow's 64-step LSTM layer backward came
     out 46 ms, its 32-step one 137 ms, in one calibration."""
     def timed(kernel) -> float:
-        flush()
-        t0 = clock()
-        kernel.step()
-        kernel.synchronize()
-        return (clock() - t0) / 1e9
+        return _timed_call(kernel, clock, flush)
 
     combined.synchronize()
     forward.synchronize()
@@ -232,16 +230,17 @@ def measure_kernels(runner, request: dict, clock: Callable[[], int] = time.perf_
         entry: dict = {"spec": spec}
         try:
             kernel = runner.prepare_kernel(spec, request["device"])
-            if getattr(kernel, "includes_forward", False):
+            paired = getattr(kernel, "includes_forward", False)
+            if paired:
                 forward = dict(spec, kind=spec["kind"].replace("_bwd", "_fwd"))
                 forward["shape"] = {k: v for k, v in spec["shape"].items() if k != "input_grad"}
                 entry.update(_time_paired(kernel, runner.prepare_kernel(forward, request["device"]), policy, clock,
                                           flush))
-                entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
-                entry["settings"]["backward_time"] = PAIRED
             else:
                 entry.update(_time_kernel(kernel, policy, clock, flush))
-                entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
+            entry["settings"] = dict(getattr(kernel, "settings", {}) or {})
+            if paired:
+                entry["settings"]["backward_time"] = PAIRED
             entry["status"] = "ok"
         except Skip as e:
             entry.update(status="skipped", reason=str(e))

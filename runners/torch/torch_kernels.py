@@ -205,18 +205,15 @@ def _batch_norm(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel
     memory_format = torch.channels_last if cuda and image else torch.contiguous_format  # the runner's image layout
     x = (rand(n, c, h, w).contiguous(memory_format=memory_format) if image else rand(n, c)).requires_grad_(
         grad and bool(shape["input_grad"]))
-    gamma, beta = rand(c, requires_grad=grad), rand(c, requires_grad=grad)
-    running_mean = torch.zeros(c, device=x.device, dtype=torch.float32 if x.dtype != torch.float64 else x.dtype)
-    running_var = torch.ones_like(running_mean)
-    if x.dtype in (torch.float16, torch.bfloat16):  # as autocast leaves a batch norm: its parameters in float32
-        gamma, beta = (t.detach().float().requires_grad_(grad) for t in (gamma, beta))
+    # the parameters and running statistics float32 in every precision, as autocast leaves a batch norm's
+    gamma, beta = (torch.randn(c, device=x.device, requires_grad=grad) for _ in range(2))
+    running_mean, running_var = torch.zeros(c, device=x.device), torch.ones(c, device=x.device)
 
     def batch_norm():
         return torch.nn.functional.batch_norm(x, running_mean, running_var, gamma, beta, training=True,
                                               momentum=0.1, eps=1e-5)
 
-    settings = {"op": "F.batch_norm(training=True) (nn.BatchNorm2d's)" if image else
-                "F.batch_norm(training=True) (nn.BatchNorm1d's)",
+    settings = {"op": f"F.batch_norm(training=True) (nn.BatchNorm{'2d' if image else '1d'}'s)",
                 "memory_format": "channels_last" if memory_format is torch.channels_last else "contiguous"}
     if not grad:
         def forward():
