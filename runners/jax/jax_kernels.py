@@ -17,7 +17,10 @@ form; each backward the pullback of jax.vjp. Pooling as the runner's network cal
 arrays: flax.linen.max_pool (padded with -inf by reduce_window), flax.linen.avg_pool (VALID), and
 the global average as jnp.mean over height and width; its backward the pullback of jax.vjp. Batch
 norm is the runner's flax nn.BatchNorm in training (the batch's statistics, the running ones
-returned updated) on NHWC or flat (N, C) arrays, its backward the pullback of jax.vjp.
+returned updated) on NHWC or flat (N, C) arrays, its backward the pullback of jax.vjp. A dense
+layer is the runner's flax nn.Dense on a (batch, positions, inputs) sequence or a flat (batch,
+inputs) input, its backward the pullback of jax.vjp (XLA lays out and runs its two gradients as the
+step's autodiff does, which on a sequence is not what two matmuls timed alone are).
 """
 
 from __future__ import annotations
@@ -156,6 +159,21 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return ready(JitKernel(jax.jit(lambda pb, g: pb(g)), (pullback, jnp.ones_like(out)),
                                {**settings, "backward": "jax.vjp pullback"}))
 
+    if kind.startswith("dense"):
+        import flax.linen as nn
+
+        # the runner's layer on what it is given: a sequence (batch, positions, inputs), or a flat input
+        rows = (shape["batch"], shape["positions"]) if shape["positions"] > 1 else (shape["batch"],)
+        layer = nn.Dense(shape["units"], use_bias=bool(shape["bias"]), dtype=dtype)
+        x = rand(*rows, shape["inputs"])
+        params = jax.device_put(layer.init(next(keys), x), device)
+        settings = {"op": "flax.linen.Dense", "input": "(batch, positions, inputs)" if len(rows) > 1
+                    else "(batch, inputs)"}
+        if kind == "dense_fwd":
+            return ready(JitKernel(jax.jit(layer.apply), (params, x), settings))
+        if shape["input_grad"]:
+            return backward(layer.apply, (params, x), settings)
+        return backward(lambda params: layer.apply(params, x), (params,), settings)
     if kind == "batched_matmul":
         a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
         return ready(JitKernel(jax.jit(jnp.matmul), (a, b), {"op": "jnp.matmul"}))

@@ -20,6 +20,8 @@ operator as the runner's Gluon blocks call it (NCHW, pooling_convention "valid")
 with its padding, AvgPool2D's avg without, GlobalAvgPool2D's global_pool; its input gradient one
 autograd forward and backward, less the forward. Batch norm is the runner's nn.BatchNorm
 (hybridised) in training mode, its gradients one autograd forward and backward, less the forward.
+A dense layer is the runner's gluon nn.Dense (flatten=False, hybridised) on a (batch, positions,
+inputs) sequence or a flat input, its gradients one autograd forward and backward, less the forward.
 """
 
 from __future__ import annotations
@@ -132,6 +134,29 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
         weight, grad, mom = rand(shape["elements"]), rand(shape["elements"]), rand(shape["elements"])
         return kernel(lambda: mx.nd.sgd_mom_update(weight, grad, mom, lr=0.01, momentum=0.9, out=weight),
                       settings={"op": "sgd_mom_update, in place"})
+    if kind.startswith("dense"):
+        # the runner's gluon nn.Dense (flatten=False keeps a sequence's steps), hybridised
+        rows = (shape["batch"], shape["positions"]) if shape["positions"] > 1 else (shape["batch"],)
+        layer = mx.gluon.nn.Dense(shape["units"], use_bias=bool(shape["bias"]), flatten=False,
+                                  in_units=shape["inputs"])
+        layer.initialize(ctx=ctx)
+        if dtype != "float32":
+            layer.cast(dtype)
+        layer.hybridize(static_alloc=True, static_shape=True)
+        x = rand(*rows, shape["inputs"])
+        settings = {"op": "gluon.nn.Dense(flatten=False), hybridised"}
+        if kind == "dense_fwd":
+            return kernel(lambda: layer(x), settings=settings)
+        if shape["input_grad"]:
+            x.attach_grad()
+        dy = mx.nd.ones_like(layer(x))
+
+        def forward_backward():
+            with mx.autograd.record():
+                y = layer(x)
+            y.backward(dy)
+
+        return kernel(forward_backward, includes_forward=True, settings=settings)
     if kind == "batched_matmul":
         a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
         return kernel(lambda: mx.nd.batch_dot(a, b), settings={"op": "batch_dot"})

@@ -20,7 +20,9 @@ the harness also times the forward and takes the difference. Pooling is the runn
 layer (NHWC): MaxPooling2D with its padding plan (SAME, VALID, or a -inf pad then VALID:
 PaddedMaxPool2D), AveragePooling2D (VALID), GlobalAveragePooling2D; its input gradient likewise in
 a tape with the forward. Batch norm is the runner's layer in training (FusedBatchNormV3, the running
-statistics assigned), its gradients likewise in a tape with the forward.
+statistics assigned), its gradients likewise in a tape with the forward. A dense layer is the
+runner's keras.layers.Dense on a (batch, positions, inputs) sequence or a flat input, its gradients
+likewise in a tape with the forward.
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             optimizer.build([variable])
         return make(lambda g: optimizer.apply_gradients([(g, variable)]), (grad,),
                     settings={"op": "keras.optimizers.SGD(momentum=0.9).apply_gradients"})
+    if kind.startswith("dense"):
+        return _dense_kernel(tf, kind, shape, spec["dtype"], device, rand, make)
     if kind == "batched_matmul":
         a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
         return make(tf.linalg.matmul, (a, b), settings={"op": "tf.linalg.matmul"})
@@ -175,6 +179,33 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
     if kind.startswith("batch_norm"):
         return _batch_norm_kernel(tf, kind, shape, spec["dtype"], rand, make, device_name == "cuda")
     raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")
+
+
+def _dense_kernel(tf, kind: str, shape: dict, dtype: str, device: str, rand, make) -> GraphKernel:
+    """The runner's keras.layers.Dense on a (batch, positions, inputs) sequence or a flat input, under
+    the kernel's precision policy; its backward (the weight, bias and, when asked, input gradients)
+    in one tape with the forward (the harness takes the forward off)."""
+    keras = load_keras()
+    rows = (shape["batch"], shape["positions"]) if shape["positions"] > 1 else (shape["batch"],)
+    with precision_scope(KERNEL_PRECISION[dtype]), tf.device(device):
+        layer = keras.layers.Dense(shape["units"], use_bias=bool(shape["bias"]))
+        layer.build((*rows, shape["inputs"]))
+    x = tf.cast(rand(*rows, shape["inputs"]), layer.compute_dtype)
+    settings = {"op": "keras.layers.Dense"}
+    if kind == "dense_fwd":
+        return make(layer, (x,), settings=settings)
+    dy = tf.ones_like(layer(x))
+    weights = list(layer.trainable_variables)
+
+    def forward_backward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+        # y returned too: no gradient of a product needs its output, and Grappler would prune the
+        # forward the harness takes off
+        return y, tape.gradient(y, ([x] if shape["input_grad"] else []) + weights, output_gradients=dy)
+
+    return make(forward_backward, (x,), includes_forward=True, settings=settings)
 
 
 def _pooling_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> GraphKernel:

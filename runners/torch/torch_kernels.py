@@ -17,7 +17,9 @@ flash kernel without), torch choosing the kernel, and its backward by autograd.g
 `F.max_pool2d` (nn.MaxPool2d), `F.avg_pool2d` (nn.AvgPool2d), `F.adaptive_avg_pool2d` to 1 x 1
 (nn.AdaptiveAvgPool2d, the global mean), channels-last on CUDA as the runner's image networks are,
 the backward the input gradient by autograd.grad. Batch norm as nn.BatchNorm2d (nn.BatchNorm1d on a
-flat input) calls it in training, `F.batch_norm(training=True)`, its backward by autograd.grad.
+flat input) calls it in training, `F.batch_norm(training=True)`, its backward by autograd.grad. A
+dense layer is the runner's nn.Linear on a (batch, positions, inputs) sequence or a flat input, its
+backward autograd.grad of it (the weight, bias and, when asked, input gradients).
 """
 
 from __future__ import annotations
@@ -127,6 +129,24 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         opt = torch.optim.SGD([param], lr=0.01, momentum=0.9)
         opt.step()  # the momentum buffer exists from the first step on
         return Kernel(opt.step, sync, {"op": "torch.optim.SGD(momentum=0.9).step"})
+    if kind.startswith("dense"):
+        # the runner's nn.Linear on a sequence (batch, positions, inputs) or a flat (batch, inputs) input
+        rows = (shape["batch"], shape["positions"]) if shape["positions"] > 1 else (shape["batch"],)
+        layer = torch.nn.Linear(shape["inputs"], shape["units"], bias=bool(shape["bias"])).to(device=device,
+                                                                                               dtype=dtype)
+        grad = kind == "dense_bwd"
+        x = rand(*rows, shape["inputs"], requires_grad=grad and bool(shape["input_grad"]))
+        if not grad:
+            def forward():
+                with torch.no_grad():
+                    layer(x)
+
+            return Kernel(forward, sync, {"op": "nn.Linear"})
+        y = layer(x)
+        dy = torch.randn_like(y)
+        inputs = ((x,) if shape["input_grad"] else ()) + tuple(layer.parameters())
+        return Kernel(lambda: torch.autograd.grad(y, inputs, dy, retain_graph=True), sync,
+                      {"op": "autograd.grad of nn.Linear"})
     if kind == "batched_matmul":
         a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
         return Kernel(lambda: torch.bmm(a, b), sync, {"op": "torch.bmm"})

@@ -4,8 +4,8 @@ flags are what the same code sets on a GPU, where JAX, TensorFlow and cuDNN defa
 And every runner times the transformer kernels (batched products, attention's core with and
 without dropout on the probabilities, layer norm, both GELU forms, forward and backward) and the
 pooling kernels (max with padding, average, global average, forward and backward) and a training
-step's batch norm with the op its network builder calls, at the smallest shapes. One worker per
-framework serves them all."""
+step's batch norm and a dense layer (forward, backward) with the op its network builder calls, at
+the smallest shapes. One worker per framework serves them all."""
 
 from __future__ import annotations
 
@@ -70,6 +70,13 @@ BATCH_NORM = [KernelSpec.of("batch_norm_fwd", batch=2, channels=3, height=4, wid
               KernelSpec.of("batch_norm_fwd", batch=4, channels=3, height=1, width=1)]
 BATCH_NORM_OP = {"torch": "F.batch_norm(training=True)", "tensorflow": "FusedBatchNormV3",
                  "jax": "flax.linen.BatchNorm(use_running_average=False)", "mxnet": "nn.BatchNorm, training"}
+# a dense layer 6 -> 5 over 2 samples of 3 steps (forward, backward with the input's gradient) and on
+# a flat input without bias or input gradient (a network's first layer)
+DENSE = [KernelSpec.of("dense_fwd", batch=2, positions=3, inputs=6, units=5, bias=1),
+         KernelSpec.of("dense_bwd", batch=2, positions=3, inputs=6, units=5, bias=1, input_grad=1),
+         KernelSpec.of("dense_bwd", batch=4, positions=1, inputs=6, units=5, bias=0, input_grad=0)]
+DENSE_OP = {"torch": "nn.Linear", "tensorflow": "keras.layers.Dense", "jax": "flax.linen.Dense",
+            "mxnet": "gluon.nn.Dense(flatten=False)"}
 # the op each network builder runs for attention's core, as the kernel's settings name it
 ATTENTION_OP = {"torch": "scaled_dot_product_attention", "tensorflow": "MultiHeadAttention._compute_attention",
                 "jax": "dot_product_attention", "mxnet": "interleaved_matmul_selfatt_qk/valatt"}
@@ -82,7 +89,8 @@ def kernels_of(framework: str) -> tuple[dict, ...]:
     runner = RunnerRegistry(paths.runners_dir()).get(framework)
     env = VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
     policy = KernelPolicy(warmup_iters=1, min_iters=2, min_time_s=0.0, max_iters=3, repeats=1, cache="warm")
-    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING + BATCH_NORM, policy, "cpu", 1),
+    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING + BATCH_NORM + DENSE,
+                                                            policy, "cpu", 1),
                          timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     return tuple(outcome.result["kernels"])
@@ -136,9 +144,23 @@ def test_pooling_kernels_are_timed_with_the_networks_own_ops(framework):
 
 @pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
 def test_batch_norm_kernels_are_timed_with_the_networks_own_op_in_training(framework):
-    results = kernels_of(framework)[-len(BATCH_NORM):]
+    start = len(MATMULS) + len(TRANSFORMER) + len(POOLING)
+    results = kernels_of(framework)[start:start + len(BATCH_NORM)]
     assert [r["spec"] for r in results] == [s.to_dict() for s in BATCH_NORM]
     for r in results:
         assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
         assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
         assert BATCH_NORM_OP[framework] in r["settings"]["op"], r["settings"]
+
+
+@pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
+def test_dense_kernels_are_the_networks_own_layer(framework):
+    results = kernels_of(framework)[-len(DENSE):]
+    assert [r["spec"] for r in results] == [s.to_dict() for s in DENSE]
+    for r in results:
+        assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
+        assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
+        assert DENSE_OP[framework] in r["settings"]["op"], r["settings"]
+    # TensorFlow and MXNet compute a backward only with its forward: timed paired, the forward taken off
+    paired = results[1].get("with_forward_median_s") is not None
+    assert paired == (framework in ("tensorflow", "mxnet")), results[1]

@@ -55,6 +55,12 @@ def test_classes_by_aspect_family_and_path():
     assert matmul_aspect(mm(128, 128, 128)) == "large" and matmul_aspect(mm(127, 127, 127)) == "small-m"
     assert operand_elements(mm(2, 3, 4)) == 2 * 4 + 4 * 3 + 2 * 3
     assert operand_elements(KernelSpec.of("sgd_momentum", elements=10)) == 0
+    # a dense layer's backward is a class of its own (its layout is the step's), fitted over its products:
+    # the weight gradient (4, 3, 10) and the input gradient (10, 4, 3) of 10 rows, 4 inputs, 3 units
+    dense = KernelSpec.of("dense_bwd", batch=2, positions=5, inputs=4, units=3, bias=1, input_grad=1)
+    assert efficiency_class(dense) == probe_stratum(dense) == "dense_bwd float32"
+    assert operand_elements(dense) == (4 * 10 + 10 * 3 + 4 * 3) + (10 * 3 + 3 * 4 + 10 * 4)
+    assert output_elements(dense) == 4 * 3 + 10 * 4
     conv = dict(batch=8, channels=64, height=8, width=8, filters=64, sh=1, sw=1, ph=1, pw=1)
     assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=3, kw=3, **conv)) == "conv2d_fwd 3x3 float32"
     assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=1, kw=1, **conv)) == "conv2d_fwd 1x1 float32"

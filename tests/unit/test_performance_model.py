@@ -12,7 +12,7 @@ from dlbench.definitions.layers import network_model
 from dlbench.definitions.loader import load_network
 from dlbench.definitions.network import analyse
 from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
-from dlbench.performance.kernels import KernelSpec
+from dlbench.performance.kernels import OP_CLASS, KernelSpec
 from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, gradient_layers,
                                       predict, roofline_time)
 from dlbench.performance.workload import decompose, kernel_specs
@@ -192,19 +192,25 @@ def test_a_transformer_blocks_operations():
         ("attn scores q k^T", "batched_matmul batch=8 m=32 n=32 k=16 float32"), ("attn softmax", None),
         ("attn attention dropout", None), ("attn weighted sum p v", "batched_matmul batch=8 m=32 n=16 k=32 float32")]
     back = [op.label for op in block.backward]
-    assert {"attn q input gradient", "attn q weight gradient", "mlp fc2 weight gradient", "attn attention",
-            "attn join gradient"} <= set(back)
+    assert {"attn q backward", "mlp fc2 backward", "attn attention", "attn join gradient"} <= set(back)
+    # a projection's backward is the framework's dense layer backward over the (batch, steps) sequence,
+    # made of its GEMMs where that was not measured
+    q = block.backward[back.index("attn q backward")]
+    assert q.kernel.key == "dense_bwd batch=2 positions=32 inputs=64 units=64 bias=1 input_grad=1 float32"
+    assert [p.label for p in q.parts] == ["attn q input gradient", "attn q weight gradient", "attn q bias gradient"]
+    assert q.flops == sum(p.flops for p in q.parts)
     gradients = block.backward[back.index("attn attention")]
     assert gradients.kernel.key == f"attention_bwd {core}"
     assert [p.kernel.key for p in gradients.parts if p.kernel] == [
         "batched_matmul batch=8 m=32 n=32 k=16 float32"] + ["batched_matmul batch=8 m=32 n=16 k=32 float32"] * 3
     assert gradients.flops == 2 * attention.flops - 5 * 2 * 4 * 32 * 32  # twice the products, one softmax
-    assert {op.kernel.key for op in block.backward if op.kernel and op.kernel.kind != "matmul"} == {
+    assert {op.kernel.key for op in block.backward if op.kernel and op.kernel.kind != "dense_bwd"} == {
         f"attention_bwd {core}", "layer_norm_bwd rows=64 dim=64 input_grad=1 float32",
         "gelu_bwd elements=16384 approximate=1 float32"}
     head = work.layers[6]  # tied: no parameters of its own, but its weight gradient is computed
     assert head.label == "006 lm_head" and head.params == 0 and not head.update
-    assert [op.label for op in head.backward] == ["input gradient", "weight gradient", "tied gradient sum"]
+    assert [op.label for op in head.backward] == ["backward", "tied gradient sum"]
+    assert [op.label for op in head.backward[0].parts] == ["input gradient", "weight gradient"]
     assert work.layers[0].update[0].kernel["elements"] == 512 * 64  # the table's update, once
     infer = decompose(load_network(NETWORKS / "transformer_tiny.yaml").resolved, 2, "infer")
     assert not any("dropout" in op.label for l in infer.layers for op in l.forward)
@@ -240,9 +246,11 @@ def test_first_layer_computes_no_input_gradient():
     work = decompose(tiny([{"type": "dense", "units": 5}, {"type": "relu"}, {"type": "dense", "units": 3}]).resolved,
                      2, "train")
     first, relu, last = work.layers[:3]
-    assert [op.label for op in first.backward] == ["weight gradient", "bias gradient"]
-    assert [op.label for op in last.backward] == ["input gradient", "weight gradient", "bias gradient"]
-    assert last.backward[0].kernel.key == "matmul m=2 n=5 k=3 float32"  # dX = dY (2x3) W (3x5)
+    assert [op.label for op in first.backward] == ["backward"]
+    assert first.backward[0].kernel.key == "dense_bwd batch=2 positions=1 inputs=4 units=5 bias=1 input_grad=0 float32"
+    assert [op.label for op in first.backward[0].parts] == ["weight gradient", "bias gradient"]
+    assert [op.label for op in last.backward[0].parts] == ["input gradient", "weight gradient", "bias gradient"]
+    assert last.backward[0].parts[0].kernel.key == "matmul m=2 n=5 k=3 float32"  # dX = dY (2x3) W (3x5)
     assert relu.backward and relu.params == 0
     assert work.layers[-1].label.startswith("loss")
 
@@ -288,6 +296,56 @@ def test_a_training_batch_norm_is_its_kernel_or_else_its_passes():
     assert len(same_shape) == 2
     assert measured_time.forward_s - unmeasured_time.forward_s == pytest.approx(
         2 * (5e-3 - (roofline_time(passes, ceilings, "torch") + 1e-5)))
+
+
+def test_dense_kernel_counts_by_hand():
+    """A dense layer 4 -> 3 over 2 samples of 5 positions (10 rows): forward 2*10*4*3 + 30 bias FLOPs;
+    backward the weight gradient (4, 3, 10) and the input gradient (10, 4, 3), each 240 FLOPs, and
+    the bias gradient's 30; bytes x 40 + W 12 + b 3 + y 30 (forward), x 40 + dy 30 + W 12 + dW 12 +
+    db 3 + dx 40 (backward)."""
+    fwd = KernelSpec.of("dense_fwd", batch=2, positions=5, inputs=4, units=3, bias=1)
+    assert (fwd.flops, fwd.bytes) == (240 + 30, 4 * (40 + 12 + 3 + 30))
+    bwd = KernelSpec.of("dense_bwd", batch=2, positions=5, inputs=4, units=3, bias=1, input_grad=1)
+    assert bwd.dense_products() == [(4, 3, 10), (10, 4, 3)]
+    assert (bwd.flops, bwd.bytes) == (2 * 240 + 30, 4 * (40 + 30 + 12 + 12 + 3 + 40))
+    first = KernelSpec.of("dense_bwd", batch=2, positions=5, inputs=4, units=3, bias=0, input_grad=0)
+    assert (first.flops, first.bytes) == (240, 4 * (40 + 30 + 24))
+    assert KernelSpec.from_dict(bwd.to_dict()) == bwd
+    assert OP_CLASS["dense_bwd"] == "matmul"  # a datasheet divides its FLOPs by the matmul efficiency
+
+
+def test_a_dense_backward_is_its_layer_kernel_or_else_its_gemms():
+    """LSTM-32's classifier at batch 4: the backward over the (4, 32, 256) sequence is one dense_bwd
+    kernel (positions 32), made of the input- and weight-gradient GEMMs of 128 rows and the bias
+    gradient; unmeasured and with no class probed, it is predicted as those parts were (unchanged
+    for older profiles), measured it takes its own time, in a compiled step less its call."""
+    work = decompose(load_network(NETWORKS / "lstm32.yaml").resolved, 4, "train")
+    dense = next(l for l in work.layers if l.label.endswith("dense"))
+    (bwd,) = dense.backward
+    key = "dense_bwd batch=4 positions=32 inputs=256 units=10000 bias=1 input_grad=1 float32"
+    assert bwd.kernel.key == key
+    assert [p.kernel.key if p.kernel else p.label for p in bwd.parts] == [
+        "matmul m=128 n=256 k=10000 float32", "matmul m=256 n=10000 k=128 float32", "bias gradient"]
+    assert key in {s.key for s in kernel_specs(work)}  # what the kernels suite times
+    gemms = {"matmul m=128 n=256 k=10000 float32": 4e-3, "matmul m=256 n=10000 k=128 float32": 5e-3}
+
+    def backward(kernels, framework="torch", facts=None):
+        prof = profile(dispatch_s={framework: 1e-5}, kernels={framework: {
+            k: KernelTime(median_s=t, run_id="r") for k, t in kernels.items()}})
+        p = predict(work, framework, prof, facts=facts)
+        return next(l for l in p.layers if l.index == dense.index), p.unmeasured
+
+    by_parts, unmeasured = backward(gemms)
+    bias = roofline_time(bwd.parts[2], profile(dispatch_s={"torch": 1e-5}), "torch") + 1e-5
+    assert by_parts.backward_s == pytest.approx(4e-3 + 5e-3 + bias)
+    # its parts measured, the layer's kernel is not listed as unmeasured (as any kernel made of parts)
+    assert key not in unmeasured and by_parts.sources["shape"] == pytest.approx(9e-3)
+    assert key in backward({})[1]
+    measured, unmeasured = backward({**gemms, key: 2e-2})
+    assert key not in unmeasured
+    assert measured.backward_s == pytest.approx(2e-2) and measured.measured_s == pytest.approx(2e-2)
+    compiled, _ = backward({key: 2.0}, "jax", GRAPH)  # over its roofline, 1.31 GFLOP at 1 GFLOP/s
+    assert compiled.backward_s == pytest.approx(2.0 - 1e-5)
 
 
 def test_an_lstm_layer_is_its_fused_layer_or_else_its_steps():
@@ -364,7 +422,9 @@ def test_single_worker_prediction_by_hand():
     assert p.backward_s == pytest.approx(104e-9 + 24e-9 + 48e-9)
     assert p.update_s == pytest.approx(300e-9)
     assert p.iteration_s == pytest.approx(p.forward_s + p.backward_s + p.update_s)
-    assert sorted(p.unmeasured) == ["matmul m=4 n=3 k=2 float32", "sgd_momentum elements=15 float32",
+    # the layer's backward kernel was not measured, nor its weight-gradient part: both are unmeasured
+    assert sorted(p.unmeasured) == ["dense_bwd batch=2 positions=1 inputs=4 units=3 bias=1 input_grad=0 float32",
+                                    "matmul m=4 n=3 k=2 float32", "sgd_momentum elements=15 float32",
                                     "softmax_xent_bwd rows=2 classes=3 float32",
                                     "softmax_xent_fwd rows=2 classes=3 float32"]
     assert p.measured_share == pytest.approx(1e-3 / p.iteration_s)

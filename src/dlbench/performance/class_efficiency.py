@@ -20,7 +20,8 @@ per operation either (below: what a probe paid per call beyond its work, which a
 one executable does not).
 
 Classes (`efficiency_class`), each per dtype: matmul (one class, its probes spread over its
-aspects: below), the batched products of attention,
+aspects: below), a dense layer's backward (`dense_bwd`: the framework's own layer, whose gradients
+its autodiff lays out for the step, fitted as a matmul over its products), the batched products of attention,
 convolution forward and backward by filter family (`1x1`, `3x3` and smaller, `large`; a backward
 without the input gradient, a network's first layer, apart, and so a forward over an
 image's few channels, `image-input`), LSTM layers and steps forward and
@@ -147,18 +148,25 @@ def probe_stratum(spec: KernelSpec) -> str:
     return f"{cls} {matmul_aspect(spec)}" if spec.kind == "matmul" else cls
 
 
-def operand_elements(spec: KernelSpec) -> int:
-    """The elements of a matrix product's operands and output (mk + kn + mn), which its class's fit
-    charges a time each (the module docstring); 0 for the kinds fitted without that term."""
+def _products(spec: KernelSpec) -> list[tuple[int, int, int]]:
+    """The (m, n, k) matrix products a kernel is fitted as: a matmul's own, a dense layer's
+    (KernelSpec.dense_products); none for the other kinds."""
     if spec.kind == "matmul":
-        return spec["m"] * spec["k"] + spec["k"] * spec["n"] + spec["m"] * spec["n"]
-    return 0
+        return [(spec["m"], spec["n"], spec["k"])]
+    return spec.dense_products() if spec.kind.startswith("dense") else []
+
+
+def operand_elements(spec: KernelSpec) -> int:
+    """The elements of a matrix product's operands and output (mk + kn + mn; a dense layer's summed
+    over its products), which its class's fit charges a time each (the module docstring); 0 for the
+    kinds fitted without that term."""
+    return sum(m * k + k * n + m * n for m, n, k in _products(spec))
 
 
 def output_elements(spec: KernelSpec) -> int:
-    """The elements of a matrix product's output (mn), which a class fitted in the `outputs` form
-    charges again apart from its operands; 0 for any other kind."""
-    return spec["m"] * spec["n"] if spec.kind == "matmul" else 0
+    """The elements of a matrix product's output (mn; a dense layer's summed over its products), which
+    a class fitted in the `outputs` form charges again apart from its operands; 0 for any other kind."""
+    return sum(m * n for m, n, _ in _products(spec))
 
 
 def work_size(spec: KernelSpec) -> float:

@@ -7,6 +7,19 @@ what the performance model looks up when it meets that shape in a network, so a 
 
 Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysis.py):
 - matmul (m, n, k): C[m, n] = A[m, k] B[k, n]: 2mnk FLOPs; A, B and C each moved once.
+- dense_fwd (batch, positions, inputs, units, bias): the runner's own dense layer (nn.Linear,
+  keras.layers.Dense, flax nn.Dense, gluon nn.Dense) on a (batch, inputs) input, or on a
+  (batch, positions, inputs) sequence when `positions` > 1, its bias added when `bias` is 1: the
+  matmul of M = batch x positions rows (2MKN FLOPs) and the bias (MN); x, W and y moved once. The
+  forward that a dense_bwd timed with it (TensorFlow's tape, MXNet's autograd) is taken off by.
+- dense_bwd (batch, positions, inputs, units, bias, input_grad): that layer's backward as the
+  framework's autodiff runs it: the weight gradient (2MKN), the bias gradient (MN, when `bias`)
+  and, when `input_grad`, the input gradient (2MKN); x, dy and W read, dW (db, dx) written. The
+  same work as the separate GEMMs a dense layer's backward is made of (the workload's parts), but
+  not always the same time: a framework lays the step's tensors out for the step, and XLA's CPU
+  step runs a classifier's weight gradient over a (batch, steps, units) gradient as a transposed
+  copy and a generic dot, 2x the time of the same product timed alone as a matmul (jax, LSTM-32's
+  1024 x 256 x 10000: 212 ms for the layer's two gradients against 106 ms on a flat input).
 - transpose (rows, cols): out-of-place, materialised: no FLOPs; the matrix read once and written once.
 - copy (elements): out-of-place copy: read once, written once (the memory-bandwidth ceiling).
 - relu (elements): out-of-place max(x, 0), the framework's activation: 1 FLOP, read once, written
@@ -101,6 +114,8 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Each kind's shape parameters, in the order they are written in a key.
 PARAMS: dict[str, tuple[str, ...]] = {
     "matmul": ("m", "n", "k"),
+    "dense_fwd": ("batch", "positions", "inputs", "units", "bias"),
+    "dense_bwd": ("batch", "positions", "inputs", "units", "bias", "input_grad"),
     "transpose": ("rows", "cols"),
     "copy": ("elements",),
     "relu": ("elements",),
@@ -138,9 +153,9 @@ MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_b
 # The operation class of each kind whose work runs on the matrix units (definitions/machines.py
 # OP_CLASSES): a datasheet profile divides its FLOPs by the peak times that class's efficiency. Every
 # other kind, and work that is no kernel, is "elementwise" (memory-bound).
-OP_CLASS = {"matmul": "matmul", "batched_matmul": "matmul", "lstm_step_fwd": "matmul", "lstm_step_bwd": "matmul",
-            "lstm_layer_fwd": "matmul", "lstm_layer_bwd": "matmul", "conv2d_fwd": "convolution",
-            "conv2d_bwd": "convolution", "attention_fwd": "attention", "attention_bwd": "attention"}
+OP_CLASS = {"matmul": "matmul", "dense_fwd": "matmul", "dense_bwd": "matmul", "batched_matmul": "matmul",
+            "lstm_step_fwd": "matmul", "lstm_step_bwd": "matmul", "lstm_layer_fwd": "matmul", "lstm_layer_bwd": "matmul",
+            "conv2d_fwd": "convolution", "conv2d_bwd": "convolution", "attention_fwd": "attention", "attention_bwd": "attention"}
 
 
 @dataclass(frozen=True)
@@ -191,6 +206,15 @@ class KernelSpec:
         """A convolution's, pooling's or batch norm's input: batch x channels x height x width."""
         return self["batch"] * self["channels"] * self["height"] * self["width"]
 
+    def dense_products(self) -> list[tuple[int, int, int]]:
+        """A dense kernel's matrix products as (m, n, k) of C[m, n] = A[m, k] B[k, n], M = batch x
+        positions rows: forward (M, units, inputs); backward the weight gradient (inputs, units, M)
+        and, with `input_grad`, the input gradient (M, inputs, units), as the workload's parts."""
+        m, k, n = self["batch"] * self["positions"], self["inputs"], self["units"]
+        if self.kind == "dense_fwd":
+            return [(m, n, k)]
+        return [(k, n, m)] + ([(m, k, n)] if self["input_grad"] else [])
+
     @property
     def pool_op(self) -> str:
         """A pool2d kernel's operation: max, avg or global (POOL_OPS)."""
@@ -201,6 +225,9 @@ class KernelSpec:
         k = self.kind
         if k == "matmul":
             return 2 * self["m"] * self["n"] * self["k"]
+        if k.startswith("dense"):
+            bias = self["batch"] * self["positions"] * self["units"] if self["bias"] else 0
+            return sum(2 * m * n * kk for m, n, kk in self.dense_products()) + bias
         if k in ("transpose", "copy"):
             return 0
         if k == "relu":
@@ -254,6 +281,13 @@ class KernelSpec:
         if k == "matmul":
             m, n, kk = self["m"], self["n"], self["k"]
             return s * (m * kk + kk * n + m * n)
+        if k.startswith("dense"):
+            rows, fin, units = self["batch"] * self["positions"], self["inputs"], self["units"]
+            bias = units if self["bias"] else 0
+            if k == "dense_fwd":  # x, W, b read; y written
+                return s * (rows * fin + fin * units + bias + rows * units)
+            # x, dy, W read; dW, db (, dx) written
+            return s * (rows * fin + rows * units + 2 * fin * units + bias + (rows * fin if self["input_grad"] else 0))
         if k == "transpose":
             return 2 * s * self["rows"] * self["cols"]
         if k in ("copy", "relu"):

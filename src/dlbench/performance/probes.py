@@ -46,7 +46,7 @@ PROBES_PER_CLASS = {"default": 3, "smoke": 1}
 BUDGET_S = 180.0
 MAX_PROBE_S = {"default": 2.0, "smoke": 0.5}  # per call, estimated (a cold call writes 1.5x the LLC first)
 
-GROUPS = (("matmul", ("matmul", "batched_matmul")), ("convolution", ("conv2d_fwd", "conv2d_bwd")),
+GROUPS = (("matmul", ("matmul", "batched_matmul", "dense_fwd", "dense_bwd")), ("convolution", ("conv2d_fwd", "conv2d_bwd")),
           ("recurrent-attention", ("lstm_layer_fwd", "lstm_layer_bwd", "lstm_step_fwd", "lstm_step_bwd",
                                    "attention_fwd", "attention_bwd")))
 MEMORY_GROUP = "memory-bound"  # the rest: layer and batch norm, GELU, pooling, the loss, the update

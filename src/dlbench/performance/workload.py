@@ -10,8 +10,12 @@ definitions/network.py (a multiply-add is 2 FLOPs); bytes are what each operatio
 write at the least, `E` bytes per element (float32: 4):
 
 - dense on M = batch x positions rows, K inputs, N units: forward GEMM (M, N, K) plus the bias added
-  over the output (one pass); backward the input gradient GEMM (M, K, N), the weight gradient GEMM
-  (K, N, M) and the bias gradient (a reduction over the output gradient).
+  over the output (one pass); backward the `dense_bwd` kernel (batch, positions, K, N), the layer's
+  backward as the framework's autodiff runs it, made of (where not measured) the input gradient
+  GEMM (M, K, N), the weight gradient GEMM (K, N, M) and the bias gradient (a reduction over the
+  output gradient). The same products alone are not always the same time: XLA's CPU step lays the
+  gradients of a dense layer over a sequence out for the step, and runs LSTM-32's classifier weight
+  gradient at 2x the time of the matmul of its shape timed alone.
 - conv2d: the forward and backward convolution kernels at its shape (a bias is fused into the
   convolution, as oneDNN and cuDNN do; its gradient is one reduction over the output gradient).
 - relu, sigmoid, tanh: forward reads x and writes y (2 passes); backward reads y and dy, writes dx (3).

@@ -91,14 +91,14 @@ def products(b, layer, name: str, steps: int, dim: int, heads: int, size: int, b
         return f"{name} {what}" if name else what
 
     for part in ("q", "k", "v"):
-        dense.products(b, layer, label(part), rows, dim, inner, bias, input_grad)
+        dense.products(b, layer, label(part), steps, dim, inner, bias, input_grad)
     forward = [b.kernel(label("scores q k^T"), "batched_matmul", batch=pairs, m=steps, n=steps, k=size),
                b.passes(label("softmax"), scores, 2, SOFTMAX_FLOPS)]
     if rate:
         forward.append(b.passes(label("attention dropout"), scores, 3))
     forward.append(b.kernel(label("weighted sum p v"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps))
     layer.forward.append(b.kernel(label("attention"), "attention_fwd", parts=tuple(forward), **core))
-    dense.products(b, layer, label("out"), rows, inner, dim, bias, input_grad=True)
+    dense.products(b, layer, label("out"), steps, inner, dim, bias, input_grad=True)
     if b.train:
         backward = [b.kernel(label("dp = da v^T"), "batched_matmul", batch=pairs, m=steps, n=steps, k=size),
                     b.kernel(label("dv = p^T da"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps)]

@@ -41,30 +41,33 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
     return tensors(prefix, entry["in_shape"][-1], entry["units"], entry["bias"])
 
 
-def products(b, layer, name: str, m: int, k: int, n: int, bias: bool, input_grad: bool,
-             weight_grad: bool = True) -> None:
-    """The GEMMs of y (m, n) = x (m, k) W^T + b: forward, and in training the input gradient (when
-    `input_grad`), the weight gradient (when `weight_grad`) and the bias gradient. `name` prefixes
-    the labels (a dense layer's own are unprefixed)."""
+def products(b, layer, name: str, positions: int, k: int, n: int, bias: bool, input_grad: bool) -> None:
+    """The work of y (m, n) = x (m, k) W^T + b at `positions` steps of each of the batch's samples,
+    m = batch x positions rows: forward the GEMM and the bias (an epilogue); in training one
+    `dense_bwd` kernel, the layer's backward as the framework's autodiff runs it, made of (where it
+    was not measured) the input gradient GEMM (when `input_grad`), the weight gradient GEMM and the
+    bias gradient. `name` prefixes the labels (a dense layer's own are unprefixed)."""
     def label(what: str) -> str:
         return f"{name} {what}" if name else what
 
+    m = b.batch * positions
     layer.forward.append(b.kernel(label("matmul"), "matmul", m=m, n=n, k=k))
     if bias:
         layer.forward.append(b.passes(label("bias"), m * n, 1, epilogue=True))
     if b.train:
-        if input_grad:
-            layer.backward.append(b.kernel(label("input gradient"), "matmul", m=m, n=k, k=n))
-        if weight_grad:
-            layer.backward.append(b.kernel(label("weight gradient"), "matmul", m=k, n=n, k=m))
+        parts = [b.kernel(label("input gradient"), "matmul", m=m, n=k, k=n)] if input_grad else []
+        parts.append(b.kernel(label("weight gradient"), "matmul", m=k, n=n, k=m))
         if bias:
-            layer.backward.append(b.passes(label("bias gradient"), m * n, 1))
+            parts.append(b.passes(label("bias gradient"), m * n, 1))
+        layer.backward.append(b.kernel(label("backward"), "dense_bwd", parts=tuple(parts), batch=b.batch,
+                                       positions=positions, inputs=k, units=n, bias=int(bias),
+                                       input_grad=int(input_grad)))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:
     in_shape = entry["in_shape"]
     positions = in_shape[0] if len(in_shape) == 2 else 1
-    products(b, layer, "", b.batch * positions, in_shape[-1], entry["units"], entry["bias"], input_grad)
+    products(b, layer, "", positions, in_shape[-1], entry["units"], entry["bias"], input_grad)
 
 
 LAYER = LayerType(schema.Dense, infer, work, weights)

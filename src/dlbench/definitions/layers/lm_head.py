@@ -41,7 +41,7 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     vocabulary = entry["out_shape"][-1]
     # the weight gradient is computed tied or not; tied, it is added into the table's gradient,
     # whose update is the embedding's (the workload counts the update from `weights`)
-    dense.products(b, layer, "", b.batch * steps, dim, vocabulary, entry["bias"], input_grad)
+    dense.products(b, layer, "", steps, dim, vocabulary, entry["bias"], input_grad)
     if b.train and entry["tied"]:
         layer.backward.append(b.passes("tied gradient sum", vocabulary * dim, 3))
 

@@ -71,15 +71,15 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     e = b.element_bytes
     rows = b.batch * masked
     layer.forward.append(b.passes("gather masked positions", rows * dim, 2, 0))
-    dense.products(b, layer, "pooler", b.batch, dim, dim, True, input_grad)
+    dense.products(b, layer, "pooler", 1, dim, dim, True, input_grad)
     layer.forward.append(b.passes("pooler tanh", b.batch * dim, 2))
     if b.train:
         layer.backward.append(b.passes("pooler tanh", b.batch * dim, 3, 2))
-    dense.products(b, layer, "next sentence", b.batch, dim, NEXT_SENTENCE_CLASSES, True, input_grad=True)
-    dense.products(b, layer, "transform", rows, dim, dim, True, input_grad)
+    dense.products(b, layer, "next sentence", 1, dim, NEXT_SENTENCE_CLASSES, True, input_grad=True)
+    dense.products(b, layer, "transform", masked, dim, dim, True, input_grad)
     gelu.passes(b, layer, "transform", rows * dim, input_grad=True)
     layer_norm.passes(b, layer, "transform", (masked, dim), input_grad=True)
-    dense.products(b, layer, "decoder", rows, dim, vocabulary, True, input_grad=True)
+    dense.products(b, layer, "decoder", masked, dim, vocabulary, True, input_grad=True)
     if b.train:
         if entry["tied"]:  # added into the table's gradient, whose update is the embedding's
             layer.backward.append(b.passes("tied gradient sum", vocabulary * dim, 3))

@@ -59,9 +59,9 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
                            rate, grad_of_input, causal=entry["causal"])
 
     def mlp() -> None:
-        dense.products(b, layer, "mlp fc1", rows, dim, hidden, entry["bias"], input_grad=True)
+        dense.products(b, layer, "mlp fc1", steps, dim, hidden, entry["bias"], input_grad=True)
         gelu.passes(b, layer, "mlp", rows * hidden, input_grad=True, form=entry["gelu"])
-        dense.products(b, layer, "mlp fc2", rows, hidden, dim, entry["bias"], input_grad=True)
+        dense.products(b, layer, "mlp fc2", steps, hidden, dim, entry["bias"], input_grad=True)
 
     def join(name: str, into_input: bool) -> None:
         """Dropout on the branch (none at rate 0, where torch, Keras and flax return the input
