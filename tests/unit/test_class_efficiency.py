@@ -55,12 +55,9 @@ def test_classes_by_aspect_family_and_path():
     assert matmul_aspect(mm(128, 128, 128)) == "large" and matmul_aspect(mm(127, 127, 127)) == "small-m"
     assert operand_elements(mm(2, 3, 4)) == 2 * 4 + 4 * 3 + 2 * 3
     assert operand_elements(KernelSpec.of("sgd_momentum", elements=10)) == 0
-    # a dense layer's backward is a class of its own (its layout is the step's), fitted over its products:
-    # the weight gradient (4, 3, 10) and the input gradient (10, 4, 3) of 10 rows, 4 inputs, 3 units
+    # a dense layer's backward is probed as a class of its own (its layout is the step's)
     dense = KernelSpec.of("dense_bwd", batch=2, positions=5, inputs=4, units=3, bias=1, input_grad=1)
     assert efficiency_class(dense) == probe_stratum(dense) == "dense_bwd float32"
-    assert operand_elements(dense) == (4 * 10 + 10 * 3 + 4 * 3) + (10 * 3 + 3 * 4 + 10 * 4)
-    assert output_elements(dense) == 4 * 3 + 10 * 4
     conv = dict(batch=8, channels=64, height=8, width=8, filters=64, sh=1, sw=1, ph=1, pw=1)
     assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=3, kw=3, **conv)) == "conv2d_fwd 3x3 float32"
     assert efficiency_class(KernelSpec.of("conv2d_fwd", kh=1, kw=1, **conv)) == "conv2d_fwd 1x1 float32"
@@ -333,6 +330,31 @@ def test_a_shape_not_timed_takes_its_class_efficiency_by_hand():
     assert fit["matmul float32"].overhead_s == pytest.approx(20e-6 - 2e-9)
     seconds, _, _ = op_time(op, "fw", tiny, {}, True, False, fit)
     assert seconds == pytest.approx(other.flops / 1e9)
+
+
+def test_a_dense_backward_probe_is_a_measured_shape_not_a_fit():
+    """dense_bwd probes are timed for their shapes (class_efficiency.UNFITTED_KINDS): no class is fitted
+    from them, so another dense backward is its parts: the first layer of a 4 -> 3 dense network at
+    batch 2 computes its weight gradient (4, 3, 2), here from the matmul class's one probe (10x its
+    roofline: a constant efficiency), and its bias gradient (24 B at 1 GB/s)."""
+    from dlbench.definitions.layers import network_model
+    from dlbench.definitions.network import analyse
+
+    probed = KernelSpec.of("dense_bwd", batch=2, positions=5, inputs=4, units=3, bias=1, input_grad=0)
+    gemm = mm(64, 64, 64)
+    prof = profile(class_probes={"fw": [probe(probed, 1.0), probe(gemm, 10 * gemm.flops / 1e9)]})
+    fits = class_fits(prof, "fw", compiled=True)
+    assert set(fits) == {"matmul float32"}
+    net = analyse(network_model().model_validate({"name": "one", "input": {"kind": "tensor", "shape": [4], "classes": 3},
+                                                  "layers": [{"type": "dense", "units": 3}]}))
+    (bwd,) = decompose(net.resolved, 2, "train").layers[0].backward
+    assert bwd.kernel.key == "dense_bwd batch=2 positions=1 inputs=4 units=3 bias=1 input_grad=0 float32"
+    seconds, sources, missing = op_time(bwd, "fw", prof, {}, True, False, fits)
+    weight = bwd.parts[0].kernel
+    assert weight.key == "matmul m=4 n=3 k=2 float32"
+    assert seconds == pytest.approx(fits["matmul float32"].seconds(weight.flops / 1e9) + 24e-9)
+    assert sources == {"class": pytest.approx(seconds - 24e-9), "ceilings": pytest.approx(24e-9)}
+    assert bwd.kernel.key in missing
 
 
 def test_a_prediction_splits_its_time_by_source():

@@ -20,8 +20,7 @@ per operation either (below: what a probe paid per call beyond its work, which a
 one executable does not).
 
 Classes (`efficiency_class`), each per dtype: matmul (one class, its probes spread over its
-aspects: below), a dense layer's backward (`dense_bwd`: the framework's own layer, whose gradients
-its autodiff lays out for the step, fitted as a matmul over its products), the batched products of attention,
+aspects: below), the batched products of attention,
 convolution forward and backward by filter family (`1x1`, `3x3` and smaller, `large`; a backward
 without the input gradient, a network's first layer, apart, and so a forward over an
 image's few channels, `image-input`), LSTM layers and steps forward and
@@ -70,6 +69,15 @@ and each framework's class takes the form that predicts its probes best when eac
 turn and predicted by the others (`leave_one_out_error`, the median relative error; a richer form
 must win by LOO_MARGIN; with too few probes to leave one out, the operand form).
 
+A dense layer's backward (`dense_bwd`, the framework's own layer: the gradients as its autodiff lays
+them out for the step) is probed as a class, its smallest, middle, largest and busiest shapes timed,
+but not fitted (UNFITTED_KINDS): its probes are measured shapes, and any other of its shapes is its
+parts, the GEMMs, from the matmul class's fit over its aspects. Fitted, its four probes across the
+fcn suite's 64-row products and the transformers' 788-row ones predicted worse (one plain
+calibration, the same 96 runs: the fcn suite 9.1% with the GEMMs, 18.0% from the class; torch's fcn
+cell 1.2% and 18.1%), while the shapes it does time (LSTM-32's classifier, at twice its GEMMs' time
+in jax's step) are the ones the GEMMs miss.
+
 The forms are fitted by `fit_class`: relative least squares over the class's probes
 (`scipy.optimize.lsq_linear`), the overhead and the per-operand time non-negative and the slowdown
 at least 1, i.e. the marginal work never faster than the ceilings, unless a probe itself was. One
@@ -106,6 +114,9 @@ LOO_MARGIN = 0.01
 # a class with this many probes that are not overhead-bound is fitted from those alone
 MIN_STEADY_PROBES = 3
 SMALL_DIM = 128  # a GEMM dimension under this is "small": the others' blocking cannot hide it
+# kinds probed for their shapes but not fitted into a class (the module docstring): an unmeasured
+# shape is its parts
+UNFITTED_KINDS = ("dense_bwd",)
 # a convolution over this few input channels reads an image (RGB, grey): its reduction over
 # kh x kw x channels is too short for the vector units, so it runs at a fraction of the efficiency
 # of the same filter over feature maps, and fitted with them it reads as a large fixed overhead of
@@ -148,25 +159,23 @@ def probe_stratum(spec: KernelSpec) -> str:
     return f"{cls} {matmul_aspect(spec)}" if spec.kind == "matmul" else cls
 
 
-def _products(spec: KernelSpec) -> list[tuple[int, int, int]]:
-    """The (m, n, k) matrix products a kernel is fitted as: a matmul's own, a dense layer's
-    (KernelSpec.dense_products); none for the other kinds."""
-    if spec.kind == "matmul":
-        return [(spec["m"], spec["n"], spec["k"])]
-    return spec.dense_products() if spec.kind.startswith("dense") else []
-
-
 def operand_elements(spec: KernelSpec) -> int:
-    """The elements of a matrix product's operands and output (mk + kn + mn; a dense layer's summed
-    over its products), which its class's fit charges a time each (the module docstring); 0 for the
-    kinds fitted without that term."""
-    return sum(m * k + k * n + m * n for m, n, k in _products(spec))
+    """The elements of a matrix product's operands and output (mk + kn + mn), which its class's fit
+    charges a time each (the module docstring); 0 for the kinds fitted without that term."""
+    if spec.kind == "matmul":
+        return spec["m"] * spec["k"] + spec["k"] * spec["n"] + spec["m"] * spec["n"]
+    return 0
 
 
 def output_elements(spec: KernelSpec) -> int:
-    """The elements of a matrix product's output (mn; a dense layer's summed over its products), which
-    a class fitted in the `outputs` form charges again apart from its operands; 0 for any other kind."""
-    return sum(m * n for m, n, _ in _products(spec))
+    """The elements of a matrix product's output (mn), which a class fitted in the `outputs` form
+    charges again apart from its operands; 0 for any other kind."""
+    return spec["m"] * spec["n"] if spec.kind == "matmul" else 0
+
+
+def fitted(spec: KernelSpec) -> bool:
+    """Whether a probe of this kind is fitted into its class (UNFITTED_KINDS: timed as a shape only)."""
+    return spec.kind not in UNFITTED_KINDS
 
 
 def work_size(spec: KernelSpec) -> float:

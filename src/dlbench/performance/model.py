@@ -58,7 +58,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..store.profiles import MachineProfile
-from .class_efficiency import ClassFit, ClassPoint, efficiency_class, fit_class, operand_elements, output_elements
+from .class_efficiency import (ClassFit, ClassPoint, efficiency_class, fit_class, fitted, operand_elements,
+                               output_elements)
 from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
 from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
@@ -266,6 +267,8 @@ def class_points(profile: MachineProfile, framework: str, compiled: bool = False
     out: dict[str, list[ClassPoint]] = {}
     for probe in profile.class_probes.get(framework, []):
         spec = KernelSpec.from_dict(probe.spec)
+        if not fitted(spec):  # timed as a shape only (class_efficiency.UNFITTED_KINDS): in the kernel times
+            continue
         roofline = class_work(spec, profile, framework)
         own_call = timed_call(profile, framework, probe.cache)
         net, bound = probe.median_s - own_call, (roofline if compiled else probe.median_s / 2)
