@@ -36,6 +36,20 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
     def kernel(step, includes_forward=False, settings=None) -> contract.Kernel:  # waited for with waitall
         return contract.Kernel(step, mx.nd.waitall, settings, includes_forward)
 
+    def recorded_backward(forward, grads, settings=None) -> contract.Kernel:
+        """forward() and its backward in one autograd record, the output's gradient ones in its dtype,
+        into the parameters' gradients and those of `grads` (the harness takes the forward off)."""
+        for a in grads:
+            a.attach_grad()
+        dy = mx.nd.ones_like(forward())
+
+        def forward_backward():
+            with mx.autograd.record():
+                out = forward()
+            out.backward(dy)
+
+        return kernel(forward_backward, includes_forward=True, settings=settings)
+
     kind, shape, dtype = spec["kind"], spec["shape"], spec["dtype"]
     ctx = mx.gpu(0) if device_name == "cuda" else mx.cpu()
     mx.random.seed(0)
@@ -64,17 +78,8 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
                        pad=(shape["ph"], shape["pw"]), num_filter=shape["filters"], layout="NCHW")
         if kind == "conv2d_fwd":
             return kernel(lambda: mx.nd.Convolution(data=x, weight=w, **options), settings={"layout": "NCHW"})
-        if shape["input_grad"]:
-            x.attach_grad()
-        w.attach_grad()
-        dy = mx.nd.ones_like(mx.nd.Convolution(data=x, weight=w, **options))
-
-        def forward_backward():
-            with mx.autograd.record():
-                y = mx.nd.Convolution(data=x, weight=w, **options)
-            y.backward(dy)
-
-        return kernel(forward_backward, includes_forward=True, settings={"layout": "NCHW"})
+        return recorded_backward(lambda: mx.nd.Convolution(data=x, weight=w, **options),
+                                 [x, w] if shape["input_grad"] else [w], {"layout": "NCHW"})
     if kind.startswith("lstm_step"):
         b, i, h = shape["batch"], shape["input"], shape["hidden"]
         cell = mx.gluon.rnn.LSTMCell(h, input_size=i)
@@ -107,15 +112,7 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
         settings = {"layer": "gluon.rnn.LSTM (fused RNN operator), hybridised"}
         if kind == "lstm_layer_fwd":
             return kernel(lambda: layer(x), settings=settings)
-        x.attach_grad()
-        dy = mx.nd.ones((b, t, h), ctx=ctx, dtype=x.dtype)
-
-        def forward_backward():
-            with mx.autograd.record():
-                out = layer(x)
-            out.backward(dy)
-
-        return kernel(forward_backward, includes_forward=True, settings=settings)
+        return recorded_backward(lambda: layer(x), [x], settings)
     if kind.startswith("softmax_xent"):
         logits = rand(shape["rows"], shape["classes"])
         labels = mx.nd.random.randint(0, shape["classes"], shape=(shape["rows"],), ctx=ctx).astype("float32")
@@ -147,16 +144,7 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
         settings = {"op": "gluon.nn.Dense(flatten=False), hybridised"}
         if kind == "dense_fwd":
             return kernel(lambda: layer(x), settings=settings)
-        if shape["input_grad"]:
-            x.attach_grad()
-        dy = mx.nd.ones_like(layer(x))
-
-        def forward_backward():
-            with mx.autograd.record():
-                y = layer(x)
-            y.backward(dy)
-
-        return kernel(forward_backward, includes_forward=True, settings=settings)
+        return recorded_backward(lambda: layer(x), [x] if shape["input_grad"] else [], settings)
     if kind == "batched_matmul":
         a, b = rand(shape["batch"], shape["m"], shape["k"]), rand(shape["batch"], shape["k"], shape["n"])
         return kernel(lambda: mx.nd.batch_dot(a, b), settings={"op": "batch_dot"})
@@ -199,16 +187,8 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
                     block(*inputs)
 
             return kernel(forward, settings=settings)
-        for a in grads:
-            a.attach_grad()
-        dy = mx.nd.ones_like(block(*inputs))  # in the output's dtype (float32 from fused operators that refused it)
-
-        def forward_backward():
-            with mx.autograd.record():
-                out = block(*inputs)
-            out.backward(dy)
-
-        return kernel(forward_backward, includes_forward=True, settings=settings)
+        # the output's gradient in its dtype (float32 from fused operators that refused the kernel's)
+        return recorded_backward(lambda: block(*inputs), grads, settings)
     if kind.startswith("batch_norm"):
         n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
         block = mx.gluon.nn.BatchNorm(axis=1, momentum=0.9, epsilon=1e-5, in_channels=c)  # as the runner's
@@ -223,16 +203,7 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
                     block(x)
 
             return kernel(forward, settings=settings)
-        if shape["input_grad"]:
-            x.attach_grad()
-        dy = mx.nd.ones_like(block(x))
-
-        def forward_backward():
-            with mx.autograd.record():
-                out = block(x)
-            out.backward(dy)
-
-        return kernel(forward_backward, includes_forward=True, settings=settings)
+        return recorded_backward(lambda: block(x), [x] if shape["input_grad"] else [], settings)
     if kind.startswith("pool2d"):
         x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
         op = contract.pool_op(shape)
@@ -246,15 +217,7 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
                     "layout": "NCHW"}
         if kind == "pool2d_fwd":
             return kernel(lambda: mx.nd.Pooling(x, **options), settings=settings)
-        x.attach_grad()
-        dy = mx.nd.ones_like(mx.nd.Pooling(x, **options))
-
-        def forward_backward():
-            with mx.autograd.record():
-                y = mx.nd.Pooling(x, **options)
-            y.backward(dy)
-
-        return kernel(forward_backward, includes_forward=True, settings=settings)
+        return recorded_backward(lambda: mx.nd.Pooling(x, **options), [x], settings)
     raise ValueError(f"mxnet runner: unknown kernel kind {kind!r}")
 
 
