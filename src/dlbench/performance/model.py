@@ -8,7 +8,8 @@ t_f, t_b and t_u are sums over the operations of `workload.decompose`. An operat
 (shape and dtype) the profile holds as measured on that framework takes its measured median time
 (a whole LSTM layer; where only its step was measured, the step once per time step; attention's
 fused core, where it was not measured, the sum of its parts: the batched products, measured too,
-and the softmax); a kernel that was not timed but whose operation class calibrate probed on that
+and the softmax; a dense layer's backward, where not measured, its GEMMs and bias gradient); a kernel
+that was not timed but whose operation class calibrate probed on that
 framework (performance/class_efficiency.py: convolutions by filter family, matmuls by aspect, LSTM,
 attention, normalisation, element-wise, the loss, the optimiser) takes the class's fit of its
 probes, overhead + slowdown x its roofline time (class_efficiency.fit_class); any other operation takes its roofline time,
