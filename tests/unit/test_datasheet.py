@@ -143,10 +143,10 @@ def test_machines_compared_and_ranked(tmp_path, machines):
     network = dense_network(tmp_path, 1024, 1024)
     jobs = [Job("one_dense-train", network, 64, "train"), Job("one_dense-infer", network, 64, "infer")]
     profiles = [machines.profile(m, ["torch"]) for m in ("l4", "h200", "a100")]
-    rows = compare_machines(jobs, "torch", profiles, [1, 8, 16], EAGER)
-    assert list(rows[0].to_dict()) == ["benchmark", "batch", "precision", "machine", "source", "workers",
-                                       "iteration_s", "samples_per_s", "power_w", "energy_per_sample_j", "rank",
-                                       "error", "sources"]
+    rows = compare_machines(jobs, {"torch": EAGER}, profiles, [1, 8, 16])
+    assert list(rows[0].to_dict()) == ["benchmark", "batch", "precision", "framework", "machine", "source",
+                                       "workers", "iteration_s", "samples_per_s", "power_w", "energy_per_sample_j",
+                                       "rank", "error", "sources"]
     assert all(r.sources == {"datasheet": pytest.approx(1.0)} for r in rows if r.rank is not None)
     train = [r for r in rows if r.benchmark == "one_dense-train"]
     ranked = [r for r in train if r.rank is not None]
@@ -163,6 +163,23 @@ def test_machines_compared_and_ranked(tmp_path, machines):
     infer = [r for r in rows if r.benchmark == "one_dense-infer"]
     assert {r.workers for r in infer} == {1} and [r.rank for r in infer] == [1, 2, 3]
     assert isinstance(rows[0], ChoiceRow) and json.dumps([r.to_dict() for r in rows])
+
+
+def test_frameworks_are_ranked_together_by_their_step_kind(tmp_path, machines):
+    """Several frameworks share one ranking per benchmark: on the same machine a compiled step (one
+    launch per iteration) comes out ahead of an eager one (a launch per operation) by exactly the
+    launches it saves."""
+    network = dense_network(tmp_path, 256, 256)
+    compiled = FrameworkFacts(step="graph", schedule="wfbp")
+    rows = compare_machines([Job("one_dense-train", network, 32, "train")], {"torch": EAGER, "jax": compiled},
+                            [machines.profile(m, ["torch", "jax"]) for m in ("h200", "l4")], [1])
+    assert [r.rank for r in rows] == [1, 2, 3, 4]
+    assert {(r.framework, r.machine) for r in rows} == {(f, m) for f in ("torch", "jax")
+                                                       for m in ("datasheet:h200", "datasheet:l4")}
+    h200 = {r.framework: r for r in rows if r.machine == "datasheet:h200"}
+    assert h200["jax"].rank < h200["torch"].rank
+    saved = (h200["torch"].iteration_s - h200["jax"].iteration_s) / machines.efficiency.launch_overhead_s
+    assert saved >= 2 and saved == pytest.approx(round(saved), abs=1e-6)  # whole launches, nothing else
 
 
 def invoke(*args: str):
@@ -205,3 +222,17 @@ def test_predict_suite_prints_the_ranked_table(tmp_path, monkeypatch):
     first = [r for r in rows if r["benchmark"] == rows[0]["benchmark"] and r["batch"] == rows[0]["batch"]]
     assert [r["rank"] for r in first] == [1, 2] and first[0]["samples_per_s"] >= first[1]["samples_per_s"]
     assert all(r["source"] == "datasheet" and math.isfinite(r["energy_per_sample_j"]) for r in rows)
+
+
+def test_predict_suite_without_framework_ranks_every_framework(tmp_path, monkeypatch):
+    """The issue's command as written: no --framework means every runner present, ranked together."""
+    monkeypatch.setenv("DLBENCH_STORE", str(tmp_path / "empty-store"))
+    code, out, err = invoke("predict", "--suite", "cnn", "--machine", "a100", "--machine", "h100",
+                            "--machine", "h200", "--format", "json")
+    assert code == 0, err
+    data = json.loads(out)
+    rows = [r for r in data["rows"] if r["benchmark"] == "resnet50-train"]
+    assert {r["framework"] for r in rows} == set(data["frameworks"]) and len(data["frameworks"]) >= 2
+    assert sorted(r["rank"] for r in rows) == list(range(1, 3 * len(data["frameworks"]) + 1))
+    code, _, err = invoke("predict", "--suite", "cnn", "--framework", "caffe", "--machine", "h200")
+    assert code == 2 and "caffe" in err

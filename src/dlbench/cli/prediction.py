@@ -26,7 +26,9 @@ from .options import MODES, FormatOption, StoreOption, check_choice, check_forma
 
 def predict(
     network: Annotated[Optional[str], typer.Option(help="A network of suites/networks, or a path to its .yaml.")] = None,
-    framework: Annotated[Optional[str], typer.Option(help="Whose measured kernel times to use.")] = None,
+    framework: Annotated[Optional[str], typer.Option(help=(
+        "Whose measured kernel times and step kind to use; with --suite, 'all' (the default) or a comma list: "
+        "each framework ranked with the machines.")) ] = None,
     batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size (per worker).")] = None,
     mode: Annotated[str, typer.Option(help="train | infer")] = "train",
     workers: Annotated[Optional[list[int]], typer.Option(min=1, help=(
@@ -86,13 +88,11 @@ def predict(
                                 ("--threads", threads)) if v is not None]
         if given:
             raise fail(f"--suite compares machines on the suite's benchmarks; {', '.join(given)} is for one prediction")
-        if framework is None:
-            raise fail("predict --suite needs --framework")
-        check_choice("framework", framework, lookup.registry().names())
+        frameworks = lookup.framework_names(lookup.registry(), [framework or "all"])
         if schedule is not None:
             check_choice("schedule", schedule, list(SCHEDULES))
         st = lookup.open_store(store)
-        _choose(suites=suite, framework=framework, profiles=[_profile(m, st, settings) for m in machines or [None]],
+        _choose(suites=suite, frameworks=frameworks, profiles=[_profile(m, st, settings) for m in machines or [None]],
                 workers=counts, schedule=schedule, fmt=format)
         return
     if len(machines) > 1 or len(counts) > 1:
@@ -423,34 +423,36 @@ def _datasheets_of(records: list, frameworks: list[str]):
 # ------------------------------------------------------------------------------------------- choice
 
 
-def _choose(*, suites: list[str], framework: str, profiles: list, workers: list[int], schedule: str | None,
-            fmt: str) -> None:
-    """`predict --suite S --machine A --machine B`: performance/choice.py's rows, one table per benchmark."""
+def _choose(*, suites: list[str], frameworks: list[str], profiles: list, workers: list[int],
+            schedule: str | None, fmt: str) -> None:
+    """`predict --suite S --machine A --machine B`: performance/choice.py's rows, one table per benchmark,
+    every framework and machine in it."""
     from ..performance.choice import compare_machines, jobs_of_suite
 
     device = "cuda" if any(p.device == "cuda" for p in profiles) else profiles[0].device
     jobs = [job for name in suites for s in lookup.load_suites(name, "default", device) for job in jobs_of_suite(s.benchmarks)]
-    facts = lookup.runner(lookup.registry(), framework).model
-    rows = compare_machines(jobs, framework, profiles, workers, facts, schedule)
+    registry = lookup.registry()
+    rows = compare_machines(jobs, {f: lookup.runner(registry, f).model for f in frameworks}, profiles, workers,
+                            schedule)
     if fmt == "json":
-        sys.stdout.write(json.dumps({"framework": framework, "suites": suites, "device": device,
+        sys.stdout.write(json.dumps({"frameworks": frameworks, "suites": suites, "device": device,
                                      "rows": [r.to_dict() for r in rows]}, indent=1) + "\n")
         return
     by_job: dict[tuple, list] = {}
     for r in rows:
         by_job.setdefault((r.benchmark, r.batch, r.precision), []).append(r)
     for (bench, batch, precision), group in by_job.items():
-        t = Table(title=escape(f"{bench}, {framework}, batch {batch} per worker, {precision}"))
-        for col in ("rank", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample", "from"):
-            t.add_column(col, justify="left" if col in ("machine", "source", "from") else "right")
+        t = Table(title=escape(f"{bench}, batch {batch} per worker, {precision}"))
+        for col in ("rank", "framework", "machine", "source", "workers", "iteration ms", "samples/s", "J/sample", "from"):
+            t.add_column(col, justify="left" if col in ("framework", "machine", "source", "from") else "right")
         reasons: dict[str, None] = {}
         for r in group:
             if r.error is not None:
-                reasons[f"{r.machine}: {r.error}"] = None
-                t.add_row("", escape(r.machine), r.source, str(r.workers), "not predicted", "", "", "")
+                reasons[f"{r.framework} on {r.machine}: {r.error}"] = None
+                t.add_row("", r.framework, escape(r.machine), r.source, str(r.workers), "not predicted", "", "", "")
                 continue
-            t.add_row(str(r.rank), escape(r.machine), r.source, str(r.workers), f"{r.iteration_s * 1e3:.3f}",
-                      f"{r.samples_per_s:,.1f}",
+            t.add_row(str(r.rank), r.framework, escape(r.machine), r.source, str(r.workers),
+                      f"{r.iteration_s * 1e3:.3f}", f"{r.samples_per_s:,.1f}",
                       f"{r.energy_per_sample_j:.4f}" if r.energy_per_sample_j is not None else "",
                       sources_text(r.sources, short=True))
         if reasons:

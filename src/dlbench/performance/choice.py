@@ -1,11 +1,13 @@
 """Which machine for this job: each benchmark predicted on several machines and worker counts, ranked.
 
-`compare_machines` predicts every (benchmark, batch) of a suite on every machine profile given (a
-calibrated one, or a datasheet's: performance/datasheet.py) at every worker count, and returns one
-row per prediction: iteration time, samples per second (workers x per-worker batch / iteration) and,
+`compare_machines` predicts every (benchmark, batch) of a suite for every framework given, on every
+machine profile given (a calibrated one, or a datasheet's: performance/datasheet.py) at every worker
+count, and returns one row per prediction: iteration time, samples per second (workers x per-worker batch / iteration) and,
 where the profile states the board's power, the energy per sample (power x workers x iteration /
 (workers x batch): the board at its maximum power the whole iteration, so an upper bound). Rows are
-ranked per benchmark, batch and precision by samples per second, fastest first; a prediction the
+ranked per benchmark, batch and precision by samples per second, fastest first, over every framework,
+machine and worker count (a framework's step kind changes its time: an eager step pays a launch per
+operation, a compiled one per iteration); a prediction the
 profile cannot make (a precision its datasheet gives no rate for, more workers than one node holds)
 is a row with its reason and no rank, after the ranked ones.
 
@@ -41,6 +43,7 @@ class ChoiceRow:
     benchmark: str
     batch: int  # per worker
     precision: str
+    framework: str
     machine: str  # the profile's ref (datasheet:<name>, or <machine id>@<revision>)
     source: str  # datasheet | measured
     workers: int
@@ -57,33 +60,22 @@ class ChoiceRow:
         return asdict(self)
 
 
-def compare_machines(jobs: Iterable[Job], framework: str, profiles: Iterable[MachineProfile],
-                     workers: Iterable[int] = (1,), facts: FrameworkFacts | None = None,
+def compare_machines(jobs: Iterable[Job], frameworks: Mapping[str, FrameworkFacts | None],
+                     profiles: Iterable[MachineProfile], workers: Iterable[int] = (1,),
                      schedule: str | None = None) -> list[ChoiceRow]:
-    """Every job on every profile at every worker count, ranked per (benchmark, batch, precision)."""
+    """Every job in every framework (name: its runner's model facts) on every profile at every worker
+    count, ranked per (benchmark, batch, precision)."""
     profiles, counts = list(profiles), sorted(set(workers))
     groups: dict[tuple[str, int, str], list[ChoiceRow]] = {}
     for job in jobs:
         work = decompose(job.network, job.batch, job.mode, job.precision)
         rows = groups.setdefault((job.benchmark, job.batch, job.precision), [])
-        for profile in profiles:
-            for n in counts:
-                if n > 1 and job.mode != "train":
-                    continue
-                row = ChoiceRow(job.benchmark, job.batch, job.precision, profile.ref, profile.source, n)
-                try:
-                    p = predict(work, framework, profile, n, schedule, facts=facts)
-                except (PredictionError, ValueError) as e:
-                    row.error = str(e)
-                else:
-                    row.iteration_s = p.iteration_s
-                    row.sources = p.source_shares
-                    row.samples_per_s = n * job.batch / p.iteration_s if p.iteration_s > 0 else None
-                    board = board_power_w(profile)
-                    if board is not None:
-                        row.power_w = n * board
-                        row.energy_per_sample_j = row.power_w * p.iteration_s / (n * job.batch)
-                rows.append(row)
+        for framework, facts in frameworks.items():
+            for profile in profiles:
+                for n in counts:
+                    if n > 1 and job.mode != "train":
+                        continue
+                    rows.append(_row(job, work, framework, facts, profile, n, schedule))
     out: list[ChoiceRow] = []
     for rows in groups.values():
         ranked = sorted((r for r in rows if r.samples_per_s is not None), key=lambda r: -r.samples_per_s)
@@ -91,6 +83,24 @@ def compare_machines(jobs: Iterable[Job], framework: str, profiles: Iterable[Mac
             r.rank = i
         out += ranked + [r for r in rows if r.samples_per_s is None]
     return out
+
+
+def _row(job: Job, work, framework: str, facts: FrameworkFacts | None, profile: MachineProfile, n: int,
+         schedule: str | None) -> ChoiceRow:
+    row = ChoiceRow(job.benchmark, job.batch, job.precision, framework, profile.ref, profile.source, n)
+    try:
+        p = predict(work, framework, profile, n, schedule, facts=facts)
+    except (PredictionError, ValueError) as e:
+        row.error = str(e)
+        return row
+    row.iteration_s = p.iteration_s
+    row.sources = p.source_shares
+    row.samples_per_s = n * job.batch / p.iteration_s if p.iteration_s > 0 else None
+    board = board_power_w(profile)
+    if board is not None:
+        row.power_w = n * board
+        row.energy_per_sample_j = row.power_w * p.iteration_s / (n * job.batch)
+    return row
 
 
 def jobs_of_suite(benchmarks: Iterable, batches: Mapping[str, Iterable[int]] | None = None) -> list[Job]:
