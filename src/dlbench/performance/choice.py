@@ -1,15 +1,16 @@
-"""Which machine for this job: each benchmark predicted on several machines and worker counts, ranked.
+"""Which machine for this job: each benchmark predicted for several frameworks on several machines and
+worker counts, ranked.
 
 `compare_machines` predicts every (benchmark, batch) of a suite for every framework given, on every
 machine profile given (a calibrated one, or a datasheet's: performance/datasheet.py) at every worker
-count, and returns one row per prediction: iteration time, samples per second (workers x per-worker batch / iteration) and,
-where the profile states the board's power, the energy per sample (power x workers x iteration /
-(workers x batch): the board at its maximum power the whole iteration, so an upper bound). Rows are
-ranked per benchmark, batch and precision by samples per second, fastest first, over every framework,
-machine and worker count (a framework's step kind changes its time: an eager step pays a launch per
-operation, a compiled one per iteration); a prediction the
-profile cannot make (a precision its datasheet gives no rate for, more workers than one node holds)
-is a row with its reason and no rank, after the ranked ones.
+count, and returns one row per prediction: iteration time, samples per second (workers x per-worker
+batch / iteration) and, where the profile states the board's power, the energy per sample (power x
+workers x iteration / (workers x batch): the board at its maximum power the whole iteration, so an
+upper bound). Rows are ranked per benchmark, batch and precision by samples per second, fastest
+first, over every framework, machine and worker count (a framework's step kind changes its time: an
+eager step pays a launch per operation, a compiled one per iteration); a prediction the profile
+cannot make (a precision its datasheet gives no rate for, more workers than one node holds) is a row
+with its reason and no rank, after the ranked ones.
 
 The rows are plain data (`ChoiceRow.to_dict`): the CLI prints them as a table (`dlbench predict
 --suite S --machine A --machine B`), and a scheduler can consume them as they are. Inference runs
