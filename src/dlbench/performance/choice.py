@@ -7,10 +7,10 @@ count, and returns one row per prediction: iteration time, samples per second (w
 batch / iteration) and, where the profile states the board's power, the energy per sample (power x
 workers x iteration / (workers x batch): the board at its maximum power the whole iteration, so an
 upper bound). Rows are ranked per benchmark, batch and precision by samples per second, fastest
-first, over every framework, machine and worker count (a framework's step kind changes its time: an
-eager step pays a launch per operation, a compiled one per iteration); a prediction the profile
-cannot make (a precision its datasheet gives no rate for, more workers than one node holds) is a row
-with its reason and no rank, after the ranked ones.
+first (equal predictions share a rank), over every framework, machine and worker count (a
+framework's step kind changes its time: an eager step pays a launch per operation, a compiled one
+per iteration); a prediction the profile cannot make (a precision its datasheet gives no rate for,
+more workers than one node holds) is a row with its reason and no rank, after the ranked ones.
 
 The rows are plain data (`ChoiceRow.to_dict`): the CLI prints them as a table (`dlbench predict
 --suite S --machine A --machine B`), and a scheduler can consume them as they are. Inference runs
@@ -19,6 +19,7 @@ exchange no gradients, so they are predicted at one worker only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
@@ -80,8 +81,9 @@ def compare_machines(jobs: Iterable[Job], frameworks: Mapping[str, FrameworkFact
     out: list[ChoiceRow] = []
     for rows in groups.values():
         ranked = sorted((r for r in rows if r.samples_per_s is not None), key=lambda r: -r.samples_per_s)
-        for i, r in enumerate(ranked, 1):
-            r.rank = i
+        for i, r in enumerate(ranked, 1):  # a tie shares the rank of the first of it (1, 1, 3)
+            tied = i > 1 and math.isclose(r.samples_per_s, ranked[i - 2].samples_per_s, rel_tol=1e-9)
+            r.rank = ranked[i - 2].rank if tied else i
         out += ranked + [r for r in rows if r.samples_per_s is None]
     return out
 
