@@ -95,6 +95,22 @@ def test_run_prefers_the_profile_of_its_thread_count(tmp_path):
     assert predictor is None and "dlbench calibrate" in said
 
 
+def test_each_framework_over_every_suite_where_several_were_scored():
+    """A framework's runs of several suites get a row of their own (is every framework within the
+    bound?), placed before the total; over one suite they would repeat the suite's row and are left out."""
+    runs = [predicted(make_record(framework="torch"), 0.02), predicted(make_record(framework="jax"), 0.03)]
+    one_suite = {(g["suite"], g["framework"]) for g in accuracy_table_rows(prediction_errors(runs))}
+    assert ("all", "torch") not in one_suite and ("all", "jax") not in one_suite
+    rows = prediction_errors(runs)
+    rows.append({**rows[0], "suite": "cnn", "error": 0.5})  # a second suite's run of torch
+    table = accuracy_table_rows(rows)
+    groups = {(g["suite"], g["framework"]): g for g in table}
+    torch_all = groups[("all", "torch")]
+    assert torch_all["runs"] == 2 and torch_all["median_abs_error"] == pytest.approx((abs(rows[0]["error"]) + 0.5) / 2)
+    assert ("all", "jax") not in groups  # one suite of jax: its suite row says it
+    assert [(g["suite"], g["framework"]) for g in table][-2:] == [("all", "torch"), ("all", "all")]
+
+
 def test_accuracy_per_precision_where_several_were_predicted():
     runs = [predicted(make_record(framework="torch"), 0.02), predicted(make_record(framework="torch"), 0.04)]
     runs[1].workload = runs[1].workload.model_copy(update={"precision": "amp_bf16"})

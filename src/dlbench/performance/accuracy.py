@@ -126,14 +126,16 @@ def _scale_by_drift(rows: list[dict]) -> None:
 
 
 def accuracy_table_rows(rows: list[dict]) -> list[dict]:
-    """Per suite and framework (then per suite, then all), and per precision over everything when
-    runs of more than one precision were scored: runs, predicted runs, median |error|, share within
+    """Per suite and framework (then per suite; per framework over every suite where runs of several
+    suites were scored; then all), and per precision over everything when runs of more than one
+    precision were scored: runs, predicted runs, median |error|, share within
     25%, median signed error. A reduced precision is predicted from the kernel suite's bfloat16 or
     float16 kernels (workload.decompose), so its accuracy is that of those measurements."""
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["suite"], row["framework"], "all"), []).append(row)
         groups.setdefault((row["suite"], "all", "all"), []).append(row)
+        groups.setdefault(("all", row["framework"], "all"), []).append(row)
         groups.setdefault(("all", "all", "all"), []).append(row)
     if len({row.get("precision", "fp32") for row in rows}) > 1:
         for row in rows:
@@ -144,6 +146,8 @@ def accuracy_table_rows(rows: list[dict]) -> list[dict]:
                                             kv[0][2] == "all", kv[0][2])):
         if framework == "all" and suite != "all" and len({m["framework"] for m in members}) < 2:
             continue  # a suite's total is worth a row only over several frameworks
+        if suite == "all" and framework != "all" and len({m["suite"] for m in members}) < 2:
+            continue  # and a framework's total only over several suites
         errors = [m["error"] for m in members if m["error"] is not None]
         split = [m["sources"] for m in members if m["error"] is not None and m.get("sources")]
         on_sheets = [m["datasheet_error"] for m in members if m.get("datasheet_error") is not None]
