@@ -1,14 +1,14 @@
-"""Shared by every test: runners/common on the import path, after everything else.
+"""Shared by every test: the repository root on the import path, after everything else.
 
-A runner's modules import the contract and the protocol (runners/common/contract.py, protocol.py)
-as top-level modules, which their worker.py puts on sys.path; a test that imports a runner's module
-(runners/<fw>/ on sys.path, e.g. tests/unit/test_jax_distributed_placement.py) gets them here.
-Appended, so that nothing of the controller's or a test's own can be shadowed by them.
+Tests import runner code by its package name (runners.common.harness, runners.jax.jax_distributed);
+the controller's editable install already puts the repository root on the path, this keeps it so
+for an interpreter that has dlbench installed otherwise. Appended, so that nothing of the
+controller's or a test's own can be shadowed by it.
 """
 
 import sys
 from pathlib import Path
 
-COMMON = str(Path(__file__).resolve().parents[1] / "runners" / "common")
-if COMMON not in sys.path:
-    sys.path.append(COMMON)
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.append(ROOT)

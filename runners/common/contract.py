@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from protocol import Skip
+from runners.common.protocol import Skip
 
 Arrays = dict  # canonical weight name (src/dlbench/definitions/weights.py) -> numpy.ndarray, float32
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 import time
 
-from datasets import evict_from_page_cache, read_split
-from mllog import MLLogger
+from runners.common.datasets import evict_from_page_cache, read_split
+from runners.common.mllog import MLLogger
 
 
 def learning_rate(step: int, steps_per_epoch: int, optimizer: dict, max_epochs: int) -> float:

@@ -30,7 +30,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from protocol import PROTOCOL_VERSION, Skip, classify, read_request, write_atomically
+from runners.common.protocol import PROTOCOL_VERSION, Skip, classify, read_request, write_atomically
 
 
 @dataclass(frozen=True)

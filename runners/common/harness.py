@@ -25,7 +25,7 @@ import time
 import traceback
 from typing import Callable
 
-from protocol import Skip, classify, read_request, write_atomically
+from runners.common.protocol import Skip, classify, read_request, write_atomically
 
 # protocol.PROTOCOL_VERSION, spelled out: tests/unit/test_no_framework_import.py compares this file's
 # literal with the controller's (tests/unit/test_runner_contract.py keeps the two equal)
@@ -325,7 +325,7 @@ def run_generation(runner, request: dict, result: dict) -> None:
                                          new_tokens))
         _after_timing(generator, result)
     elif request["action"] == "loadgen":
-        from loadgen_harness import serve_generation  # imports mlperf_loadgen, which only this action needs
+        from runners.common.loadgen_harness import serve_generation  # imports mlperf_loadgen, which only this action needs
 
         result["loadgen"] = serve_generation(generator, request)
         _after_timing(generator, result)
@@ -351,7 +351,7 @@ def run_request(runner, request: dict) -> dict:
         if request["action"] == "convergence":
             if not hasattr(runner, "prepare_convergence"):
                 raise Skip(f"the {runner.name} runner has no convergence loop (contract.ConvergenceRunner)")
-            from convergence import run_convergence  # time to accuracy: runners/common/convergence.py
+            from runners.common.convergence import run_convergence  # time to accuracy: runners/common/convergence.py
 
             run = run_convergence(runner, request)
             result.update(params=run.pop("params"), settings=run.pop("settings"), convergence=run, status="ok")
@@ -367,7 +367,7 @@ def run_request(runner, request: dict) -> dict:
             result.update(measure(prepared, request["policy"]["warmup"], request["policy"]["measure"]))
             _after_timing(prepared, result)
         elif request["action"] == "loadgen":
-            from loadgen_harness import run_loadgen  # imports mlperf_loadgen, which only this action needs
+            from runners.common.loadgen_harness import run_loadgen  # imports mlperf_loadgen, which only this action needs
 
             result["loadgen"] = run_loadgen(prepared, request, runner.name)
             _after_timing(prepared, result)  # after LoadGen's tests, as after a measured window

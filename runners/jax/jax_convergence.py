@@ -11,10 +11,10 @@ padded to one shape with a mask, so that one compiled step serves them all."""
 
 from __future__ import annotations
 
-import jax_network as jn
-from datasets import crop_flip, normalise
-from jax_network import load_jax
-from protocol import Skip
+from runners.jax import jax_network as jn
+from runners.common.datasets import crop_flip, normalise
+from runners.jax.jax_network import load_jax
+from runners.common.protocol import Skip
 
 EVAL_BATCH = 500
 
@@ -23,7 +23,7 @@ def prepare_convergence(request: dict, device):
     import numpy as np
     import optax
 
-    from contract import Trainer
+    from runners.common.contract import Trainer
 
     jax = load_jax()
     jnp = jax.numpy

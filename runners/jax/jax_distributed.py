@@ -49,11 +49,11 @@ import os
 import re
 import time
 
-import jax_network as jn
-from contract import DataParallel
-from jax_network import load_jax
-from jax_runner import JaxRunner
-from protocol import Skip
+from runners.jax import jax_network as jn
+from runners.common.contract import DataParallel
+from runners.jax.jax_network import load_jax
+from runners.jax.jax_runner import JaxRunner
+from runners.common.protocol import Skip
 
 AXIS = "data"
 # jax.distributed's defaults are 300 s to connect and 100 s without a heartbeat; stated here so

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import functools
 
-import jax_network as jn
-from contract import DecoderLayout, Generator
-from jax_network import load_jax
-from protocol import Skip
+from runners.jax import jax_network as jn
+from runners.common.contract import DecoderLayout, Generator
+from runners.jax.jax_network import load_jax
+from runners.common.protocol import Skip
 
 
 @functools.cache

@@ -25,8 +25,8 @@ step's autodiff does, which on a sequence is not what two matmuls timed alone ar
 
 from __future__ import annotations
 
-from contract import Kernel, pool_op
-from jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, batch_norm_module, load_jax,
+from runners.common.contract import Kernel, pool_op
+from runners.jax.jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, batch_norm_module, load_jax,
                          lstm_layer_class)
 
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import functools
 
-from contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, LayerTable
-from protocol import Skip
+from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, LayerTable
+from runners.common.protocol import Skip
 
 _FLAT_ELEMENTWISE = ("relu", "sigmoid", "tanh", "dropout", "batch_norm")
 _FLATTEN_SETTING = {"nhwc": "NHWC reshape, next dense's rows permuted at load/export",

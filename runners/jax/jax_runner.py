@@ -40,10 +40,10 @@ import json
 import os
 import sys
 
-import jax_network as jn
-from contract import KERNEL_PRECISION, Kernel, Prepared
-from jax_network import load_jax
-from protocol import Skip
+from runners.jax import jax_network as jn
+from runners.common.contract import KERNEL_PRECISION, Kernel, Prepared
+from runners.jax.jax_network import load_jax
+from runners.common.protocol import Skip
 
 # jax.monitoring events: one per jaxpr trace, one per XLA compilation (jax/_src/dispatch.py's names)
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
@@ -216,7 +216,7 @@ class JaxRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from jax_kernels import prepare_kernel  # the kernels suite (runners/jax/jax_kernels.py)
+        from runners.jax.jax_kernels import prepare_kernel  # the kernels suite (runners/jax/jax_kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (jax allows TF32 by default):
         # NVIDIA_TF32_OVERRIDE=0 before the CUDA backend exists, the matmul precision "highest"
@@ -234,7 +234,7 @@ class JaxRunner:
     def prepare_generation(self, request: dict):
         """Mode generate: the network's parameters as prepare makes them, decoded with flax cache
         variables in jitted prefill and decode steps (jax_generate.py)."""
-        from jax_generate import prepare_generation
+        from runners.jax.jax_generate import prepare_generation
 
         self._init_jax(request["device"], jn.check_precision(request))
         generator = prepare_generation(request, self._device(request["device"]))
@@ -242,7 +242,7 @@ class JaxRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from jax_convergence import prepare_convergence  # the convergence suite (jax_convergence.py)
+        from runners.jax.jax_convergence import prepare_convergence  # the convergence suite (jax_convergence.py)
 
         self._init_jax(request["device"], jn.check_precision(request))
         return prepare_convergence(request, self._device(request["device"]))

@@ -11,7 +11,10 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module=r"mxnet(\.|$)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+# Started by path: Python put this folder first on sys.path, where the runner's own module names
+# could shadow libraries; the folder that holds the `runners` package takes its place, and every
+# module is imported by its package name (runners.common.harness, runners.<fw>....).
+sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 
 def serve(role: str) -> int:
@@ -32,7 +35,7 @@ if __name__ == "__main__":
     if role in ("scheduler", "server"):
         sys.exit(serve(role))
 
-    import distributed_harness  # noqa: E402
-    from mxnet_distributed import MXNetDistributedRunner  # noqa: E402
+    from runners.common import distributed_harness  # noqa: E402
+    from runners.mxnet.mxnet_distributed import MXNetDistributedRunner  # noqa: E402
 
     sys.exit(distributed_harness.main(MXNetDistributedRunner()))

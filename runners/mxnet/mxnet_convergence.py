@@ -8,10 +8,10 @@ batchify into shared-memory NDArrays. fp32 only."""
 
 from __future__ import annotations
 
-import mxnet_network as mn
-from datasets import crop_flip, normalise
-from mxnet_network import load_mxnet
-from protocol import Skip
+from runners.mxnet import mxnet_network as mn
+from runners.common.datasets import crop_flip, normalise
+from runners.mxnet.mxnet_network import load_mxnet
+from runners.common.protocol import Skip
 
 EVAL_BATCH = 500
 
@@ -19,7 +19,7 @@ EVAL_BATCH = 500
 def prepare_convergence(request: dict, ctx, effective: dict):
     import numpy as np
 
-    from contract import Trainer
+    from runners.common.contract import Trainer
 
     mx = load_mxnet()
     if request["precision"] != "fp32":

@@ -44,11 +44,11 @@ from __future__ import annotations
 import gc
 import os
 
-import mxnet_network as mn
-from contract import DataParallel
-from mxnet_network import load_mxnet
-from mxnet_runner import MXNetRunner, check_precision, compile_choice, float32_math
-from protocol import Skip
+from runners.mxnet import mxnet_network as mn
+from runners.common.contract import DataParallel
+from runners.mxnet.mxnet_network import load_mxnet
+from runners.mxnet.mxnet_runner import MXNetRunner, check_precision, compile_choice, float32_math
+from runners.common.protocol import Skip
 
 # The servers and workers keep every broadcast key (and its buffers) until the job ends.
 BROADCAST_KEY_BUDGET_BYTES = 2 * 1024 ** 3

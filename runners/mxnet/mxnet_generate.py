@@ -19,9 +19,9 @@ imperatively.
 
 from __future__ import annotations
 
-import mxnet_network as mn
-from contract import DecoderLayout, Generator
-from mxnet_network import load_mxnet
+from runners.mxnet import mxnet_network as mn
+from runners.common.contract import DecoderLayout, Generator
+from runners.mxnet.mxnet_network import load_mxnet
 
 
 def step_class():

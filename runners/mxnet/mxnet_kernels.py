@@ -26,8 +26,8 @@ inputs) sequence or a flat input, its gradients one autograd forward and backwar
 
 from __future__ import annotations
 
-import contract
-from mxnet_network import block_classes, fused_attention_unavailable, load_mxnet
+from runners.common import contract
+from runners.mxnet.mxnet_network import block_classes, fused_attention_unavailable, load_mxnet
 
 
 def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:

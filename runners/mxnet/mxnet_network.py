@@ -15,7 +15,7 @@ import functools
 import math
 import types
 
-from contract import LayerTable
+from runners.common.contract import LayerTable
 
 _mx = None
 

@@ -101,10 +101,10 @@ from __future__ import annotations
 import ctypes
 import os
 
-import mxnet_network as mn
-from contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Kernel, Prepared
-from mxnet_network import load_mxnet
-from protocol import Skip
+from runners.mxnet import mxnet_network as mn
+from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Kernel, Prepared
+from runners.mxnet.mxnet_network import load_mxnet
+from runners.common.protocol import Skip
 
 
 def _omp_max_threads() -> int | None:
@@ -240,7 +240,7 @@ class MXNetRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from mxnet_kernels import prepare_kernel  # the kernels suite (runners/mxnet/mxnet_kernels.py)
+        from runners.mxnet.mxnet_kernels import prepare_kernel  # the kernels suite (runners/mxnet/mxnet_kernels.py)
 
         # TF32 and the float32 -> float16 conversion were pinned off before libmxnet loaded
         # (configure_threads); the tensor-core variable keeps MXNet's default, for float16 kernels
@@ -251,7 +251,7 @@ class MXNetRunner:
     def prepare_generation(self, request: dict):
         """Mode generate: the network's Gluon blocks decoded with a key/value cache built from MXNet's
         operators, in two hybridised steps under `compiled` (mxnet_generate.py)."""
-        from mxnet_generate import prepare_generation
+        from runners.mxnet.mxnet_generate import prepare_generation
 
         mx = load_mxnet()
         precision = check_precision(request.get("precision"))
@@ -267,7 +267,7 @@ class MXNetRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from mxnet_convergence import prepare_convergence  # the convergence suite (mxnet_convergence.py)
+        from runners.mxnet.mxnet_convergence import prepare_convergence  # the convergence suite (mxnet_convergence.py)
 
         mx = load_mxnet()
         ctx = mx.gpu(0) if request["device"] == "cuda" else mx.cpu()

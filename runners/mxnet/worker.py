@@ -10,10 +10,13 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module=r"mxnet(\.|$)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+# Started by path: Python put this folder first on sys.path, where the runner's own module names
+# could shadow libraries; the folder that holds the `runners` package takes its place, and every
+# module is imported by its package name (runners.common.harness, runners.<fw>....).
+sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-import harness  # noqa: E402
-from mxnet_runner import MXNetRunner  # noqa: E402
+from runners.common import harness  # noqa: E402
+from runners.mxnet.mxnet_runner import MXNetRunner  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(harness.main(MXNetRunner()))

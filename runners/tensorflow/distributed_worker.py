@@ -3,10 +3,13 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+# Started by path: Python put this folder first on sys.path, where the runner's own module names
+# could shadow libraries; the folder that holds the `runners` package takes its place, and every
+# module is imported by its package name (runners.common.harness, runners.<fw>....).
+sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-import distributed_harness  # noqa: E402
-from tensorflow_distributed import TensorFlowDistributedRunner  # noqa: E402
+from runners.common import distributed_harness  # noqa: E402
+from runners.tensorflow.tensorflow_distributed import TensorFlowDistributedRunner  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(distributed_harness.main(TensorFlowDistributedRunner()))

@@ -9,9 +9,9 @@ the last partial batch dropped, prefetch (AUTOTUNE)."""
 
 from __future__ import annotations
 
-import tensorflow_network as tn
-from contract import PRECISIONS
-from tensorflow_network import load_keras, load_tf
+from runners.tensorflow import tensorflow_network as tn
+from runners.common.contract import PRECISIONS
+from runners.tensorflow.tensorflow_network import load_keras, load_tf
 
 EVAL_BATCH = 500
 
@@ -19,7 +19,7 @@ EVAL_BATCH = 500
 def prepare_convergence(request: dict):
     import numpy as np
 
-    from contract import Trainer
+    from runners.common.contract import Trainer
 
     tf, keras = load_tf(), load_keras()
     network = request["network"]

@@ -13,9 +13,9 @@ jit_compile=True under `compile: compiled` (XLA), as the runner's train and infe
 
 from __future__ import annotations
 
-import tensorflow_network as tn
-from contract import DecoderLayout, Generator
-from tensorflow_network import load_keras, load_tf
+from runners.tensorflow import tensorflow_network as tn
+from runners.common.contract import DecoderLayout, Generator
+from runners.tensorflow.tensorflow_network import load_keras, load_tf
 
 
 def prepare_generation(request: dict, jit: bool, precision: str, device: str, settings: dict) -> Generator:

@@ -29,9 +29,9 @@ likewise in a tape with the forward.
 
 from __future__ import annotations
 
-from contract import Kernel, pool_op
-from contract import KERNEL_PRECISION
-from tensorflow_network import (layer_classes, load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
+from runners.common.contract import Kernel, pool_op
+from runners.common.contract import KERNEL_PRECISION
+from runners.tensorflow.tensorflow_network import (layer_classes, load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
                                 set_batch_norm_floor, transformer_classes)
 
 

@@ -75,7 +75,7 @@ import functools
 import os
 import types
 
-from contract import CHECK_PRECISION, LayerTable
+from runners.common.contract import CHECK_PRECISION, LayerTable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported anywhere
 

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import os
 
-import tensorflow_network as tn
-from contract import CHECK_PRECISION, COMPILE_MODES, KERNEL_PRECISION, PRECISIONS, Kernel, Prepared
-from protocol import Skip
-from tensorflow_network import load_keras, load_tf
+from runners.tensorflow import tensorflow_network as tn
+from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, KERNEL_PRECISION, PRECISIONS, Kernel, Prepared
+from runners.common.protocol import Skip
+from runners.tensorflow.tensorflow_network import load_keras, load_tf
 
 INTER_OP_MAX = 2  # inter-op pool: min(threads, this)
 ACCEPTED = PRECISIONS + (CHECK_PRECISION,)  # what `prepare` builds (the multi-worker step: fp32 only)
@@ -116,7 +116,7 @@ class TensorFlowRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from tensorflow_kernels import prepare_kernel  # the kernels suite (runners/tensorflow/tensorflow_kernels.py)
+        from runners.tensorflow.tensorflow_kernels import prepare_kernel  # the kernels suite (runners/tensorflow/tensorflow_kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (TensorFlow allows TF32 by default)
         flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]])
@@ -127,7 +127,7 @@ class TensorFlowRunner:
     def prepare_generation(self, request: dict):
         """Mode generate: the network's Keras layers decoded with a keras_hub-style cache in
         tf.function steps, XLA-compiled under `compiled` (tensorflow_generate.py)."""
-        from tensorflow_generate import prepare_generation
+        from runners.tensorflow.tensorflow_generate import prepare_generation
 
         cuda = request["device"] == "cuda"
         precision = tn.check_precision(request, ACCEPTED)
@@ -152,7 +152,7 @@ class TensorFlowRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from tensorflow_convergence import prepare_convergence  # the convergence suite (tensorflow_convergence.py)
+        from runners.tensorflow.tensorflow_convergence import prepare_convergence  # the convergence suite (tensorflow_convergence.py)
 
         return prepare_convergence(request)
 

@@ -8,15 +8,15 @@ it) and the normalisation, and the loader prefetches (pinned memory on CUDA)."""
 
 from __future__ import annotations
 
-import torch_network as tn
-from datasets import crop_flip, normalise
-from torch_network import load_torch
+from runners.torch import torch_network as tn
+from runners.common.datasets import crop_flip, normalise
+from runners.torch.torch_network import load_torch
 
 EVAL_BATCH = 500
 
 
 def prepare_convergence(request: dict):
-    from contract import Trainer
+    from runners.common.contract import Trainer
 
     torch = load_torch()
     network = request["network"]

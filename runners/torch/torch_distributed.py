@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import datetime
 
-import torch_network as tn
-from contract import DataParallel
-from protocol import Skip
-from torch_network import load_torch
-from torch_runner import TorchRunner
+from runners.torch import torch_network as tn
+from runners.common.contract import DataParallel
+from runners.common.protocol import Skip
+from runners.torch.torch_network import load_torch
+from runners.torch.torch_runner import TorchRunner
 
 # A collective that waits this long has lost a peer: fail instead of waiting gloo's 30 minutes.
 # dlbench's job timeout stops a hung job anyway; this makes the rank's own error the record's.

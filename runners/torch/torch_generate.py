@@ -15,10 +15,10 @@ runs once per request.
 
 from __future__ import annotations
 
-import torch_network as tn
-from contract import DecoderLayout, Generator
-from protocol import Skip
-from torch_network import load_torch
+from runners.torch import torch_network as tn
+from runners.common.contract import DecoderLayout, Generator
+from runners.common.protocol import Skip
+from runners.torch.torch_network import load_torch
 
 
 class CachedDecoder:

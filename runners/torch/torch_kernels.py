@@ -24,8 +24,8 @@ backward autograd.grad of it (the weight, bias and, when asked, input gradients)
 
 from __future__ import annotations
 
-from contract import Kernel, pool_op
-from torch_network import load_torch, lstm_layer
+from runners.common.contract import Kernel, pool_op
+from runners.torch.torch_network import load_torch, lstm_layer
 
 DTYPES = ("float32", "float16", "bfloat16")
 

@@ -22,8 +22,8 @@ import contextlib
 import functools
 import types
 
-from contract import CHECK_PRECISION, PRECISIONS, LayerTable
-from protocol import Skip
+from runners.common.contract import CHECK_PRECISION, PRECISIONS, LayerTable
+from runners.common.protocol import Skip
 
 
 def load_torch():

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 
-import torch_network as tn
-from contract import COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
-from protocol import Skip
-from torch_network import load_torch
+from runners.torch import torch_network as tn
+from runners.common.contract import COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
+from runners.common.protocol import Skip
+from runners.torch.torch_network import load_torch
 
 
 DEFAULT_COMPILE = "eager"  # runner.toml [execution] compile: what runs when a request names no mode
@@ -68,7 +68,7 @@ class TorchRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from torch_kernels import prepare_kernel  # the kernels suite (runners/torch/torch_kernels.py)
+        from runners.torch.torch_kernels import prepare_kernel  # the kernels suite (runners/torch/torch_kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (cuDNN's TF32 is on by default)
         flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]], load_torch().device(device))
@@ -79,7 +79,7 @@ class TorchRunner:
     def prepare_generation(self, request: dict):
         """Mode generate: the network as built for train/infer, driven with a static key/value cache
         (torch_generate.py); `compiled` torch.compile's the decode step."""
-        from torch_generate import prepare_generation
+        from runners.torch.torch_generate import prepare_generation
 
         torch = load_torch()
         device = torch.device(request["device"])
@@ -100,7 +100,7 @@ class TorchRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from torch_convergence import prepare_convergence  # the convergence suite (torch_convergence.py)
+        from runners.torch.torch_convergence import prepare_convergence  # the convergence suite (torch_convergence.py)
 
         return prepare_convergence(request)
 

@@ -4,16 +4,17 @@ training batches and every evaluation batch), saved to an .npz.
 
 usage: python convergence_pipeline_probe.py RUNNER_DIR REQUEST.json OUT.npz"""
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
 runner_dir = Path(sys.argv[1]).resolve()
-sys.path[:0] = [str(runner_dir), str(runner_dir.parent / "common")]
+sys.path[:0] = [str(runner_dir.parents[1])]  # the folder holding the runners package
 
 import numpy as np  # noqa: E402
 
-from datasets import read_split  # noqa: E402
+from runners.common.datasets import read_split  # noqa: E402
 
 
 def host(value):
@@ -24,7 +25,7 @@ def host(value):
 
 
 request = json.loads(Path(sys.argv[2]).read_text())
-module = __import__(f"{runner_dir.name}_runner")
+module = importlib.import_module(f"runners.{runner_dir.name}.{runner_dir.name}_runner")
 runner = next(v() for k, v in vars(module).items() if k.endswith("Runner") and isinstance(v, type)
               and hasattr(v, "prepare_convergence"))
 runner.configure_threads(1)

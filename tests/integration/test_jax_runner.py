@@ -133,11 +133,11 @@ COMPUTE_DTYPE = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16
 # steps double it, and the gradients come back unscaled.
 LOSS_SCALE_PROBE = """
 import json, sys
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
+sys.path[:0] = [sys.argv[1]]  # the folder holding the runners package
 import jax
 jax.config.update("jax_platforms", "cpu")
 import numpy as np, jax.numpy as jnp
-import jax_network as jn
+from runners.jax import jax_network as jn
 net = {"input": {"kind": "tensor", "shape": [3], "classes": 2},
        "layers": [{"type": "dense", "units": 2, "bias": True, "in_shape": [3], "out_shape": [2]}]}
 tm = jn.TrainingModel({"network": net, "precision": "amp_fp16", "device": "cpu", "mode": "train",
@@ -172,7 +172,7 @@ print(json.dumps({
 
 def _loss_scale_probe(python: Path) -> dict:
     runners = paths.runners_dir()
-    out = subprocess.run([str(python), "-c", LOSS_SCALE_PROBE, str(runners / "jax"), str(runners / "common")],
+    out = subprocess.run([str(python), "-c", LOSS_SCALE_PROBE, str(runners.parent)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -84,14 +84,14 @@ KERAS_POLICY = {"fp32": "float32", "amp_bf16": "mixed_bfloat16", "amp_fp16": "mi
 # Several requests through harness.run_request (what worker.py runs) in one process of the venv.
 RUN_REQUESTS = """
 import json, sys
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
-import harness
-from tensorflow_runner import TensorFlowRunner
+sys.path[:0] = [sys.argv[1]]  # the folder holding the runners package
+from runners.common import harness
+from runners.tensorflow.tensorflow_runner import TensorFlowRunner
 runner = TensorFlowRunner()
-with open(sys.argv[3]) as f:
+with open(sys.argv[2]) as f:
     requests = json.load(f)
 results = [harness.run_request(runner, r) for r in requests]
-with open(sys.argv[4], "w") as f:
+with open(sys.argv[3], "w") as f:
     json.dump(results, f)
 """
 
@@ -121,7 +121,7 @@ def _run_requests(python: Path, requests: list[dict]) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="dlbench-tf-requests-") as tmp:
         req_path, res_path = Path(tmp, "requests.json"), Path(tmp, "results.json")
         req_path.write_text(json.dumps(requests))
-        out = subprocess.run([str(python), "-c", RUN_REQUESTS, str(runners / "tensorflow"), str(runners / "common"),
+        out = subprocess.run([str(python), "-c", RUN_REQUESTS, str(runners.parent),
                               str(req_path), str(res_path)], capture_output=True, text=True, timeout=600, check=False,
                              cwd=runners / "tensorflow")
         assert out.returncode == 0, out.stderr[-3000:]

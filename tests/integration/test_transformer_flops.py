@@ -39,14 +39,14 @@ NETWORKS = {"transformer_tiny": None, "gpt2_small": 128, "vit_b16": None}
 
 COUNT = r"""
 import contextlib, json, sys
-sys.path[:0] = sys.argv[1:3]
+sys.path[:0] = sys.argv[1:2]  # the folder holding the runners package
 import torch
-import torch_network as tn
+from runners.torch import torch_network as tn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 torch.set_num_threads(1)
-network = json.load(open(sys.argv[3]))
+network = json.load(open(sys.argv[2]))
 torch.manual_seed(0)
 model = tn.build_network(network, deterministic=True).eval()
 inp = network["input"]
@@ -104,8 +104,8 @@ def test_flop_counter_mode_counts_the_analysis_products(torch_python, name, tmp_
     net = _network(name, NETWORKS[name], tmp_path)
     (tmp_path / "network.json").write_text(json.dumps(net.resolved))
     (tmp_path / "count.py").write_text(COUNT)
-    run = subprocess.run([str(torch_python), str(tmp_path / "count.py"), str(paths.runners_dir() / "torch"),
-                          str(paths.runners_dir() / "common"), str(tmp_path / "network.json")],
+    run = subprocess.run([str(torch_python), str(tmp_path / "count.py"), str(paths.runners_dir().parent),
+                          str(tmp_path / "network.json")],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     counted = json.loads(run.stdout.strip().splitlines()[-1])

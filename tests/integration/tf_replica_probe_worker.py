@@ -7,12 +7,11 @@ import sys
 from pathlib import Path
 
 RUNNERS = Path(__file__).resolve().parents[2] / "runners"
-sys.path.insert(0, str(RUNNERS / "common"))
-sys.path.insert(0, str(RUNNERS / "tensorflow"))
+sys.path.insert(0, str(RUNNERS.parent))  # the folder holding the runners package
 
-import distributed_harness  # noqa: E402
+from runners.common import distributed_harness  # noqa: E402
 import numpy as np  # noqa: E402
-from tensorflow_distributed import TensorFlowDistributedRunner  # noqa: E402
+from runners.tensorflow.tensorflow_distributed import TensorFlowDistributedRunner  # noqa: E402
 
 
 class ProbingRunner(TensorFlowDistributedRunner):

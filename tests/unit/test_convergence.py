@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-import datasets as runner_datasets  # runners/common/datasets.py (tests/conftest.py puts it on the path)
+from runners.common import datasets as runner_datasets  # runners/common/datasets.py (tests/conftest.py puts it on the path)
 import mllog_reader
 from dataset_files import request_dataset, write_cifar_set, write_idx_set
-from convergence import learning_rate
+from runners.common.convergence import learning_rate
 from dlbench.analysis.convergence import score
 from dlbench.cli import app
 from dlbench.definitions.catalog import SuiteCatalog

@@ -101,7 +101,7 @@ def test_runner_toml_accepts_the_style_and_mxnet_uses_it(tmp_path):
 @pytest.fixture()
 def harness(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "runners" / "common"))
-    import distributed_harness
+    from runners.common import distributed_harness
 
     yield distributed_harness
     sys.modules.pop("distributed_harness", None)

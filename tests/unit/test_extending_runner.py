@@ -64,9 +64,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # toy_runner.py
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))  # runners/common: harness, contract
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the folder holding the runners package
 
-import harness  # noqa: E402
+from runners.common import harness  # noqa: E402
 from toy_runner import ToyRunner  # noqa: E402
 
 if __name__ == "__main__":

@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NETWORKS = ROOT / "suites" / "networks"
 sys.path.insert(0, str(ROOT / "runners" / "common"))
 
-import contract  # noqa: E402
-import harness  # noqa: E402
-from protocol import Skip  # noqa: E402
+from runners.common import contract  # noqa: E402
+from runners.common import harness  # noqa: E402
+from runners.common.protocol import Skip  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runners" / "common"))
 
-import harness  # noqa: E402
+from runners.common import harness  # noqa: E402
 
 NS = 1_000_000_000
 MARK_BASE = 7 * 10**15  # far from the fake clock's values, so mark and clock cannot be confused

@@ -4,14 +4,11 @@ the compiled step's all-reduces are counted."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runners" / "jax"))
 
-from jax_distributed import _count_all_reduces, cpu_slice, machine_slot  # noqa: E402
+from runners.jax.jax_distributed import _count_all_reduces, cpu_slice, machine_slot  # noqa: E402
 
 
 def test_ranks_of_one_machine_take_consecutive_slots():

@@ -7,7 +7,6 @@ results, its logs in the store beside them, `store verify` and `store merge` ove
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,9 +23,8 @@ from dlbench.store.store import Store
 from dlbench.store.verify import verify
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "runners" / "common"))
 
-import loadgen_harness  # noqa: E402
+from runners.common import loadgen_harness  # noqa: E402
 
 
 def invoke(*args: str):

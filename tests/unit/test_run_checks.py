@@ -49,11 +49,11 @@ class TorchStandIn(FakeRunner):
     def framework_info(self, device):
         return {{**super().framework_info(device), "name": "torch", "version": "9.9"}}
 '''
-TORCH_WORKER = '''import sys
+TORCH_WORKER = f'''import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
-import harness  # noqa: E402
+sys.path.insert(0, {str(ROOT)!r})  # the repository: the runners package
+from runners.common import harness  # noqa: E402
 from torch_runner import TorchStandIn  # noqa: E402
 
 if __name__ == "__main__":

@@ -26,10 +26,8 @@ COMMON = RUNNERS / "common"
 FAKE = ROOT / "tests" / "fixtures" / "runners" / "fake"
 ENTRY_POINTS = ("worker.py", "distributed_worker.py")
 
-sys.path.insert(0, str(COMMON))
-
-import contract  # noqa: E402
-import protocol  # noqa: E402
+from runners.common import contract  # noqa: E402
+from runners.common import protocol  # noqa: E402
 
 
 def runner_folders() -> list[Path]:
@@ -41,24 +39,42 @@ def parse(path: Path) -> ast.Module:
 
 
 def modules(folder: Path) -> dict[str, ast.Module]:
-    return {p.stem: parse(p) for p in sorted(folder.glob("*.py"))}
+    return {p.stem: parse(p) for p in sorted(folder.glob("*.py")) if p.name != "__init__.py"}
+
+
+def local_name(module: str, names: list[str] | None) -> list[tuple[str, list[str] | None]]:
+    """`runners.<pkg>.<mod>` is the runner module `<mod>` (by its package name, as they import each
+    other); `from runners.<pkg> import a, b` imports the modules a and b."""
+    parts = module.split(".")
+    if parts[0] != "runners" or len(parts) < 2:
+        return [(module, names)]
+    if len(parts) == 2:
+        return [(n, None) for n in names or []]
+    return [(".".join(parts[2:]), names)]
 
 
 def imports(tree: ast.AST):
-    """(module, [imported names] or None for `import module`, line) of every import, at any depth."""
+    """(module, [imported names] or None for `import module`, line) of every import, at any depth;
+    a runner module by its own name (local_name)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name, None, node.lineno
+                for module, names in local_name(alias.name, None):
+                    yield module, names, node.lineno
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.module, [a.name for a in node.names], node.lineno
+            for module, names in local_name(node.module, [a.name for a in node.names]):
+                yield module, names, node.lineno
 
 
 def module_aliases(tree: ast.AST) -> dict[str, str]:
-    """local name -> module, for every `import module [as name]`."""
+    """local name -> module, for every `import module [as name]` and `from runners.<pkg> import module [as name]`."""
     out = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
+            for alias in node.names:
+                out[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.count(".") == 1 \
+                and node.module.startswith("runners."):
             for alias in node.names:
                 out[alias.asname or alias.name] = alias.name
     return out
@@ -204,9 +220,9 @@ def test_the_network_module_imports_without_its_framework_and_refuses_an_unknown
     builder of a known type and raises a Skip naming an unknown one; nothing is imported that
     the runner's thread configuration must precede."""
     (network_module,) = layer_tables(folder)
-    code = (f"import sys; sys.path[:0] = [{str(folder)!r}, {str(COMMON)!r}]; import {network_module} as m\n"
+    code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}]; from runners.{folder.name} import {network_module} as m\n"
             "assert callable(m.LAYERS.builder('dense'))\n"
-            "from protocol import Skip\n"
+            "from runners.common.protocol import Skip\n"
             "try:\n    m.LAYERS.builder('hexagonal_conv')\nexcept Skip as e:\n    print(e)\n"
             "print(sorted(k for k in sys.modules if k.split('.')[0] in "
             "{'torch', 'tensorflow', 'keras', 'jax', 'flax', 'optax', 'mxnet', 'numpy'}))")
@@ -385,8 +401,8 @@ def constant(path: Path, name: str) -> list:
 
 
 def test_one_protocol_version_everywhere():
-    import distributed_harness
-    import harness
+    from runners.common import distributed_harness
+    from runners.common import harness
 
     assert harness.PROTOCOL_VERSION == distributed_harness.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION
     controller = {str(p.relative_to(ROOT)): v for p in sorted((ROOT / "src").rglob("*.py"))

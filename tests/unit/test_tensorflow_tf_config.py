@@ -4,7 +4,6 @@ only when a rank joins)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,9 @@ from dlbench.execution.launch_styles import JobLayout, rank_processes
 from dlbench.execution.placement import hosts_placement
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "runners" / "common"))
-sys.path.insert(0, str(ROOT / "runners" / "tensorflow"))
 
-import distributed_harness  # noqa: E402
-import tensorflow_distributed  # noqa: E402
+from runners.common import distributed_harness  # noqa: E402
+from runners.tensorflow import tensorflow_distributed  # noqa: E402
 
 
 def test_tf_config_names_every_worker_from_the_ranks_environment(tmp_path):

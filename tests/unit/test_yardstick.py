@@ -4,12 +4,10 @@ times pool, the speed ratio of a run against a profile, and predictions scored a
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 from store_records import make_record
 
-from dlbench import paths
 from dlbench.performance import yardstick
 from dlbench.performance.accuracy import accuracy_table_rows, prediction_errors
 from dlbench.performance.calibration import yardsticks
@@ -44,11 +42,7 @@ def test_the_request_part_is_plain_data_with_a_warm_policy():
 
 
 def test_a_worker_times_the_yardstick_first_and_a_framework_that_cannot_still_runs_its_work():
-    sys.path.insert(0, str(paths.runners_dir() / "common"))
-    try:
-        import harness
-    finally:
-        sys.path.pop(0)
+    from runners.common import harness
     order = []
 
     class Kernel:

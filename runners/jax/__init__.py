@@ -1,0 +1,1 @@
+"""The JAX (flax + optax) runner (runner.toml says how dlbench builds its environment and starts it)."""

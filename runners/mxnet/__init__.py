@@ -1,0 +1,1 @@
+"""The Apache MXNet runner (runner.toml says how dlbench builds its environment and starts it)."""

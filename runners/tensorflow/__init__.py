@@ -1,0 +1,1 @@
+"""The TensorFlow (Keras 3) runner (runner.toml says how dlbench builds its environment and starts it)."""
