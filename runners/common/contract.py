@@ -17,23 +17,144 @@ runners/common/distributed_harness.py (a multi-worker job) and runners/common/pr
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from runners.common.protocol import Skip
 
 Arrays = dict  # canonical weight name (src/dlbench/definitions/weights.py) -> numpy.ndarray, float32
 
-# The request's `precision` (src/dlbench/definitions/suite.py says the same):
-#   fp32      IEEE float32 everywhere: TF32 and reduced-precision reductions pinned off;
-#   tf32      float32 storage, TF32 tensor-core math allowed (skipped where the device has none);
-#   amp_bf16  float32 weights, bfloat16 compute, the framework's own mixed-precision mechanism;
-#   amp_fp16  float16 compute with dynamic loss scaling;
-#   float64   `dlbench check` only: everything in float64, where rounding decides no branch.
-PRECISIONS = ("fp32", "tf32", "amp_bf16", "amp_fp16")
-CHECK_PRECISION = "float64"
-# The precision whose math settings a kernel of the kernels suite runs under, by its dtype: a float32
-# kernel is IEEE float32 (TF32 off), as an fp32 run's layers are; reduced ones as the AMP runs set them.
-KERNEL_PRECISION = {"float32": "fp32", "bfloat16": "amp_bf16", "float16": "amp_fp16"}
+# ------------------------------------------------------------------ the axes
+
+
+class Axis(str, Enum):
+    """A benchmark's axis (precision, compile, mode, scenario): a closed set of values, each its own
+    string, since requests and records carry them as JSON text and compare them to strings.
+    Defined here once, standard library only, for the runners and the controller alike (which
+    re-exports them: src/dlbench/axes.py); declared order is display order."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(member.value for member in cls)
+
+    @classmethod
+    def parse(cls, value, who: str, accepted=None):
+        """`value` as a member of the axis, or one ValueError naming `who` (a runner, a command's
+        option), the value and the values accepted (`accepted`: a subset, default the whole axis)."""
+        allowed = tuple(cls) if accepted is None else tuple(cls(a) for a in accepted)
+        try:
+            member = cls(value)
+        except ValueError:
+            member = None
+        if member not in allowed:
+            raise ValueError(f"{who}: {cls.axis_name()} {value!r} is not one it accepts "
+                             f"({', '.join(m.value for m in allowed)})")
+        return member
+
+    @classmethod
+    def axis_name(cls) -> str:
+        return cls.__name__.lower()
+
+
+class Precision(Axis):
+    """The request's `precision`, what it means in every runner:
+      fp32      IEEE float32 everywhere: TF32 and reduced-precision reductions pinned off;
+      tf32      float32 storage, TF32 tensor-core math allowed (skipped where the device has none);
+      amp_bf16  float32 weights, bfloat16 compute, the framework's own mixed-precision mechanism;
+      amp_fp16  float16 compute with dynamic loss scaling;
+      float64   `dlbench check` only: everything in float64, where rounding decides no branch."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    AMP_BF16 = "amp_bf16"
+    AMP_FP16 = "amp_fp16"
+    FLOAT64 = "float64"
+
+    @property
+    def check_only(self) -> bool:
+        """float64 is the equivalence check's reference precision, never a timed run's."""
+        return self is Precision.FLOAT64
+
+    @property
+    def mixed(self) -> bool:
+        """Float32 weights with a reduced-precision compute type (the framework's AMP)."""
+        return self in (Precision.AMP_BF16, Precision.AMP_FP16)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the products are computed in (tf32: float32 operands, TF32 math inside)."""
+        return _COMPUTE_DTYPE[self]
+
+    @property
+    def unit_roundoff(self) -> float:
+        """2^-p of the compute type's p-bit significand: the scale of one rounding (tf32's 10
+        explicit bits are TF32's; the equivalence tolerance multiplies it by a layer's depth)."""
+        return _UNIT_ROUNDOFF[self]
+
+    @classmethod
+    def runs(cls) -> tuple["Precision", ...]:
+        """The precisions a timed run may ask for, in display order."""
+        return tuple(p for p in cls if not p.check_only)
+
+    @classmethod
+    def of_kernel(cls, dtype: str) -> "Precision":
+        """The precision whose math settings a kernel of the kernels suite runs under, by its dtype:
+        a float32 kernel is IEEE float32 (TF32 off), as an fp32 run's layers are; reduced ones as
+        the AMP runs set them."""
+        try:
+            return _KERNEL_PRECISION[dtype]
+        except KeyError:
+            raise ValueError(f"kernel dtype {dtype!r} is not one of {', '.join(_KERNEL_PRECISION)}") from None
+
+
+_COMPUTE_DTYPE = {Precision.FP32: "float32", Precision.TF32: "float32", Precision.AMP_BF16: "bfloat16",
+                  Precision.AMP_FP16: "float16", Precision.FLOAT64: "float64"}
+_UNIT_ROUNDOFF = {Precision.FP32: 2.0 ** -24, Precision.TF32: 2.0 ** -11, Precision.AMP_BF16: 2.0 ** -8,
+                  Precision.AMP_FP16: 2.0 ** -11, Precision.FLOAT64: 2.0 ** -53}
+_KERNEL_PRECISION = {"float32": Precision.FP32, "bfloat16": Precision.AMP_BF16, "float16": Precision.AMP_FP16}
+
+
+class Compile(Axis):
+    """The request's `compile`: the framework's default execution (torch eager, a TensorFlow
+    tf.function graph, MXNet imperative) or its compiler (torch.compile, XLA, jax.jit, a hybridized
+    MXNet block). A suite or the command line may also say `default`: whichever the runner runs
+    when not asked (its runner.toml's [execution] compile), resolved before a request is made."""
+
+    EAGER = "eager"
+    COMPILED = "compiled"
+
+
+class Mode(Axis):
+    """What a benchmark times: a training step, the forward pass, or (decoder networks) a prompt
+    then new tokens one by one with a key/value cache."""
+
+    TRAIN = "train"
+    INFER = "infer"
+    GENERATE = "generate"
+
+
+class Scenario(Axis):
+    """MLPerf LoadGen's scenarios (infer mode; generate mode: server only)."""
+
+    SINGLE_STREAM = "single_stream"
+    MULTI_STREAM = "multi_stream"
+    OFFLINE = "offline"
+    SERVER = "server"
+
+    @property
+    def loadgen_name(self) -> str:
+        """LoadGen's own name of the scenario (mlperf_loadgen.TestScenario.<name>)."""
+        return "".join(part.capitalize() for part in self.value.split("_"))
+
+
+# The names as tuples, for code that lists or tests membership of strings.
+PRECISIONS = tuple(p.value for p in Precision.runs())
+CHECK_PRECISION = Precision.FLOAT64.value
+KERNEL_PRECISION = {dtype: p.value for dtype, p in _KERNEL_PRECISION.items()}
+COMPILE_MODES = Compile.names()
 # A pool2d kernel's `op` is the index of its operation here: the spec's shape holds integers only.
 # The controller's table is src/dlbench/performance/kernels.py POOL_OPS (tests keep the two equal).
 POOL_OPS = ("max", "avg", "global")
@@ -42,8 +163,6 @@ POOL_OPS = ("max", "avg", "global")
 def pool_op(shape: dict) -> str:
     """A pool2d kernel's operation, by name: max, avg or global."""
     return POOL_OPS[shape["op"]]
-# The request's `compile`: the framework's eager (or default graph) execution, or its compiler.
-COMPILE_MODES = ("eager", "compiled")
 
 
 # ------------------------------------------------------------------ what the harnesses are handed
