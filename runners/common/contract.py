@@ -365,23 +365,46 @@ class Trainer:
         self.close = close or (lambda: None)
 
 
-class LayerTable(dict):
-    """A runner's layer builders: the `type` of a resolved layer (src/dlbench/definitions/schema.py)
-    -> the function that builds it the framework's way. A new layer type is one builder and one
-    entry; `builder` refuses a type the runner has no builder for, naming it: a Skip (the run is
-    recorded as skipped, with that reason), since the description is valid and another runner may
-    build it."""
+class Layer:
+    """One layer type in a runner: `build`, the function that builds it the framework's way, and
+    `weights`, the function that names its canonical tensors (src/dlbench/definitions/weights.py)
+    and says where the framework keeps each one, or None for a type without weights (relu, pooling).
+    Both have the runner's own signature: the table keeps everything a runner knows of one type in
+    one entry, so that its weight export and import never branch on the type."""
 
-    def __init__(self, runner: str, builders: dict[str, Callable]):
-        super().__init__(builders)
+    __slots__ = ("build", "weights")
+
+    def __init__(self, build: Callable, weights: Callable | None = None):
+        self.build = build
+        self.weights = weights
+
+
+class LayerTable(dict):
+    """A runner's layer types: the `type` of a resolved layer (src/dlbench/definitions/schema.py)
+    -> its `Layer`. A new layer type is one entry; a lookup refuses a type the runner has no entry
+    for, naming it: a Skip (the run is recorded as skipped, with that reason), since the
+    description is valid and another runner may build it."""
+
+    def __init__(self, runner: str, layers: dict[str, Layer]):
+        not_layers = sorted(k for k, v in layers.items() if not isinstance(v, Layer))
+        if not_layers:
+            raise TypeError(f"{runner} runner's layer table: {', '.join(not_layers)} not a Layer(build, weights)")
+        super().__init__(layers)
         self.runner = runner
 
-    def builder(self, layer_type: str) -> Callable:
+    def layer(self, layer_type: str) -> Layer:
         try:
             return self[layer_type]
         except KeyError:
             raise Skip(f"{self.runner} runner: no builder for layer type {layer_type!r} "
                        f"(it builds {', '.join(sorted(self))})") from None
+
+    def builder(self, layer_type: str) -> Callable:
+        return self.layer(layer_type).build
+
+    def weights(self, layer_type: str) -> Callable | None:
+        """The type's weight function, None where the type has no weights."""
+        return self.layer(layer_type).weights
 
 
 # ------------------------------------------------------------------ generation

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 
-from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, LayerTable
+from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Layer, LayerTable
 from runners.common.protocol import Skip
 
 _FLAT_ELEMENTWISE = ("relu", "sigmoid", "tanh", "dropout", "batch_norm")
@@ -725,13 +725,13 @@ def _pretraining_heads(x, spec, at):
 
 
 LAYERS = LayerTable("jax", {
-    "dense": _dense, "conv2d": _conv2d, "max_pool": _max_pool, "avg_pool": _avg_pool,
-    "global_avg_pool": _global_avg_pool, "batch_norm": _batch_norm, "relu": _relu, "sigmoid": _sigmoid,
-    "tanh": _tanh, "flatten": _flatten, "dropout": _dropout, "embedding": _embedding, "lstm": _lstm,
-    "residual": _residual, "position_embedding": _position_embedding, "patch_embedding": _patch_embedding,
-    "layer_norm": _layer_norm, "gelu": _gelu, "attention": _attention, "transformer_block": _transformer_block,
-    "token_pool": _token_pool, "lm_head": _lm_head, "segment_embedding": _segment_embedding,
-    "pretraining_heads": _pretraining_heads,
+    "dense": Layer(_dense), "conv2d": Layer(_conv2d), "max_pool": Layer(_max_pool), "avg_pool": Layer(_avg_pool),
+    "global_avg_pool": Layer(_global_avg_pool), "batch_norm": Layer(_batch_norm), "relu": Layer(_relu), "sigmoid": Layer(_sigmoid),
+    "tanh": Layer(_tanh), "flatten": Layer(_flatten), "dropout": Layer(_dropout), "embedding": Layer(_embedding), "lstm": Layer(_lstm),
+    "residual": Layer(_residual), "position_embedding": Layer(_position_embedding), "patch_embedding": Layer(_patch_embedding),
+    "layer_norm": Layer(_layer_norm), "gelu": Layer(_gelu), "attention": Layer(_attention), "transformer_block": Layer(_transformer_block),
+    "token_pool": Layer(_token_pool), "lm_head": Layer(_lm_head), "segment_embedding": Layer(_segment_embedding),
+    "pretraining_heads": Layer(_pretraining_heads),
 })
 
 

@@ -378,10 +378,16 @@ def test_a_prepared_without_the_check_side_says_so():
 
 def test_a_layer_table_skips_an_unknown_type_naming_it_and_what_it_builds():
     """A valid description a runner cannot build yet is skipped, not failed: another runner may build it."""
-    table = contract.LayerTable("x", {"dense": len, "conv2d": abs})
-    assert table.builder("dense") is len
+    table = contract.LayerTable("x", {"dense": contract.Layer(len, weights=sorted), "conv2d": contract.Layer(abs)})
+    assert table.builder("dense") is len and table.weights("dense") is sorted and table.weights("conv2d") is None
     with pytest.raises(protocol.Skip, match=r"x runner: no builder for layer type 'lstm' \(it builds conv2d, dense\)"):
         table.builder("lstm")
+
+
+def test_a_layer_table_holds_layers_not_bare_builders():
+    """A type's builder and its weights stand in one entry: a bare function is refused, naming the type."""
+    with pytest.raises(TypeError, match=r"x runner's layer table: conv2d not a Layer\(build, weights\)"):
+        contract.LayerTable("x", {"dense": contract.Layer(len), "conv2d": abs})
 
 
 def test_kernel_and_data_parallel_keep_the_callables_themselves():
