@@ -51,6 +51,12 @@ worker = "worker.py"
 cpu = "requirements-cpu.txt"
 cuda = "requirements-cuda.txt"
 
+# What it runs, per axis: dlbench refuses any other value before a worker starts.
+[capabilities]
+precisions = ["fp32"]
+compile = ["eager", "compiled"]
+modes = ["train", "infer"]
+
 # What the performance model assumes of this runner: its step is one compiled call; its engine
 # sends each layer's gradient as soon as it is computed.
 [model]
