@@ -34,6 +34,15 @@ def on_files(files, config):
     return files
 
 
+def on_post_build(config):
+    # Opened from disk (file://), Material's pages ask for search/search_index.js, which only its
+    # `offline` plugin writes, and that plugin also loads a shim from a CDN (mkdocs.yml says why it
+    # is off). The index as a script keeps those pages free of a failed load; search needs a server.
+    index = Path(config.site_dir) / "search" / "search_index.json"
+    if index.is_file():
+        index.with_suffix(".js").write_text("var __index = " + index.read_text())
+
+
 # ---- the CLI ----------------------------------------------------------------------------------
 
 def cli_reference() -> str:
