@@ -2,13 +2,15 @@
 
 The CLI reference and the record schema are written at build time from the typer app and the
 pydantic models (docs/hooks/generated_pages.py); if that generation broke or lost a command or a
-field, these tests fail. Also: the measurements keep their form (commands first), the pages keep
-table cells short, and the README stays a front page.
+field, these tests fail. Every `bin/dlbench` line in a bash block of the README or the docs must
+parse as the CLI would parse it (an unknown command or option fails). Also: the measurements keep
+their form (commands first), the pages keep table cells short, and the README stays a front page.
 """
 
 from __future__ import annotations
 
 import html
+import shlex
 import re
 import sys
 from pathlib import Path
@@ -99,3 +101,28 @@ def test_the_readme_is_a_front_page():
     assert len(readme.splitlines()) <= 200
     assert not re.search(r"\b2026-1[12]-\d\d\b", readme), "dated measurements belong in docs/measurements/"
     assert "docs/images/leaderboard.png" in readme and (DOCS / "images" / "leaderboard.png").is_file()
+
+
+def documented_command_lines() -> list[tuple[str, list[str]]]:
+    """Every `bin/dlbench ...` line of a bash block in the README and the docs, as arguments."""
+    found = []
+    for page in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
+        for block in re.findall(r"^```bash\n(.*?)^```", page.read_text(), re.M | re.S):
+            for line in block.splitlines():
+                line = re.sub(r"\s+#.*$", "", line)
+                for call in line.split("&&"):
+                    call = re.sub(r"\[[^\]]*\]", "", call).strip()  # [--optional parts] as a synopsis writes them
+                    if call.startswith("bin/dlbench "):
+                        found.append((f"{page.relative_to(ROOT)}: {call}", shlex.split(call)[1:]))
+    return found
+
+
+@pytest.mark.parametrize("where, args", documented_command_lines(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_documented_command_exists_with_its_options(where, args):
+    node, context, path = typer.main.get_command(app), None, ["dlbench"]
+    while hasattr(node, "list_commands"):
+        context = node.make_context(path[-1], [], parent=context, resilient_parsing=True)
+        sub = node.get_command(context, args[0])
+        assert sub is not None, f"{where}: no command {args[0]!r}"
+        node, path, args = sub, [*path, args[0]], args[1:]
+    node.make_context(path[-1], args, parent=context)  # raises on an unknown option or a bad value
