@@ -248,7 +248,7 @@ def kernels(
     from ..store.kernels import KernelStore
 
     check_format(format)
-    st, frameworks, benchmarks = lookup.open_store(store), framework, benchmark
+    st, frameworks, benchmarks = lookup.existing_store(store, "dlbench run --suite kernels"), framework, benchmark
     problems: list[str] = []
     latest: dict[tuple[str, str], KernelRecord] = {}
     for r in KernelStore(st).records(problems):
