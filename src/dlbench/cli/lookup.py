@@ -4,6 +4,8 @@ store; each unknown or invalid name is an error that exits 2 with the valid ones
 from __future__ import annotations
 
 import functools
+import os
+import shlex
 from pathlib import Path
 
 from .. import paths
@@ -18,6 +20,22 @@ from .options import listed_choices
 def open_store(store: Path | None) -> Store:
     """`--store`, else $DLBENCH_STORE, else ./results."""
     return Store(store or paths.default_store())
+
+
+def existing_store(store: Path | None, makes_records: str = "dlbench run --suite fcn --profile smoke") -> Store:
+    """The store of a command that only reads it (results, report, compare, history, kernels,
+    predict --accuracy): a folder that is not there is a mistyped --store, or a machine that has
+    run nothing yet, not a store without runs; one error that says how to make one (the command
+    `makes_records`), exit 2. An existing folder without records is an empty store and reads as one."""
+    st = open_store(store)
+    if not st.root.is_dir():
+        given = ("--store" if store is not None else
+                 "$DLBENCH_STORE" if os.environ.get("DLBENCH_STORE") else "the default, ./results")
+        what = "a file, not a folder" if st.root.exists() else "nothing there"
+        run = makes_records + (f" --store {shlex.quote(str(store))}" if store else "")
+        raise fail(f"no store at {st.root} ({given}: {what}); make one with `{run}`, or point --store or "
+                   "$DLBENCH_STORE at an existing store")
+    return st
 
 
 def writable_store(store: Path | None) -> Store:

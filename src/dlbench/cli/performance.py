@@ -24,6 +24,7 @@ from ..performance.probes import BUDGET_S
 from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
 from ..store.store import Store
 from . import lookup
+from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from .options import (
     DEVICES,
@@ -73,8 +74,8 @@ class _EnvEvents:
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
 
-    def environment(self, framework, line):
-        self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+    def environment(self, framework, progress):
+        show_on_progress_bar(self.progress, self.task, progress)
 
 
 def _fmt_rate(value: float | None, unit: str) -> str:
@@ -247,7 +248,7 @@ def kernels(
     from ..store.kernels import KernelStore
 
     check_format(format)
-    st, frameworks, benchmarks = lookup.open_store(store), framework, benchmark
+    st, frameworks, benchmarks = lookup.existing_store(store, "dlbench run --suite kernels"), framework, benchmark
     problems: list[str] = []
     latest: dict[tuple[str, str], KernelRecord] = {}
     for r in KernelStore(st).records(problems):

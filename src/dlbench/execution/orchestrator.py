@@ -41,7 +41,7 @@ from ..store.store import Store
 from ..telemetry import Sampler, TelemetryConfig, derive
 from ..telemetry.summary import summarise_repeats
 from .backends import Environments, backend
-from .environments import Environment, EnvironmentBuildError
+from .environments import BuildProgress, Environment, EnvironmentBuildError
 from .interrupts import shielded, temporary_folder
 from .equivalence import CheckMade, CheckWanted, ensure_checks
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
@@ -140,7 +140,7 @@ class PlannedRun:
 
 
 class Events(Protocol):
-    def environment(self, framework: str, line: str) -> None: ...
+    def environment(self, framework: str, progress: BuildProgress) -> None: ...
     def check_started(self, network: str, precision: str, frameworks: list[str]) -> None: ...
     def run_started(self, run: PlannedRun, repeats: int) -> None: ...
     def repeat_done(self, run: PlannedRun, repeat: Repeat) -> None: ...
@@ -148,7 +148,7 @@ class Events(Protocol):
 
 
 class SilentEvents:
-    def environment(self, framework, line): pass
+    def environment(self, framework, progress): pass
     def check_started(self, network, precision, frameworks): pass
     def run_started(self, run, repeats): pass
     def repeat_done(self, run, repeat): pass
