@@ -114,13 +114,15 @@ def test_the_lines_name_framework_step_and_package_and_sum_up_built_and_cached(s
     lines = console.file.getvalue().splitlines()
     path = venv.path_for(fake, "cpu")
     assert lines[0] == f"fake (cpu): building the environment {path}: creating the venv"
-    assert lines[1] == f"fake (cpu): installing requirements [0 s] (from {fake.requirements_for('cpu')})"
-    assert lines[2] == "fake (cpu): installing requirements [0 s]: Collecting numpy==2.1.0"  # pip's "(from ...)" dropped
+    # elapsed seconds are the machine's: matched, never asserted (a loaded VM takes its time)
+    assert re.fullmatch(rf"fake \(cpu\): installing requirements \[\d+ s\] \(from {re.escape(str(fake.requirements_for('cpu')))}\)",
+                        lines[1])
+    assert re.fullmatch(r"fake \(cpu\): installing requirements \[\d+ s\]: Collecting numpy==2\.1\.0", lines[2])  # "(from ...)" dropped
     assert any(ln.endswith(": Installing collected packages: numpy") for ln in lines)
     assert not any("Requirement already satisfied" in ln for ln in lines)
     assert re.fullmatch(r"fake \(cpu\): verifying \[\d+ s\] \(the new interpreter lists its packages\)", lines[-2])
     assert re.fullmatch(rf"fake \(cpu\): environment built in \d+ s: {re.escape(str(path))}", lines[-1])
-    assert log.summary() == f"environments: built fake (cpu) in 0 s, in {venv.root}"
+    assert re.fullmatch(rf"environments: built fake \(cpu\) in \d+ s, in {re.escape(str(venv.root))}", log.summary())
 
     again = BuildLog(Console(file=io.StringIO(), width=400))
     venv.ensure(fake, "cpu", again)
@@ -137,9 +139,10 @@ def test_a_silent_pip_is_reported_while_it_stays_silent(monkeypatch, venv, fake)
     heard: list[BuildProgress] = []
     venv.ensure(fake, "cpu", heard.append)
     silent = [p for p in heard if p.silent_s is not None]
-    assert len(silent) >= 2, heard
+    assert silent, heard  # at least once: how often a loaded machine wakes the reader is its own business
     assert all(p.step == INSTALLING and p.output.startswith("Downloading torch-2.5.1") for p in silent)
-    assert describe(silent[0]).startswith("fake (cpu): installing requirements [0 s]: still on Downloading torch-2.5.1")
+    assert re.match(r"fake \(cpu\): installing requirements \[\d+ s\]: still on Downloading torch-2\.5\.1",
+                    describe(silent[0]))
     assert describe(silent[0]).endswith(", nothing new for 0 s")
 
 
@@ -216,7 +219,7 @@ def test_env_create_writes_a_line_per_step_to_stderr_and_the_path_to_stdout(step
     assert any(ln.startswith("fake (cpu): installing requirements [") for ln in err)
     assert any(ln.endswith(": Collecting numpy==2.1.0") for ln in err)
     assert any(ln.startswith("fake (cpu): environment built in ") for ln in err)
-    assert err[-1] == f"environments: built fake (cpu) in 0 s, in {envs}"
+    assert re.fullmatch(rf"environments: built fake \(cpu\) in \d+ s, in {re.escape(str(envs))}", err[-1])
 
     code, out, err = create()
     assert code == 0 and out.strip() == f"fake (cpu): {path}" and len(steps.commands) == 2
