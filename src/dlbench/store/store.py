@@ -340,7 +340,8 @@ class Store:
         try:
             current = upgrade(body, SCHEMA_VERSION)
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # a migration step met odd data
-            raise StoreError(f"{path}: cannot upgrade from schema {document.version}: {type(e).__name__}: {e}") from None
+            raise StoreError(f"{path}: cannot upgrade from schema {document.version}: "
+                             f"{type(e).__name__}: {e}") from None
         record = RECORD_FILE.validate(Record, current, path)
         if path.parent == self.runs and record.run_id != path.stem:
             raise StoreError(f"{path}: run_id {record.run_id!r} does not match the file name")
