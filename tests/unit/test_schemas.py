@@ -12,7 +12,6 @@ from pathlib import Path
 import jsonschema
 import pydantic
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from dlbench.cli import app

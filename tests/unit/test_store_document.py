@@ -12,7 +12,7 @@ import pytest
 
 from dlbench.store import document
 from dlbench.store.checks import CHECK_FILE, check_file_problem
-from dlbench.store.document import DocumentKind, StoreError, checksum_of, checksummed_file
+from dlbench.store.document import StoreError, checksum_of, checksummed_file
 from dlbench.store.kernels import KERNEL_RECORD_FILE
 from dlbench.store.profiles import PROFILE_FILE, MachineProfile, ProfileError, ProfileStore, profile_file
 from dlbench.store.store import RECORD_FILE, SCHEMA_VERSION, Store

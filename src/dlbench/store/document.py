@@ -34,7 +34,7 @@ import stat
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
