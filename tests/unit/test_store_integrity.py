@@ -282,8 +282,8 @@ def test_an_intact_record_is_verified_without_the_slow_way(tmp_path, monkeypatch
                                    "note": "eps: 0.00001, \\ \"quoted\" 1e-9"}})})
     store = Store(tmp_path / "store")
     path = store.write(record)
-    import dlbench.store.store as store_module
-    monkeypatch.setattr(store_module, "checksum_of", lambda data: pytest.fail("took the slow way"))
+    import dlbench.store.document as document  # where every checksummed file is read (one reader)
+    monkeypatch.setattr(document, "checksum_of", lambda data: pytest.fail("took the slow way"))
     stored = store.inspect(path)
     assert stored.verified and stored.record == record
 
