@@ -201,7 +201,7 @@ def test_backward_kernels_timed_with_their_forward_are_the_difference(project, t
     (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4", "--workers", "2", "--mode", "infer"),
      "needs --mode train"),
     (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4"), "run `dlbench calibrate` first"),
-    (("run", "--suite", "kernels", "--framework", "fake", "--workers", "2"), "--workers is not taken by suite 'kernels'"),
+    (("run", "--suite", "kernels", "--framework", "fake", "--workers", "2"), "--workers is not taken by suite 'kernels' of kind kernels"),
     (("calibrate", "--framework", "fake", "--full", "--quick"), "--full and --quick exclude each other"),
     (("run", "--suite", "kernels", "--framework", "fake", "--benchmark", "fft"), "unknown benchmark 'fft'"),
 ])

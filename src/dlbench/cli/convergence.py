@@ -12,6 +12,7 @@ from rich.table import Table
 
 from .. import paths
 from ..analysis.convergence import median_run
+from ..axes import Precision
 from ..definitions.convergence import ConvergenceTask
 from ..definitions.loader import DefinitionError
 from ..execution.interrupts import exit_status, signal_name
@@ -34,17 +35,13 @@ def run_convergence_suite(suite_path: Path, names: list[str], registry, *, bench
     from ..execution.datasets import DataError, check_data, digits_folder
     from ..execution.orchestrator import Orchestrator, RunOptions
 
-    for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci),
-                          ("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
-        if value:
-            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: it trains each task to its target, "
-                       "once per seed (the suite's `runs`)")
+    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
     chosen_precision = None
     if precision:
         values = [p.strip() for item in precision for p in item.split(",")]
         if len(values) != 1:
             raise fail("--precision: a convergence suite runs one precision at a time")
-        check_choice("precision", values[0], ["fp32", "tf32", "amp_bf16", "amp_fp16"])
+        check_choice("precision", values[0], Precision.runs())
         chosen_precision = values[0]
     try:
         tasks = lookup.catalog().load_convergence_suite(suite_path, profile, device)

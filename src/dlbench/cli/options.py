@@ -8,11 +8,12 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
+from ..axes import Mode
 from ..machine import detect_device
 from .console import fail
 
 DEVICES = ("auto", "cpu", "cuda")
-MODES = ("train", "infer", "generate")
+MODES = Mode.names()
 TABLE_OR_JSON = ("table", "json")
 
 StoreOption = Annotated[Optional[Path], typer.Option(
@@ -44,6 +45,7 @@ def listed_choices(kind: str, given: list[str] | None, valid: Sequence[str]) -> 
     deduplicated in order; None where the option was not given."""
     if not given:
         return None
+    valid = [str(v) for v in valid]  # an axis's members as their plain names
     names = [n.strip() for item in given for n in item.split(",") if n.strip()]
     for n in names:
         check_choice(kind, n, [*valid, "all"])

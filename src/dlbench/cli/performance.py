@@ -17,6 +17,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .. import paths
+from ..axes import KERNEL_DTYPE
 from ..definitions.loader import DefinitionError
 from ..execution.interrupts import exit_status, signal_name
 from ..execution.backends import BACKENDS
@@ -167,11 +168,7 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
     from ..execution.kernels import plan_kernel_runs
     from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
 
-    for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci),
-                          ("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
-        if value:
-            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: it times kernels, each with the "
-                       "policy of its profile (see the suite file)")
+    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
     if env == "docker":
         raise fail("--env docker does not run the kernels suite yet; use --env venv or current")
     try:
@@ -296,7 +293,7 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 # ---------------------------------------------------------------------------------------- calibrate
 
 # `calibrate --full --precision`: the dtype of the layer shapes each precision's runs compute in
-FULL_DTYPES = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16"}
+FULL_DTYPES = KERNEL_DTYPE  # calibrate --full --precision: the kernels of each precision's dtype
 
 
 @stops_on_signals

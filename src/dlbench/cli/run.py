@@ -14,13 +14,16 @@ from rich.progress import Progress
 from rich.table import Table
 
 from .. import paths
-from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, SCENARIOS, Benchmark
+from ..axes import COMPILE_MODES, PRECISIONS, Scenario
+from ..definitions.suite import PROFILES, Benchmark
 from ..execution.backends import BACKENDS
 from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus, fingerprint, gpus
 from ..store.checks import worst_error
 from ..store.rows import run_row
 from ..telemetry import TelemetryConfig
+from ..workflows.requests import RunRequest
+from ..workflows.suite_kinds import RequestError, refuse_options_not_honoured
 from . import lookup, tables
 from .signals import say, stops_on_signals
 from .console import err, fail, out, progress_bar
@@ -86,7 +89,7 @@ def run(
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
     scenario: Annotated[Optional[list[str]], typer.Option(
-        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(SCENARIOS)}; a comma list or 'all', repeatable "
+        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(Scenario.names())}; a comma list or 'all', repeatable "
              "(default: none, the harness's back-to-back batches); generate mode: server, with time to first token "
              "and per output token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
     no_check: Annotated[bool, typer.Option(
@@ -108,9 +111,11 @@ def run(
                                       "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
+    given = dict(locals())  # the options as given, before any other name is bound here
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
     from ..execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
 
+    request = RunRequest(**{f.name: given[f.name] for f in dataclasses.fields(RunRequest)})
     check_choice("profile", profile, list(PROFILES))
     check_choice("device", device, DEVICES)
     check_choice("environment backend", env, list(BACKENDS))
@@ -118,6 +123,10 @@ def run(
     names = lookup.framework_names(registry, framework)
     suite_path = lookup.catalog().suite_path(suite) if suite != "all" else None
     kind = lookup.suite_kind(suite_path) if suite_path is not None else "benchmark"
+    try:
+        refuse_options_not_honoured(request, kind, suite_path.stem if suite_path is not None else suite)
+    except RequestError as e:
+        raise fail(str(e)) from None
     if kind == "kernels":
         from .performance import run_kernel_suite
 
@@ -135,21 +144,15 @@ def run(
                               timeout=timeout, workers=workers, scaling=scaling, hosts=hosts, data=data,
                               precision=precision)
         return
-    if data is not None:
-        raise fail(f"--data is for the convergence suites ({', '.join(lookup.catalog().convergence_suite_names())}); "
-                   f"suite {suite!r} trains on synthetic batches")
     if kind != "benchmark":
         from .distributed import run_distributed_suite
 
         run_distributed_suite(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
                               device=resolve_device(device), env=env, threads=threads, repeats=repeats,
                               max_repeats=max_repeats, target_ci=target_ci, store=store,
-                              timeout=timeout, workers=workers or 2, scaling=scaling, hosts=hosts)
+                              timeout=timeout, workers=workers or 2, scaling=scaling, hosts=hosts,
+                              precision=precision)
         return
-    for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
-        if value is not None:
-            raise fail(f"{option} is for the distributed suites ({', '.join(lookup.catalog().distributed_suite_names())}); "
-                       f"suite {suite!r} runs one process per run")
     for m in mode or []:
         check_choice("mode", m, MODES)
     precisions = listed_choices("precision", precision, PRECISIONS)
@@ -178,7 +181,7 @@ def run(
         raise fail(f"--mode generate: suite {suite!r} has no benchmark that generates (only decoder networks do, where "
                    f"a suite lists mode generate with its sizes: {'; '.join(decoders) or 'none'})")
     selected = with_axes(selected, precisions, compiles)
-    scenarios = listed_choices("scenario", scenario, SCENARIOS)
+    scenarios = listed_choices("scenario", scenario, Scenario.names())
     if scenarios is not None:
         training = sorted({b.name for b in selected if b.mode not in ("infer", "generate")})
         if training:

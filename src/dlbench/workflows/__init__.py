@@ -1,0 +1,14 @@
+"""The workflows of dlbench as a Python API, for the command line and notebooks alike: each takes a
+typed request (requests.py), checks it whole before anything runs (an option a suite kind does not
+honour: suite_kinds.py), and reports bad input as one RequestError naming the thing.
+
+    from dlbench.workflows import RunRequest
+    request = RunRequest(suite="fcn", framework=["torch"], profile="smoke")
+
+Layer: below the command line (which parses options into requests and renders results), above
+reporting, execution and the rest."""
+
+from .requests import RunRequest
+from .suite_kinds import RUN_OPTIONS, SUITE_KIND_TABLE, RequestError, SuiteKind, refuse_options_not_honoured
+
+__all__ = ["RunRequest", "RequestError", "SuiteKind", "RUN_OPTIONS", "SUITE_KIND_TABLE", "refuse_options_not_honoured"]
