@@ -109,3 +109,29 @@ def test_a_comm_suite_honours_its_options(cli_env, tmp_path):
     [record] = [json.loads(p.read_text()) for p in (store / "runs").glob("*.json")]
     assert record["benchmark"] == "all_reduce-w2" and record["distributed"]["workers"] == 2
     assert record["distributed"]["hosts"] == ["127.0.0.1"] and len(record["repeats"]) == 2
+
+
+def test_a_catalog_parses_each_file_once(monkeypatch):
+    """`dlbench run --suite cnn` parsed the suite files ~70 times before its first network loaded:
+    every lookup by name read every suite's kind, and the suite was resolved twice."""
+    from pathlib import Path
+
+    from dlbench.definitions import catalog as catalog_module
+    from dlbench.definitions import loader
+    from dlbench.definitions.catalog import SuiteCatalog
+
+    reads: list[Path] = []
+    real = loader.read_yaml
+
+    def counting(path):
+        reads.append(Path(path).resolve())
+        return real(path)
+
+    monkeypatch.setattr(catalog_module, "read_yaml", counting)
+    monkeypatch.setattr(loader, "read_yaml", counting)
+    suites = SuiteCatalog(Path(__file__).resolve().parents[2] / "suites")
+    path = suites.suite_path("cnn")
+    assert suites.suite_kind(path) == "benchmark" and suites.suite_path("fcn") is not None
+    for modes in (None, ("train", "infer")):
+        suites.load_suite(path, "smoke", "cpu", modes)
+    assert reads and len(reads) == len(set(reads))

@@ -81,16 +81,15 @@ def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
     return names
 
 
-def suite_kind(path: Path) -> str:
-    """The `kind` of a suite file (benchmark, distributed, comm, kernels)."""
+def suite_kind(path: Path, suites: SuiteCatalog | None = None) -> str:
+    """The `kind` of a suite file (benchmark, distributed, comm, kernels, convergence)."""
     try:
-        return catalog().suite_kind(path)
+        return (suites or catalog()).suite_kind(path)
     except DefinitionError as e:
         raise fail(str(e)) from None
 
 
-def _load_suite(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None):
-    suites = catalog()
+def _load_suite(suites: SuiteCatalog, suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None):
     path = suites.suite_path(suite)
     if path is None:
         raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(suites.suite_names() + ['all'])} "
@@ -101,7 +100,10 @@ def _load_suite(suite: str, profile: str, device: str, modes: tuple[str, ...] | 
         raise fail(str(e)) from None
 
 
-def load_suites(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None) -> list:
-    """`--suite`: a name, a path, or 'all' (every suite shipped in suites/)."""
-    names = catalog().suite_names() if suite == "all" else [suite]
-    return [_load_suite(n, profile, device, modes) for n in names]
+def load_suites(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None,
+                suites: SuiteCatalog | None = None) -> list:
+    """`--suite`: a name, a path, or 'all' (every suite shipped in suites/); `suites`: the command's
+    catalog, where it has one (each file is then parsed once however often it is resolved)."""
+    suites = suites or catalog()
+    names = suites.suite_names() if suite == "all" else [suite]
+    return [_load_suite(suites, n, profile, device, modes) for n in names]

@@ -121,8 +121,9 @@ def run(
     check_choice("environment backend", env, list(BACKENDS))
     registry = lookup.registry()
     names = lookup.framework_names(registry, framework)
-    suite_path = lookup.catalog().suite_path(suite) if suite != "all" else None
-    kind = lookup.suite_kind(suite_path) if suite_path is not None else "benchmark"
+    catalog = lookup.catalog()  # one per command: each suite and network file parsed once
+    suite_path = catalog.suite_path(suite) if suite != "all" else None
+    kind = lookup.suite_kind(suite_path, catalog) if suite_path is not None else "benchmark"
     try:
         refuse_options_not_honoured(request, kind, suite_path.stem if suite_path is not None else suite)
     except RequestError as e:
@@ -161,12 +162,12 @@ def run(
         compiles = list(COMPILE_MODES)  # 'all' is the two modes, not "default" beside them
     check_choice("torch.compile mode", compile_mode, TORCH_COMPILE_MODES)
     resolved_device = resolve_device(device)
-    suites = lookup.load_suites(suite, profile, resolved_device, tuple(mode) if mode else None)
+    suites = lookup.load_suites(suite, profile, resolved_device, tuple(mode) if mode else None, catalog)
     available: list[Benchmark] = [b for s in suites for b in s.benchmarks]
     selected = available
     if benchmark:
         # a benchmark named with its mode runs even where the profile would skip that mode
-        every_mode = [b for s in lookup.load_suites(suite, profile, resolved_device, tuple(mode or MODES))
+        every_mode = [b for s in lookup.load_suites(suite, profile, resolved_device, tuple(mode or MODES), catalog)
                       for b in s.benchmarks]
         valid = sorted({b.name for b in every_mode} | {b.network.name for b in every_mode})
         for name in benchmark:
@@ -176,7 +177,7 @@ def run(
                     if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
     if mode and "generate" in mode and not any(b.mode == "generate" for b in selected):
         decoders = [f"{s.name}: {', '.join(b.network.name for b in s.benchmarks if b.mode == 'generate')}"
-                    for s in lookup.load_suites("all", profile, resolved_device, ("generate",))
+                    for s in lookup.load_suites("all", profile, resolved_device, ("generate",), catalog)
                     if any(b.mode == "generate" for b in s.benchmarks)]
         raise fail(f"--mode generate: suite {suite!r} has no benchmark that generates (only decoder networks do, where "
                    f"a suite lists mode generate with its sizes: {'; '.join(decoders) or 'none'})")
