@@ -10,20 +10,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import typer
 from rich.markup import escape
 from rich.progress import Progress
 
 from .. import paths
 from ..definitions.loader import DefinitionError
-from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
 from .console import err, fail, out, progress_bar
 from ..axes import Precision
 from .options import check_choice, listed_choices
-from .signals import say
+from .signals import interrupted
 
 
 class _Events:
@@ -49,10 +47,10 @@ class _Events:
                                         highlight=False, soft_wrap=True)
 
 
-def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, mode, profile: str,
-                     device: str, env: str, threads: int | None, repeats: int | None, max_repeats, target_ci,
-                     store: Path | None, timeout: float, workers: int, scaling: str | None,
-                     hosts: str | None, precision: list[str] | None = None) -> None:
+def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, profile: str,
+                          device: str, env: str, threads: int | None, repeats: int | None, store: Path | None,
+                          timeout: float, workers: int, scaling: str | None, hosts: str | None,
+                          precision: list[str] | None, catalog) -> None:
     from ..definitions.distributed import batches
     from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
     from ..execution.placement import PlacementError, detect
@@ -65,7 +63,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
         check_choice("scaling", scaling, ["strong", "weak"])
     precisions = listed_choices("precision", precision, Precision.runs())
     try:
-        suite = lookup.catalog().load_distributed_suite(suite_path, profile, device)
+        suite = catalog.load_distributed_suite(suite_path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
@@ -126,9 +124,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
                     records += orch.run_comm(runner, comm)
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
-        say(f"interrupted by {signal_name(e)}: every job's processes stopped; {len(records)} complete runs are "
-            "in the store, none partial")
-        raise typer.Exit(exit_status(e)) from None
+        interrupted(e, len(records), "runs")
     lookup.refresh_index(store)
     if kind == "distributed":
         out.print(training_table(records, f"dlbench run: {suite.name}"))

@@ -19,7 +19,6 @@ from rich.table import Table
 from .. import paths
 from ..axes import KERNEL_DTYPE
 from ..definitions.loader import DefinitionError
-from ..execution.interrupts import exit_status, signal_name
 from ..execution.backends import BACKENDS
 from ..performance.probes import BUDGET_S
 from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
@@ -37,7 +36,7 @@ from .options import (
     check_format,
     resolve_device,
 )
-from .signals import say, stops_on_signals
+from .signals import interrupted, stops_on_signals
 
 if TYPE_CHECKING:
     # imported where used: the kernel runs, stores and the model are for these commands only
@@ -161,9 +160,9 @@ def list_kernels(path: Path, profile: str, device: str) -> None:
 
 # ---------------------------------------------------------------------------------------- run
 
-def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, mode, profile: str, device: str,
-                     env: str, threads: int | None, repeats: int | None, max_repeats, target_ci, store: Store,
-                     timeout: float, workers, scaling, hosts) -> None:
+def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, profile: str, device: str,
+                     env: str, threads: int | None, repeats: int | None, store: Store, timeout: float,
+                     catalog) -> None:
     """`dlbench run --suite kernels`: each framework times the suite's kernels; one kernel record per run."""
     from ..execution.kernels import plan_kernel_runs
     from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
@@ -172,7 +171,7 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
     if env == "docker":
         raise fail("--env docker does not run the kernels suite yet; use --env venv or current")
     try:
-        suite = load_kernel_suite(suite_path, lookup.catalog(), profile, device)
+        suite = load_kernel_suite(suite_path, catalog, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
@@ -226,9 +225,7 @@ def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, 
                                            highlight=False, soft_wrap=True)
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
-        say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete kernel runs are in the "
-            "store, none partial")
-        raise typer.Exit(exit_status(e)) from None
+        interrupted(e, len(records), "kernel runs")
     return records
 
 
