@@ -135,3 +135,31 @@ def test_a_catalog_parses_each_file_once(monkeypatch):
     for modes in (None, ("train", "infer")):
         suites.load_suite(path, "smoke", "cpu", modes)
     assert reads and len(reads) == len(set(reads))
+
+
+def test_the_python_api_runs_a_suite_and_prints_nothing(cli_env, tmp_path, capsys):
+    """What `dlbench run` does, from a notebook: records back, progress through events, no output."""
+    from dlbench.workflows import RequestError, run_suite
+
+    class Events:
+        def __init__(self):
+            self.done = []
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+        def run_done(self, run, record):
+            self.done.append(record.benchmark)
+
+    events = Events()
+    request = RunRequest(suite="fcn", framework=["fake"], env="current", profile="smoke", benchmark=["fcn5"],
+                         repeats=1, precision=["fp32,amp_bf16"], no_check=True, no_telemetry=True,
+                         store=tmp_path / "s")
+    records = run_suite(request, events)
+    assert [(r.benchmark, r.workload.precision, r.status) for r in records] == [
+        ("fcn5-train", "fp32", "ok"), ("fcn5-train", "amp_bf16", "ok")]
+    assert events.done == ["fcn5-train", "fcn5-train"] and len(list((tmp_path / "s" / "runs").glob("*.json"))) == 2
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(RequestError, match="--workers is not taken by suite 'fcn' of kind benchmark"):
+        run_suite(dataclasses.replace(request, workers=2, store=tmp_path / "t"))
+    assert not (tmp_path / "t").exists()
