@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from ..axes import PRECISIONS, Scenario
+from ..axes import PRECISIONS, Mode, Scenario
 from ..definitions.suite import PROFILES
 from ..execution.backends import BACKENDS
 from ..store.checks import worst_error
@@ -46,8 +46,8 @@ def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: FrameworksOption = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
-    mode: Annotated[Optional[list[str]], typer.Option(
-        help="train | infer | generate (decoder networks: prompt, then new tokens with a key/value cache); "
+    mode: Annotated[Optional[list[Mode]], typer.Option(
+        help="What to time (generate: decoder networks, a prompt, then new tokens with a key/value cache); "
              "repeatable (default: the profile's choice, which is train only for smoke).")] = None,
     profile: ProfileOption = "default",
     device: DeviceOption = "auto",
@@ -104,6 +104,7 @@ def run(
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
+    given["mode"] = [m.value for m in mode] if mode else None  # typer's Enum members: plain names from here on
     request = RunRequest(**{f.name: given[f.name] for f in dataclasses.fields(RunRequest)})
     catalog = lookup.catalog()  # one per command: each suite and network file parsed once
     kind = lookup.refused(suite_kind_of, request, catalog)

@@ -10,9 +10,10 @@ nothing, reports progress through an events object, and returns what it made.
 Layer: below the command line (which parses options into requests and renders results), above
 reporting, execution and the rest."""
 
+from .calibration import Calibration, CalibrateRequest, CalibrationFailed, calibrate
 from .requests import RunRequest
 from .run import RunPlan, execute_run, plan_run, run_suite
 from .suite_kinds import RUN_OPTIONS, SUITE_KIND_TABLE, RequestError, SuiteKind, refuse_options_not_honoured
 
-__all__ = ["RunRequest", "RunPlan", "run_suite", "plan_run", "execute_run", "RequestError", "SuiteKind",
+__all__ = ["CalibrateRequest", "Calibration", "CalibrationFailed", "calibrate", "RunRequest", "RunPlan", "run_suite", "plan_run", "execute_run", "RequestError", "SuiteKind",
            "RUN_OPTIONS", "SUITE_KIND_TABLE", "refuse_options_not_honoured"]
