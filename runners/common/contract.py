@@ -36,6 +36,10 @@ class Axis(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        # messages quote a value as the request and the command line spell it ('fp32')
+        return repr(self.value)
+
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(member.value for member in cls)
@@ -148,6 +152,21 @@ class Scenario(Axis):
     def loadgen_name(self) -> str:
         """LoadGen's own name of the scenario (mlperf_loadgen.TestScenario.<name>)."""
         return "".join(part.capitalize() for part in self.value.split("_"))
+
+
+# A request's fields that hold an axis's value (src/dlbench/execution/orchestrator.py build_request).
+REQUEST_AXES = {"precision": Precision, "compile": Compile, "mode": Mode, "scenario": Scenario}
+
+
+def typed_request(request: dict) -> dict:
+    """The request with each axis field as its axis's member, checked once where a worker reads its
+    request (the harnesses), so that a runner is handed values it can compare, look up and print
+    as the strings they are, and an unknown value fails once, naming the field."""
+    typed = dict(request)
+    for field, axis in REQUEST_AXES.items():
+        if typed.get(field) is not None:
+            typed[field] = axis.parse(typed[field], who=f"the request's {field!r}")
+    return typed
 
 
 # The names as tuples, for code that lists or tests membership of strings.

@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Callable
 
+from runners.common.contract import typed_request
 from runners.common.protocol import PROTOCOL_VERSION, Skip, classify, read_request, write_atomically
 
 
@@ -201,6 +202,7 @@ def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
                     "world_size": cluster.world_size, "local_rank": cluster.local_rank, "host": socket.gethostname()}
     joined = False
     try:
+        request = typed_request(request)  # the axes' values checked once, as their types
         result["threads"] = runner.configure_threads(request.get("threads"))
         result["framework"] = runner.framework_info(cluster.device)
         why_not = runner.device_available(cluster.device)

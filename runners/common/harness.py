@@ -25,6 +25,7 @@ import time
 import traceback
 from typing import Callable
 
+from runners.common.contract import typed_request
 from runners.common.protocol import Skip, classify, read_request, write_atomically
 
 # protocol.PROTOCOL_VERSION, spelled out: tests/unit/test_no_framework_import.py compares this file's
@@ -337,6 +338,7 @@ def run_request(runner, request: dict) -> dict:
     result: dict = {"protocol": PROTOCOL_VERSION, "framework": {"name": runner.name}}
     device = request["device"]
     try:
+        request = typed_request(request)  # the axes' values checked once, as their types
         result["threads"] = runner.configure_threads(request.get("threads"))
         result["framework"] = runner.framework_info(device)
         why_not = runner.device_available(device)

@@ -171,6 +171,7 @@ def test_list_one_suite_with_profile():
 
 def test_results_on_empty_store(tmp_path):
     store = tmp_path / "empty"
+    store.mkdir()  # a store without records; a folder that is not there is no store (test_missing_store.py)
     code, out, _ = invoke("results", "--store", str(store), "--format", "json")
     assert code == 0 and json.loads(out) == []
     code, out, _ = invoke("results", "--store", str(store), "--format", "csv")
@@ -182,6 +183,7 @@ def test_results_on_empty_store(tmp_path):
 
 
 def test_report_on_empty_store_exits_1(tmp_path):
+    (tmp_path / "empty").mkdir()
     code, _, err = invoke("report", "--store", str(tmp_path / "empty"), "--out", str(tmp_path / "site"))
     assert code == 1
     assert "no records" in err

@@ -156,7 +156,10 @@ def test_builds_the_image_when_missing_and_reuses_it(runner, docker, engine):
                                                      f"org.dlbench.key={tag.rsplit('-', 1)[1]}"}
     # the context is the runner's requirements file and nothing else: one source for the versions
     assert engine.images()[tag]["context"] == {"requirements.txt": runner.requirements_for("cpu").read_text()}
-    assert any("load build definition" in line for line in lines)  # progress reached the caller
+    # progress reached the caller: the build's step, docker's own lines, then built
+    assert [p.step for p in lines if p.starts_step] == ["building image", "built"]
+    assert any("load build definition" in p.output for p in lines if p.output)
+    assert {(p.framework, p.flavour, p.where) for p in lines} == {("fake", "cpu", tag)}
     assert env.backend == "docker" and env.key == tag and env.container.image == tag
     assert env.container.image_id == engine.images()[tag]["id"]
     # the probe ran in the image: its interpreter, version and lock
@@ -165,8 +168,10 @@ def test_builds_the_image_when_missing_and_reuses_it(runner, docker, engine):
     described = env.describe()
     assert described["image"] == tag and described["dockerfile"] == "docker/fake/cpu.Dockerfile"
 
+    lines.clear()
     again = docker.ensure(runner, "cpu", lines.append)
-    assert len(engine.calls("build")) == 1  # found, not rebuilt
+    assert len(engine.calls("build")) == 1  # found, not rebuilt, and it says so
+    assert [(p.step, p.where) for p in lines] == [("cached", tag)]
     assert len(engine.calls("run")) == 1  # the probe is cached per image id
     assert again.container.image_id == env.container.image_id
 

@@ -288,6 +288,9 @@ def test_gloo_interface_is_pinned_only_when_every_host_is_loopback(tmp_path):
 
 # ------------------------------------------------------------------ runner.toml
 
+CAPABILITIES = '[capabilities]\nprecisions = ["fp32"]\ncompile = ["eager"]\nmodes = ["train"]\n'
+
+
 def runner_folder(tmp_path, distributed: str) -> Path:
     folder = tmp_path / "runners" / "r"
     folder.mkdir(parents=True)
@@ -295,7 +298,7 @@ def runner_folder(tmp_path, distributed: str) -> Path:
         (folder / name).write_text("")
     (folder / "runner.toml").write_text('name = "r"\nimport_name = "json"\nworker = "worker.py"\n'
                                         '[requirements]\ncpu = "requirements-cpu.txt"\n'
-                                        'cuda = "requirements-cuda.txt"\n' + distributed)
+                                        'cuda = "requirements-cuda.txt"\n' + CAPABILITIES + distributed)
     return folder
 
 

@@ -91,6 +91,7 @@ def test_runner_toml_accepts_the_style_and_mxnet_uses_it(tmp_path):
         (folder / name).write_text("")
     (folder / "runner.toml").write_text('name = "r"\nimport_name = "json"\nworker = "worker.py"\n'
                                         '[requirements]\ncpu = "requirements-cpu.txt"\ncuda = "requirements-cuda.txt"\n'
+                                        '[capabilities]\nprecisions = ["fp32"]\ncompile = ["eager"]\nmodes = ["train"]\n'
                                         '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ps-lite"\n')
     assert RunnerRegistry(folder.parent).get("r").distributed.launch == "ps-lite"
     assert RunnerRegistry(ROOT / "runners").get("mxnet").distributed.launch == "ps-lite"

@@ -51,6 +51,12 @@ worker = "worker.py"
 cpu = "requirements-cpu.txt"
 cuda = "requirements-cuda.txt"
 
+# What it runs, per axis: dlbench refuses any other value before a worker starts.
+[capabilities]
+precisions = ["fp32"]
+compile = ["eager", "compiled"]
+modes = ["train", "infer"]
+
 # What the performance model assumes of this runner: its step is one compiled call; its engine
 # sends each layer's gradient as soon as it is computed.
 [model]
@@ -63,11 +69,11 @@ WORKER = '''\
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # toy_runner.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the folder holding the runners package
+# the folder that holds the runners package takes the place of this one on the path
+sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from runners.common import harness  # noqa: E402
-from toy_runner import ToyRunner  # noqa: E402
+from runners.toy.runner import ToyRunner  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(harness.main(ToyRunner()))
@@ -104,8 +110,9 @@ def add_toy_runner(root: Path) -> None:
     folder = root / "runners" / "toy"
     folder.mkdir(parents=True)
     (folder / "runner.toml").write_text(RUNNER_TOML)
+    (folder / "__init__.py").write_text('"""The toy runner (docs/extending.md)."""\n')
     (folder / "worker.py").write_text(WORKER)
-    (folder / "toy_runner.py").write_text(TOY_RUNNER)
+    (folder / "runner.py").write_text(TOY_RUNNER)
     for flavour in FLAVOURS:
         (folder / f"requirements-{flavour}.txt").write_text(REQUIREMENTS)
         path = dockerfile_path(root / "docker", "toy", flavour)
@@ -120,8 +127,8 @@ def tree(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "dlbench"
     for kind in ("runners", "docker"):
         (root / kind).mkdir(parents=True)
-        for entry in (ROOT / kind).iterdir():
-            if entry.is_dir() and entry.name != "__pycache__":
+        for entry in (ROOT / kind).iterdir():  # runners/__init__.py too: the temporary root's runners package
+            if entry.name != "__pycache__":
                 (root / kind / entry.name).symlink_to(entry)
     for kind in ("suites", "reports"):
         (root / kind).symlink_to(ROOT / kind)

@@ -426,3 +426,31 @@ def test_run_request_reports_the_allocator_peak_and_compiler_counters_after_the_
 def test_run_request_without_memory_or_compile_hooks_reports_neither():
     res = harness.run_request(Runner(), request())
     assert res["status"] == "ok" and "memory" not in res and "compile" not in res
+
+
+def test_run_request_hands_the_runner_the_axes_as_their_types():
+    """The harness checks a request's axis fields once: the runner gets Precision, Compile and Mode
+    members, which compare, hash and print as the strings the request carried."""
+    from runners.common.contract import Compile, Mode, Precision
+
+    seen = {}
+
+    class Recording(Runner):
+        def prepare(self, req):
+            seen.update(req)
+            return super().prepare(req)
+
+    res = harness.run_request(Recording(), request(precision="amp_bf16", compile="compiled", mode="train"))
+    assert res["status"] == "ok"
+    assert seen["precision"] is Precision.AMP_BF16 and seen["compile"] is Compile.COMPILED and seen["mode"] is Mode.TRAIN
+    assert seen["precision"] == "amp_bf16" and {"amp_bf16": 1}[seen["precision"]] == 1
+    assert f"{seen['precision']}" == "amp_bf16" and repr(seen["precision"]) == "'amp_bf16'"
+    assert json.loads(json.dumps({"p": seen["precision"]})) == {"p": "amp_bf16"}
+
+
+def test_run_request_fails_once_on_an_axis_value_no_runner_knows():
+    runner = Runner()
+    res = harness.run_request(runner, request(precision="fp8"))
+    assert res["status"] == "failed" and runner.prepared.steps == 0
+    assert "the request's 'precision': precision 'fp8' is not one it accepts" in res["reason"]
+    assert "fp32, tf32, amp_bf16, amp_fp16, float64" in res["reason"]

@@ -159,5 +159,6 @@ def test_cli_history_unknown_filter_values(nightly):
 
 
 def test_cli_history_empty_store(tmp_path):
+    (tmp_path / "none").mkdir()
     code, _, err = invoke("history", "--store", str(tmp_path / "none"))
     assert code == 1 and "no completed runs" in err

@@ -245,8 +245,9 @@ def test_an_interrupted_environment_build_stops_its_step_and_removes_the_half_bu
                                    "time.sleep(60)"], **kwargs))
         return started[-1]
 
-    def interrupt(line):
-        raise Interrupted(signal.SIGTERM)
+    def interrupt(progress):  # the signal comes while the step runs: when its first line is reported
+        if progress.output is not None:
+            raise Interrupted(signal.SIGTERM)
 
     monkeypatch.setattr(environments.subprocess, "Popen", step)
     backend = environments.VenvBackend(tmp_path / "cache")

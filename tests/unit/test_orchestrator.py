@@ -212,3 +212,25 @@ def test_worker_that_cannot_be_started_is_recorded_and_the_plan_goes_on(tmp_path
     for rec in records:
         assert rec.status == "failed" and "could not start" in rec.reason and "gone" in rec.reason
         assert len(rec.repeats) == 1 and rec.summary is None
+
+
+def test_a_run_the_runner_does_not_list_is_skipped_without_a_worker(tmp_path, suite, fake):
+    """runner.toml [capabilities]: a precision (or compile mode, mode, scenario) the runner does not
+    list is recorded as skipped, naming what it runs, before any environment or worker is started;
+    the plan goes on."""
+    from dlbench.axes import Compile, Mode, Precision
+    from dlbench.execution.registry import Capabilities
+
+    fp32_only = dataclasses.replace(fake, capabilities=Capabilities(
+        frozenset({Precision.FP32}), frozenset({Compile.EAGER}), frozenset({Mode.TRAIN, Mode.INFER}), frozenset()))
+    store, orch, events = orchestrate(tmp_path)
+    train = next(b for b in suite.benchmarks if b.name == "fcn5-train")
+    benchmarks = [dataclasses.replace(train, precision="amp_bf16"), dataclasses.replace(train, compile="compiled"), train]
+    records = orch.execute(plan([fp32_only], benchmarks))
+    assert [r.status for r in records] == ["skipped", "skipped", "ok"]
+    assert records[0].reason == ("fake runner: precision amp_bf16 is not one it runs "
+                                 "(runner.toml [capabilities]: fp32)")
+    assert records[1].reason.startswith("fake runner: compile compiled is not one it runs")
+    assert records[0].repeats == [] and records[0].repeat_policy.stopped == "not_started"
+    assert {r.run_id for r in store.records()} == {r.run_id for r in records}
+    assert ("environment", "fake") not in events.events[:2]  # nothing built for the refused runs

@@ -672,6 +672,7 @@ def runner_toml(tmp_path, model: str) -> Path:
     top, tables = (model, "") if not model.startswith("[") else ("", model)  # a plain key goes above the tables
     (folder / "runner.toml").write_text('name = "r"\nimport_name = "json"\nworker = "worker.py"\n' + top +
                                         '[requirements]\ncpu = "requirements-cpu.txt"\ncuda = "requirements-cuda.txt"\n'
+                                        '[capabilities]\nprecisions = ["fp32"]\ncompile = ["eager"]\nmodes = ["train"]\n'
                                         + tables)
     return folder
 

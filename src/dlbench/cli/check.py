@@ -15,6 +15,7 @@ from ..execution.backends import BACKENDS, backend
 from ..execution.environments import EnvironmentBuildError
 from ..store.store import StoreWriteError
 from . import lookup
+from .build_progress import BuildLog
 from .console import err, fail, out
 from .options import (
     DEVICES,
@@ -203,12 +204,12 @@ def check_generation_mode(runners, names: list[str] | None, device: str, env: st
 def _environments(runners, env: str, flavour: str) -> list:
     chosen = backend(env, paths.cache_dir())
     envs = []
+    log = BuildLog(err)
     for r in runners:
-        with err.status(f"environment for {r.name}") as status:
-            try:
-                envs.append((r, chosen.ensure(r, flavour, lambda line, n=r.name: status.update(f"{n}: {escape(line[:90])}"))))
-            except EnvironmentBuildError as e:
-                envs.append((r, e))
+        try:
+            envs.append((r, chosen.ensure(r, flavour, log)))
+        except EnvironmentBuildError as e:
+            envs.append((r, e))
     return envs
 
 

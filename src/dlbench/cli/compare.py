@@ -41,7 +41,7 @@ def compare(
         base_sel, cand_sel = parse_selector(baseline, "--baseline"), parse_selector(candidate, "--candidate")
     except SelectorError as e:
         raise fail(str(e)) from None
-    st = lookup.open_store(store)
+    st = lookup.existing_store(store)
     records = _readable_records(st)
     loadgen = compare_loadgen(records, base_sel, cand_sel)  # LoadGen scenario runs (schema 9): their own table
     try:
@@ -89,7 +89,7 @@ def history(
     from ..store.selection import split_values
 
     check_format(format)
-    st = lookup.open_store(store)
+    st = lookup.existing_store(store)
     records = [r for r in _readable_records(st) if r.status == "ok" and r.summary is not None]
     filters = {"benchmark": split_values(benchmark), "framework": split_values(framework),
                "machine": split_values(machine)}

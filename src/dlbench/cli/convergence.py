@@ -17,6 +17,7 @@ from ..definitions.loader import DefinitionError
 from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
+from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from .options import check_choice
 from .signals import interrupted
@@ -133,8 +134,8 @@ class _Events:
     def __init__(self, progress, bar):
         self.progress, self.bar = progress, bar
 
-    def environment(self, framework, line):
-        self.progress.update(self.bar, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+    def environment(self, framework, progress):
+        show_on_progress_bar(self.progress, self.bar, progress)
 
     def seed_started(self, run, seed, index):
         self.progress.update(self.bar, description=escape(f"{run.runner.name} {run.task.name} seed {seed} "

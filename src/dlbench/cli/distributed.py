@@ -18,6 +18,7 @@ from ..definitions.loader import DefinitionError
 from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
+from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from ..axes import Precision
 from .options import check_choice, listed_choices
@@ -29,8 +30,8 @@ class _Events:
         self.progress, self.task = progress, task
         self._repeats = 1
 
-    def environment(self, framework, line):
-        self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+    def environment(self, framework, progress):
+        show_on_progress_bar(self.progress, self.task, progress)
 
     def run_started(self, label, repeats):
         self._label, self._repeats = escape(label), repeats

@@ -14,6 +14,7 @@ from .. import paths
 from ..execution.backends import backend
 from ..execution.environments import EnvironmentBuildError, VenvBackend
 from . import lookup
+from .build_progress import BuildLog
 from .console import err, fail, out
 from .options import DEVICES, check_choice, resolve_device
 from .signals import stops_on_signals
@@ -86,7 +87,10 @@ def env_create(
     device: Annotated[str, typer.Option(help="auto | cpu | cuda: which flavour to build")] = "auto",
     env: Annotated[str, typer.Option(help="venv (a virtual environment) | docker (an image)")] = "venv",
 ) -> None:
-    """Build (or find) the cached environment or the docker image of a framework."""
+    """Build (or find) the cached environment or the docker image of a framework.
+
+    Progress goes to stderr a line at a time (each step, each package pip starts on, a note when
+    it is silent for long), readable in a CI log; stdout gets each environment's path."""
     registry = lookup.registry()
     check_choice("framework", framework, registry.names() + ["all"])
     check_choice("device", device, DEVICES)
@@ -94,14 +98,19 @@ def env_create(
     flavour = resolve_device(device)
     names = registry.names() if framework == "all" else [framework]
     chosen = backend(env, paths.cache_dir())
-    for name in names:
-        runner = lookup.runner(registry, name)
-        with err.status(f"building {name} ({flavour})") as status:
+    log = BuildLog(err)
+    try:
+        for name in names:
+            runner = lookup.runner(registry, name)
             try:
-                built = chosen.ensure(runner, flavour, lambda line: status.update(f"{name}: {escape(line[:90])}"))
+                built = chosen.ensure(runner, flavour, log)
             except EnvironmentBuildError as e:
                 raise fail(str(e), 1) from None
-        out.print(f"{name} ({flavour}): {built.path or built.key}")
+            out.print(f"{name} ({flavour}): {built.path or built.key}", highlight=False)
+    finally:  # what was built and what reused, also when a build failed or was interrupted part-way
+        summary = log.summary()
+        if summary:
+            err.print(escape(summary), highlight=False, soft_wrap=True)
 
 
 @env_app.command("remove")

@@ -22,6 +22,7 @@ from ..workflows.calibration import CalibrateRequest, CalibrationFailed, dtype_s
 from ..workflows.calibration import calibrate as workflows_calibrate
 from ..workflows.suite_kinds import RequestError
 from . import lookup
+from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from .options import (
     DeviceOption,
@@ -68,9 +69,9 @@ class _KernelProgress:
         if not count:
             self.close()
 
-    def environment(self, framework, line):
+    def environment(self, framework, progress):
         if self._bar:
-            self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+            show_on_progress_bar(self.progress, self.task, progress)
 
     def kernel_run_started(self, label: str, kernels: int):
         self.progress.update(self.task, description=escape(f"{label} ({kernels} kernels)"))
@@ -244,7 +245,7 @@ def kernels(
     from ..store.kernels import KernelStore
 
     check_format(format)
-    st, frameworks, benchmarks = lookup.open_store(store), framework, benchmark
+    st, frameworks, benchmarks = lookup.existing_store(store, "dlbench run --suite kernels"), framework, benchmark
     problems: list[str] = []
     latest: dict[tuple[str, str], KernelRecord] = {}
     for r in KernelStore(st).records(problems):

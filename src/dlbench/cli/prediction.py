@@ -76,7 +76,7 @@ def predict(
             raise fail(f"--accuracy scores the runs in the store; {', '.join(given) or '--workers'} is for one prediction")
         if len(machines) > 1:
             raise fail("--accuracy --recompute predicts from one --machine")
-        st = lookup.open_store(store)
+        st = lookup.existing_store(store)
         profile = _profile(machines[0] if machines else None, st, settings) if recompute else None
         _accuracy(store=st, suites=suite, frameworks=[framework] if framework else None,
                   profile=profile, fmt=format, runs=runs, io_bandwidth=io_bandwidth)

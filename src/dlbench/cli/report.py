@@ -24,7 +24,7 @@ def report(
     """Write the static site: leaderboards, benchmark, run, history (and comparison) pages."""
     from ..reporting.site import SiteError, build_site, open_in_browser
 
-    st = lookup.open_store(store)
+    st = lookup.existing_store(store)
     try:
         result = build_site(st.root, out_dir, compare)
     except SiteError as e:

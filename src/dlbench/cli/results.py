@@ -71,7 +71,7 @@ def results(
             raise fail(f"--out {out_file}: directory {out_file.parent} does not exist")
     selection = Selection(frameworks=split_values(framework), benchmarks=split_values(benchmark),
                           machines=split_values(machine), statuses=statuses, since=since_at)
-    st = lookup.open_store(store)
+    st = lookup.existing_store(store)
     snapshot = read_rows(st, on_parse=lambda n: err.print(
         f"reading {n} records of {escape(str(st.root))} into its row index (later reads use {INDEX_DIR}/)",
         highlight=False))

@@ -225,8 +225,10 @@ class _ProgressEvents:
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
 
-    def environment(self, framework, line):
-        self.progress.update(self.task, description=f"[cyan]{framework} env[/]: {escape(line[:70])}")
+    def environment(self, framework, progress):
+        from .build_progress import show_on_progress_bar
+
+        show_on_progress_bar(self.progress, self.task, progress)
 
     def run_started(self, run: PlannedRun, repeats: int):
         self._label = escape(_label(run))

@@ -23,9 +23,7 @@ def store_verify(store: StoreOption = None) -> None:
     """Check every record (schema, checksum, name) and check file; exit 1 if any is damaged."""
     from ..store.verify import verify
 
-    st = lookup.open_store(store)
-    if not st.root.is_dir():
-        raise fail(f"no store at {st.root}")
+    st = lookup.existing_store(store)
     report = verify(st)
     _print_problems("problem", [(p.path, p.reason) for p in report.problems])
     by_version: dict[int, int] = {}
@@ -55,9 +53,7 @@ def store_upgrade(store: StoreOption = None) -> None:
     from ..store.record import SCHEMA_VERSION
     from ..store.store import UpgradeReport
 
-    st = lookup.open_store(store)
-    if not st.root.is_dir():
-        raise fail(f"no store at {st.root}")
+    st = lookup.existing_store(store)
     report = UpgradeReport()
     try:
         st.upgrade(report)

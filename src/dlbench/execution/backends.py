@@ -1,5 +1,5 @@
 """Environment backends by name (`--env`): where a framework's worker gets its interpreter. Each is
-a class with `ensure(runner, flavour, log) -> Environment` (environments.py: `venv`, `current`;
+a class with `ensure(runner, flavour, on_progress) -> Environment` (environments.py: `venv`, `current`;
 containers.py: `docker`); a new backend is one entry in BACKENDS."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from .environments import Environment, EnvironmentBuildError
+from .environments import BuildProgress, Environment, EnvironmentBuildError
 from .registry import RunnerInfo
 
 
@@ -43,19 +43,19 @@ def backend(name: str, cache: Path):
 class Environments:
     """Each runner's environment for one command, made (or found) by `backend` on first use and
     kept, a failure to build included: every run of that runner then reports the same reason.
-    `log(framework, line)` receives the build's output."""
+    `on_progress(framework, progress)` hears whether it was cached or built, and the build's steps."""
 
-    def __init__(self, backend, device: str, log: Callable[[str, str], None]):
+    def __init__(self, backend, device: str, on_progress: Callable[[str, BuildProgress], None]):
         self.backend = backend
         self.flavour = "cuda" if device == "cuda" else "cpu"
-        self.log = log
+        self.on_progress = on_progress
         self._made: dict[str, Environment | EnvironmentBuildError] = {}
 
     def get(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
         if runner.name not in self._made:
             try:
                 self._made[runner.name] = self.backend.ensure(runner, self.flavour,
-                                                              lambda line: self.log(runner.name, line))
+                                                              lambda progress: self.on_progress(runner.name, progress))
             except EnvironmentBuildError as e:
                 self._made[runner.name] = e
         return self._made[runner.name]

@@ -40,7 +40,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .environments import Environment, EnvironmentBuildError
+from .environments import (
+    BUILDING_IMAGE,
+    BUILT,
+    CACHED,
+    FAILED,
+    BuildProgress,
+    Environment,
+    EnvironmentBuildError,
+    ProgressCallback,
+)
 from .interrupts import temporary_folder
 from .registry import RunnerInfo
 
@@ -275,28 +284,41 @@ class DockerBackend:
             return None
         return self._environment(runner, flavour, tag, image_id, dockerfile)
 
-    def ensure(self, runner: RunnerInfo, flavour: str, on_output: Callable[[str], None] | None = None) -> Environment:
-        """The runner's image, built first when the engine does not have it."""
-        found = self.existing(runner, flavour)
+    def ensure(self, runner: RunnerInfo, flavour: str, on_progress: ProgressCallback | None = None) -> Environment:
+        """The runner's image, built first when the engine does not have it; `on_progress` hears that
+        it was there already, or the build's steps and docker's output lines."""
+        report = on_progress or (lambda progress: None)
+        found = self._cached(runner, flavour, report)
         if found:
             return found
         tag, dockerfile, requirements = self.image_for(runner, flavour)
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / f".{tag.replace('/', '_').replace(':', '_')}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another dlbench may be building this image right now
-            found = self.existing(runner, flavour)
+            found = self._cached(runner, flavour, report)
             if found:
                 return found
-            self._build(runner, flavour, tag, dockerfile, requirements, on_output)
+            self._build(runner, flavour, tag, dockerfile, requirements, report)
         found = self.existing(runner, flavour)
         if found is None:
             raise EnvironmentBuildError(f"`docker build` reported success but the engine has no image {tag}")
         return found
 
+    def _cached(self, runner: RunnerInfo, flavour: str, report: ProgressCallback) -> Environment | None:
+        found = self.existing(runner, flavour)
+        if found:
+            report(BuildProgress(runner.name, flavour, CACHED, where=found.key))
+        return found
+
     def _build(self, runner: RunnerInfo, flavour: str, tag: str, dockerfile: Path, requirements: Path,
-               on_output) -> None:
+               report: ProgressCallback) -> None:
         log_path = self.root / f"{tag.replace('/', '_').replace(':', '_')}.build.log"
         key = tag.rsplit("-", 1)[1]
+        started = time.monotonic()
+
+        def progress(step: str, note: str | None = None, output: str | None = None) -> None:
+            report(BuildProgress(runner.name, flavour, step, round(time.monotonic() - started, 1), tag, note, output))
+
         with temporary_folder("dlbench-image-") as context, open(log_path, "w") as log:
             # The context is the requirements file alone: nothing else can reach the image.
             shutil.copyfile(requirements, context / "requirements.txt")
@@ -305,13 +327,15 @@ class DockerBackend:
                     "--label", f"{LABEL}.key={key}", str(context)]
             log.write(f"$ {' '.join(self.engine.command(*args))}\n")
             log.flush()
-            started = time.time()
-            status = self.engine.stream(args, log, on_output)
-            log.write(f"# exit status {status} after {time.time() - started:.0f} s\n")
+            progress(BUILDING_IMAGE, f"from {dockerfile}")
+            status = self.engine.stream(args, log, lambda line: progress(BUILDING_IMAGE, output=line))
+            log.write(f"# exit status {status} after {time.monotonic() - started:.0f} s\n")
         if status != 0:
+            progress(FAILED, f"log: {log_path}")
             tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
             raise EnvironmentBuildError(f"building the {runner.name} ({flavour}) image {tag} from {dockerfile} "
                                         f"failed; log: {log_path}\n{tail}")
+        progress(BUILT)
 
     def _probe(self, tag: str, image_id: str) -> dict:
         """Interpreter, version and package list of an image, cached per image id (images are immutable)."""

@@ -44,7 +44,7 @@ from ..store.record import (
 )
 from ..store.store import Store
 from .backends import Environments, backend
-from .environments import Environment, EnvironmentBuildError
+from .environments import BuildProgress, Environment, EnvironmentBuildError
 from .interrupts import temporary_folder
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
@@ -72,14 +72,14 @@ class DistributedOptions:
 
 
 class DistributedEvents(Protocol):
-    def environment(self, framework: str, line: str) -> None: ...
+    def environment(self, framework: str, progress: BuildProgress) -> None: ...
     def run_started(self, label: str, repeats: int) -> None: ...
     def repeat_done(self, label: str, index: int, status: str) -> None: ...
     def run_done(self, label: str, record: Record) -> None: ...
 
 
 class SilentDistributedEvents:
-    def environment(self, framework, line): pass
+    def environment(self, framework, progress): pass
     def run_started(self, label, repeats): pass
     def repeat_done(self, label, index, status): pass
     def run_done(self, label, record): pass

@@ -28,6 +28,7 @@ import psutil
 
 from ..analysis.generation import summarise_generation
 from ..analysis.timing import summarise
+from ..axes import Compile, Mode, Precision, Scenario
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
 from ..performance import yardstick
@@ -40,7 +41,7 @@ from ..store.store import Store
 from ..telemetry import Sampler, TelemetryConfig, derive
 from ..telemetry.summary import summarise_repeats
 from .backends import Environments, backend
-from .environments import Environment, EnvironmentBuildError
+from .environments import BuildProgress, Environment, EnvironmentBuildError
 from .interrupts import shielded, temporary_folder
 from .equivalence import CheckMade, CheckWanted, ensure_checks
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
@@ -123,9 +124,23 @@ class PlannedRun:
         """eager | compiled: the benchmark's mode as this runner resolves it ("default": its own)."""
         return self.runner.compile_mode(self.benchmark.compile)
 
+    @property
+    def refusal(self) -> str | None:
+        """Why the runner cannot run this benchmark, from its runner.toml [capabilities] (the first
+        axis value it does not list), or None: a refused run starts no worker."""
+        b = self.benchmark
+        values = [Precision(b.precision), Compile(self.compile), Mode(b.mode)]
+        if b.scenario:
+            values.append(Scenario(b.scenario))
+        for value in values:
+            why = self.runner.capabilities.refusal(self.runner.name, value)
+            if why:
+                return why
+        return None
+
 
 class Events(Protocol):
-    def environment(self, framework: str, line: str) -> None: ...
+    def environment(self, framework: str, progress: BuildProgress) -> None: ...
     def check_started(self, network: str, precision: str, frameworks: list[str]) -> None: ...
     def run_started(self, run: PlannedRun, repeats: int) -> None: ...
     def repeat_done(self, run: PlannedRun, repeat: Repeat) -> None: ...
@@ -133,7 +148,7 @@ class Events(Protocol):
 
 
 class SilentEvents:
-    def environment(self, framework, line): pass
+    def environment(self, framework, progress): pass
     def check_started(self, network, precision, frameworks): pass
     def run_started(self, run, repeats): pass
     def repeat_done(self, run, repeat): pass
@@ -261,7 +276,7 @@ class Orchestrator:
         return [self.execute_one(run) for run in runs]
 
     def execute_one(self, run: PlannedRun) -> Record:
-        if run.benchmark.scenario:
+        if run.benchmark.scenario and run.refusal is None:
             return self.execute_loadgen(run)
         opts = self.options
         b = run.benchmark
@@ -272,7 +287,8 @@ class Orchestrator:
                                     precision=b.precision, framework=run.runner.name) \
             if opts.predictor and b.mode != "generate" else None
         self.events.run_started(run, max_repeats)
-        env = self.environment(run.runner)
+        refusal = run.refusal
+        env = self.environment(run.runner) if refusal is None else None
         repeats: list[Repeat] = []
         last_result: dict = {}
         tail = ""
@@ -280,7 +296,9 @@ class Orchestrator:
         summary = None  # of `repeats` as they stand (kept between the adaptive checks)
         stopped = "fixed" if not opts.adaptive else "cap_reached"
         replaced = 0
-        if isinstance(env, EnvironmentBuildError):
+        if refusal is not None:  # the runner says it cannot: no environment built, no worker started
+            status, reason, env_info, stopped = "skipped", refusal, {"backend": opts.env_backend}, "not_started"
+        elif isinstance(env, EnvironmentBuildError):
             status, reason, env_info = "failed", str(env), {"backend": opts.env_backend, "error": str(env)}
             stopped = "not_started"
         else:

@@ -1,21 +1,154 @@
-"""The runner folders under runners/: read from their runner.toml, never imported."""
+"""The runner folders under runners/: read from their runner.toml, never imported.
+
+runner.toml is validated once, here, against `RunnerToml` (pydantic): a malformed file is one
+DefinitionError naming the file, the field and what is wrong with it. Its [capabilities] say which
+values of each axis the runner can run, so that the controller refuses the rest before it starts a
+worker (a run it cannot do is recorded as skipped, with the reason).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..axes import Axis, Compile, Mode, Precision, Scenario
 from ..definitions.loader import DefinitionError
-from ..definitions.suite import COMPILE_MODES
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
 
 FLAVOURS = ("cpu", "cuda")
-
-
 LAUNCH_STYLES = ("torchrun", "ranks", "ps-lite")  # launch_styles.STYLES; listed here so the registry imports no launcher
+
+
+# ------------------------------------------------------------------ runner.toml, as a schema
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RequirementsSection(_Section):
+    """Pinned requirements per device flavour, relative to the runner's folder."""
+
+    cpu: str
+    cuda: str
+
+
+def _listed_once(values: tuple) -> tuple:
+    twice = sorted({v.value for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(twice)} twice")
+    return values
+
+
+def _timed_precisions(values: tuple[Precision, ...]) -> tuple[Precision, ...]:
+    """Precisions a timed run may ask for: float64 is the equivalence check's, which every runner
+    takes for `dlbench check` and none lists."""
+    check_only = [p.value for p in values if p.check_only]
+    if check_only:
+        raise ValueError(f"{', '.join(check_only)} is the equivalence check's precision, not a run's")
+    return _listed_once(values)
+
+
+class DistributedSection(_Section):
+    """The runner takes part in the distributed and comm suites: its rank's entry point, how dlbench
+    starts a job's ranks, and the precisions its data-parallel step trains in."""
+
+    worker: str
+    launch: Literal["torchrun", "ranks", "ps-lite"]
+    precisions: Annotated[tuple[Precision, ...], Field(min_length=1)] = (Precision.FP32,)
+
+    @field_validator("precisions")
+    @classmethod
+    def _timed(cls, value: tuple[Precision, ...]) -> tuple[Precision, ...]:
+        return _timed_precisions(value)
+
+
+class ModelSection(_Section):
+    """What the performance model assumes of the runner (performance/model.py: FrameworkFacts)."""
+
+    step: Literal["eager", "graph"] = FrameworkFacts().step
+    schedule: Literal["none", "wfbp", "mgwfbp"] = FrameworkFacts().schedule
+    epilogues: Literal["separate", "fused"] = FrameworkFacts().epilogues
+
+
+class ExecutionSection(_Section):
+    """The compile mode a benchmark that does not name one runs in (`--compile default`)."""
+
+    compile: Compile = Compile.EAGER
+
+
+class CapabilitiesSection(_Section):
+    """The values of each axis the runner's single-process worker can run. A value it does not
+    list is refused by the controller before a worker starts; one it lists may still be skipped
+    by the worker where this machine cannot run it (tf32 off an NVIDIA GPU), saying why."""
+
+    precisions: Annotated[tuple[Precision, ...], Field(min_length=1)]
+    compile: Annotated[tuple[Compile, ...], Field(min_length=1)]
+    modes: Annotated[tuple[Mode, ...], Field(min_length=1)]
+    scenarios: tuple[Scenario, ...] = ()
+
+    @field_validator("precisions")
+    @classmethod
+    def _timed(cls, value: tuple[Precision, ...]) -> tuple[Precision, ...]:
+        return _timed_precisions(value)
+
+    @field_validator("compile", "modes", "scenarios")
+    @classmethod
+    def _once(cls, value: tuple) -> tuple:
+        return _listed_once(value)
+
+
+class RunnerToml(_Section):
+    """A runner folder's runner.toml."""
+
+    name: str
+    display_name: str | None = None
+    import_name: str  # checked in a child process for the `current` environment backend
+    worker: str
+    requirements: RequirementsSection
+    capabilities: CapabilitiesSection
+    distributed: DistributedSection | None = None  # None: not ported to the distributed suites
+    model: ModelSection = ModelSection()
+    execution: ExecutionSection = ExecutionSection()
+
+
+# the sets in the schema and the model's own tables must agree (a test keeps them so)
+SCHEMA_CHOICES = {"model.step": STEPS, "model.schedule": SCHEDULES, "model.epilogues": EPILOGUES,
+                  "distributed.launch": LAUNCH_STYLES}
+
+
+# ------------------------------------------------------------------ what the controller reads
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """runner.toml's [capabilities], as sets of the axes' values."""
+
+    precisions: frozenset[Precision]
+    compiles: frozenset[Compile]
+    modes: frozenset[Mode]
+    scenarios: frozenset[Scenario]
+
+    def listed(self, axis: type[Axis]) -> frozenset:
+        return {Precision: self.precisions, Compile: self.compiles, Mode: self.modes, Scenario: self.scenarios}[axis]
+
+    def supports(self, value: Axis) -> bool:
+        """Whether the runner lists this value of its axis."""
+        return value in self.listed(type(value))
+
+    def refusal(self, runner: str, value: Axis) -> str | None:
+        """None where the runner runs `value`, else the reason it does not, naming what it runs."""
+        if self.supports(value):
+            return None
+        axis = type(value)
+        ordered = [v.value for v in axis if v in self.listed(axis)]
+        return (f"{runner} runner: {axis.axis_name()} {value.value} is not one it runs "
+                f"(runner.toml [capabilities]: {', '.join(ordered) or 'none'})")
 
 
 @dataclass(frozen=True)
@@ -24,6 +157,7 @@ class DistributedLaunch:
 
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
+    precisions: frozenset[Precision] = frozenset({Precision.FP32})  # what its data-parallel step trains in
 
 
 @dataclass(frozen=True)
@@ -34,6 +168,7 @@ class RunnerInfo:
     folder: Path
     worker: Path
     requirements: dict[str, Path]  # flavour -> pinned requirements file
+    capabilities: Capabilities
     distributed: DistributedLaunch | None = None  # None: not ported to the distributed suites yet
     model: FrameworkFacts = FrameworkFacts()  # [model]: what the performance model assumes of it
     default_compile: str = "eager"  # [execution] compile: what runs when a benchmark asks for "default"
@@ -46,86 +181,70 @@ class RunnerInfo:
         return self.requirements[flavour]
 
 
-def _load(folder: Path) -> RunnerInfo:
-    path = folder / "runner.toml"
+def _message(error: dict[str, Any]) -> str:
+    """One pydantic error in the words the other definition files use."""
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "missing"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return "must be a table"
+    if kind in ("literal_error", "enum"):
+        expected = ctx.get("expected", "").replace("'", "").replace(" or ", ", ")
+        return f"{error['input']!r} is not one of {expected}"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return error["msg"]
+
+
+def _field(loc: tuple) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else str(part))
+                   for i, part in enumerate(loc))
+
+
+def parse_runner_toml(path: Path) -> RunnerToml:
+    """runner.toml validated, or one DefinitionError naming the file and the (first) field."""
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise DefinitionError(path, "", f"invalid TOML: {e}") from None
-    for key in ("name", "import_name", "worker", "requirements"):
-        if key not in data:
-            raise DefinitionError(path, key, "missing")
-    if data["name"] != folder.name:
+    try:
+        return RunnerToml.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors()
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise DefinitionError(path, _field(first["loc"]), _message(first) + more) from None
+
+
+def _existing(path: Path, folder: Path, field: str, rel: str) -> Path:
+    if not (folder / rel).is_file():
+        raise DefinitionError(path, field, f"file {rel} does not exist")
+    return folder / rel
+
+
+def _load(folder: Path) -> RunnerInfo:
+    path = folder / "runner.toml"
+    toml = parse_runner_toml(path)
+    if toml.name != folder.name:
         raise DefinitionError(path, "name", f"must equal the folder name {folder.name!r}")
-    reqs = {}
-    for flavour in FLAVOURS:
-        rel = data["requirements"].get(flavour)
-        if rel is None:
-            raise DefinitionError(path, f"requirements.{flavour}", "missing")
-        if not (folder / rel).is_file():
-            raise DefinitionError(path, f"requirements.{flavour}", f"file {rel} does not exist")
-        reqs[flavour] = folder / rel
-    worker = folder / data["worker"]
-    if not worker.is_file():
-        raise DefinitionError(path, "worker", f"file {data['worker']} does not exist")
-    return RunnerInfo(data["name"], data.get("display_name", data["name"]), data["import_name"],
-                      folder, worker, reqs, _distributed_launch(path, folder, data.get("distributed")),
-                      _model(path, data.get("model")), _default_compile(path, data.get("execution")))
-
-
-def _default_compile(path: Path, section) -> str:
-    """[execution] compile: the mode the runner runs when a benchmark does not say (eager | compiled)."""
-    if section is None:
-        return "eager"
-    if not isinstance(section, dict):
-        raise DefinitionError(path, "execution", "must be a table")
-    unknown = sorted(set(section) - {"compile"})
-    if unknown:
-        raise DefinitionError(path, f"execution.{unknown[0]}", "unknown field; expected compile")
-    value = section.get("compile", "eager")
-    if value not in COMPILE_MODES:
-        raise DefinitionError(path, "execution.compile", f"{value!r} is not one of {', '.join(COMPILE_MODES)}")
-    return value
-
-
-MODEL_FIELDS = {"step": STEPS, "schedule": SCHEDULES, "epilogues": EPILOGUES}
-
-
-def _model(path: Path, section) -> FrameworkFacts:
-    """[model]: how the runner executes a training step and how its engine sends gradients, as the
-    performance model needs them (performance/model.py: FrameworkFacts); a field left out takes
-    FrameworkFacts' default."""
-    if section is None:
-        return FrameworkFacts()
-    if not isinstance(section, dict):
-        raise DefinitionError(path, "model", "must be a table")
-    unknown = sorted(set(section) - set(MODEL_FIELDS))
-    if unknown:
-        raise DefinitionError(path, f"model.{unknown[0]}", f"unknown field; expected {', '.join(MODEL_FIELDS)}")
-    for key, choices in MODEL_FIELDS.items():
-        if key in section and section[key] not in choices:
-            raise DefinitionError(path, f"model.{key}", f"{section[key]!r} is not one of {', '.join(choices)}")
-    return FrameworkFacts(**section)
-
-
-def _distributed_launch(path: Path, folder: Path, section) -> DistributedLaunch | None:
-    if section is None:
-        return None
-    if not isinstance(section, dict):
-        raise DefinitionError(path, "distributed", "must be a table")
-    unknown = sorted(set(section) - {"worker", "launch"})
-    if unknown:
-        raise DefinitionError(path, f"distributed.{unknown[0]}", "unknown field")
-    for key in ("worker", "launch"):
-        if key not in section:
-            raise DefinitionError(path, f"distributed.{key}", "missing")
-    if section["launch"] not in LAUNCH_STYLES:
-        raise DefinitionError(path, "distributed.launch",
-                              f"unknown launch style {section['launch']!r}; expected one of {', '.join(LAUNCH_STYLES)}")
-    worker = folder / section["worker"]
-    if not worker.is_file():
-        raise DefinitionError(path, "distributed.worker", f"file {section['worker']} does not exist")
-    return DistributedLaunch(worker, section["launch"])
+    requirements = {flavour: _existing(path, folder, f"requirements.{flavour}", getattr(toml.requirements, flavour))
+                    for flavour in FLAVOURS}
+    worker = _existing(path, folder, "worker", toml.worker)
+    distributed = None
+    if toml.distributed is not None:
+        distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
+                                        toml.distributed.launch, frozenset(toml.distributed.precisions))
+    caps = toml.capabilities
+    capabilities = Capabilities(frozenset(caps.precisions), frozenset(caps.compile), frozenset(caps.modes),
+                                frozenset(caps.scenarios))
+    if toml.execution.compile not in capabilities.compiles:
+        raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "
+                              "[capabilities] compile: the runner's default must be one it runs")
+    return RunnerInfo(toml.name, toml.display_name or toml.name, toml.import_name, folder, worker, requirements,
+                      capabilities, distributed, FrameworkFacts(**toml.model.model_dump()),
+                      toml.execution.compile.value)
 
 
 class RunnerRegistry:
@@ -141,4 +260,3 @@ class RunnerRegistry:
     def model_facts(self) -> dict[str, FrameworkFacts]:
         """Every runner's [model] facts, by name: what the performance model's callers hand it."""
         return {name: self.get(name).model for name in self.names()}
-

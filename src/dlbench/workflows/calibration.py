@@ -5,8 +5,8 @@ times and all-reduce fits, as a new machine profile in the store; printing nothi
     from dlbench.workflows import CalibrateRequest, calibrate
     result = calibrate(CalibrateRequest(framework=["torch"], quick=True))
 
-Progress goes to `events`, an object with any of: environment(framework, line) (an environment being
-built), kernel_runs_planned(count), kernel_run_started(label, kernels), kernel_run_done(label, record),
+Progress goes to `events`, an object with any of: environment(framework, progress) (an environment
+being built: execution/environments.py's progress), kernel_runs_planned(count), kernel_run_started(label, kernels), kernel_run_done(label, record),
 note(line) (a phase begun, a run that did not complete, an unreadable file: one line each)."""
 
 from __future__ import annotations
