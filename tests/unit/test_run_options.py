@@ -80,18 +80,46 @@ def test_an_option_a_kind_does_not_honour_is_refused(cli_env, tmp_path, kind, op
     assert not (tmp_path / "s").exists() and not (tmp_path / "cache" / "envs").exists()
 
 
-def test_a_distributed_suite_refuses_precision_no_more_but_passes_it_on(cli_env, tmp_path):
-    """The bug of issue 42: `--precision amp_bf16` on a distributed suite ran fp32 and said nothing."""
+def test_a_distributed_suite_passes_precision_on(cli_env, tmp_path):
+    """The bug of issue 42: `--precision amp_bf16` on a distributed suite ran fp32 and said nothing.
+    Here a runner whose data-parallel step lists amp_bf16 (runner.toml [distributed] precisions)."""
+    import shutil
+
+    fake = cli_env / "runners" / "fake"
+    source = fake.resolve()
+    fake.unlink()
+    shutil.copytree(source, fake)
+    toml = fake / "runner.toml"
+    toml.write_text(toml.read_text().replace('launch = "ranks"', 'launch = "ranks"\nprecisions = ["fp32", "amp_bf16"]'))
     store = tmp_path / "s"
     code, _, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
                           "smoke", "--benchmark", "fcn5", "--store", str(store), "--precision", "amp_bf16,fp32",
                           "--repeats", "2", "--scaling", "weak", "--workers", "2", "--threads", "1")
     assert code == 0, err
     records = [json.loads(p.read_text()) for p in (store / "runs").glob("*.json")]
-    assert sorted((r["workload"]["precision"], r["distributed"]["workers"]) for r in records) == [
-        ("amp_bf16", 1), ("amp_bf16", 2), ("fp32", 1), ("fp32", 2)]
+    assert sorted((r["workload"]["precision"], r["distributed"]["workers"], r["status"]) for r in records) == [
+        ("amp_bf16", 1, "ok"), ("amp_bf16", 2, "ok"), ("fp32", 1, "ok"), ("fp32", 2, "ok")]
     assert all(r["distributed"]["scaling"]["mode"] == "weak" and len(r["repeats"]) == 2
                and r["distributed"]["threads_per_worker"] == 1 for r in records)
+
+
+def test_a_precision_a_data_parallel_runner_does_not_train_in_is_recorded_skipped(cli_env, tmp_path):
+    """The fake runner's [distributed] lists no precisions: fp32 only, the default."""
+    store = tmp_path / "s"
+    code, out, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
+                            "smoke", "--benchmark", "fcn5", "--store", str(store), "--precision", "amp_bf16,fp32",
+                            "--workers", "2")
+    assert code == 0, err
+    records = {(r["workload"]["precision"], r["distributed"]["workers"]): r
+               for r in (json.loads(p.read_text()) for p in (store / "runs").glob("*.json"))}
+    assert sorted(records) == [("amp_bf16", 1), ("amp_bf16", 2), ("fp32", 1), ("fp32", 2)]
+    for workers in (1, 2):
+        skipped = records[("amp_bf16", workers)]
+        assert skipped["status"] == "skipped" and not skipped["repeats"]
+        assert skipped["reason"] == ("fake data-parallel runner: precision amp_bf16 is not one it trains in "
+                                     "(runner.toml [distributed] precisions: fp32)")
+        assert records[("fp32", workers)]["status"] == "ok"
+    assert "precision amp_bf16 is not one it trains in" in " ".join(err.split())
 
 
 def test_a_distributed_suite_refuses_a_precision_no_run_has(cli_env, tmp_path):

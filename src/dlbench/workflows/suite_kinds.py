@@ -9,9 +9,12 @@ Why each kind honours what it does:
   benchmark    every option but --workers, --scaling, --hosts and --data: it is the single-process
                harness those options were written for.
   distributed  --precision is passed on in each job's request: torch's data-parallel runner trains
-               at every run precision, the others refuse what they cannot do, and that refusal is
-               recorded as a skipped run (the runner knows what it can do; the controller does not
-               guess). No --compile: the data-parallel request carries none, each runner compiles
+               at every run precision, JAX's at all but amp_fp16, TensorFlow's and MXNet's at fp32
+               only. What a runner's step trains in is its runner.toml's [distributed] precisions:
+               another is recorded as a skipped run naming them, before any job starts
+               (execution/distributed.py), as a single-process run its [capabilities] exclude is.
+               Refusing the option for the whole kind would hide torch's mixed-precision data
+               parallelism; passing it on unchecked ran fp32 silently before. No --compile: the data-parallel request carries none, each runner compiles
                (or not) as its own step does. No --mode, --scenario, adaptive repeats: jobs train
                for a fixed number of iterations. No equivalence check before timing (--no-check),
                no telemetry or contention options: the job launcher samples none.
