@@ -14,5 +14,10 @@ from runners.common.contract import (
     Scenario,
 )
 
-__all__ = ["Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
+# The dtype of the kernels whose measured ceiling stands for a run of each precision (calibrate's
+# kernels, utilisation's peaks): the inverse of KERNEL_PRECISION; tf32 has none on purpose
+# (calibrate's float32 matmuls run with TF32 off).
+KERNEL_DTYPE = {precision: dtype for dtype, precision in KERNEL_PRECISION.items()}
+
+__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
            "KERNEL_PRECISION"]

@@ -450,8 +450,8 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--suite", "fcn", "--workers", "2"], "--workers is for the distributed suites"),
-    (["--suite", "comm", "--scaling", "weak"], "--scaling is for suite kind distributed"),
+    (["--suite", "fcn", "--workers", "2"], "--workers is not taken by suite 'fcn' of kind benchmark"),
+    (["--suite", "comm", "--scaling", "weak"], "--scaling is not taken by suite 'comm' of kind comm"),
     (["--suite", "distributed", "--scaling", "diagonal"], "unknown scaling 'diagonal'"),
     (["--suite", "distributed", "--workers", "3"], "3 workers on 127.0.0.1 would oversubscribe"),
     (["--suite", "distributed", "--threads", "2"], "--threads 2 x 2 workers"),

@@ -14,6 +14,7 @@ from dlbench.cli import performance as performance_cli
 from dlbench.performance.yardstick import YARDSTICK
 from dlbench.reporting.charts import fmt
 from dlbench.store.kernels import KernelStore
+from dlbench.workflows import calibration as calibrate_workflow
 from dlbench.store.profiles import ProfileStore
 from dlbench.store.store import Store
 
@@ -33,8 +34,9 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
     # every dtype runs, whatever this CPU has (dtype_support itself is tested on its own)
-    monkeypatch.setattr(performance_cli, "_support", lambda device: {"float32": None, "float16": None,
-                                                                     "bfloat16": None})
+    every = lambda device: {"float32": None, "float16": None, "bfloat16": None}  # noqa: E731
+    monkeypatch.setattr(performance_cli, "dtype_support_of", every)
+    monkeypatch.setattr(calibrate_workflow, "dtype_support_of", every)
     monkeypatch.chdir(tmp_path)
 
 
@@ -201,7 +203,7 @@ def test_backward_kernels_timed_with_their_forward_are_the_difference(project, t
     (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4", "--workers", "2", "--mode", "infer"),
      "needs --mode train"),
     (("predict", "--network", "fcn5", "--framework", "fake", "--batch", "4"), "run `dlbench calibrate` first"),
-    (("run", "--suite", "kernels", "--framework", "fake", "--workers", "2"), "--workers is not taken by suite 'kernels'"),
+    (("run", "--suite", "kernels", "--framework", "fake", "--workers", "2"), "--workers is not taken by suite 'kernels' of kind kernels"),
     (("calibrate", "--framework", "fake", "--full", "--quick"), "--full and --quick exclude each other"),
     (("run", "--suite", "kernels", "--framework", "fake", "--benchmark", "fft"), "unknown benchmark 'fft'"),
 ])

@@ -384,7 +384,8 @@ def test_calibrate_whose_store_is_full_keeps_the_profile_and_says_where(project,
         ProfileStore(Store(store)).write(profile)
     kept = _kept(str(info.value), "machine profile")
     assert kept == info.value.kept and not list((store / "machines").rglob("*.json"))
-    monkeypatch.setattr(performance, "_calibrate", lambda **kw: ProfileStore(kw["store"]).write(profile))
+    monkeypatch.setattr(performance, "workflows_calibrate",
+                        lambda request, events: ProfileStore(Store(request.store)).write(profile))
     code, _, err = invoke("calibrate", "--framework", "fake", "--device", "cpu", "--env", "current",
                           "--store", str(store))
     assert code == 1 and err.startswith("error: cannot write ")

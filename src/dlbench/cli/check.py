@@ -53,7 +53,7 @@ def check(
              "them).")] = None,
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
-    from ..execution.equivalence import PRECISIONS, check_network
+    from ..execution.equivalence import GENERATION_PRECISIONS, PRECISIONS, check_network
     from ..store.checks import CheckStore
 
     check_choice("device", device, DEVICES)
@@ -63,7 +63,7 @@ def check(
             raise fail("--sequence-length is for --mode train; --mode generate uses each network's prompt and new "
                        "tokens of the smoke profile of its suite")
         precision = precision or "fp32"
-        check_choice("precision", precision, ["fp32", "float64"])
+        check_choice("precision", precision, GENERATION_PRECISIONS)
     precision = precision or "float64"
     check_choice("precision", precision, list(PRECISIONS))
     check_choice("environment backend", env, list(BACKENDS))

@@ -6,49 +6,43 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
 from .. import paths
 from ..analysis.convergence import median_run
+from ..axes import Precision
 from ..definitions.convergence import ConvergenceTask
 from ..definitions.loader import DefinitionError
-from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
 from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from .options import check_choice
-from .signals import say
+from .signals import interrupted
 
 SPARK = "▁▂▃▄▅▆▇█"
 
 
-def run_convergence_suite(suite_path: Path, names: list[str], registry, *, benchmark, mode, profile: str,
-                          device: str, env: str, threads: int | None, repeats: int | None, max_repeats, target_ci,
-                          store: Store, timeout: float, workers, scaling, hosts, data: Path | None,
-                          precision: list[str] | None) -> None:
+def run_convergence_suite(suite_path: Path, names: list[str], registry, *, benchmark, profile: str, device: str,
+                          env: str, threads: int | None, repeats: int | None, store: Store, timeout: float,
+                          data: Path | None, precision: list[str] | None, catalog) -> None:
     """Every task on every framework, one record per (framework, task); exit 1 if any has no score."""
     from ..execution.convergence import execute_convergence_run, plan_convergence
     from ..execution.datasets import DataError, check_data, digits_folder
     from ..execution.orchestrator import Orchestrator, RunOptions
 
-    for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci),
-                          ("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
-        if value:
-            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: it trains each task to its target, "
-                       "once per seed (the suite's `runs`)")
+    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
     chosen_precision = None
     if precision:
         values = [p.strip() for item in precision for p in item.split(",")]
         if len(values) != 1:
             raise fail("--precision: a convergence suite runs one precision at a time")
-        check_choice("precision", values[0], ["fp32", "tf32", "amp_bf16", "amp_fp16"])
+        check_choice("precision", values[0], Precision.runs())
         chosen_precision = values[0]
     try:
-        tasks = lookup.catalog().load_convergence_suite(suite_path, profile, device)
+        tasks = catalog.load_convergence_suite(suite_path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     if benchmark:
@@ -93,9 +87,7 @@ def run_convergence_suite(suite_path: Path, names: list[str], registry, *, bench
                                            f"{escape(str(record.reason))}", highlight=False, soft_wrap=True)
             progress.update(bar, description="done")
     except KeyboardInterrupt as e:
-        say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
-            "none partial")
-        raise typer.Exit(exit_status(e)) from None
+        interrupted(e, len(records), "runs")
     lookup.refresh_index(store)
     out.print(convergence_table(records, "dlbench run: time to accuracy"))
     bad = [r for r in records if r.status in ("failed", "timeout")]

@@ -7,22 +7,22 @@ the cores, strong scaling's even split of every batch.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-import typer
 from rich.markup import escape
 from rich.progress import Progress
 
 from .. import paths
 from ..definitions.loader import DefinitionError
-from ..execution.interrupts import exit_status, signal_name
 from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
 from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
-from .options import check_choice
-from .signals import say
+from ..axes import Precision
+from .options import check_choice, listed_choices
+from .signals import interrupted
 
 
 class _Events:
@@ -48,27 +48,23 @@ class _Events:
                                         highlight=False, soft_wrap=True)
 
 
-def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, mode, profile: str,
-                     device: str, env: str, threads: int | None, repeats: int | None, max_repeats, target_ci,
-                     store: Path | None, timeout: float, workers: int, scaling: str | None,
-                     hosts: str | None) -> None:
+def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, profile: str,
+                          device: str, env: str, threads: int | None, repeats: int | None, store: Path | None,
+                          timeout: float, workers: int, scaling: str | None, hosts: str | None,
+                          precision: list[str] | None, catalog) -> None:
     from ..definitions.distributed import batches
     from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
     from ..execution.placement import PlacementError, detect
     from .distributed_tables import bandwidth_table, training_table
 
-    for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
-        if value:
-            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: distributed jobs train (or run "
-                       "collectives) for a fixed number of iterations (see its `policy`)")
+    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
     if env == "docker":
         raise fail("--env docker does not run distributed jobs yet; use --env venv or current")
     if scaling is not None:
         check_choice("scaling", scaling, ["strong", "weak"])
-        if kind == "comm":
-            raise fail("--scaling is for suite kind distributed (training); collectives have no batch to scale")
+    precisions = listed_choices("precision", precision, Precision.runs())
     try:
-        suite = lookup.catalog().load_distributed_suite(suite_path, profile, device)
+        suite = catalog.load_distributed_suite(suite_path, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
@@ -79,6 +75,8 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
             check_choice("benchmark", name, valid)
         if kind == "distributed":
             chosen = [b for b in chosen if b.name in benchmark or b.network.name in benchmark]
+    if precisions is not None:  # each benchmark once per precision asked; a runner's refusal is recorded
+        chosen = [dataclasses.replace(b, precision=p) for b in chosen for p in precisions]
     comm = suite.comm
     if comm is not None and benchmark:
         comm = type(comm)(**{**comm.__dict__, "collectives": tuple(c for c in comm.collectives if c in benchmark)})
@@ -127,9 +125,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
                     records += orch.run_comm(runner, comm)
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
-        say(f"interrupted by {signal_name(e)}: every job's processes stopped; {len(records)} complete runs are "
-            "in the store, none partial")
-        raise typer.Exit(exit_status(e)) from None
+        interrupted(e, len(records), "runs")
     lookup.refresh_index(store)
     if kind == "distributed":
         out.print(training_table(records, f"dlbench run: {suite.name}"))

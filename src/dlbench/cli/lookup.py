@@ -1,5 +1,6 @@
 """What the commands look up by name: the suites (catalog), the runners (registry), the results
-store; each unknown or invalid name is an error that exits 2 with the valid ones."""
+store; each unknown or invalid name is an error that exits 2 with the valid ones. The look-ups are
+the workflows' (workflows/lookup.py); here their RequestError becomes the command's error."""
 
 from __future__ import annotations
 
@@ -8,18 +9,24 @@ import os
 import shlex
 from pathlib import Path
 
-from .. import paths
 from ..definitions.catalog import SuiteCatalog
-from ..definitions.loader import DefinitionError
 from ..execution.registry import RunnerRegistry
-from ..store.store import Store, StoreError, StoreWriteError
+from ..store.store import Store, StoreWriteError
+from ..workflows import lookup as found
+from ..workflows.suite_kinds import RequestError
 from .console import fail
-from .options import listed_choices
+
+open_store = found.open_store
+catalog = found.catalog
+registry = found.registry
 
 
-def open_store(store: Path | None) -> Store:
-    """`--store`, else $DLBENCH_STORE, else ./results."""
-    return Store(store or paths.default_store())
+def refused(call, *args, **kwargs):
+    """`call(*args, **kwargs)`, with its RequestError as the command's error (exit 2)."""
+    try:
+        return call(*args, **kwargs)
+    except RequestError as e:
+        raise fail(str(e)) from None
 
 
 def existing_store(store: Path | None, makes_records: str = "dlbench run --suite fcn --profile smoke") -> Store:
@@ -41,12 +48,7 @@ def existing_store(store: Path | None, makes_records: str = "dlbench run --suite
 def writable_store(store: Path | None) -> Store:
     """The store of `dlbench run`, checked before its first benchmark (Store.check_writable: a
     directory, writable, with room for a record): otherwise one error and exit 2, nothing run."""
-    st = open_store(store)
-    try:
-        st.check_writable()
-    except StoreError as e:
-        raise fail(str(e)) from None
-    return st
+    return refused(found.writable_store, store)
 
 
 def reports_unsaved_records(command):
@@ -76,50 +78,22 @@ def refresh_index(st: Store) -> None:
         pass
 
 
-def catalog() -> SuiteCatalog:
-    return SuiteCatalog(paths.suites_dir())
-
-
-def registry() -> RunnerRegistry:
-    return RunnerRegistry(paths.runners_dir())
-
-
 def runner(registry: RunnerRegistry, name: str):
-    try:
-        return registry.get(name)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
+    return refused(found.runner, registry, name)
 
 
 def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
     """`--framework` values: names, comma lists, or 'all' (the runners that exist), deduplicated."""
-    names = listed_choices("framework", given, registry.names())
-    if not names:
-        raise fail(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
-    return names
+    return refused(found.framework_names, registry, given)
 
 
-def suite_kind(path: Path) -> str:
-    """The `kind` of a suite file (benchmark, distributed, comm, kernels)."""
-    try:
-        return catalog().suite_kind(path)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
+def suite_kind(path: Path, suites: SuiteCatalog | None = None) -> str:
+    """The `kind` of a suite file (benchmark, distributed, comm, kernels, convergence)."""
+    return refused(found.suite_kind, suites or catalog(), path)
 
 
-def _load_suite(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None):
-    suites = catalog()
-    path = suites.suite_path(suite)
-    if path is None:
-        raise fail(f"unknown suite {suite!r}; valid suites: {', '.join(suites.suite_names() + ['all'])} "
-                   "(or a path to a .yaml file)")
-    try:
-        return suites.load_suite(path, profile, device, modes)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
-
-
-def load_suites(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None) -> list:
-    """`--suite`: a name, a path, or 'all' (every suite shipped in suites/)."""
-    names = catalog().suite_names() if suite == "all" else [suite]
-    return [_load_suite(n, profile, device, modes) for n in names]
+def load_suites(suite: str, profile: str, device: str, modes: tuple[str, ...] | None = None,
+                suites: SuiteCatalog | None = None) -> list:
+    """`--suite`: a name, a path, or 'all' (every suite shipped in suites/); `suites`: the command's
+    catalog, where it has one (each file is then parsed once however often it is resolved)."""
+    return refused(found.load_suites, suites or catalog(), suite, profile, device, modes)

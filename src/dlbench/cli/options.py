@@ -8,11 +8,15 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
+from ..axes import Mode
 from ..machine import detect_device
+from ..workflows.lookup import check_choice as choices_checked
+from ..workflows.lookup import listed_choices as listed
+from ..workflows.suite_kinds import RequestError
 from .console import fail
 
 DEVICES = ("auto", "cpu", "cuda")
-MODES = ("train", "infer", "generate")
+MODES = Mode.names()
 TABLE_OR_JSON = ("table", "json")
 
 StoreOption = Annotated[Optional[Path], typer.Option(
@@ -30,8 +34,10 @@ MachineFilter = Annotated[Optional[list[str]], typer.Option(help="Only these hos
 
 
 def check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise fail(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(choices)}")
+    try:
+        choices_checked(kind, value, choices)
+    except RequestError as e:
+        raise fail(str(e)) from None
 
 
 def check_format(value: str, choices: Sequence[str] = TABLE_OR_JSON) -> None:
@@ -42,12 +48,10 @@ def check_format(value: str, choices: Sequence[str] = TABLE_OR_JSON) -> None:
 def listed_choices(kind: str, given: list[str] | None, valid: Sequence[str]) -> list[str] | None:
     """A list option's values (repeatable, comma lists, 'all' = every valid one), checked and
     deduplicated in order; None where the option was not given."""
-    if not given:
-        return None
-    names = [n.strip() for item in given for n in item.split(",") if n.strip()]
-    for n in names:
-        check_choice(kind, n, [*valid, "all"])
-    return list(dict.fromkeys(valid if "all" in names else names))
+    try:
+        return listed(kind, given, valid)
+    except RequestError as e:
+        raise fail(str(e)) from None
 
 
 def resolve_device(device: str) -> str:

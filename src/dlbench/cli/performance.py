@@ -7,27 +7,24 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
-from rich.progress import Progress
 from rich.table import Table
 
-from .. import paths
 from ..definitions.loader import DefinitionError
-from ..execution.interrupts import exit_status, signal_name
-from ..execution.backends import BACKENDS
+from ..machine import available_cpus, fingerprint
 from ..performance.probes import BUDGET_S
-from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerprint, gpu_capability
 from ..store.store import Store
+from ..workflows.calibration import CalibrateRequest, CalibrationFailed, dtype_support_of, execute_kernel_runs
+from ..workflows.calibration import calibrate as workflows_calibrate
+from ..workflows.suite_kinds import RequestError
 from . import lookup
 from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from .options import (
-    DEVICES,
     DeviceOption,
     FormatOption,
     StoreOption,
@@ -35,9 +32,8 @@ from .options import (
     TimeoutOption,
     check_choice,
     check_format,
-    resolve_device,
 )
-from .signals import say, stops_on_signals
+from .signals import interrupted, stops_on_signals
 
 if TYPE_CHECKING:
     # imported where used: the kernel runs, stores and the model are for these commands only
@@ -46,10 +42,6 @@ if TYPE_CHECKING:
     from ..store.profiles import MachineProfile
 
 RICH_ROWS_MAX = 150  # more kernels than this: one summary row per run instead
-
-
-def _support(device: str) -> dict:
-    return dtype_support(device, capability=gpu_capability() if device == "cuda" else None)
 
 
 def _machine_profile(store: Store, device: str, threads: int | None) -> MachineProfile | None:
@@ -62,20 +54,46 @@ def _machine_profile(store: Store, device: str, threads: int | None) -> MachineP
         return None
 
 
-def _orchestrator(store: Store, device: str, env: str, threads: int, timeout: float, events):
-    from ..execution.orchestrator import Orchestrator, RunOptions
+class _KernelProgress:
+    """The kernel runs' progress (workflows/calibration.py's events): a progress bar for each batch of
+    runs, from kernel_runs_planned to its last run's end; `close` ends one cut short."""
 
-    options = RunOptions(device=device, env_backend=env, threads=threads, repeats=None, timeout_s=timeout,
-                         cache=paths.cache_dir(), telemetry=None)
-    return Orchestrator(store, options, events)
+    def __init__(self):
+        self.done, self._bar, self._left = 0, None, 0
 
-
-class _EnvEvents:
-    def __init__(self, progress: Progress, task):
-        self.progress, self.task = progress, task
+    def kernel_runs_planned(self, count: int):
+        self.close()
+        self._bar = progress_bar()
+        self.progress = self._bar.__enter__()
+        self.task, self._left = self.progress.add_task("starting", total=count), count
+        if not count:
+            self.close()
 
     def environment(self, framework, progress):
-        show_on_progress_bar(self.progress, self.task, progress)
+        if self._bar:
+            show_on_progress_bar(self.progress, self.task, progress)
+
+    def kernel_run_started(self, label: str, kernels: int):
+        self.progress.update(self.task, description=escape(f"{label} ({kernels} kernels)"))
+
+    def kernel_run_done(self, label: str, record):
+        self.done += 1
+        self._left -= 1
+        self.progress.advance(self.task)
+        if record.status != "ok":
+            self.progress.console.print(f"[yellow]{record.status}[/]: {escape(label)}: {escape(str(record.reason))}",
+                                        highlight=False, soft_wrap=True)
+        if not self._left:
+            self.progress.update(self.task, description="done")
+            self.close()
+
+    def note(self, line: str):
+        (self.progress.console if self._bar else err).print(escape(line), highlight=False, soft_wrap=True)
+
+    def close(self):
+        if self._bar:
+            bar, self._bar = self._bar, None
+            bar.__exit__(None, None, None)
 
 
 def _fmt_rate(value: float | None, unit: str) -> str:
@@ -161,22 +179,18 @@ def list_kernels(path: Path, profile: str, device: str) -> None:
 
 # ---------------------------------------------------------------------------------------- run
 
-def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, mode, profile: str, device: str,
-                     env: str, threads: int | None, repeats: int | None, max_repeats, target_ci, store: Store,
-                     timeout: float, workers, scaling, hosts) -> None:
+def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, profile: str, device: str,
+                     env: str, threads: int | None, repeats: int | None, store: Store, timeout: float,
+                     catalog) -> None:
     """`dlbench run --suite kernels`: each framework times the suite's kernels; one kernel record per run."""
     from ..execution.kernels import plan_kernel_runs
     from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
 
-    for option, value in (("--mode", mode), ("--max-repeats", max_repeats), ("--target-ci", target_ci),
-                          ("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
-        if value:
-            raise fail(f"{option} is not taken by suite {suite_path.stem!r}: it times kernels, each with the "
-                       "policy of its profile (see the suite file)")
+    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
     if env == "docker":
         raise fail("--env docker does not run the kernels suite yet; use --env venv or current")
     try:
-        suite = load_kernel_suite(suite_path, lookup.catalog(), profile, device)
+        suite = load_kernel_suite(suite_path, catalog, profile, device)
     except DefinitionError as e:
         raise fail(str(e)) from None
     chosen = list(suite.benchmarks)
@@ -191,7 +205,7 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
     threads = threads or available_cpus()
     runners = [lookup.runner(registry, n) for n in names]
     runs = plan_kernel_runs(runners, chosen)
-    support = _support(device)
+    support = dtype_support_of(device)
     machine_profile = _machine_profile(store, device, threads)
     kernels = sum(len(b.specs) for b in chosen)
     err.print(f"dlbench: suite {suite.name} (kernels), {len(runs)} runs ({kernels} kernels each framework) on "
@@ -210,30 +224,13 @@ def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark,
 
 def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, threads: int, timeout: float,
              support: dict, machine_profile: MachineProfile | None) -> list[KernelRecord]:
-    from ..execution.kernels import execute_kernel_run
-    from ..store.kernels import KernelStore
-
-    kernel_store = KernelStore(store)
-    records: list[KernelRecord] = []
+    events = _KernelProgress()
     try:
-        with progress_bar() as progress:
-            task = progress.add_task("starting", total=len(runs))
-            orch = _orchestrator(store, device, env, threads, timeout, _EnvEvents(progress, task))
-            for run in runs:
-                label = f"{run.runner.name} {run.benchmark.name}"
-                progress.update(task, description=escape(f"{label} ({len(run.benchmark.specs)} kernels)"))
-                record = execute_kernel_run(orch, run, kernel_store, support, machine_profile)
-                records.append(record)
-                progress.advance(task)
-                if record.status != "ok":
-                    progress.console.print(f"[yellow]{record.status}[/]: {escape(label)}: {escape(str(record.reason))}",
-                                           highlight=False, soft_wrap=True)
-            progress.update(task, description="done")
+        return execute_kernel_runs(runs, store, device, env, threads, timeout, support, machine_profile, events)
     except KeyboardInterrupt as e:
-        say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete kernel runs are in the "
-            "store, none partial")
-        raise typer.Exit(exit_status(e)) from None
-    return records
+        interrupted(e, events.done, "kernel runs")
+    finally:
+        events.close()
 
 
 # ---------------------------------------------------------------------------------------- kernels
@@ -296,9 +293,6 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 
 # ---------------------------------------------------------------------------------------- calibrate
 
-# `calibrate --full --precision`: the dtype of the layer shapes each precision's runs compute in
-FULL_DTYPES = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16"}
-
 
 @stops_on_signals
 @lookup.reports_unsaved_records
@@ -329,141 +323,28 @@ def calibrate(
 ) -> None:
     """Measure this machine's ceilings and each operation class's efficiency, gather its kernel times and
     all-reduce fits: a new machine profile."""
-    check_choice("device", device, DEVICES)
-    check_choice("environment backend", env, list(BACKENDS))
-    if full and quick:
-        raise fail("--full and --quick exclude each other")
-    if (suite or precision) and not full:
-        raise fail(f"--{'suite' if suite else 'precision'} chooses the layer shapes of --full; give --full too")
-    for p in precision or []:
-        check_choice("precision", p, list(FULL_DTYPES))
-    registry = lookup.registry()
-    _calibrate(names=lookup.framework_names(registry, framework), registry=registry, device=resolve_device(device),
-               env=env, threads=threads, timeout=timeout, store=lookup.open_store(store), workers=workers,
-               mode="full" if full else "quick" if quick else "probes", budget_s=budget, full_suites=suite,
-               full_dtypes=[FULL_DTYPES[p] for p in precision] if precision else None)
-
-
-def _calibrate(*, names: list[str], registry, device: str, env: str, threads: int | None, timeout: float,
-               store: Store, workers: int | None, mode: str = "probes", budget_s: float = BUDGET_S,
-               full_suites: list[str] | None = None, full_dtypes: list[str] | None = None) -> None:
-    """`mode`: probes (ceilings and class probes), quick (the same, small: for tests), full (and every
-    layer shape of the kernels suite; of `full_suites`' layers only, in `full_dtypes` only, when given)."""
-    import time
-
-    from ..execution.kernels import flush_bytes, plan_kernel_runs
-    from ..performance import probes as class_probes
-    from ..performance.calibration import build_profile, calibration_benchmarks, comm_fits
-    from ..performance.kernel_suite import load_kernel_suite
-    from ..store.kernels import KernelStore
-    from ..store.profiles import ProfileStore
-
-    if env == "docker":
-        raise fail("--env docker does not calibrate yet; use --env venv or current")
-    catalog = lookup.catalog()
-    kernel_suites = catalog.kernel_suite_names()
-    if not kernel_suites:
-        raise fail(f"no suite of kind kernels in {catalog.root}: its `ceilings` say what to measure")
-    suite_path = catalog.root / f"{kernel_suites[0]}.yaml"
-    shapes_profile = "smoke" if mode == "quick" else "default"
+    request = CalibrateRequest(framework=framework, workers=workers, full=full, suite=suite, precision=precision,
+                               quick=quick, budget=budget, device=device, env=env, threads=threads, timeout=timeout,
+                               store=store)
+    events = _KernelProgress()
     try:
-        suite = load_kernel_suite(suite_path, catalog, shapes_profile, device)
-        layer_names = class_probes.layer_benchmarks(suite_path, catalog.suite_names())
-        if mode == "full":
-            class_probes.layer_sets(suite, layer_names, full_suites, full_dtypes)  # a bad --suite, before timing
-    except DefinitionError as e:
+        result = workflows_calibrate(request, events)
+    except RequestError as e:
         raise fail(str(e)) from None
-    except ValueError as e:
-        raise fail(f"--suite {e}") from None
-    threads = threads or available_cpus()
-    support = _support(device)
-    bench, cold_bench = calibration_benchmarks(suite, suite_path, support)
-    if mode == "quick":  # the same kernels, timed briefly
-        short = {"warmup_iters": 1, "min_iters": 2, "min_time_s": 0.0, "max_iters": 3}
-        bench = replace(bench, policy=bench.policy.model_copy(update=short))
-        cold_bench = replace(cold_bench, policy=cold_bench.policy.model_copy(update=short))
-    specs = bench.specs
-    runners = [lookup.runner(registry, n) for n in names]
-    machine = fingerprint()
-    started = time.monotonic()
-    err.print(f"dlbench calibrate: ceilings on {device} with {', '.join(names)} ({len(specs)} kernels each), "
-              f"{threads} threads, store {store.root}", highlight=False)
-    every = _execute(plan_kernel_runs(runners, [bench, cold_bench]), store, device, env, threads, timeout, support,
-                     None)
-    records = [r for r in every if r.benchmark == bench.name]
-    results = {str(r.framework.get("name")): r.kernels for r in records if r.status == "ok"}
-    for r in records:
-        if r.status != "ok":
-            err.print(f"[yellow]{r.status}[/]: {escape(str(r.framework.get('name')))}: {escape(str(r.reason))}",
-                      highlight=False, soft_wrap=True)
-    if not results:
-        raise fail("no framework could measure the ceilings (reasons above); nothing stored", 1)
-    cold_records = [r for r in every if r.benchmark == cold_bench.name]
-    ceilings_only = build_profile(machine=machine, provenance=dlbench_provenance(), device=device, threads=threads,
-                                  ceiling_records=records, cold_records=cold_records,
-                                  dispatch_bytes=suite.ceilings.dispatch_bytes, latest={}, fits=[], notes=[])
-    ceilings_s = time.monotonic() - started
-
-    # the operation classes' efficiencies: a few layer shapes per class, within the budget
-    base_policy = next((b.policy for b in suite.benchmarks if b.name in layer_names), bench.policy)
-    policy = class_probes.probe_policy(base_policy, shapes_profile)
-    flush = flush_bytes(policy, device)
-    flush_s = flush / ceilings_only.bandwidth(flush) if flush and ceilings_only.bandwidth(flush) else 0.0
-    call = max(ceilings_only.dispatch_cold_s.values(), default=0.0)
-    plan = class_probes.plan_probes(class_probes.candidates(suite, layer_names, support), policy, shapes_profile,
-                                    "calibrate", class_probes.call_estimate(ceilings_only, call, flush_s), budget_s,
-                                    class_probes.candidate_uses(suite, layer_names))
-    measured_runners = [r for r in runners if r.name in results]
-    probe_records: list = []
-    probes_s = 0.0
-    if plan.benchmarks:
-        kernels = sum(len(b.specs) for b in plan.benchmarks)
-        err.print(f"dlbench calibrate: class probes, {kernels} layer shapes of {plan.classes} operation classes per "
-                  f"framework in {len(plan.benchmarks)} runs (estimated at most {plan.estimated_s:,.0f} s per "
-                  f"framework, budget {budget_s:g} s)"
-                  + (f"; {len(plan.left_out)} shapes left out as too slow" if plan.left_out else ""), highlight=False)
-        before = time.monotonic()
-        probe_records = _execute(plan_kernel_runs(measured_runners, list(plan.benchmarks)), store, device, env,
-                                 threads, timeout, support, None)
-        probes_s = time.monotonic() - before
-        for r in probe_records:
-            if r.status != "ok":
-                err.print(f"[yellow]{r.status}[/]: {escape(str(r.framework.get('name')))} {escape(r.benchmark)}: "
-                          f"{escape(str(r.reason))}", highlight=False, soft_wrap=True)
-    full_s = 0.0
-    if mode == "full":
-        shapes = class_probes.layer_sets(suite, layer_names, full_suites, full_dtypes)
-        err.print(f"dlbench calibrate --full: every layer shape of {', '.join(b.name for b in shapes)} "
-                  f"({sum(len(b.specs) for b in shapes)} kernels per framework)", highlight=False)
-        before = time.monotonic()
-        _execute(plan_kernel_runs(measured_runners, shapes), store, device, env, threads, timeout, support, None)
-        full_s = time.monotonic() - before
-    problems: list[str] = []
-    latest = KernelStore(store).latest_times(machine["machine_id"], device, threads, problems)
-    for p in problems:
-        err.print(f"[red]unreadable[/] {escape(p)}", highlight=False, soft_wrap=True)
-    from ..store.store import Unreadable
-
-    unreadable: list[Unreadable] = []
-    fits, notes = comm_fits(store.records(unreadable), machine["machine_id"], device, workers)
-    probe_runs: dict[str, list[str]] = {}
-    for r in probe_records:
-        if r.status == "ok":
-            probe_runs.setdefault(str(r.framework.get("name")), []).append(r.run_id)
-    profile = build_profile(machine=machine, provenance=dlbench_provenance(), device=device, threads=threads,
-                            ceiling_records=records, cold_records=cold_records,
-                            dispatch_bytes=suite.ceilings.dispatch_bytes, latest=latest, fits=fits, notes=notes,
-                            class_probes=class_probes.class_probes(probe_records), probe_runs=probe_runs,
-                            probe_records=probe_records)
-    stored = ProfileStore(store).write(profile)
-    _print_profile(stored, ProfileStore(store).path(stored.machine_id, stored.revision))
-    _print_classes(stored, {r.name: r.model for r in measured_runners})
-    timing = f"ceilings {ceilings_s:,.1f} s, class probes {probes_s:,.1f} s"
-    if mode == "full":
-        timing += f", every layer shape {full_s:,.1f} s"
-    err.print(f"dlbench calibrate took {time.monotonic() - started:,.1f} s for {len(measured_runners)} "
-              f"framework{'s' if len(measured_runners) != 1 else ''} ({timing})", highlight=False)
-    for n in notes:
+    except CalibrationFailed as e:
+        raise fail(str(e), 1) from None
+    except KeyboardInterrupt as e:
+        interrupted(e, events.done, "kernel runs")
+    finally:
+        events.close()
+    stored = result.profile
+    _print_profile(stored, result.path)
+    _print_classes(stored, {r.name: r.model for r in result.runners})
+    timing = ", ".join(f"{phase} {s:,.1f} s" for phase, s in result.seconds.items() if phase != "total")
+    count = len(result.runners)
+    err.print(f"dlbench calibrate took {result.seconds['total']:,.1f} s for {count} "
+              f"framework{'s' if count != 1 else ''} ({timing})", highlight=False)
+    for n in result.notes:
         err.print(f"[yellow]note[/]: {escape(n)}", highlight=False, soft_wrap=True)
     if not stored.class_probes:
         err.print("[yellow]note[/]: no class probe was measured: kernels not timed at their shape will be roofline "

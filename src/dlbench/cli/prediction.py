@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..definitions.loader import DefinitionError
-from ..definitions.suite import PRECISIONS
+from ..axes import PRECISIONS
 from ..machine import fingerprint
 from ..store.store import Store
 from . import lookup

@@ -1,10 +1,13 @@
-"""`dlbench run`: a suite on one or more frameworks, every run recorded in the store. Suites of
-kind distributed and comm go on to distributed.py, the kernels suite to performance.py."""
+"""`dlbench run`: the command line of workflows/run.py. It parses the options into a RunRequest,
+refuses what the suite's kind does not honour (workflows/suite_kinds.py), and for suites of kind
+benchmark has the workflow plan and execute the runs and renders them (progress, tables); suites of
+kind distributed and comm go on to distributed.py, kernels to performance.py, convergence to
+convergence.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -13,20 +16,16 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from .. import paths
-from ..definitions.suite import COMPILE_MODES, PRECISIONS, PROFILES, SCENARIOS, Benchmark
+from ..axes import PRECISIONS, Mode, Scenario
+from ..definitions.suite import PROFILES
 from ..execution.backends import BACKENDS
-from ..execution.interrupts import exit_status, signal_name
-from ..machine import available_cpus, fingerprint, gpus
 from ..store.checks import worst_error
 from ..store.rows import run_row
-from ..telemetry import TelemetryConfig
+from ..workflows.requests import RunRequest
+from ..workflows.run import execute_run, plan_run, resolved_device, suite_kind_of
 from . import lookup, tables
-from .signals import say, stops_on_signals
 from .console import err, fail, out, progress_bar
 from .options import (
-    DEVICES,
-    MODES,
     DeviceOption,
     FrameworksOption,
     ProfileOption,
@@ -34,12 +33,8 @@ from .options import (
     ThreadsOption,
     TimeoutOption,
     check_choice,
-    listed_choices,
-    resolve_device,
 )
-
-COMPILE_CHOICES = ("default", *COMPILE_MODES)
-TORCH_COMPILE_MODES = ("default", "max-autotune")
+from .signals import interrupted, stops_on_signals
 
 if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun
@@ -51,8 +46,8 @@ def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: FrameworksOption = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
-    mode: Annotated[Optional[list[str]], typer.Option(
-        help="train | infer | generate (decoder networks: prompt, then new tokens with a key/value cache); "
+    mode: Annotated[Optional[list[Mode]], typer.Option(
+        help="What to time (generate: decoder networks, a prompt, then new tokens with a key/value cache); "
              "repeatable (default: the profile's choice, which is train only for smoke).")] = None,
     profile: ProfileOption = "default",
     device: DeviceOption = "auto",
@@ -86,7 +81,7 @@ def run(
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
     scenario: Annotated[Optional[list[str]], typer.Option(
-        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(SCENARIOS)}; a comma list or 'all', repeatable "
+        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(Scenario.names())}; a comma list or 'all', repeatable "
              "(default: none, the harness's back-to-back batches); generate mode: server, with time to first token "
              "and per output token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
     no_check: Annotated[bool, typer.Option(
@@ -108,132 +103,30 @@ def run(
                                       "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
-    # imported here: the orchestrator brings statistics and scipy, which other commands need not load
-    from ..execution.orchestrator import Orchestrator, RunOptions, check_repeat_options, plan
-
-    check_choice("profile", profile, list(PROFILES))
-    check_choice("device", device, DEVICES)
-    check_choice("environment backend", env, list(BACKENDS))
-    registry = lookup.registry()
-    names = lookup.framework_names(registry, framework)
-    suite_path = lookup.catalog().suite_path(suite) if suite != "all" else None
-    kind = lookup.suite_kind(suite_path) if suite_path is not None else "benchmark"
-    if kind == "kernels":
-        from .performance import run_kernel_suite
-
-        run_kernel_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
-                         device=resolve_device(device), env=env, threads=threads, repeats=repeats,
-                         max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
-                         timeout=timeout, workers=workers, scaling=scaling, hosts=hosts)
-        return
-    if kind == "convergence":
-        from .convergence import run_convergence_suite
-
-        run_convergence_suite(suite_path, names, registry, benchmark=benchmark, mode=mode, profile=profile,
-                              device=resolve_device(device), env=env, threads=threads, repeats=repeats,
-                              max_repeats=max_repeats, target_ci=target_ci, store=lookup.writable_store(store),
-                              timeout=timeout, workers=workers, scaling=scaling, hosts=hosts, data=data,
-                              precision=precision)
-        return
-    if data is not None:
-        raise fail(f"--data is for the convergence suites ({', '.join(lookup.catalog().convergence_suite_names())}); "
-                   f"suite {suite!r} trains on synthetic batches")
+    given = dict(locals())  # the options as given, before any other name is bound here
+    given["mode"] = [m.value for m in mode] if mode else None  # typer's Enum members: plain names from here on
+    request = RunRequest(**{f.name: given[f.name] for f in dataclasses.fields(RunRequest)})
+    catalog = lookup.catalog()  # one per command: each suite and network file parsed once
+    kind = lookup.refused(suite_kind_of, request, catalog)
     if kind != "benchmark":
-        from .distributed import run_distributed_suite
-
-        run_distributed_suite(suite_path, kind, names, registry, benchmark=benchmark, mode=mode, profile=profile,
-                              device=resolve_device(device), env=env, threads=threads, repeats=repeats,
-                              max_repeats=max_repeats, target_ci=target_ci, store=store,
-                              timeout=timeout, workers=workers or 2, scaling=scaling, hosts=hosts)
+        _run_other_kind(request, kind, catalog)
         return
-    for option, value in (("--workers", workers), ("--scaling", scaling), ("--hosts", hosts)):
-        if value is not None:
-            raise fail(f"{option} is for the distributed suites ({', '.join(lookup.catalog().distributed_suite_names())}); "
-                       f"suite {suite!r} runs one process per run")
-    for m in mode or []:
-        check_choice("mode", m, MODES)
-    precisions = listed_choices("precision", precision, PRECISIONS)
-    compiles = listed_choices("compile mode", compile, COMPILE_CHOICES)
-    if compiles is not None and any(c.strip() == "all" for item in compile for c in item.split(",")):
-        compiles = list(COMPILE_MODES)  # 'all' is the two modes, not "default" beside them
-    check_choice("torch.compile mode", compile_mode, TORCH_COMPILE_MODES)
-    resolved_device = resolve_device(device)
-    suites = lookup.load_suites(suite, profile, resolved_device, tuple(mode) if mode else None)
-    available: list[Benchmark] = [b for s in suites for b in s.benchmarks]
-    selected = available
-    if benchmark:
-        # a benchmark named with its mode runs even where the profile would skip that mode
-        every_mode = [b for s in lookup.load_suites(suite, profile, resolved_device, tuple(mode or MODES))
-                      for b in s.benchmarks]
-        valid = sorted({b.name for b in every_mode} | {b.network.name for b in every_mode})
-        for name in benchmark:
-            check_choice("benchmark", name, valid)
-        chosen = {b.name for b in available}
-        selected = [b for b in every_mode
-                    if b.name in benchmark or (b.network.name in benchmark and b.name in chosen)]
-    if mode and "generate" in mode and not any(b.mode == "generate" for b in selected):
-        decoders = [f"{s.name}: {', '.join(b.network.name for b in s.benchmarks if b.mode == 'generate')}"
-                    for s in lookup.load_suites("all", profile, resolved_device, ("generate",))
-                    if any(b.mode == "generate" for b in s.benchmarks)]
-        raise fail(f"--mode generate: suite {suite!r} has no benchmark that generates (only decoder networks do, where "
-                   f"a suite lists mode generate with its sizes: {'; '.join(decoders) or 'none'})")
-    selected = with_axes(selected, precisions, compiles)
-    scenarios = listed_choices("scenario", scenario, SCENARIOS)
-    if scenarios is not None:
-        training = sorted({b.name for b in selected if b.mode not in ("infer", "generate")})
-        if training:
-            raise fail(f"--scenario runs inference under LoadGen, but {', '.join(training)} "
-                       f"{'is' if len(training) == 1 else 'are'} training (add --mode infer, or --mode generate "
-                       "for a decoder's server scenario)")
-        not_server = [s for s in scenarios if s != "server"]
-        if not_server and any(b.mode == "generate" for b in selected):
-            raise fail(f"--scenario {','.join(not_server)}: generation (--mode generate) runs LoadGen's server "
-                       "scenario only, bounded by time to first token and per output token (--scenario server)")
-        for option, value in (("--repeats", repeats), ("--max-repeats", max_repeats), ("--target-ci", target_ci)):
-            if value is not None:
-                raise fail(f"{option} does not apply to --scenario: a LoadGen run is one worker, and LoadGen's "
-                           "duration and query counts (the profile's `loadgen`) make its measurement")
-        selected = with_scenarios(selected, scenarios)
-    try:
-        check_repeat_options(repeats, max_repeats, target_ci, selected)
-    except ValueError as e:
-        raise fail(str(e)) from None
-    runners = [lookup.runner(registry, n) for n in names]
-    options = RunOptions(device=resolved_device, env_backend=env, threads=threads or available_cpus(),
-                         repeats=repeats, timeout_s=timeout, cache=paths.cache_dir(),
-                         telemetry=None if no_telemetry else _telemetry_config(resolved_device, sample_interval),
-                         nvml_module=os.environ.get("DLBENCH_NVML_MODULE", "pynvml"),
-                         max_repeats=max_repeats, target_ci_pct=target_ci, compile_mode=compile_mode,
-                         contention_threshold_pct=contention_threshold, max_replacements=replace_contended,
-                         quiet_wait_s=quiet_wait)
-    runs = plan(runners, selected)
-    st = lookup.writable_store(store)  # before the first benchmark: a record must have a place
-    from ..performance.runtime import run_predictor
-
-    predictor, predicted_from = run_predictor(st, fingerprint()["machine_id"], resolved_device, options.threads,
-                                              {r.name: r.model for r in runners})
-    options = dataclasses.replace(options, predictor=predictor)
-    err.print(f"dlbench: suite {', '.join(s.name for s in suites)}, {len(runs)} runs on {resolved_device} "
-              f"({', '.join(r.name for r in runners)}), {options.threads} threads, store {st.root}; "
-              f"predictions: {predicted_from if predictor else 'none, ' + predicted_from}", highlight=False)
+    plan = lookup.refused(plan_run, request, catalog)
+    options = plan.options
+    err.print(f"dlbench: suite {', '.join(s.name for s in plan.suites)}, {len(plan.runs)} runs on {options.device} "
+              f"({', '.join(r.name for r in plan.runners)}), {options.threads} threads, store {plan.store.root}; "
+              f"predictions: {plan.predicted_from}", highlight=False)
     if no_telemetry:
         err.print("contention: not measured (--no-telemetry): no repeat is marked or replaced", highlight=False)
-    records = []
+    records: list = []
     try:
         with progress_bar() as progress:
-            task = progress.add_task("starting", total=len(runs))
-            orch = Orchestrator(st, options, _ProgressEvents(progress, task))
-            if not no_check:
-                _check_before_timing(orch, runs, registry, progress)
-            for r in runs:
-                records.append(orch.execute_one(r))
+            task = progress.add_task("starting", total=len(plan.runs))
+            execute_run(plan, _ProgressEvents(progress, task), functools.partial(_say_checks, progress), records)
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
-        cut = f"; {escape(_label(runs[len(records)]))} was not recorded" if len(records) < len(runs) else ""
-        say(f"interrupted by {signal_name(e)}: workers stopped; {len(records)} complete runs are in the store, "
-             f"none partial{cut}")
-        raise typer.Exit(exit_status(e)) from None
-    lookup.refresh_index(st)
+        interrupted(e, len(records), "runs", _label(plan.runs[len(records)]) if len(records) < len(plan.runs) else None)
+    lookup.refresh_index(plan.store)
     timed = [r for r in records if r.workload.scenario is None]
     if timed or not records:
         out.print(_summary_table(timed), width=min(out.width, tables.WIDTH))
@@ -257,11 +150,34 @@ def run(
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
 
 
-def _check_before_timing(orch, runs: list[PlannedRun], registry, progress: Progress) -> None:
-    """The equivalence checks the plan lacks, against torch where there is a torch runner; one line
-    per check made and one for their cost."""
-    reference = registry.get("torch") if "torch" in registry.names() else None
-    made, seconds = orch.check_equivalence(runs, reference)
+def _run_other_kind(request: RunRequest, kind: str, catalog) -> None:
+    """The suites of kinds distributed, comm, kernels and convergence: each kind's own command-line
+    branch (the options it does not honour were refused already, from workflows/suite_kinds.py)."""
+    from .convergence import run_convergence_suite
+    from .distributed import run_distributed_suite
+    from .performance import run_kernel_suite
+
+    r = request
+    check_choice("profile", r.profile, list(PROFILES))
+    check_choice("environment backend", r.env, list(BACKENDS))
+    registry = lookup.registry()
+    names = lookup.framework_names(registry, r.framework)
+    suite_path = catalog.suite_path(r.suite)
+    device = lookup.refused(resolved_device, r.device)
+    common = dict(benchmark=r.benchmark, profile=r.profile, device=device, env=r.env, threads=r.threads,
+                  repeats=r.repeats, timeout=r.timeout, catalog=catalog)
+    if kind == "kernels":
+        run_kernel_suite(suite_path, names, registry, store=lookup.writable_store(r.store), **common)
+    elif kind == "convergence":
+        run_convergence_suite(suite_path, names, registry, store=lookup.writable_store(r.store), data=r.data,
+                              precision=r.precision, **common)
+    else:
+        run_distributed_suite(suite_path, kind, names, registry, store=r.store, workers=r.workers or 2,
+                              scaling=r.scaling, hosts=r.hosts, precision=r.precision, **common)
+
+
+def _say_checks(progress: Progress, made, seconds: float) -> None:
+    """The equivalence checks made before timing: one line per check and one for their cost."""
     say = progress.console.print
     for c in made:
         if c.error:
@@ -298,14 +214,6 @@ def _report_contention(records) -> None:
                   f"b={r.workload.batch_size}: repeats {', '.join(str(rep.index) for rep in marked)} "
                   f"(others up to {worst:.0f}% of the worker's cores), {replaced} replaced by fresh repeats",
                   highlight=False, soft_wrap=True)
-
-
-def _telemetry_config(device: str, interval_ms: float) -> TelemetryConfig:
-    """A cpu run samples no GPU where the host has some (they are not what is measured); on a host
-    without any it still asks NVML, so the record says why GPU telemetry is unavailable."""
-    host_has_gpus = bool(gpus()["gpus"])
-    indices = () if device == "cpu" and host_has_gpus else None
-    return TelemetryConfig(interval_s=interval_ms / 1000, gpu_indices=indices)
 
 
 def _label(run: PlannedRun) -> str:
@@ -372,27 +280,3 @@ def _summary_table(records) -> Table:
     rows = [run_row(r) for r in records]
     styles = {r.run_id: {"ok": "green", "skipped": "yellow"}.get(r.status, "red") for r in records}
     return tables.rich_table(rows, tables.RUN_COLUMNS, "dlbench run", styles)
-
-
-def with_scenarios(benchmarks: list[Benchmark], scenarios: list[str]) -> list[Benchmark]:
-    """Each (inference) benchmark once per LoadGen scenario, in order; the batch a scenario's worker
-    is prepared at is the largest it runs (LoadGenPolicy.batch_sizes), not the suite's."""
-    return [dataclasses.replace(b, scenario=s, batch_sizes=(max(b.policy.loadgen.batch_sizes(s, b.mode)),))
-            for b in benchmarks for s in scenarios]
-
-
-def with_axes(benchmarks: list[Benchmark], precisions: list[str] | None, compiles: list[str] | None) -> list[Benchmark]:
-    """`--precision` and `--compile` replace the benchmarks' own: every benchmark once per
-    (precision, compile mode) asked, in order; an axis not given keeps the suite's values."""
-    if precisions is None and compiles is None:
-        return benchmarks
-    out: list[Benchmark] = []
-    seen: set[tuple] = set()
-    for b in benchmarks:
-        for p in precisions or [b.precision]:
-            for c in compiles or [b.compile]:
-                key = (b.suite, b.name, p, c)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(dataclasses.replace(b, precision=p, compile=c))
-    return out

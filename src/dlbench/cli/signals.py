@@ -5,8 +5,8 @@ whose unwinding stops the worker's process group (and what escaped it, and its c
 the temporary folders and ends a half-built environment; later signals are swallowed so that they
 cannot cut that clean-up short; the command prints one line naming the signal and exits 128 + it.
 
-A command with more to say (how many runs were kept) catches KeyboardInterrupt itself, says it
-with `say` and raises `typer.Exit(exit_status(e))`; the decorator's own line is for the others."""
+A command with more to say (how many runs were kept: `dlbench run`, every suite kind) catches
+KeyboardInterrupt itself and ends with `interrupted`; the decorator's own line is for the others."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import contextlib
 import functools
 
 import typer
+from rich.markup import escape
 
 from ..execution.interrupts import deliver_signals, exit_status, signal_name
 from .console import err
@@ -40,3 +41,13 @@ def say(line: str) -> None:
     """The one line of an interrupted command; a terminal that hung up (SIGHUP) may refuse it."""
     with contextlib.suppress(OSError):
         err.print(line, highlight=False, soft_wrap=True)
+
+
+def interrupted(e: KeyboardInterrupt, kept: int, what: str, not_recorded: str | None = None):
+    """The end of a command that records as it goes, interrupted by `e`: one line naming the signal,
+    how many complete `what` (runs, kernel runs) the store holds and which one was cut (none is
+    kept partial), then exit 128 + the signal."""
+    cut = f"; {escape(not_recorded)} was not recorded" if not_recorded else ""
+    say(f"interrupted by {signal_name(e)}: workers stopped; {kept} complete {what} are in the store, "
+        f"none partial{cut}")
+    raise typer.Exit(exit_status(e)) from None

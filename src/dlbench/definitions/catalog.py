@@ -29,6 +29,25 @@ class SuiteCatalog:
         self.root = root
         self.networks_dir = root / "networks"
         self.machines_dir = root / "machines"  # datasheet machines (machines.py) and efficiency.yaml
+        # Each file is parsed once per catalog, and a command builds one catalog: finding a suite by
+        # name reads every suite file's kind, and `dlbench run` resolves its suite more than once
+        # (with and without the profile's modes). A catalog is meant to live for one command, so an
+        # edit of a file while it lives is not seen.
+        self._parsed: dict[Path, Any] = {}
+        self._networks: dict[tuple[Path, int | None], Any] = {}
+
+    def read(self, path: Path) -> Any:
+        """A definition file's YAML, parsed on the first call for it (DefinitionError where it cannot be)."""
+        key = Path(path).resolve()
+        if key not in self._parsed:
+            self._parsed[key] = read_yaml(path)
+        return self._parsed[key]
+
+    def _network(self, path: Path, length: int | None, asked_by: tuple[Path, str]):
+        key = (Path(path).resolve(), length)
+        if key not in self._networks:
+            self._networks[key] = load_network(path, length, asked_by)
+        return self._networks[key]
 
     def suite_names(self) -> list[str]:
         """The single-process suites (what `--suite all` runs); see distributed_suite_names."""
@@ -48,7 +67,7 @@ class SuiteCatalog:
 
     def load_convergence_suite(self, path: Path, profile: str, device: Device) -> list[ConvergenceTask]:
         """A `kind: convergence` suite's tasks for `profile` on `device`."""
-        return load_convergence(path, read_yaml(path), profile, device, self._network_path)
+        return load_convergence(path, self.read(path), profile, device, self._network_path)
 
     def _kinds(self) -> list[tuple[str, str]]:
         out = []
@@ -56,7 +75,7 @@ class SuiteCatalog:
             if p.stem == "profiles":
                 continue
             try:
-                out.append((p.stem, suite_kind(p, read_yaml(p))))
+                out.append((p.stem, suite_kind(p, self.read(p))))
             except DefinitionError:
                 out.append((p.stem, "benchmark"))  # a broken file is reported when it is loaded
         return out
@@ -64,11 +83,11 @@ class SuiteCatalog:
     def suite_kind(self, path: Path) -> str:
         """`benchmark`, `distributed`, `comm`, `kernels` or `convergence` (DefinitionError for a file that
         cannot be read)."""
-        return suite_kind(path, read_yaml(path))
+        return suite_kind(path, self.read(path))
 
     def load_distributed_suite(self, path: Path, profile: str, device: Device):
         """A `kind: distributed` or `kind: comm` suite (definitions/distributed.py)."""
-        data = read_yaml(path)
+        data = self.read(path)
         if self.suite_kind(path) == "comm":
             return load_comm(path, data, profile)
         return load_distributed(path, data, profile, device, self._network_path)
@@ -96,12 +115,12 @@ class SuiteCatalog:
 
     def profiles(self) -> ProfilesFile:
         path = self.root / "profiles.yaml"
-        return validate(ProfilesFile, read_yaml(path), path)
+        return validate(ProfilesFile, self.read(path), path)
 
     def load_suite(self, path: Path, profile: str, device: Device, modes: tuple[Mode, ...] | None = None) -> Suite:
         """Resolve a suite file; `modes`, when given, runs exactly those of each network's modes
         (whatever the profile's modes_per_network says)."""
-        spec = validate(SuiteFile, read_yaml(path), path)
+        spec = validate(SuiteFile, self.read(path), path)
         policy = getattr(self.profiles(), profile)
         benchmarks = []
         seen: set[str] = set()
@@ -112,7 +131,7 @@ class SuiteCatalog:
                 length = getattr(entry.sequence_length, profile)
                 if isinstance(length, PerDeviceLength):
                     length = getattr(length, device)
-            network = load_network(net_path, length, (path, f"benchmarks[{i}].sequence_length"))
+            network = self._network(net_path, length, (path, f"benchmarks[{i}].sequence_length"))
             sizes = getattr(entry.batch_sizes, profile)
             if isinstance(sizes, PerDevice):
                 sizes = getattr(sizes, device)

@@ -13,21 +13,18 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, model_validator
 
+from .. import axes
 from .network import NetworkSummary
 from .schema import MAX_SEQUENCE, Int, Real, _Strict
 
-# generate: a decoder network's prompt, then new tokens one by one with a key/value cache (greedy);
-# its sizes are the suite entry's `generation` (definitions/generation.py)
-Mode = Literal["train", "infer", "generate"]
-# What each precision means in every runner: runners/common/contract.py (fp32: IEEE float32 with
-# TF32 pinned off; tf32: TF32 allowed; amp_*: the framework's own mixed precision).
-PRECISIONS = ("fp32", "tf32", "amp_bf16", "amp_fp16")
-Precision = Literal["fp32", "tf32", "amp_bf16", "amp_fp16"]
-# eager: the framework's default execution (torch eager, a TensorFlow tf.function graph, MXNet
-# imperative); compiled: its compiler (torch.compile, XLA, jax.jit, a hybridized MXNet block);
-# default: whichever the runner runs when not asked (its runner.toml's [execution] compile).
-COMPILE_MODES = ("eager", "compiled")
-Compile = Literal["default", "eager", "compiled"]
+# The axes' values as a suite file's fields accept them: Literal types built from dlbench.axes (what
+# each value means: runners/common/contract.py), so that the values a suite holds stay plain strings,
+# as the records store them, and pydantic's messages list them. A suite may also say compile
+# `default`: whichever the runner runs when not asked (its runner.toml's [execution] compile).
+Mode = Literal[axes.Mode.names()]
+Precision = Literal[axes.PRECISIONS]  # the run precisions (float64 is the equivalence check's alone)
+COMPILE_MODES = axes.COMPILE_MODES  # read here by execution/registry.py
+Compile = Literal[("default", *axes.COMPILE_MODES)]
 Device = Literal["cpu", "cuda"]
 PROFILES = ("smoke", "default", "paper")
 
@@ -55,11 +52,9 @@ class MeasurePolicy(_Strict):
     max_iters: Int(1, MAX_ITERS) = 10000
 
 
-# MLPerf LoadGen's scenarios (`dlbench run --scenario`, infer mode): what each one's figure is is
-# src/dlbench/store/loadgen.py's METRIC_KEYS; how queries become batches, runners/common/loadgen_harness.py.
-SCENARIOS = ("single_stream", "multi_stream", "offline", "server")
-Scenario = Literal["single_stream", "multi_stream", "offline", "server"]
-
+# MLPerf LoadGen's scenarios (`dlbench run --scenario`, infer mode: dlbench.axes.Scenario): what each
+# one's figure is is src/dlbench/store/loadgen.py's METRIC_KEYS; how queries become batches,
+# runners/common/loadgen_harness.py.
 
 class LoadGenPolicy(_Strict):
     """LoadGen's settings for one profile, given to every scenario run and recorded with it.

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
+from ..axes import Precision
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
@@ -164,7 +165,11 @@ class DistributedOrchestrator:
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
                                  framework=runner.name, workers=n) if o.predictor else None
         self.events.run_started(label, repeats_asked)
-        env, status, reason, env_info = self._common(runner)
+        refusal = _precision_refusal(runner, b.precision)
+        if refusal is None:
+            env, status, reason, env_info = self._common(runner)
+        else:  # the runner says it cannot: no environment built, no job started
+            env, status, reason, env_info = None, "skipped", refusal, {"backend": o.env_backend}
         repeats: list[Repeat] = []
         rank0: dict = {}
         tail = ""
@@ -359,3 +364,13 @@ def _comm_info(collective: str, comm: CommBenchmark, workers: int, outcomes: lis
         sizes.append(entry)
     return CommInfo(collective=collective, dtype=comm.dtype, workers=workers, bus_factor=bus_factor(collective, workers),
                     sizes=sizes)
+
+
+def _precision_refusal(runner: RunnerInfo, precision: str) -> str | None:
+    """Why the runner's data-parallel step cannot train in `precision` (runner.toml [distributed]
+    precisions), or None where it can or the runner takes no part (its record then says so)."""
+    if runner.distributed is None or Precision(precision) in runner.distributed.precisions:
+        return None
+    trains = [p.value for p in Precision if p in runner.distributed.precisions]
+    return (f"{runner.name} data-parallel runner: precision {precision} is not one it trains in "
+            f"(runner.toml [distributed] precisions: {', '.join(trains)})")

@@ -101,6 +101,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..axes import CHECK_PRECISION, Precision
 from ..definitions import layers
 from ..definitions.network import NetworkSummary
 from ..definitions.weights import random_weights, trainable_count, weight_shapes
@@ -115,8 +116,8 @@ TOLERANCE_BATCH_NORM = 1e-3
 TOLERANCE_FLOAT64 = 1e-9
 # Mixed precision against the float64 step, in the compute format's unit roundoff (bfloat16 2^-8,
 # float16 2^-11) scaled by the network's depth; see "Mixed precision" in the docstring.
-UNIT_ROUNDOFF = {"amp_bf16": 2.0 ** -8, "amp_fp16": 2.0 ** -11}
-PRECISIONS = ("float64", "fp32", *UNIT_ROUNDOFF)
+UNIT_ROUNDOFF = {p.value: p.unit_roundoff for p in Precision if p.mixed}
+PRECISIONS = (CHECK_PRECISION, Precision.FP32.value, *UNIT_ROUNDOFF)
 # A framework need not agree with the reference better than the reference agrees with itself when
 # only its thread count changes (summation order): the weights' tolerance widens to this many times
 # that measured spread where it exceeds the tolerance.
@@ -393,7 +394,7 @@ def check_network(network: NetworkSummary, runners: list[tuple[RunnerInfo, Envir
 
 
 # `dlbench check --mode generate`: greedy generation from the canonical weights and one prompt.
-GENERATION_PRECISIONS = ("fp32", "float64")
+GENERATION_PRECISIONS = (Precision.FP32.value, CHECK_PRECISION)
 
 
 def check_generation(network: NetworkSummary, runners: list[tuple[RunnerInfo, Environment | EnvironmentBuildError]],

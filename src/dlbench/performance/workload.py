@@ -75,6 +75,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..axes import Precision
+
 from ..definitions import layers as layer_table
 from ..definitions.weights import layer_shapes, trainable_count
 from .kernels import KernelSpec
@@ -124,7 +126,7 @@ class Workload:
     dtype: str  # of the kernels (float32, or the compute type of mixed precision)
     layers: list[LayerWork]
     input_bytes_per_sample: int  # one sample's input and label, as a data path carries them
-    precision: str = "fp32"  # the run's (suite.PRECISIONS): tf32 computes float32 products at the TF32 rate
+    precision: str = "fp32"  # the run's (dlbench.axes.Precision): tf32 computes float32 products at the TF32 rate
 
     @property
     def params(self) -> int:
@@ -206,7 +208,7 @@ def decompose(network: dict, batch: int, mode: str, precision: str = "fp32") -> 
     """The work of one iteration of `network` (resolved, see definitions/network.py) at `batch`: each
     layer's operations by the `work` of its type in the layer table (definitions/layers/), its
     trainable parameters (and so its update) from its canonical weights (definitions/weights.py)."""
-    dtype = {"amp_fp16": "float16", "amp_bf16": "bfloat16"}.get(precision, "float32")
+    dtype = Precision(precision).compute_dtype
     train = mode == "train"
     b = _Builder(batch, dtype, train)
     layers: list[LayerWork] = []

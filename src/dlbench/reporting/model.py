@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..analysis.convergence import median_run
+from ..axes import Compile, Precision
 from ..store.intervals import reported_interval
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb, run_tokens_per_s
@@ -510,8 +511,9 @@ def series_anchor(key: tuple) -> str:
     return f"series-{slug(key[2])}-{slug(key[5], 20)}-{digest}"
 
 
-COMPILE_ORDER = {"eager": 0, "compiled": 1}
-PRECISION_ORDER = {"fp32": 0, "tf32": 1, "amp_bf16": 2, "amp_fp16": 3}
+# the axes' declared order is their display order
+COMPILE_ORDER = {c.value: i for i, c in enumerate(Compile)}
+PRECISION_ORDER = {p.value: i for i, p in enumerate(Precision.runs())}
 
 
 def variant_order(variant: tuple[str, str]) -> tuple:

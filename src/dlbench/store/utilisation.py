@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..axes import KERNEL_DTYPE
 from .profiles import MachineProfile, ProfileError, ProfileStore
 from .store import Store
 
@@ -30,7 +31,7 @@ TRAIN_FLOPS_FACTOR = 3
 MODE_FLOPS_FACTOR = {"train": TRAIN_FLOPS_FACTOR, "infer": 1}
 
 # the dtype whose matmul ceiling bounds a run of each precision; tf32 is absent on purpose
-PRECISION_DTYPE = {"fp32": "float32", "amp_bf16": "bfloat16", "amp_fp16": "float16"}
+PRECISION_DTYPE = KERNEL_DTYPE
 
 
 def model_flops_per_iter(mode: str, batch_size: int, flops_per_sample: int | None) -> int | None:

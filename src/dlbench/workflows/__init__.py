@@ -1,0 +1,19 @@
+"""The workflows of dlbench as a Python API, for the command line and notebooks alike: each takes a
+typed request (requests.py), checks it whole before anything runs (an option a suite kind does not
+honour: suite_kinds.py) and reports bad input as one RequestError naming the thing; it prints
+nothing, reports progress through an events object, and returns what it made.
+
+    from dlbench.workflows import RunRequest, run_suite
+    records = run_suite(RunRequest(suite="fcn", framework=["torch"], profile="smoke"))
+    [(r.benchmark, r.workload.precision, r.summary.median_s) for r in records]
+
+Layer: below the command line (which parses options into requests and renders results), above
+reporting, execution and the rest."""
+
+from .calibration import Calibration, CalibrateRequest, CalibrationFailed, calibrate
+from .requests import RunRequest
+from .run import RunPlan, execute_run, plan_run, run_suite
+from .suite_kinds import RUN_OPTIONS, SUITE_KIND_TABLE, RequestError, SuiteKind, refuse_options_not_honoured
+
+__all__ = ["CalibrateRequest", "Calibration", "CalibrationFailed", "calibrate", "RunRequest", "RunPlan", "run_suite", "plan_run", "execute_run", "RequestError", "SuiteKind",
+           "RUN_OPTIONS", "SUITE_KIND_TABLE", "refuse_options_not_honoured"]

@@ -1,0 +1,93 @@
+"""What the workflows look up by name: the suites (one catalog per request), the runners, the
+results store; an unknown or invalid name is one RequestError listing the valid ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from .. import paths
+from ..definitions.catalog import SuiteCatalog
+from ..definitions.loader import DefinitionError
+from ..execution.registry import RunnerInfo, RunnerRegistry
+from ..store.store import Store, StoreError
+from .suite_kinds import RequestError
+
+
+def check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise RequestError(f"unknown {kind} {value!r}; valid {kind}s: {', '.join(map(str, choices))}")
+
+
+def listed_choices(kind: str, given: list[str] | None, valid: Sequence[str]) -> list[str] | None:
+    """A list option's values (repeatable, comma lists, 'all' = every valid one), checked and
+    deduplicated in order, as plain names; None where the option was not given."""
+    if not given:
+        return None
+    valid = [str(v) for v in valid]  # an axis's members as their plain names
+    names = [n.strip() for item in given for n in item.split(",") if n.strip()]
+    for n in names:
+        check_choice(kind, n, [*valid, "all"])
+    return list(dict.fromkeys(valid if "all" in names else names))
+
+
+def catalog() -> SuiteCatalog:
+    return SuiteCatalog(paths.suites_dir())
+
+
+def registry() -> RunnerRegistry:
+    return RunnerRegistry(paths.runners_dir())
+
+
+def runner(registry: RunnerRegistry, name: str) -> RunnerInfo:
+    try:
+        return registry.get(name)
+    except DefinitionError as e:
+        raise RequestError(str(e)) from None
+
+
+def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
+    """Framework names, comma lists, or 'all' (the runners that exist), deduplicated."""
+    names = listed_choices("framework", given, registry.names())
+    if not names:
+        raise RequestError(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
+    return names
+
+
+def open_store(store: Path | None) -> Store:
+    """`store`, else $DLBENCH_STORE, else ./results."""
+    return Store(store or paths.default_store())
+
+
+def writable_store(store: Path | None) -> Store:
+    """The store a run writes to, checked before its first benchmark (Store.check_writable: a
+    directory, writable, with room for a record)."""
+    st = open_store(store)
+    try:
+        st.check_writable()
+    except StoreError as e:
+        raise RequestError(str(e)) from None
+    return st
+
+
+def suite_kind(suites: SuiteCatalog, path: Path) -> str:
+    try:
+        return suites.suite_kind(path)
+    except DefinitionError as e:
+        raise RequestError(str(e)) from None
+
+
+def load_suites(suites: SuiteCatalog, suite: str, profile: str, device: str,
+                modes: tuple[str, ...] | None = None) -> list:
+    """A suite by name or path, or 'all' (every single-process suite shipped in suites/)."""
+    out = []
+    for name in suites.suite_names() if suite == "all" else [suite]:
+        path = suites.suite_path(name)
+        if path is None:
+            raise RequestError(f"unknown suite {name!r}; valid suites: {', '.join(suites.suite_names() + ['all'])} "
+                               "(or a path to a .yaml file)")
+        try:
+            out.append(suites.load_suite(path, profile, device, modes))
+        except DefinitionError as e:
+            raise RequestError(str(e)) from None
+    return out
