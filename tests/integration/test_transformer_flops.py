@@ -1,6 +1,6 @@
 """The analysis' forward FLOPs of the transformer networks against an independent count (issue 17):
 torch's `torch.utils.flop_counter.FlopCounterMode` on the torch runner's own model, built in the
-torch venv by runners/torch/torch_network.py, one sample, inference, within 1%.
+torch venv by runners/torch/step.py, one sample, inference, within 1%.
 
 FlopCounterMode counts matrix products and convolutions only (2 FLOPs per multiply-add, the
 analysis' convention), so it is compared with the workload's products: the `matmul` and
@@ -41,14 +41,15 @@ COUNT = r"""
 import contextlib, json, sys
 sys.path[:0] = sys.argv[1:2]  # the folder holding the runners package
 import torch
-from runners.torch import torch_network as tn
+from runners.torch.attention import attention_kernels
+from runners.torch.step import build_network
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 torch.set_num_threads(1)
 network = json.load(open(sys.argv[2]))
 torch.manual_seed(0)
-model = tn.build_network(network, deterministic=True).eval()
+model = build_network(network, deterministic=True).eval()
 inp = network["input"]
 x = (torch.randint(0, inp["vocabulary"], (1, inp["sequence_length"])) if inp["kind"] == "tokens"
      else torch.randn(1, *inp["shape"]))
@@ -70,7 +71,7 @@ print(json.dumps({
     "default": count(),
     "cpu_flash_mapped": count(custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash}),
     "math": count(SDPBackend.MATH),
-    "kernel": tn.attention_kernels(model, network, contextlib.nullcontext, train=False)["kernel"],
+    "kernel": attention_kernels(model, network, contextlib.nullcontext, train=False)["kernel"],
 }))
 """
 

@@ -25,7 +25,8 @@ backward autograd.grad of it (the weight, bias and, when asked, input gradients)
 from __future__ import annotations
 
 from runners.common.contract import Kernel, pool_op
-from runners.torch.torch_network import load_torch, lstm_layer
+from runners.torch.framework import load_torch
+from runners.torch.layers import lstm_layer
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -190,7 +191,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
 
 def _pooling(torch, kind: str, shape: dict, rand, sync, cuda: bool) -> Kernel:
-    """Max, average or global average pooling as the runner's modules call it (torch_network.py)."""
+    """Max, average or global average pooling as the runner's modules call it (layers.py)."""
     functional = torch.nn.functional
     memory_format = torch.channels_last if cuda else torch.contiguous_format  # the runner's image layout
     x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"]).contiguous(

@@ -1,23 +1,27 @@
 """PyTorch runner: builds a resolved dlbench network with torch.nn and times its steps.
 
 Runs inside the torch environment only. torch is imported in `framework_info`, after
-`configure_threads` has set the OpenMP variables that torch reads at import. The network, its
-weights, data, loss and step are torch_network.py's, and so is the precision (float32 math pinned
-and read back, torch.autocast, GradScaler). `compile`: eager (the default) or torch.compile of the
-network (inductor), compiled by the first step, which the harness times apart; after the measured
-window Prepared reports the CUDA caching allocator's peak and, when compiled, dynamo's counters.
-A network with attention records in settings["attention"] which kernel scaled_dot_product_attention
-ran (flash, memory-efficient, cuDNN or math) and the backends torch has enabled.
+`configure_threads` has set the OpenMP variables that torch reads at import. The network, its data,
+loss and step are step.py's (built from layers.py's table), its weights weights.py's, and the
+precision precision.py's (float32 math pinned and read back, torch.autocast, GradScaler). `compile`:
+eager (the default) or torch.compile of the network (inductor), compiled by the first step, which
+the harness times apart; after the measured window Prepared reports the CUDA caching allocator's
+peak and, when compiled, dynamo's counters. A network with attention records in
+settings["attention"] which kernel scaled_dot_product_attention ran (flash, memory-efficient, cuDNN
+or math) and the backends torch has enabled (attention.py).
 """
 
 from __future__ import annotations
 
 import os
 
-from runners.torch import torch_network as tn
 from runners.common.contract import COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
 from runners.common.protocol import Skip
-from runners.torch.torch_network import load_torch
+from runners.torch import step as st
+from runners.torch.attention import attention_kernels
+from runners.torch.framework import host_array, load_torch, synchronizer
+from runners.torch.precision import float32_math, in_precision, mixed_precision, request_precision
+from runners.torch.weights import export_weights, load_weights
 
 
 DEFAULT_COMPILE = "eager"  # runner.toml [execution] compile: what runs when a request names no mode
@@ -68,25 +72,25 @@ class TorchRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from runners.torch.torch_kernels import prepare_kernel  # the kernels suite (runners/torch/torch_kernels.py)
+        from runners.torch.kernels import prepare_kernel  # the kernels suite (runners/torch/kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (cuDNN's TF32 is on by default)
-        flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]], load_torch().device(device))
+        flags = float32_math(KERNEL_PRECISION[spec["dtype"]], load_torch().device(device))
         kernel = prepare_kernel(spec, device)
         kernel.settings["precision_effective"] = flags
         return kernel
 
     def prepare_generation(self, request: dict):
         """Mode generate: the network as built for train/infer, driven with a static key/value cache
-        (torch_generate.py); `compiled` torch.compile's the decode step."""
-        from runners.torch.torch_generate import prepare_generation
+        (generate.py); `compiled` torch.compile's the decode step."""
+        from runners.torch.generate import prepare_generation
 
         torch = load_torch()
         device = torch.device(request["device"])
         precision = request.get("precision") or "fp32"
         settings: dict = {}
         if precision in ("fp32", "tf32"):
-            settings["precision_effective"] = tn.float32_math(precision, device)
+            settings["precision_effective"] = float32_math(precision, device)
         compiled, compile_settings = compile_choice(request, device)
         if compiled:
             compile_settings = {**compile_settings, "scope": "the decode step (one token through every block, the "
@@ -100,7 +104,7 @@ class TorchRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from runners.torch.torch_convergence import prepare_convergence  # the convergence suite (torch_convergence.py)
+        from runners.torch.convergence import prepare_convergence  # the convergence suite (convergence.py)
 
         return prepare_convergence(request)
 
@@ -108,44 +112,44 @@ class TorchRunner:
         torch = load_torch()
         network = request["network"]
         device = torch.device(request["device"])
-        precision = tn.check_precision(request.get("precision"))
+        precision = request_precision(request)
         train = request["mode"] == "train"
-        settings: dict = {"precision": precision}
+        settings: dict = {"precision": precision.value}
         # before anything is built: a precision or compile mode that cannot run here is skipped
-        settings["precision_effective"] = tn.float32_math(precision, device)
+        settings["precision_effective"] = float32_math(precision, device)
         compiled, compile_settings = compile_choice(request, device)
         torch.manual_seed(request.get("seed", 0))
-        model, memory_format = tn.place(tn.build_network(network, deterministic=request.get("deterministic", False)),
+        model, memory_format = st.place(st.build_network(network, deterministic=request.get("deterministic", False)),
                                         network, device, settings)
         if request.get("inputs"):
-            x, y = tn.loaded_batch(network, request["inputs"], device, memory_format)
+            x, y = st.loaded_batch(network, request["inputs"], device, memory_format)
         else:
-            x, y = tn.synthetic_batch(network, request["batch_size"], device, memory_format)
+            x, y = st.synthetic_batch(network, request["batch_size"], device, memory_format)
 
-        model, x = tn.in_precision(model, x, precision)
-        autocast, scaler, amp = tn.mixed_precision(precision, device, train)
+        model, x = in_precision(model, x, precision)
+        autocast, scaler, amp = mixed_precision(precision, device, train)
         try:
-            dtypes = tn.probe_dtypes(model, x, autocast, precision, network, train)
-        except tn.ReducedPrecisionUnsupported as e:
+            dtypes = st.probe_dtypes(model, x, autocast, precision, network, train)
+        except st.ReducedPrecisionUnsupported as e:
             raise Skip(str(e)) from e
         settings["precision_effective"].update(amp, **dtypes)
-        attention = tn.attention_kernels(model, network, autocast, train)  # flash, memory-efficient, cudnn or math
+        attention = attention_kernels(model, network, autocast, train)  # flash, memory-efficient, cudnn or math
         if attention is not None:
             settings["attention"] = attention
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        out_shape = tn.output_shape(model, x, train)  # on the eager module: a compiled one compiles in step 1
+        out_shape = st.output_shape(model, x, train)  # on the eager module: a compiled one compiles in step 1
 
         def forward_loss():
             grad = torch.enable_grad() if train else torch.inference_mode()
             with grad, autocast():
                 out = model(x)
-                loss = tn.loss(out, y)
-            return tn.host_array(tn.logits_of(out)), float(loss)
+                loss = st.loss(out, y)
+            return host_array(st.logits_of(out)), float(loss)
 
         # the timed module: torch.compile's, compiled lazily by its first call (the harness's first iteration)
         stepped = torch.compile(model, mode=compile_settings["compile_mode"]) if compiled else model
         settings["compile"] = compile_settings
-        train_step, reset_optimizer = tn.train_step(stepped, x, y, lambda: tn.sgd(tn.trainable_params(model), request),
+        train_step, reset_optimizer = st.train_step(stepped, x, y, lambda: st.sgd(st.trainable_params(model), request),
                                                     autocast, scaler)
         if train:
             model.train()
@@ -165,9 +169,9 @@ class TorchRunner:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)  # the peak from here on: the model, data and steps
 
-        return Prepared(step, tn.synchronizer(device), params, out_shape, settings,
-                        export_weights=lambda: tn.export_weights(model, network),
-                        load_weights=lambda arrays: tn.load_weights(model, network, arrays),
+        return Prepared(step, synchronizer(device), params, out_shape, settings,
+                        export_weights=lambda: export_weights(model, network),
+                        load_weights=lambda arrays: load_weights(model, network, arrays),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss,
                         memory=lambda: memory_peak(device),
                         compile_stats=dynamo_counters if compiled else None,

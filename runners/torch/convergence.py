@@ -1,5 +1,5 @@
 """The torch side of the convergence suite (runners/common/convergence.py drives it): the network
-of torch_network.py, torch.optim.SGD (momentum, weight decay: torch's own form, which the suite
+of step.py, torch.optim.SGD (momentum, weight decay: torch's own form, which the suite
 takes as canonical), and the data through torch.utils.data.DataLoader with worker processes, as a
 torch user feeds a model: the sampler hands each worker a whole batch of indices (one shuffled
 permutation per epoch from a seeded torch.Generator), the worker applies the task's augmentation
@@ -8,9 +8,10 @@ it) and the normalisation, and the loader prefetches (pinned memory on CUDA)."""
 
 from __future__ import annotations
 
-from runners.torch import torch_network as tn
 from runners.common.datasets import crop_flip, normalise
-from runners.torch.torch_network import load_torch
+from runners.torch import step as st
+from runners.torch.framework import load_torch, synchronizer
+from runners.torch.precision import float32_math, mixed_precision, request_precision
 
 EVAL_BATCH = 500
 
@@ -21,18 +22,18 @@ def prepare_convergence(request: dict):
     torch = load_torch()
     network = request["network"]
     device = torch.device(request["device"])
-    precision = tn.check_precision(request["precision"])
-    settings: dict = {"precision": precision, "precision_effective": tn.float32_math(precision, device)}
+    precision = request_precision(request)
+    settings: dict = {"precision": precision.value, "precision_effective": float32_math(precision, device)}
     torch.manual_seed(request["seed"])
-    model, memory_format = tn.place(tn.build_network(network), network, device, settings)
-    autocast, scaler, amp = tn.mixed_precision(precision, device, True)
+    model, memory_format = st.place(st.build_network(network), network, device, settings)
+    autocast, scaler, amp = mixed_precision(precision, device, True)
     settings["precision_effective"].update(amp)
     opt_spec = request["optimizer"]
-    optimizer = torch.optim.SGD(tn.trainable_params(model), lr=opt_spec["learning_rate"],
+    optimizer = torch.optim.SGD(st.trainable_params(model), lr=opt_spec["learning_rate"],
                                 momentum=opt_spec["momentum"], weight_decay=opt_spec["weight_decay"])
     settings["optimizer"] = "torch.optim.SGD(momentum, weight_decay)"
     in_shape = tuple(network["input"]["shape"])
-    images = tn.is_images(network)
+    images = st.is_images(network)
     workers = request["loader_workers"]
     aug = request["augmentation"]
     ds = request["dataset"]
@@ -110,7 +111,7 @@ def prepare_convergence(request: dict):
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
         with autocast():
-            value = tn.loss(model(x), y)
+            value = st.loss(model(x), y)
         if scaler is None:
             value.backward()
             optimizer.step()
@@ -133,6 +134,6 @@ def prepare_convergence(request: dict):
         for name in ("train", "eval"):
             state.pop(name, None)  # persistent workers end with their loader
 
-    params = sum(p.numel() for p in tn.trainable_params(model))
-    return Trainer(attach, train_batches, train_step, eval_batches, eval_step, tn.synchronizer(device), params,
+    params = sum(p.numel() for p in st.trainable_params(model))
+    return Trainer(attach, train_batches, train_step, eval_batches, eval_step, synchronizer(device), params,
                    settings, close)

@@ -1,7 +1,7 @@
 """Mode `generate` for the torch runner: greedy decoding of a decoder network with a static key/value
 cache, the way transformers' StaticCache does it.
 
-The network is the one torch_network.build_network builds for train and infer (the same modules,
+The network is the one step.build_network builds for train and infer (the same modules,
 the same Parameters, the same canonical weights in and out); this module only calls its modules in
 the order a cached decoder needs. Each transformer block gets two preallocated cache tensors
 (batch, heads, prompt + new tokens, head size). Prefill runs the prompt through every block with
@@ -15,10 +15,11 @@ runs once per request.
 
 from __future__ import annotations
 
-from runners.torch import torch_network as tn
 from runners.common.contract import DecoderLayout, Generator
 from runners.common.protocol import Skip
-from runners.torch.torch_network import load_torch
+from runners.torch.framework import host_array, load_torch, synchronizer
+from runners.torch.step import build_network
+from runners.torch.weights import load_weights
 
 
 class CachedDecoder:
@@ -93,7 +94,7 @@ class CachedDecoder:
 
 
 def prepare_generation(request: dict, device, compiled: bool, compile_settings: dict, settings: dict):
-    """(Generator parts) for torch_runner: the built network, its cache and the two callables."""
+    """(Generator parts) for runner.py: the built network, its cache and the two callables."""
     torch = load_torch()
     network = request["network"]
     layout = DecoderLayout(network)
@@ -103,7 +104,7 @@ def prepare_generation(request: dict, device, compiled: bool, compile_settings: 
     if precision not in ("fp32", "tf32", "float64"):
         raise Skip(f"generate: the torch runner generates in fp32, tf32 and the check's float64, not {precision}")
     torch.manual_seed(request.get("seed", 0))
-    model = tn.build_network(network, deterministic=True).to(device)
+    model = build_network(network, deterministic=True).to(device)
     dtype = torch.float64 if precision == "float64" else torch.float32
     model = model.to(dtype).eval()
     if request.get("inputs"):
@@ -147,7 +148,7 @@ def prepare_generation(request: dict, device, compiled: bool, compile_settings: 
                                "recompilation per token)" if compiled else
                                "eager decode step, F.scaled_dot_product_attention with a boolean mask")})
     params = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return Generator(prefill, decode, tn.synchronizer(device), params, settings,
-                     load_weights=lambda arrays: tn.load_weights(model, network, arrays),
+    return Generator(prefill, decode, synchronizer(device), params, settings,
+                     load_weights=lambda arrays: load_weights(model, network, arrays),
                      tokens=lambda: torch.stack(decoder.generated, dim=1).cpu().numpy(),
-                     first_logits=lambda: tn.host_array(decoder.first))
+                     first_logits=lambda: host_array(decoder.first))

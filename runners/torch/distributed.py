@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import datetime
 
-from runners.torch import torch_network as tn
-from runners.common.contract import DataParallel
+from runners.common.contract import CHECK_PRECISION, PRECISIONS, DataParallel
 from runners.common.protocol import Skip
-from runners.torch.torch_network import load_torch
-from runners.torch.torch_runner import TorchRunner
+from runners.torch import step as st
+from runners.torch.framework import load_torch, synchronizer
+from runners.torch.precision import float32_math, mixed_precision, request_precision
+from runners.torch.runner import TorchRunner
 
 # A collective that waits this long has lost a peer: fail instead of waiting gloo's 30 minutes.
 # dlbench's job timeout stops a hung job anyway; this makes the rank's own error the record's.
@@ -98,38 +99,38 @@ class TorchDistributedRunner(TorchRunner):
             raise Skip(f"compile {request.get('compile')!r}: the torch distributed runner trains eagerly "
                        "(DistributedDataParallel without torch.compile)")
         settings["compile"] = {"mode": "eager", "requested": request.get("compile")}
-        precision = request.get("precision")
-        if precision == tn.CHECK_PRECISION:  # the equivalence check's precision, single-process only
-            raise ValueError(f"the torch distributed runner does not train in {tn.CHECK_PRECISION} "
-                             f"({', '.join(tn.PRECISIONS)} only)")
-        settings["precision"] = tn.check_precision(precision, tn.PRECISIONS)
-        settings["precision_effective"] = tn.float32_math(precision, device)  # as in one process (Skip: tf32 off a GPU)
-        model, memory_format = tn.place(tn.build_network(network), network, device, settings)
+        if request.get("precision") == CHECK_PRECISION:  # the equivalence check's precision, single-process only
+            raise ValueError(f"the torch distributed runner does not train in {CHECK_PRECISION} "
+                             f"({', '.join(PRECISIONS)} only)")
+        precision = request_precision(request, PRECISIONS)
+        settings["precision"] = precision.value
+        settings["precision_effective"] = float32_math(precision, device)  # as in one process (Skip: tf32 off a GPU)
+        model, memory_format = st.place(st.build_network(network), network, device, settings)
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        probe, _ = tn.synthetic_batch(network, 1, device, memory_format, torch.Generator(device="cpu").manual_seed(0))
-        out_shape = tn.output_shape(model, probe, train=True)
+        probe, _ = st.synthetic_batch(network, 1, device, memory_format, torch.Generator(device="cpu").manual_seed(0))
+        out_shape = st.output_shape(model, probe, train=True)
         ddp = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if cuda else None, **ddp_options)
         settings["ddp"]["broadcast_buffers"] = bool(getattr(ddp, "broadcast_buffers", True))
 
         # each rank trains on its own synthetic batch (as a sharded data set would give it)
         seed = request.get("seed", 0) * 1000 + cluster.rank + 1
-        x, y = tn.synthetic_batch(network, request["batch_size"], device, memory_format,
+        x, y = st.synthetic_batch(network, request["batch_size"], device, memory_format,
                                   torch.Generator(device="cpu").manual_seed(seed))
-        autocast, scaler, amp = tn.mixed_precision(precision, device, train=True)
+        autocast, scaler, amp = mixed_precision(precision, device, train=True)
         settings["precision_effective"].update(amp)
-        step, _ = tn.train_step(ddp, x, y, lambda: tn.sgd(tn.trainable_params(ddp), request), autocast, scaler)
+        step, _ = st.train_step(ddp, x, y, lambda: st.sgd(st.trainable_params(ddp), request), autocast, scaler)
 
         def step_without_sync():
             with ddp.no_sync():
                 step()
 
-        return DataParallel(step, step_without_sync, tn.synchronizer(device), params, out_shape, settings, grad_bytes)
+        return DataParallel(step, step_without_sync, synchronizer(device), params, out_shape, settings, grad_bytes)
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         torch = load_torch()
         send = torch.zeros(send_count, dtype=torch.float32, device=self.device)
         recv = send if op in ("all_reduce", "broadcast") else torch.zeros(recv_count, dtype=torch.float32,
                                                                           device=self.device)
-        return Collective(op, send, recv, tn.synchronizer(self.device))
+        return Collective(op, send, recv, synchronizer(self.device))
