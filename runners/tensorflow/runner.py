@@ -116,7 +116,7 @@ class TensorFlowRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from runners.tensorflow.tensorflow_kernels import prepare_kernel  # the kernels suite (runners/tensorflow/tensorflow_kernels.py)
+        from runners.tensorflow.kernels import prepare_kernel  # the kernels suite (runners/tensorflow/kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (TensorFlow allows TF32 by default)
         flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]])
@@ -126,8 +126,8 @@ class TensorFlowRunner:
 
     def prepare_generation(self, request: dict):
         """Mode generate: the network's Keras layers decoded with a keras_hub-style cache in
-        tf.function steps, XLA-compiled under `compiled` (tensorflow_generate.py)."""
-        from runners.tensorflow.tensorflow_generate import prepare_generation
+        tf.function steps, XLA-compiled under `compiled` (generate.py)."""
+        from runners.tensorflow.generate import prepare_generation
 
         cuda = request["device"] == "cuda"
         precision = tn.check_precision(request, ACCEPTED)
@@ -152,7 +152,7 @@ class TensorFlowRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from runners.tensorflow.tensorflow_convergence import prepare_convergence  # the convergence suite (tensorflow_convergence.py)
+        from runners.tensorflow.convergence import prepare_convergence  # the convergence suite (convergence.py)
 
         return prepare_convergence(request)
 

@@ -40,7 +40,7 @@ from runners.common import contract
 from runners.tensorflow import tensorflow_network as tn
 from runners.common.protocol import Skip
 from runners.tensorflow.tensorflow_network import load_keras, load_tf
-from runners.tensorflow.tensorflow_runner import TensorFlowRunner, compile_choice
+from runners.tensorflow.runner import TensorFlowRunner, compile_choice
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
