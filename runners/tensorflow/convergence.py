@@ -10,11 +10,11 @@ the last partial batch dropped, prefetch (AUTOTUNE)."""
 from __future__ import annotations
 
 from runners.common.contract import PRECISIONS
-from runners.tensorflow.framework import load_keras, load_tf, thread_settings
+from runners.tensorflow.framework import device_of, load_keras, load_tf, thread_settings
 from runners.tensorflow.precision import float32_math, precision_scope, request_precision
 from runners.tensorflow.layers import set_batch_norm_floor
 from runners.tensorflow.step import (build_network, count_params, input_kind, logits_of, loss_function,
-                                     sample_shape)
+                                     sample_shape, sgd_with_loss_scaling)
 
 EVAL_BATCH = 500
 
@@ -33,7 +33,7 @@ def prepare_convergence(request: dict):
     settings: dict = {"precision": precision, "precision_effective": float32_math(precision),
                       "data_format": "channels_last" if images else None}
     set_batch_norm_floor(cuda)
-    device = "/GPU:0" if cuda else "/CPU:0"
+    device = device_of(cuda)
     opt = request["optimizer"]
     batch = request["batch_size"]
     in_shape = sample_shape(network, batch)[1:]
@@ -41,9 +41,7 @@ def prepare_convergence(request: dict):
         model, _, _, _ = build_network(network, False, precision)
         loss_of, loss_setting = loss_function(network)
         trainable = model.trainable_variables
-        sgd = keras.optimizers.SGD(learning_rate=opt["learning_rate"], momentum=opt["momentum"])
-        scaled = precision == "amp_fp16"
-        optimizer = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
+        sgd, optimizer, scaled = sgd_with_loss_scaling(opt["learning_rate"], opt["momentum"], precision)
         optimizer.build(trainable)
     wd = float(opt["weight_decay"])
 

@@ -30,7 +30,7 @@ likewise in a tape with the forward.
 from __future__ import annotations
 
 from runners.common.contract import KERNEL_PRECISION, Kernel, pool_op
-from runners.tensorflow.framework import load_keras, load_tf
+from runners.tensorflow.framework import device_of, load_keras, load_tf
 from runners.tensorflow.precision import precision_scope
 from runners.tensorflow.transformer import transformer_classes
 from runners.tensorflow.layers import layer_classes, lstm_layer, padding_plan, set_batch_norm_floor
@@ -56,7 +56,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
     kind, shape = spec["kind"], spec["shape"]
     dtype = getattr(tf, spec["dtype"])
-    device = "/GPU:0" if device_name == "cuda" else "/CPU:0"
+    device = device_of(device_name == "cuda")
     tf.random.set_seed(0)
 
     def rand(*dims):

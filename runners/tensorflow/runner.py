@@ -32,12 +32,13 @@ import os
 from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
 from runners.common.protocol import Skip
 from runners.tensorflow.attention import attention_setting
-from runners.tensorflow.framework import load_keras, load_tf, thread_settings
+from runners.tensorflow.framework import device_of, load_keras, load_tf, memory_peak, thread_settings
 from runners.tensorflow.layers import set_batch_norm_floor
 from runners.tensorflow.precision import (ACCEPTED, KERAS_POLICY, MIXED, float32_math, precision_scope,
                                           request_precision, storage_dtype, tf32_unavailable)
-from runners.tensorflow.step import (build_network, count_params, describe_flatten, input_kind, logits_of,
-                                     loss_function, lstm_setting, masked_count, output_shape, sample_shape)
+from runners.tensorflow.step import (build_network, compiled_step, count_params, describe_flatten, input_kind,
+                                     logits_of, loss_function, lstm_setting, output_shape, sgd_with_loss_scaling,
+                                     step_batch)
 from runners.tensorflow.weights import canonical_variables, export_weights, load_weights
 
 INTER_OP_MAX = 2  # inter-op pool: min(threads, this)
@@ -149,8 +150,7 @@ class TensorFlowRunner:
                                       "framework": f"tf.function(jit_compile={mode == 'compiled'}) of the prefill and "
                                                    "of the decode step" + (": XLA" if mode == "compiled" else
                                                                            ": TensorFlow graphs, no XLA")}}
-        generator = prepare_generation(request, mode == "compiled", precision, "/GPU:0" if cuda else "/CPU:0",
-                                       settings)
+        generator = prepare_generation(request, mode == "compiled", precision, device_of(cuda), settings)
         generator.memory = lambda: memory_peak(cuda)
         if cuda:
             load_tf().config.experimental.reset_memory_stats("GPU:0")
@@ -162,8 +162,6 @@ class TensorFlowRunner:
         return prepare_convergence(request)
 
     def prepare(self, request: dict) -> Prepared:
-        import numpy as np
-
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = request["device"] == "cuda"
@@ -175,15 +173,12 @@ class TensorFlowRunner:
             if why_not:
                 raise Skip(why_not)
         storage = storage_dtype(precision)
-        float_dtype = tf.as_dtype(storage)
         keras.utils.set_random_seed(request.get("seed", 0))
-        inp = network["input"]
-        tokens, images, has_lstm = input_kind(network)
-        masked = masked_count(network)  # masked_tokens: M, the masked-LM labels before the next-sentence one
+        _, images, has_lstm = input_kind(network)
         settings: dict = {"precision": precision, "precision_effective": float32_math(precision),
                           "data_format": "channels_last" if images else None}
         bn_floor = set_batch_norm_floor(cuda)
-        device = "/GPU:0" if cuda else "/CPU:0"
+        device = device_of(cuda)
 
         with tf.device(device), precision_scope(precision):
             model, per_layer, flatten_modes, permuted = build_network(
@@ -198,37 +193,12 @@ class TensorFlowRunner:
                            if any(isinstance(layer, keras.layers.LSTM) for layer in no_xla) else
                            " is marked not XLA-compatible by Keras") + " (Keras sets supports_jit=False)")
 
-            batch = request["batch_size"]
-            if request.get("inputs"):
-                with np.load(request["inputs"]) as data:
-                    x_np, y_np = data["x"], data["y"]
-                if images:  # canonical NCHW -> NHWC, once, outside the timed step
-                    x_np = np.ascontiguousarray(x_np.transpose(0, 2, 3, 1))
-                if not tokens and storage != "float32":  # float32 -> float64 is exact
-                    x_np = x_np.astype(storage)
-                x = tf.identity(tf.constant(x_np))
-                y = tf.identity(tf.constant(y_np))
-            elif masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
-                x = tf.random.uniform((batch, inp["sequence_length"]), 0, inp["vocabulary"], dtype=tf.int64)
-                y = tf.concat([tf.random.uniform((batch, masked), 0, inp["vocabulary"], dtype=tf.int64),
-                               tf.random.uniform((batch, 1), 0, 2, dtype=tf.int64)], axis=1)
-            elif tokens:
-                shape = (batch, inp["sequence_length"])
-                x = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
-                y = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
-            else:
-                x = tf.random.normal(sample_shape(network, batch), dtype=float_dtype)
-                y = tf.random.uniform((batch,), 0, inp["classes"], dtype=tf.int64)
-
+            x, y = step_batch(request, network, storage)
             loss_of, loss_setting = loss_function(network)  # (labels, the model's output) -> mean loss
 
             trainable = model.trainable_variables
             params = count_params(trainable)
-            sgd = keras.optimizers.SGD(learning_rate=request["learning_rate"], momentum=request["momentum"])
-            scaled = precision == "amp_fp16"
-            # dynamic loss scaling, Keras' own: the loss scaled before the gradient, the gradients
-            # unscaled and checked in apply_gradients (a non-finite step is skipped, the scale halved)
-            optimizer = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
+            sgd, optimizer, scaled = sgd_with_loss_scaling(request["learning_rate"], request["momentum"], precision)
             optimizer.build(trainable)
             # the dtypes of a real forward pass (one sample, inference mode: no state changes)
             probe = x[:1]
@@ -265,19 +235,7 @@ class TensorFlowRunner:
                 loss = loss_of(y, outputs)
             return logits_of(outputs).numpy(), float(loss)
 
-        if train:
-            @tf.function(jit_compile=jit)
-            def compiled(x, y):
-                with tf.GradientTape() as tape:
-                    loss = loss_of(y, model(x, training=True))
-                    target = optimizer.scale_loss(loss) if scaled else loss
-                grads = tape.gradient(target, trainable)
-                optimizer.apply_gradients(zip(grads, trainable))
-                return loss
-        else:
-            @tf.function(jit_compile=jit)
-            def compiled(x, y):
-                return model(x, training=False)
+        compiled = compiled_step(model, loss_of, optimizer, trainable, scaled, train, jit)
 
         last = []
 
@@ -357,26 +315,3 @@ def compile_choice(request: dict) -> tuple[str, str | None]:
         raise ValueError(f"tensorflow runner: compile {asked!r} is not one it accepts ({', '.join(COMPILE_MODES)}, "
                          f"or absent for its default, {DEFAULT_COMPILE})")
     return mode, asked
-
-
-def memory_peak(cuda: bool) -> dict:
-    """The BFC allocator's peak since the end of prepare on the GPU; on the CPU, why there is none."""
-    tf = load_tf()
-    if cuda:
-        info = tf.config.experimental.get_memory_info("GPU:0")
-        return {"peak_allocated_bytes": int(info["peak"]), "peak_reserved_bytes": None,
-                "source": "tf.config.experimental.get_memory_info('GPU:0')['peak'] (peak in use since "
-                          "tf.config.experimental.reset_memory_stats at the end of prepare; TensorFlow reports "
-                          "no reserved size)"}
-    # The CPU device's allocator keeps statistics where TensorFlow turns oneDNN's custom operations on
-    # (its default on AVX-512 CPUs: three live 64 MiB tensors read as 192 MiB current, 256 MiB peak);
-    # elsewhere the call raises
-    try:
-        info = tf.config.experimental.get_memory_info("CPU:0")
-    except Exception as e:  # noqa: BLE001 - without those statistics TensorFlow raises
-        return {"unavailable": f"tf.config.experimental.get_memory_info('CPU:0') raises {type(e).__name__}: {e}"}
-    if not info.get("peak"):  # a step allocates something: a zero is a device whose tensors it did not count
-        return {"unavailable": f"tf.config.experimental.get_memory_info('CPU:0') reports {dict(info)}: the step's "
-                               "tensors were not counted by the allocator it reads"}
-    return {"peak_allocated_bytes": int(info["peak"]), "peak_reserved_bytes": None,
-            "source": "tf.config.experimental.get_memory_info('CPU:0')['peak']"}

@@ -1,6 +1,7 @@
-"""The TensorFlow runner's network, built from the layer table (layers.py), and what the
-single-process, the multi-worker, the convergence and the generation steps share: the input's kind,
-the synthetic batch's shape, the loss, the logits of the model's output.
+"""The TensorFlow runner's network, built from the layer table (layers.py), and its step: the batch
+(the request's inputs or synthetic data), the loss, Keras' SGD, and the train or infer step as one
+tf.function; and what the single-process, the multi-worker, the convergence and the generation steps
+share: the input's kind, the synthetic batch's shape, the logits of the model's output.
 
 With `deterministic`, every dropout rate is 0: dropout layers are left out, and the dropout of
 attention and transformer blocks (on the probabilities and the branches) is built at rate 0.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from runners.tensorflow.framework import load_keras, load_tf
 from runners.tensorflow.layers import LayerPlan, build_layer, flatten_plan
-from runners.tensorflow.precision import MIXED, precision_scope, storage_dtype
+from runners.tensorflow.precision import MIXED, precision_scope, storage_dtype, with_loss_scaling
 from runners.tensorflow.transformer import TIED_HEADS
 
 TOKEN_INPUTS = ("tokens", "masked_tokens")  # the input kinds of int64 token ids
@@ -136,3 +137,66 @@ def count_params(variables) -> int:
 def lstm_setting(has_lstm: bool, cuda: bool) -> str | None:
     return ("keras.layers.LSTM, " + ("cuDNN kernel" if cuda else "while-loop kernel")) if has_lstm else None
 
+
+
+def step_batch(request: dict, network: dict, storage: str):
+    """(x, y), made on the current device: the request's `inputs` (the check's canonical arrays:
+    images NCHW -> NHWC once, here, outside the timed step; float inputs in the variables' dtype
+    `storage`), else a synthetic batch of the request's batch size (the seed set before)."""
+    import numpy as np
+
+    tf = load_tf()
+    inp = network["input"]
+    tokens, images, _ = input_kind(network)
+    masked = masked_count(network)  # masked_tokens: M, the masked-LM labels before the next-sentence one
+    batch = request["batch_size"]
+    if request.get("inputs"):
+        with np.load(request["inputs"]) as data:
+            x_np, y_np = data["x"], data["y"]
+        if images:  # canonical NCHW -> NHWC, once, outside the timed step
+            x_np = np.ascontiguousarray(x_np.transpose(0, 2, 3, 1))
+        if not tokens and storage != "float32":  # float32 -> float64 is exact
+            x_np = x_np.astype(storage)
+        return tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
+    if masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
+        x = tf.random.uniform((batch, inp["sequence_length"]), 0, inp["vocabulary"], dtype=tf.int64)
+        y = tf.concat([tf.random.uniform((batch, masked), 0, inp["vocabulary"], dtype=tf.int64),
+                       tf.random.uniform((batch, 1), 0, 2, dtype=tf.int64)], axis=1)
+    elif tokens:
+        shape = (batch, inp["sequence_length"])
+        x = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
+        y = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
+    else:
+        x = tf.random.normal(sample_shape(network, batch), dtype=tf.as_dtype(storage))
+        y = tf.random.uniform((batch,), 0, inp["classes"], dtype=tf.int64)
+    return x, y
+
+
+def sgd_with_loss_scaling(learning_rate, momentum, precision: str):
+    """(keras.optimizers.SGD with momentum, the optimiser the step applies, whether its loss is
+    scaled): under amp_fp16 the SGD inside Keras' dynamic loss scaling (precision.with_loss_scaling),
+    else the SGD itself. Built under the precision's scope, its state follows the variables' dtype."""
+    sgd = load_keras().optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
+    optimizer, scaled = with_loss_scaling(sgd, precision)
+    return sgd, optimizer, scaled
+
+
+def compiled_step(model, loss_of, optimizer, trainable, scaled: bool, train: bool, jit: bool):
+    """The step as one tf.function (jit: XLA-compiled whole), called as step(x, y). Train: forward,
+    loss, the gradient (of the scaled loss under loss scaling: the optimiser unscales and checks it
+    in apply_gradients), the optimiser's update; returns the loss. Infer: the forward pass."""
+    tf = load_tf()
+    if train:
+        @tf.function(jit_compile=jit)
+        def compiled(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_of(y, model(x, training=True))
+                target = optimizer.scale_loss(loss) if scaled else loss
+            grads = tape.gradient(target, trainable)
+            optimizer.apply_gradients(zip(grads, trainable))
+            return loss
+    else:
+        @tf.function(jit_compile=jit)
+        def compiled(x, y):
+            return model(x, training=False)
+    return compiled
