@@ -86,7 +86,7 @@ RUN_REQUESTS = """
 import json, sys
 sys.path[:0] = [sys.argv[1]]  # the folder holding the runners package
 from runners.common import harness
-from runners.tensorflow.tensorflow_runner import TensorFlowRunner
+from runners.tensorflow.runner import TensorFlowRunner
 runner = TensorFlowRunner()
 with open(sys.argv[2]) as f:
     requests = json.load(f)

@@ -11,7 +11,7 @@ sys.path.insert(0, str(RUNNERS.parent))  # the folder holding the runners packag
 
 from runners.common import distributed_harness  # noqa: E402
 import numpy as np  # noqa: E402
-from runners.tensorflow.tensorflow_distributed import TensorFlowDistributedRunner  # noqa: E402
+from runners.tensorflow.distributed import TensorFlowDistributedRunner  # noqa: E402
 
 
 class ProbingRunner(TensorFlowDistributedRunner):

@@ -1,5 +1,5 @@
 """TensorFlow's multi-worker rank builds TF_CONFIG from what dlbench's `ranks` launch style gives
-it (runners/tensorflow/tensorflow_distributed.py; imported without TensorFlow, which it loads
+it (runners/tensorflow/distributed.py; imported without TensorFlow, which it loads
 only when a rank joins)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dlbench.execution.placement import hosts_placement
 ROOT = Path(__file__).resolve().parents[2]
 
 from runners.common import distributed_harness  # noqa: E402
-from runners.tensorflow import tensorflow_distributed  # noqa: E402
+from runners.tensorflow import distributed  # noqa: E402
 
 
 def test_tf_config_names_every_worker_from_the_ranks_environment(tmp_path):
@@ -25,7 +25,7 @@ def test_tf_config_names_every_worker_from_the_ranks_environment(tmp_path):
     workers = ["127.0.0.2:40001", "127.0.0.2:40002", "127.0.0.3:40003", "127.0.0.3:40004"]
     for rank, spec in enumerate(rank_processes(layout)):
         cluster = distributed_harness.cluster_from_env({"device": "cpu"}, spec.env)
-        config = tensorflow_distributed.tf_config(cluster)
+        config = distributed.tf_config(cluster)
         assert config == {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
 
 
@@ -34,4 +34,4 @@ def test_tf_config_refuses_a_worker_list_that_does_not_match_the_world():
                                           coordinator_address="127.0.0.1", coordinator_port=1,
                                           worker_addresses=("127.0.0.1:5000",), device="cpu", threads=1)
     with pytest.raises(RuntimeError, match="names 1 workers, WORLD_SIZE is 2"):
-        tensorflow_distributed.tf_config(cluster)
+        distributed.tf_config(cluster)

@@ -29,10 +29,11 @@ likewise in a tape with the forward.
 
 from __future__ import annotations
 
-from runners.common.contract import Kernel, pool_op
-from runners.common.contract import KERNEL_PRECISION
-from runners.tensorflow.tensorflow_network import (layer_classes, load_keras, load_tf, lstm_layer, padding_plan, precision_scope,
-                                set_batch_norm_floor, transformer_classes)
+from runners.common.contract import KERNEL_PRECISION, Kernel, pool_op
+from runners.tensorflow.framework import device_of, load_keras, load_tf
+from runners.tensorflow.precision import precision_scope
+from runners.tensorflow.transformer import transformer_classes
+from runners.tensorflow.layers import layer_classes, lstm_layer, padding_plan, set_batch_norm_floor
 
 
 class GraphKernel(Kernel):
@@ -55,7 +56,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
 
     kind, shape = spec["kind"], spec["shape"]
     dtype = getattr(tf, spec["dtype"])
-    device = "/GPU:0" if device_name == "cuda" else "/CPU:0"
+    device = device_of(device_name == "cuda")
     tf.random.set_seed(0)
 
     def rand(*dims):
@@ -211,7 +212,7 @@ def _dense_kernel(tf, kind: str, shape: dict, dtype: str, device: str, rand, mak
 
 
 def _pooling_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> GraphKernel:
-    """Max, average or global average pooling as the runner's layers compute it (tensorflow_network.py),
+    """Max, average or global average pooling as the runner's layers compute it (layers.py),
     under the kernel's precision's Keras policy; the backward as forward + backward in one tape."""
     keras = load_keras()
     n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]

@@ -1,5 +1,5 @@
 """The TensorFlow side of the convergence suite (runners/common/convergence.py drives it): the
-Keras model of tensorflow_network.py, keras.optimizers.SGD with momentum (Keras' rule: v = m v -
+Keras model of step.py, keras.optimizers.SGD with momentum (Keras' rule: v = m v -
 lr g, w += v; the task's weight decay added to each gradient first, g + wd w, as torch's SGD adds
 it), a tf.function step compiled at initialisation, and the data through tf.data as a TensorFlow
 user feeds a model: from_tensor_slices over the split read from disk, a seeded shuffle reshuffled
@@ -9,9 +9,12 @@ the last partial batch dropped, prefetch (AUTOTUNE)."""
 
 from __future__ import annotations
 
-from runners.tensorflow import tensorflow_network as tn
 from runners.common.contract import PRECISIONS
-from runners.tensorflow.tensorflow_network import load_keras, load_tf
+from runners.tensorflow.framework import device_of, load_keras, load_tf, thread_settings
+from runners.tensorflow.precision import float32_math, precision_scope, request_precision
+from runners.tensorflow.layers import set_batch_norm_floor
+from runners.tensorflow.step import (build_network, count_params, input_kind, logits_of, loss_function,
+                                     sample_shape, sgd_with_loss_scaling)
 
 EVAL_BATCH = 500
 
@@ -24,23 +27,21 @@ def prepare_convergence(request: dict):
     tf, keras = load_tf(), load_keras()
     network = request["network"]
     cuda = request["device"] == "cuda"
-    precision = tn.check_precision(request, PRECISIONS)
+    precision = request_precision(request, PRECISIONS)
     keras.utils.set_random_seed(request["seed"])
-    tokens, images, _ = tn.input_kind(network)
-    settings: dict = {"precision": precision, "precision_effective": tn.float32_math(precision),
+    tokens, images, _ = input_kind(network)
+    settings: dict = {"precision": precision, "precision_effective": float32_math(precision),
                       "data_format": "channels_last" if images else None}
-    tn.set_batch_norm_floor(cuda)
-    device = "/GPU:0" if cuda else "/CPU:0"
+    set_batch_norm_floor(cuda)
+    device = device_of(cuda)
     opt = request["optimizer"]
     batch = request["batch_size"]
-    in_shape = tn.sample_shape(network, batch)[1:]
-    with tf.device(device), tn.precision_scope(precision):
-        model, _, _, _ = tn.build_network(network, False, precision)
-        loss_of, loss_setting = tn.loss_function(network)
+    in_shape = sample_shape(network, batch)[1:]
+    with tf.device(device), precision_scope(precision):
+        model, _, _, _ = build_network(network, False, precision)
+        loss_of, loss_setting = loss_function(network)
         trainable = model.trainable_variables
-        sgd = keras.optimizers.SGD(learning_rate=opt["learning_rate"], momentum=opt["momentum"])
-        scaled = precision == "amp_fp16"
-        optimizer = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
+        sgd, optimizer, scaled = sgd_with_loss_scaling(opt["learning_rate"], opt["momentum"], precision)
         optimizer.build(trainable)
     wd = float(opt["weight_decay"])
 
@@ -57,7 +58,7 @@ def prepare_convergence(request: dict):
 
     @tf.function
     def eval_step(x, y):
-        predicted = tf.argmax(tn.logits_of(model(x, training=False)), axis=-1, output_type=tf.int64)
+        predicted = tf.argmax(logits_of(model(x, training=False)), axis=-1, output_type=tf.int64)
         return tf.reduce_sum(tf.cast(tf.equal(predicted, y), tf.int64))
 
     with tf.device(device):  # traced now, at initialisation: the clock does not pay for it
@@ -120,6 +121,6 @@ def prepare_convergence(request: dict):
 
     settings.update({"loss": loss_setting, "step": "tf.function (traced at initialisation)",
                      "optimizer": "keras.optimizers.SGD(momentum), gradients + weight_decay * w"
-                                  + (" in LossScaleOptimizer" if scaled else ""), **tn.thread_settings()})
+                                  + (" in LossScaleOptimizer" if scaled else ""), **thread_settings()})
     return Trainer(attach, train_batches, step, eval_batches, evaluate, tf.test.experimental.sync_devices,
-                   tn.count_params(trainable), settings)
+                   count_params(trainable), settings)

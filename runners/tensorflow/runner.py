@@ -1,9 +1,9 @@
 """TensorFlow runner: builds a resolved dlbench network with Keras 3 layers and times its steps.
 
 Runs inside the tensorflow environment only. TensorFlow is imported in `configure_threads`, after
-TF_CPP_MIN_LOG_LEVEL is set (tensorflow_network.py, imported first), and its thread pools are sized
+TF_CPP_MIN_LOG_LEVEL is set (framework.py, imported first), and its thread pools are sized
 there, before any op runs. The choices (layout, padding, flatten, batch norm, LSTM) are
-tensorflow_network.py's, where the network is built; the train step is one tf.function (forward,
+layers.py's, transformer.py's and precision.py's; step.py builds the network; the train step is one tf.function (forward,
 sparse softmax cross-entropy, or for a masked_tokens input (BERT) the masked-LM plus next-sentence
 cross-entropies, gradient, Keras SGD update).
 
@@ -15,7 +15,7 @@ marks as not XLA-compatible (supports_jit False: the cuDNN LSTM kernel on a GPU)
 
 Precision (runners/common/contract.py): fp32 / tf32 pin TensorFlow's TF32 switch off / on and read
 it back (tf32 is skipped off an NVIDIA GPU of compute capability >= 8.0); amp_bf16 / amp_fp16 build
-model and optimiser under Keras' mixed policy (`tn.precision_scope`), amp_fp16 with
+model and optimiser under Keras' mixed policy (`precision_scope`), amp_fp16 with
 keras.optimizers.LossScaleOptimizer (dynamic loss scale); float64 (for `dlbench check`): everything
 float64, inputs cast once in prepare, weights exported as float64. The dtypes a real forward pass
 gives (the first layer's output, the logits) are recorded with the flags.
@@ -29,13 +29,19 @@ from __future__ import annotations
 
 import os
 
-from runners.tensorflow import tensorflow_network as tn
-from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, KERNEL_PRECISION, PRECISIONS, Kernel, Prepared
+from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
 from runners.common.protocol import Skip
-from runners.tensorflow.tensorflow_network import load_keras, load_tf
+from runners.tensorflow.attention import attention_setting
+from runners.tensorflow.framework import device_of, load_keras, load_tf, memory_peak, thread_settings
+from runners.tensorflow.layers import set_batch_norm_floor
+from runners.tensorflow.precision import (ACCEPTED, KERAS_POLICY, MIXED, float32_math, precision_scope,
+                                          request_precision, storage_dtype, tf32_unavailable)
+from runners.tensorflow.step import (build_network, compiled_step, count_params, describe_flatten, input_kind,
+                                     logits_of, loss_function, lstm_setting, output_shape, sgd_with_loss_scaling,
+                                     step_batch)
+from runners.tensorflow.weights import canonical_variables, export_weights, load_weights
 
 INTER_OP_MAX = 2  # inter-op pool: min(threads, this)
-ACCEPTED = PRECISIONS + (CHECK_PRECISION,)  # what `prepare` builds (the multi-worker step: fp32 only)
 DEFAULT_COMPILE = "eager"  # runner.toml [execution] compile: what runs when a request names no mode
 COMPILE_FRAMEWORK = {
     "eager": "tf.function(jit_compile=False): the step traced once into a TensorFlow graph, run op by op by "
@@ -116,74 +122,68 @@ class TensorFlowRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from runners.tensorflow.tensorflow_kernels import prepare_kernel  # the kernels suite (runners/tensorflow/tensorflow_kernels.py)
+        from runners.tensorflow.kernels import prepare_kernel  # the kernels suite (runners/tensorflow/kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (TensorFlow allows TF32 by default)
-        flags = tn.float32_math(KERNEL_PRECISION[spec["dtype"]])
+        flags = float32_math(KERNEL_PRECISION[spec["dtype"]])
         kernel = prepare_kernel(spec, device)
         kernel.settings["precision_effective"] = flags
         return kernel
 
     def prepare_generation(self, request: dict):
         """Mode generate: the network's Keras layers decoded with a keras_hub-style cache in
-        tf.function steps, XLA-compiled under `compiled` (tensorflow_generate.py)."""
-        from runners.tensorflow.tensorflow_generate import prepare_generation
+        tf.function steps, XLA-compiled under `compiled` (generate.py)."""
+        from runners.tensorflow.generate import prepare_generation
 
         cuda = request["device"] == "cuda"
-        precision = tn.check_precision(request, ACCEPTED)
+        precision = request_precision(request, ACCEPTED)
         if precision not in ("fp32", "tf32", CHECK_PRECISION):
             raise Skip(f"generate: the tensorflow runner generates in fp32, tf32 and the check's float64, not "
                        f"{precision}")
         if precision == "tf32":
-            why_not = tn.tf32_unavailable(cuda)
+            why_not = tf32_unavailable(cuda)
             if why_not:
                 raise Skip(why_not)
         mode, asked = compile_choice(request)
-        settings: dict = {"precision_effective": tn.float32_math(precision),
+        settings: dict = {"precision_effective": float32_math(precision),
                           "compile": {"mode": mode, "requested": asked,
                                       "framework": f"tf.function(jit_compile={mode == 'compiled'}) of the prefill and "
                                                    "of the decode step" + (": XLA" if mode == "compiled" else
                                                                            ": TensorFlow graphs, no XLA")}}
-        generator = prepare_generation(request, mode == "compiled", precision, "/GPU:0" if cuda else "/CPU:0",
-                                       settings)
+        generator = prepare_generation(request, mode == "compiled", precision, device_of(cuda), settings)
         generator.memory = lambda: memory_peak(cuda)
         if cuda:
             load_tf().config.experimental.reset_memory_stats("GPU:0")
         return generator
 
     def prepare_convergence(self, request: dict):
-        from runners.tensorflow.tensorflow_convergence import prepare_convergence  # the convergence suite (tensorflow_convergence.py)
+        from runners.tensorflow.convergence import prepare_convergence  # the convergence suite (convergence.py)
 
         return prepare_convergence(request)
 
     def prepare(self, request: dict) -> Prepared:
-        import numpy as np
-
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = request["device"] == "cuda"
-        precision = tn.check_precision(request, ACCEPTED)
+        precision = request_precision(request, ACCEPTED)
         mode, asked = compile_choice(request)
         jit = mode == "compiled"
         if precision == "tf32":
-            why_not = tn.tf32_unavailable(cuda)
+            why_not = tf32_unavailable(cuda)
             if why_not:
                 raise Skip(why_not)
-        storage = tn.storage_dtype(precision)
-        float_dtype = tf.as_dtype(storage)
+        storage = storage_dtype(precision)
         keras.utils.set_random_seed(request.get("seed", 0))
-        inp = network["input"]
-        tokens, images, has_lstm = tn.input_kind(network)
-        masked = tn.masked_count(network)  # masked_tokens: M, the masked-LM labels before the next-sentence one
-        settings: dict = {"precision": precision, "precision_effective": tn.float32_math(precision),
+        _, images, has_lstm = input_kind(network)
+        settings: dict = {"precision": precision, "precision_effective": float32_math(precision),
                           "data_format": "channels_last" if images else None}
-        bn_floor = tn.set_batch_norm_floor(cuda)
-        device = "/GPU:0" if cuda else "/CPU:0"
+        bn_floor = set_batch_norm_floor(cuda)
+        device = device_of(cuda)
 
-        with tf.device(device), tn.precision_scope(precision):
-            model, per_layer, flatten_modes, permuted = tn.build_network(
+        with tf.device(device), precision_scope(precision):
+            model, per_layer, flatten_modes, permuted = build_network(
                 network, request.get("deterministic", False), precision)
-            variables = tn.canonical_variables(network, per_layer, permuted)
+            variables = canonical_variables(network, per_layer, permuted)
             if jit:
                 no_xla = [layer for layer in model.layers if not getattr(layer, "supports_jit", True)]
                 if no_xla:
@@ -193,48 +193,23 @@ class TensorFlowRunner:
                            if any(isinstance(layer, keras.layers.LSTM) for layer in no_xla) else
                            " is marked not XLA-compatible by Keras") + " (Keras sets supports_jit=False)")
 
-            batch = request["batch_size"]
-            if request.get("inputs"):
-                with np.load(request["inputs"]) as data:
-                    x_np, y_np = data["x"], data["y"]
-                if images:  # canonical NCHW -> NHWC, once, outside the timed step
-                    x_np = np.ascontiguousarray(x_np.transpose(0, 2, 3, 1))
-                if not tokens and storage != "float32":  # float32 -> float64 is exact
-                    x_np = x_np.astype(storage)
-                x = tf.identity(tf.constant(x_np))
-                y = tf.identity(tf.constant(y_np))
-            elif masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
-                x = tf.random.uniform((batch, inp["sequence_length"]), 0, inp["vocabulary"], dtype=tf.int64)
-                y = tf.concat([tf.random.uniform((batch, masked), 0, inp["vocabulary"], dtype=tf.int64),
-                               tf.random.uniform((batch, 1), 0, 2, dtype=tf.int64)], axis=1)
-            elif tokens:
-                shape = (batch, inp["sequence_length"])
-                x = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
-                y = tf.random.uniform(shape, 0, inp["vocabulary"], dtype=tf.int64)
-            else:
-                x = tf.random.normal(tn.sample_shape(network, batch), dtype=float_dtype)
-                y = tf.random.uniform((batch,), 0, inp["classes"], dtype=tf.int64)
-
-            loss_of, loss_setting = tn.loss_function(network)  # (labels, the model's output) -> mean loss
+            x, y = step_batch(request, network, storage)
+            loss_of, loss_setting = loss_function(network)  # (labels, the model's output) -> mean loss
 
             trainable = model.trainable_variables
-            params = tn.count_params(trainable)
-            sgd = keras.optimizers.SGD(learning_rate=request["learning_rate"], momentum=request["momentum"])
-            scaled = precision == "amp_fp16"
-            # dynamic loss scaling, Keras' own: the loss scaled before the gradient, the gradients
-            # unscaled and checked in apply_gradients (a non-finite step is skipped, the scale halved)
-            optimizer = keras.optimizers.LossScaleOptimizer(sgd) if scaled else sgd
+            params = count_params(trainable)
+            sgd, optimizer, scaled = sgd_with_loss_scaling(request["learning_rate"], request["momentum"], precision)
             optimizer.build(trainable)
             # the dtypes of a real forward pass (one sample, inference mode: no state changes)
             probe = x[:1]
             first_dtype = model.layers[0](probe, training=False).dtype.name
-            logits_dtype = tn.logits_of(model(probe, training=False)).dtype.name
+            logits_dtype = logits_of(model(probe, training=False)).dtype.name
 
-            attention = tn.attention_setting(network, per_layer, request["mode"] == "train", jit, cuda)
+            attention = attention_setting(network, per_layer, request["mode"] == "train", jit, cuda)
             if attention is not None:  # which of Keras' attention paths ran, read from a trace
                 settings["attention"] = attention
 
-        logits_layer = model.layers[-2] if precision in tn.MIXED else model.layers[-1]  # before the float32 cast
+        logits_layer = model.layers[-2] if precision in MIXED else model.layers[-1]  # before the float32 cast
         settings["precision_effective"].update({
             "keras_dtype_policy": model.layers[0].dtype_policy.name,
             "variable_dtype": str(trainable[0].dtype),  # Keras 3 variables give their dtype as a string
@@ -258,21 +233,9 @@ class TensorFlowRunner:
             with tf.device(device):
                 outputs = model(x, training=train)
                 loss = loss_of(y, outputs)
-            return tn.logits_of(outputs).numpy(), float(loss)
+            return logits_of(outputs).numpy(), float(loss)
 
-        if train:
-            @tf.function(jit_compile=jit)
-            def compiled(x, y):
-                with tf.GradientTape() as tape:
-                    loss = loss_of(y, model(x, training=True))
-                    target = optimizer.scale_loss(loss) if scaled else loss
-                grads = tape.gradient(target, trainable)
-                optimizer.apply_gradients(zip(grads, trainable))
-                return loss
-        else:
-            @tf.function(jit_compile=jit)
-            def compiled(x, y):
-                return model(x, training=False)
+        compiled = compiled_step(model, loss_of, optimizer, trainable, scaled, train, jit)
 
         last = []
 
@@ -301,43 +264,43 @@ class TensorFlowRunner:
             return {"source": "tf.function experimental_get_tracing_count() of the step", "tracings": traced,
                     "retracings": max(traced - 1, 0), "jit_compile": jit}
 
-        policy = tn.KERAS_POLICY[precision]
+        policy = KERAS_POLICY[precision]
         settings.update({
             "compile": {"mode": mode, "requested": asked, "framework": COMPILE_FRAMEWORK[mode]},
             "input_transpose": "NCHW->NHWC once in prepare" if images else None,
-            "flatten": tn.describe_flatten(network["layers"], flatten_modes, permuted),
+            "flatten": describe_flatten(network["layers"], flatten_modes, permuted),
             "step": "tf.function" + (" (XLA)" if jit else ""),
             "jit_compile": jit,
             "batch_norm": (("keras BatchNormalization via FusedBatchNormV3" + (
-                                " (cuDNN)" if cuda else " (oneDNN)" if precision not in tn.MIXED else " (CPU kernel)")
-                            + (f", {tn.KERAS_POLICY[precision].split('_')[1]} activations with float32 statistics"
-                               if precision in tn.MIXED else ""))
+                                " (cuDNN)" if cuda else " (oneDNN)" if precision not in MIXED else " (CPU kernel)")
+                            + (f", {KERAS_POLICY[precision].split('_')[1]} activations with float32 statistics"
+                               if precision in MIXED else ""))
                            if storage == "float32" else
                            "keras BatchNormalization variables, unfused tf.nn.moments + tf.nn.batch_normalization "
                            "(FusedBatchNormV3 has no float64 kernel), running variance unbiased as the kernel's"),
             "batch_norm_epsilon_floor": bn_floor,
-            "lstm": tn.lstm_setting(has_lstm, cuda),
+            "lstm": lstm_setting(has_lstm, cuda),
             "loss": loss_setting,
             "optimizer": "keras.optimizers.SGD(momentum)" + (
                 f" in keras.optimizers.LossScaleOptimizer (dynamic: initial scale {float(optimizer.initial_scale):g}, "
                 f"doubled after {int(optimizer.dynamic_growth_steps)} finite steps, halved and the step skipped on a "
                 "non-finite gradient)" if scaled else ""),
             **({} if policy is None else {"dtype_policy": (
-                f"keras.config.set_dtype_policy({policy!r}) + set_floatx({precision!r}) while model and optimiser "
-                "are built: variables, activations, gradients, running statistics, momentum slots, learning rate "
+                f"keras.config.set_dtype_policy({policy!r}) + set_floatx({CHECK_PRECISION!r}) while model and "
+                "optimiser are built: variables, activations, gradients, running statistics, momentum slots, learning rate "
                 "and loss all " + precision) if precision == CHECK_PRECISION else (
                 f"keras.config.set_dtype_policy({policy!r}) while model and optimiser are built: float32 variables "
                 f"(and optimiser state), {policy.split('_')[1]} computation; the logits cast to float32 by a last "
                 "keras.layers.Activation('linear', dtype='float32'), the loss float32")}),
-            **tn.thread_settings(),
+            **thread_settings(),
         })
-        output_shape = tn.output_shape(model)
+        logits_shape = output_shape(model)
         if cuda:  # the allocator's peak from here on: model, data and the steps
             synchronize()
             tf.config.experimental.reset_memory_stats("GPU:0")
-        return Prepared(step, synchronize, params, output_shape, settings,
-                        export_weights=lambda: tn.export_weights(variables, precision),
-                        load_weights=lambda arrays: tn.load_weights(variables, arrays, precision),
+        return Prepared(step, synchronize, params, logits_shape, settings,
+                        export_weights=lambda: export_weights(variables, precision),
+                        load_weights=lambda arrays: load_weights(variables, arrays, precision),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss,
                         memory=lambda: memory_peak(cuda), compile_stats=compile_stats,
                         infer=None if train else infer)
@@ -352,26 +315,3 @@ def compile_choice(request: dict) -> tuple[str, str | None]:
         raise ValueError(f"tensorflow runner: compile {asked!r} is not one it accepts ({', '.join(COMPILE_MODES)}, "
                          f"or absent for its default, {DEFAULT_COMPILE})")
     return mode, asked
-
-
-def memory_peak(cuda: bool) -> dict:
-    """The BFC allocator's peak since the end of prepare on the GPU; on the CPU, why there is none."""
-    tf = load_tf()
-    if cuda:
-        info = tf.config.experimental.get_memory_info("GPU:0")
-        return {"peak_allocated_bytes": int(info["peak"]), "peak_reserved_bytes": None,
-                "source": "tf.config.experimental.get_memory_info('GPU:0')['peak'] (peak in use since "
-                          "tf.config.experimental.reset_memory_stats at the end of prepare; TensorFlow reports "
-                          "no reserved size)"}
-    # The CPU device's allocator keeps statistics where TensorFlow turns oneDNN's custom operations on
-    # (its default on AVX-512 CPUs: three live 64 MiB tensors read as 192 MiB current, 256 MiB peak);
-    # elsewhere the call raises
-    try:
-        info = tf.config.experimental.get_memory_info("CPU:0")
-    except Exception as e:  # noqa: BLE001 - without those statistics TensorFlow raises
-        return {"unavailable": f"tf.config.experimental.get_memory_info('CPU:0') raises {type(e).__name__}: {e}"}
-    if not info.get("peak"):  # a step allocates something: a zero is a device whose tensors it did not count
-        return {"unavailable": f"tf.config.experimental.get_memory_info('CPU:0') reports {dict(info)}: the step's "
-                               "tensors were not counted by the allocator it reads"}
-    return {"peak_allocated_bytes": int(info["peak"]), "peak_reserved_bytes": None,
-            "source": "tf.config.experimental.get_memory_info('CPU:0')['peak']"}

@@ -37,10 +37,13 @@ import os
 import sys
 
 from runners.common import contract
-from runners.tensorflow import tensorflow_network as tn
 from runners.common.protocol import Skip
-from runners.tensorflow.tensorflow_network import load_keras, load_tf
-from runners.tensorflow.tensorflow_runner import TensorFlowRunner, compile_choice
+from runners.tensorflow.framework import load_keras, load_tf, thread_settings
+from runners.tensorflow.precision import float32_math, request_precision
+from runners.tensorflow.layers import set_batch_norm_floor
+from runners.tensorflow.step import (build_network, count_params, describe_flatten, input_kind, loss_function,
+                                     lstm_setting, masked_count, output_shape, sample_shape)
+from runners.tensorflow.runner import TensorFlowRunner, compile_choice
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
@@ -218,32 +221,32 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         if asked in contract.PRECISIONS and asked != "fp32":
             raise Skip(f"tensorflow multi-worker runner: precision {asked!r} is not implemented in its "
                        "MultiWorkerMirroredStrategy step (fp32 only)")
-        precision = tn.check_precision(request, ("fp32",))  # float64 (the check's) or any other: a ValueError
+        precision = request_precision(request, ("fp32",))  # float64 (the check's) or any other: a ValueError
         compile_mode, _ = compile_choice(request)  # an unknown mode: a ValueError
         if compile_mode != "eager":
             raise Skip(f"tensorflow multi-worker runner: compile {compile_mode!r} is not implemented in its "
                        "MultiWorkerMirroredStrategy step (eager only: a tf.function graph without XLA)")
-        float32_math = tn.float32_math(precision)  # TF32 pinned off, read back, as in one process
+        math_flags = float32_math(precision)  # TF32 pinned off, read back, as in one process
         strategy = self.strategy
         workers = strategy.num_replicas_in_sync
         keras.utils.set_random_seed(request.get("seed", 0))  # the strategy broadcasts worker 0's initial values anyway
         inp = network["input"]
-        tokens, images, has_lstm = tn.input_kind(network)
-        bn_floor = tn.set_batch_norm_floor(cuda)
+        tokens, images, has_lstm = input_kind(network)
+        bn_floor = set_batch_norm_floor(cuda)
         optimizer_class = _optimizer_class()
         with strategy.scope():
-            model, per_layer, flatten_modes, permuted = tn.build_network(network)
+            model, per_layer, flatten_modes, permuted = build_network(network)
             trainable = model.trainable_variables
             optimizer = (optimizer_class or keras.optimizers.SGD)(
                 learning_rate=request["learning_rate"], momentum=request["momentum"])
             optimizer.build(trainable)
-        params = tn.count_params(trainable)
+        params = count_params(trainable)
         grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in trainable))
 
         # each worker trains on its own synthetic batch (as a sharded data set would give it)
         batch = request["batch_size"]
         rng = np.random.default_rng(request.get("seed", 0) * 1000 + cluster.rank + 1)
-        masked = tn.masked_count(network)
+        masked = masked_count(network)
         if masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
             x_np = rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]), dtype=np.int64)
             y_np = rng.integers(0, inp["vocabulary"], (batch, masked + 1), dtype=np.int64)
@@ -253,11 +256,11 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             x_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
             y_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
         else:
-            x_np = rng.standard_normal(tn.sample_shape(network, batch), dtype=np.float32)
+            x_np = rng.standard_normal(sample_shape(network, batch), dtype=np.float32)
             y_np = rng.integers(0, inp["classes"], (batch,), dtype=np.int64)
         with tf.device(self.device):
             x, y = tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
-        masked_loss, _ = tn.loss_function(network) if masked is not None else (None, None)
+        masked_loss, _ = loss_function(network) if masked is not None else (None, None)
 
         def replica_step():
             with tf.GradientTape() as tape:
@@ -307,7 +310,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         options = self.strategy.extended._communication_options
         settings = {
             "precision": precision,
-            "precision_effective": float32_math,
+            "precision_effective": math_flags,
             "compile": {"mode": "eager", "requested": request.get("compile"),
                         "framework": "tf.function(jit_compile=False) around strategy.run (no XLA)"},
             "data_format": "channels_last" if images else None,
@@ -326,14 +329,14 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             "optimizer": "keras.optimizers.SGD(momentum)",
             "step": "tf.function around strategy.run",
             "input_transpose": "synthetic inputs made in NHWC" if images else None,
-            "flatten": tn.describe_flatten(network["layers"], flatten_modes, permuted),
+            "flatten": describe_flatten(network["layers"], flatten_modes, permuted),
             "batch_norm_statistics": "local to each worker (not synchronised)",
             "batch_norm_epsilon_floor": bn_floor,
-            "lstm": tn.lstm_setting(has_lstm, cuda),
-            **tn.thread_settings(),
+            "lstm": lstm_setting(has_lstm, cuda),
+            **thread_settings(),
         }
-        output_shape = tn.output_shape(model)
-        return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, output_shape, settings,
+        logits_shape = output_shape(model)
+        return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, logits_shape, settings,
                             grad_bytes, trainable)
 
     # ------------------------------------------------------------------ collectives

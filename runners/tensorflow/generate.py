@@ -1,6 +1,6 @@
 """Mode `generate` for the tensorflow runner: greedy decoding with a keras_hub-style cache.
 
-The Keras layers are the ones tensorflow_network.build_network builds for train and infer (the same
+The Keras layers are the ones step.build_network builds for train and infer (the same
 variables, the same canonical weights in and out). Decoding follows keras_hub's GPT2CausalLM:
 one cache tensor (batch, blocks, 2, prompt + new tokens, heads, head size) passed into and out of
 the step; each block's attention projects q, k and v with keras.layers.MultiHeadAttention's own
@@ -13,9 +13,11 @@ jit_compile=True under `compile: compiled` (XLA), as the runner's train and infe
 
 from __future__ import annotations
 
-from runners.tensorflow import tensorflow_network as tn
 from runners.common.contract import DecoderLayout, Generator
-from runners.tensorflow.tensorflow_network import load_keras, load_tf
+from runners.tensorflow.framework import load_keras, load_tf
+from runners.tensorflow.precision import precision_scope
+from runners.tensorflow.weights import canonical_variables, load_weights
+from runners.tensorflow.step import build_network, count_params
 
 
 def prepare_generation(request: dict, jit: bool, precision: str, device: str, settings: dict) -> Generator:
@@ -28,10 +30,10 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
     prompt_length, new_tokens = layout.request_lengths(request)
     length = prompt_length + new_tokens
     keras.utils.set_random_seed(request.get("seed", 0))
-    with tf.device(device), tn.precision_scope(precision):
+    with tf.device(device), precision_scope(precision):
         # deterministic: dropout left out, so every attention takes keras.ops.dot_product_attention
-        _, per_layer, _, permuted = tn.build_network(network, True, precision)
-        variables = tn.canonical_variables(network, per_layer, permuted)
+        _, per_layer, _, permuted = build_network(network, True, precision)
+        variables = canonical_variables(network, per_layer, permuted)
         (embedding,), (position,) = per_layer[layout.embedding], per_layer[layout.position]
         blocks = [per_layer[i][0] for i in layout.blocks]
         final_norm = per_layer[layout.norm][0] if layout.norm is not None else None
@@ -114,9 +116,9 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
                     "attention": "MultiHeadAttention's projections and _compute_attention "
                                  "(keras.ops.dot_product_attention) with a mask of the rows written",
                     "steps": f"tf.function(jit_compile={jit}) prefill and decode step"})
-    params = tn.count_params(list({id(v): v for layers in per_layer for layer in layers
+    params = count_params(list({id(v): v for layers in per_layer for layer in layers
                                    for v in layer.trainable_variables}.values()))
     return Generator(prefill, decode, sync_devices, params, settings,
-                     load_weights=lambda arrays: tn.load_weights(variables, arrays, precision),
+                     load_weights=lambda arrays: load_weights(variables, arrays, precision),
                      tokens=lambda: np.stack([t.numpy() for t in state["generated"]], axis=1),
                      first_logits=lambda: state["logits"].numpy())
