@@ -135,7 +135,8 @@ def decoder_class():
 
 
 def prepare_generation(request: dict, device) -> Generator:
-    """The Generator of mode generate (runner.py calls this after setting up jax for the device and checking the compile mode)."""
+    """The Generator of mode generate (runner.py calls this after setting up jax for the device and
+    checking the compile mode)."""
     import numpy as np
 
     jax = load_jax()

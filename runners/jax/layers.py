@@ -224,8 +224,8 @@ def _dense(x, spec, at):
 
 def _conv2d(x, spec, at):
     (ph, pw) = spec["padding"]
-    return load_linen().Conv(spec["filters"], tuple(spec["kernel"]), tuple(spec["stride"]), padding=[(ph, ph), (pw, pw)],
-                         use_bias=spec["bias"], dtype=at.dtype, name=at.name)(x)
+    return load_linen().Conv(spec["filters"], tuple(spec["kernel"]), tuple(spec["stride"]),
+                             padding=[(ph, ph), (pw, pw)], use_bias=spec["bias"], dtype=at.dtype, name=at.name)(x)
 
 
 def _max_pool(x, spec, at):
@@ -300,7 +300,7 @@ def dropout_rate(layer: dict) -> float:
     return layer.get("dropout", 0.0) if layer["type"] in ("attention", "transformer_block") else 0.0
 
 
-# ------------------------------------------------------------------ canonical weights: weights(layer, prefix, path, perm)
+# ------------------------------------------------------- canonical weights: weights(layer, prefix, path, perm)
 
 
 def _bn_entries(prefix: str, path: tuple, perm):

@@ -46,7 +46,8 @@ from runners.jax.framework import device_memory, device_of, load_jax
 from runners.jax.precision import (ACCEPTED_PRECISIONS, TF32_OVERRIDE_VAR, pin_precision, precision_flags,
                                    request_precision, tf32_override)
 from runners.jax.step import DeviceState, TrainingModel, logits_of
-from runners.jax.weights import canonical_to_variables, export_weights
+# as a module: prepare's own export_weights and load_weights are the Prepared's callables
+from runners.jax import weights as canonical_weights
 
 # jax.monitoring events: one per jaxpr trace, one per XLA compilation (jax/_src/dispatch.py's names)
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
@@ -319,12 +320,13 @@ class JaxRunner:
             device_state.last[:] = [jitted(state["params"], state["batch_stats"], firsts[n])]
 
         def export_weights():
-            return export_weights({"params": state["params"], "batch_stats": state["batch_stats"]},
-                                     tm.network, tm.plan)
+            variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+            return canonical_weights.export_weights(variables, tm.network, tm.plan)
 
         def load_weights(arrays):
             like = {"params": state["params"], "batch_stats": state["batch_stats"]}
-            on_device = jax.device_put(canonical_to_variables(arrays, tm.network, tm.plan, like), dev)
+            host = canonical_weights.canonical_to_variables(arrays, tm.network, tm.plan, like)
+            on_device = jax.device_put(host, dev)
             state.update(params=on_device["params"], batch_stats=on_device["batch_stats"])
             device_state.last.clear()
 
