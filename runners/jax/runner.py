@@ -20,12 +20,12 @@ why `_init_jax` reads the precision from the request file this worker was starte
 "tensorfloat32" and leaves the variable unset (skipped on the CPU and below compute capability
 8.0); amp_bf16 / amp_fp16 are flax's mixed precision (modules' dtype bfloat16 / float16, float32
 parameters), amp_fp16 with dynamic loss scaling inside the jitted step. Compile: `compiled` (jax.jit,
-the default) only; `eager` is skipped.
+the default) only; `eager` is skipped (check_compile, here: the compile choice is the runner's).
 
 A network with attention records in settings["attention"] the function each attention calls
 (jax.nn.dot_product_attention, its `implementation` asked: cuDNN's on a GPU in half precision, else
 None; flax.linen.dot_product_attention for dropout on the probabilities and in float64) and the kernel
-jax traced for it (cuDNN's fused attention or XLA's), read from the step's jaxpr.
+jax traced for it (cuDNN's fused attention or XLA's), read from the step's jaxpr (attention.py).
 
 BERT (masked_tokens input): the segment embedding is an nn.Embed lookup of the fixed segment ids
 added to every sample; the pretraining heads (pooler + next-sentence, and the masked-LM transform
