@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from runners.common import distributed_harness  # noqa: E402
-from runners.jax.jax_distributed import JaxDistributedRunner  # noqa: E402
+from runners.jax.distributed import JaxDistributedRunner  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(distributed_harness.main(JaxDistributedRunner()))

@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from runners.common import harness  # noqa: E402
-from runners.jax.jax_runner import JaxRunner  # noqa: E402
+from runners.jax.runner import JaxRunner  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(harness.main(JaxRunner()))

@@ -137,11 +137,12 @@ sys.path[:0] = [sys.argv[1]]  # the folder holding the runners package
 import jax
 jax.config.update("jax_platforms", "cpu")
 import numpy as np, jax.numpy as jnp
-from runners.jax import jax_network as jn
+from runners.jax.precision import LOSS_SCALE_GROWTH_INTERVAL
+from runners.jax.step import TrainingModel
 net = {"input": {"kind": "tensor", "shape": [3], "classes": 2},
        "layers": [{"type": "dense", "units": 2, "bias": True, "in_shape": [3], "out_shape": [2]}]}
-tm = jn.TrainingModel({"network": net, "precision": "amp_fp16", "device": "cpu", "mode": "train",
-                       "learning_rate": 0.1, "momentum": 0.9})
+tm = TrainingModel({"network": net, "precision": "amp_fp16", "device": "cpu", "mode": "train",
+                    "learning_rate": 0.1, "momentum": 0.9})
 rng = np.random.default_rng(0)
 x, y = tm.host_batch(2, rng)
 p = tm.host_variables(x.shape[1:], x.dtype, rng)["params"]
@@ -151,13 +152,13 @@ leaves = jax.tree.leaves
 inf = jax.tree.map(lambda a: np.full(a.shape, np.inf, np.float32), p)
 p_inf, o_inf = update(p, inf, opt)
 ones = jax.tree.map(lambda a: np.ones(a.shape, np.float32), p)
-due = {**opt, "loss_scale": {"scale": np.float32(8.0), "finite_steps": np.int32(jn.LOSS_SCALE_GROWTH_INTERVAL - 1)}}
+due = {**opt, "loss_scale": {"scale": np.float32(8.0), "finite_steps": np.int32(LOSS_SCALE_GROWTH_INTERVAL - 1)}}
 p_ok, o_ok = update(p, ones, due)
 r = jax.jit(tm.train_step)(p, {}, opt, jnp.asarray(tm.host_key(1)), x, y)
 grads = jax.jit(tm.gradients)
 g1, g2 = (grads(p, {}, None, x, y, jnp.float32(s))[2] for s in (1.0, 1024.0))
 print(json.dumps({
-    "initial": float(opt["loss_scale"]["scale"]), "interval": jn.LOSS_SCALE_GROWTH_INTERVAL,
+    "initial": float(opt["loss_scale"]["scale"]), "interval": LOSS_SCALE_GROWTH_INTERVAL,
     "inf_kept_weights": all(np.array_equal(a, b) for a, b in zip(leaves(p), leaves(p_inf))),
     "inf_kept_momentum": all(np.array_equal(a, b) for a, b in zip(leaves(opt["sgd"]), leaves(o_inf["sgd"]))),
     "scale_after_inf": float(o_inf["loss_scale"]["scale"]), "steps_after_inf": int(o_inf["loss_scale"]["finite_steps"]),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 
-from runners.jax.jax_distributed import _count_all_reduces, cpu_slice, machine_slot  # noqa: E402
+from runners.jax.distributed import _count_all_reduces, cpu_slice, machine_slot  # noqa: E402
 
 
 def test_ranks_of_one_machine_take_consecutive_slots():

@@ -49,11 +49,12 @@ import os
 import re
 import time
 
-from runners.jax import jax_network as jn
 from runners.common.contract import DataParallel
-from runners.jax.jax_network import load_jax
-from runners.jax.jax_runner import JaxRunner
 from runners.common.protocol import Skip
+from runners.jax.framework import load_jax
+from runners.jax.precision import request_precision
+from runners.jax.runner import JaxRunner, check_compile
+from runners.jax.step import DeviceState, TrainingModel
 
 AXIS = "data"
 # jax.distributed's defaults are 300 s to connect and 100 s without a heartbeat; stated here so
@@ -232,7 +233,7 @@ class JaxDistributedRunner(JaxRunner):
 
         mesh = self._mesh
         replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-        precision = jn.check_precision(request)
+        precision = request_precision(request)
         if precision == "float64":  # the equivalence check's precision, single-process only
             raise ValueError("the jax distributed runner does not train in float64 (fp32, tf32 and amp_bf16 only)")
         if precision == "amp_fp16":  # its dynamic loss scale is threaded through the single-process step only
@@ -240,7 +241,7 @@ class JaxDistributedRunner(JaxRunner):
                        "(fp32, tf32 and amp_bf16 only)")
         # pins the precision as the single-process runner does (NVIDIA_TF32_OVERRIDE was set in join,
         # before the CUDA backend was made); skips tf32 where there is no TF32
-        tm = jn.TrainingModel({**request, "mode": "train"})
+        tm = TrainingModel({**request, "mode": "train"}, check_compile(request))
         seed = request.get("seed", 0)
         # every rank the same initial weights, its own synthetic batch (as a sharded data set gives it)
         x_np, y_np = tm.host_batch(request["batch_size"], np.random.default_rng(seed * 1000 + cluster.rank + 1))
@@ -257,7 +258,7 @@ class JaxDistributedRunner(JaxRunner):
 
         params = replicate(host["params"])
         stats = per_rank(host.get("batch_stats", {}))
-        device_state = jn.DeviceState({"params": params, "batch_stats": stats,
+        device_state = DeviceState({"params": params, "batch_stats": stats,
                                        "opt_state": replicate(tm.host_opt_state(host["params"])),
                                        "key": replicate(tm.host_key(seed + 1)),
                                        "x": global_array(sharded, x_np), "y": global_array(sharded, y_np)})

@@ -10,9 +10,9 @@ backward, SGD-momentum update, batch-norm statistics, dropout key split) is one 
 executable whose parameter, optimiser-state, batch-statistics and key buffers are donated, so a
 step is a single dispatch with no host round trip. The LSTM is a fused cell: the input projection
 of every step is one matmul hoisted out of a `lax.scan` over the (hidden x 4 hidden) recurrence.
-The network, its weights in and out and the training iteration are jax_network.py's.
+The network and the training iteration are step.py's, its weights in and out weights.py's.
 
-Precision (the request's `precision`, jax_network.py pins it): fp32 sets
+Precision (the request's `precision`, precision.py pins it): fp32 sets
 jax_default_matmul_precision="highest" (XLA's float32 dots and convolutions without TF32) and, on
 CUDA, NVIDIA_TF32_OVERRIDE=0 (cuBLAS and cuDNN read it when they load, so it is set before jax
 creates its CUDA backend: `framework_info` creates it before `prepare` sees the request, which is
@@ -20,12 +20,12 @@ why `_init_jax` reads the precision from the request file this worker was starte
 "tensorfloat32" and leaves the variable unset (skipped on the CPU and below compute capability
 8.0); amp_bf16 / amp_fp16 are flax's mixed precision (modules' dtype bfloat16 / float16, float32
 parameters), amp_fp16 with dynamic loss scaling inside the jitted step. Compile: `compiled` (jax.jit,
-the default) only; `eager` is skipped.
+the default) only; `eager` is skipped (check_compile, here: the compile choice is the runner's).
 
 A network with attention records in settings["attention"] the function each attention calls
 (jax.nn.dot_product_attention, its `implementation` asked: cuDNN's on a GPU in half precision, else
 None; flax.linen.dot_product_attention for dropout on the probabilities and in float64) and the kernel
-jax traced for it (cuDNN's fused attention or XLA's), read from the step's jaxpr.
+jax traced for it (cuDNN's fused attention or XLA's), read from the step's jaxpr (attention.py).
 
 BERT (masked_tokens input): the segment embedding is an nn.Embed lookup of the fixed segment ids
 added to every sample; the pretraining heads (pooler + next-sentence, and the masked-LM transform
@@ -40,14 +40,33 @@ import json
 import os
 import sys
 
-from runners.jax import jax_network as jn
-from runners.common.contract import KERNEL_PRECISION, Kernel, Prepared
-from runners.jax.jax_network import load_jax
+from runners.common.contract import COMPILE_MODES, KERNEL_PRECISION, Kernel, Prepared
 from runners.common.protocol import Skip
+from runners.jax.framework import device_memory, device_of, load_jax
+from runners.jax.precision import (ACCEPTED_PRECISIONS, TF32_OVERRIDE_VAR, pin_precision, precision_flags,
+                                   request_precision, tf32_override)
+from runners.jax.step import DeviceState, TrainingModel, logits_of
+# as a module: prepare's own export_weights and load_weights are the Prepared's callables
+from runners.jax import weights as canonical_weights
 
 # jax.monitoring events: one per jaxpr trace, one per XLA compilation (jax/_src/dispatch.py's names)
 TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+COMPILE_DEFAULT = "compiled"  # runner.toml [execution] compile: every step is one jax.jit executable
+EAGER_SKIP = ("jax: training steps run under jax.jit (the whole iteration is one XLA executable); op-by-op "
+              "dispatch of an un-jitted step, every primitive compiled and run on its own, is not how JAX trains, "
+              "so the jax runner has no eager mode")
+
+
+def check_compile(request: dict) -> str:
+    """The compile mode that runs: `compiled` (jax.jit, also when the request names none); `eager`
+    is skipped (JAX's training step is a jitted function); anything else is a ValueError."""
+    mode = request.get("compile") or COMPILE_DEFAULT
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"jax runner: compile mode {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    if mode == "eager":
+        raise Skip(EAGER_SKIP)
+    return mode
 
 
 def started_with_precision() -> str | None:
@@ -106,7 +125,7 @@ class JaxRunner:
         if device == "cuda":
             self._pin_tf32_override(precision or started_with_precision())
         else:
-            self._tf32_env = {"value": os.environ.get(jn.TF32_OVERRIDE_VAR), "when": f"{device}: no CUDA library reads it"}
+            self._tf32_env = {"value": os.environ.get(TF32_OVERRIDE_VAR), "when": f"{device}: no CUDA library reads it"}
         jax = load_jax()
         if device == "cpu":
             # do not initialise (and preallocate memory on) a GPU for a CPU run
@@ -120,9 +139,9 @@ class JaxRunner:
         """NVIDIA_TF32_OVERRIDE for `precision` on CUDA ("0" but for tf32), set before jax creates
         its CUDA backend; afterwards, what the environment held then is recorded (and tf32 is
         skipped if the libraries were loaded with TF32 overridden off)."""
-        if precision not in jn.ACCEPTED_PRECISIONS:
+        if precision not in ACCEPTED_PRECISIONS:
             return  # unknown (prepare refuses it) or not a training request (kernels)
-        var, want = jn.TF32_OVERRIDE_VAR, jn.tf32_override(precision)
+        var, want = TF32_OVERRIDE_VAR, tf32_override(precision)
         have = os.environ.get(var)
         loaded = False
         if "jax" in sys.modules:
@@ -216,45 +235,43 @@ class JaxRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from runners.jax.jax_kernels import prepare_kernel  # the kernels suite (runners/jax/jax_kernels.py)
+        from runners.jax.kernels import prepare_kernel  # the kernels suite (runners/jax/kernels.py)
 
         # a float32 kernel is IEEE float32, as an fp32 run's layers are (jax allows TF32 by default):
         # NVIDIA_TF32_OVERRIDE=0 before the CUDA backend exists, the matmul precision "highest"
         precision = KERNEL_PRECISION[spec["dtype"]]
         self._init_jax(device, precision)
-        jn.pin_precision(precision, device)
+        pin_precision(precision, device)
         kernel = prepare_kernel(spec, device)
-        kernel.settings["precision_effective"] = {**jn.precision_flags(), "NVIDIA_TF32_OVERRIDE": self._tf32_env}
+        kernel.settings["precision_effective"] = {**precision_flags(), "NVIDIA_TF32_OVERRIDE": self._tf32_env}
         return kernel
-
-    def _device(self, device: str):
-        jax = load_jax()
-        return jax.devices("gpu")[0] if device == "cuda" else jax.devices("cpu")[0]
 
     def prepare_generation(self, request: dict):
         """Mode generate: the network's parameters as prepare makes them, decoded with flax cache
-        variables in jitted prefill and decode steps (jax_generate.py)."""
-        from runners.jax.jax_generate import prepare_generation
+        variables in jitted prefill and decode steps (generate.py); compiled only, as training."""
+        from runners.jax.generate import prepare_generation
 
-        self._init_jax(request["device"], jn.check_precision(request))
-        generator = prepare_generation(request, self._device(request["device"]))
+        self._init_jax(request["device"], request_precision(request))
+        check_compile(request)  # eager is skipped
+        generator = prepare_generation(request, device_of(request["device"]))
         generator.settings["precision_effective"]["NVIDIA_TF32_OVERRIDE"] = self._tf32_env
         return generator
 
     def prepare_convergence(self, request: dict):
-        from runners.jax.jax_convergence import prepare_convergence  # the convergence suite (jax_convergence.py)
+        from runners.jax.convergence import prepare_convergence  # the convergence suite (convergence.py)
 
-        self._init_jax(request["device"], jn.check_precision(request))
-        return prepare_convergence(request, self._device(request["device"]))
+        self._init_jax(request["device"], request_precision(request))
+        return prepare_convergence(request, device_of(request["device"]))
 
     def prepare(self, request: dict) -> Prepared:
         import numpy as np
 
-        jax = self._init_jax(request["device"], jn.check_precision(request))
+        jax = self._init_jax(request["device"], request_precision(request))
         counter = CompileCounter(("train_step", "infer_step"))
-        tm = jn.TrainingModel(request)  # refuses an unknown precision or compile mode; skips tf32, eager
+        # refuses an unknown precision or compile mode; skips eager, and tf32 where there is no TF32
+        tm = TrainingModel(request, check_compile(request))
         mode = request["mode"]
-        dev = self._device(request["device"])
+        dev = device_of(request["device"])
         batch = request["batch_size"]
         seed = request.get("seed", 0)
         rng = np.random.default_rng(seed)
@@ -276,10 +293,10 @@ class JaxRunner:
 
         def forward_loss_fn(p, stats, key, x, y):
             out, _ = apply(p, stats, key, x, train)  # train mode: batch statistics, no state change
-            logits = jn.logits_of(out)  # pretraining heads: the masked-LM logits (B, M, V)
+            logits = logits_of(out)  # pretraining heads: the masked-LM logits (B, M, V)
             return logits.astype(jax.numpy.promote_types(logits.dtype, np.float32)), loss_of(out, y)
 
-        device_state = jn.DeviceState({"params": params, "batch_stats": batch_stats,
+        device_state = DeviceState({"params": params, "batch_stats": batch_stats,
                                        "opt_state": make_opt_state(params),
                                        "key": jax.device_put(tm.host_key(seed + 1), dev), "x": x, "y": y})
         state = device_state.state
@@ -303,12 +320,13 @@ class JaxRunner:
             device_state.last[:] = [jitted(state["params"], state["batch_stats"], firsts[n])]
 
         def export_weights():
-            return jn.export_weights({"params": state["params"], "batch_stats": state["batch_stats"]},
-                                     tm.network, tm.plan)
+            variables = {"params": state["params"], "batch_stats": state["batch_stats"]}
+            return canonical_weights.export_weights(variables, tm.network, tm.plan)
 
         def load_weights(arrays):
             like = {"params": state["params"], "batch_stats": state["batch_stats"]}
-            on_device = jax.device_put(jn.canonical_to_variables(arrays, tm.network, tm.plan, like), dev)
+            host = canonical_weights.canonical_to_variables(arrays, tm.network, tm.plan, like)
+            on_device = jax.device_put(host, dev)
             state.update(params=on_device["params"], batch_stats=on_device["batch_stats"])
             device_state.last.clear()
 
@@ -343,18 +361,3 @@ class JaxRunner:
                         tm.output_shape(params, batch_stats, x), settings, export_weights=export_weights,
                         load_weights=load_weights, reset_optimizer=reset_optimizer, forward_loss=forward_loss,
                         memory=memory, compile_stats=compile_stats, infer=None if train else infer)
-
-
-def device_memory(dev) -> dict:
-    """The allocator's peak on `dev` (jax.Device.memory_stats()), or why there is none."""
-    stats = dev.memory_stats()
-    if not stats or "peak_bytes_in_use" not in stats:
-        return {"unavailable": f"jax: {dev.platform} device {dev.device_kind!r} memory_stats() returns "
-                               f"{'None' if stats is None else sorted(stats)} (XLA:CPU's allocator keeps no statistics)"}
-    reserved_key = next((k for k in ("peak_pool_bytes", "peak_bytes_reserved") if stats.get(k)), None)
-    return {"peak_allocated_bytes": int(stats["peak_bytes_in_use"]),
-            "peak_reserved_bytes": int(stats[reserved_key]) if reserved_key else None,
-            "source": f"jax.Device.memory_stats(): peak_bytes_in_use, {reserved_key or 'no reserved peak'}",
-            "bytes_limit": stats.get("bytes_limit"),
-            "preallocate": os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "default (true)"),
-            "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "default (bfc)")}

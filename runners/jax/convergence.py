@@ -1,5 +1,5 @@
 """The JAX side of the convergence suite (runners/common/convergence.py drives it): the flax
-module of jax_network.py (its TrainingModel: loss, gradients, host initialisation), SGD with
+module of step.py (its TrainingModel: loss, gradients, host initialisation), SGD with
 momentum and weight decay in torch's form from optax (add_decayed_weights, then trace: v = m v + g
 + wd w; w -= lr v, the rate an argument of the step), the train and evaluation steps jitted and
 compiled ahead of time at initialisation (jit(...).lower(...).compile(): no data touched), and the
@@ -11,10 +11,11 @@ padded to one shape with a mask, so that one compiled step serves them all."""
 
 from __future__ import annotations
 
-from runners.jax import jax_network as jn
 from runners.common.datasets import crop_flip, normalise
-from runners.jax.jax_network import load_jax
 from runners.common.protocol import Skip
+from runners.jax.framework import load_jax
+from runners.jax.precision import COMPUTE_DTYPE
+from runners.jax.step import TrainingModel, logits_of
 
 EVAL_BATCH = 500
 
@@ -30,7 +31,7 @@ def prepare_convergence(request: dict, device):
     precision = request["precision"]
     if precision == "amp_fp16":
         raise Skip("jax convergence: amp_fp16 needs the dynamic loss scale, which this loop's step does not carry")
-    tm = jn.TrainingModel({**request, "mode": "train", "compile": "compiled", "learning_rate": 0.0,
+    tm = TrainingModel({**request, "mode": "train", "compile": "compiled", "learning_rate": 0.0,
                            "momentum": request["optimizer"]["momentum"]})
     opt = request["optimizer"]
     batch = request["batch_size"]
@@ -55,7 +56,7 @@ def prepare_convergence(request: dict, device):
 
     def eval_step(p, stats, x, y, mask):
         out, _ = tm.apply(p, stats, None, x, False)
-        return jnp.sum((jnp.argmax(jn.logits_of(out), axis=-1) == y) * mask)
+        return jnp.sum((jnp.argmax(logits_of(out), axis=-1) == y) * mask)
 
     spec = jax.ShapeDtypeStruct
     x_spec, y_spec = spec((batch, *sample), np.float32), spec((batch,), np.int32)
@@ -125,7 +126,7 @@ def prepare_convergence(request: dict, device):
     def synchronize():
         jax.block_until_ready(state["params"])
 
-    settings = {"precision": precision, "compute_dtype": jn.COMPUTE_DTYPE[precision],
+    settings = {"precision": precision, "compute_dtype": COMPUTE_DTYPE[precision],
                 "step": "jax.jit, lowered and compiled at initialisation", "data_format": "NHWC" if tm.images else None,
                 "optimizer": "optax.add_decayed_weights + optax.trace (torch's SGD form), lr an argument of the step"}
     return Trainer(attach, train_batches, step, eval_batches, evaluate, synchronize,

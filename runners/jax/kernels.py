@@ -26,8 +26,9 @@ step's autodiff does, which on a sequence is not what two matmuls timed alone ar
 from __future__ import annotations
 
 from runners.common.contract import Kernel, pool_op
-from runners.jax.jax_network import (ATTENTION_FUNCTION, attention_asked, attention_function, batch_norm_module, load_jax,
-                         lstm_layer_class)
+from runners.jax.framework import load_jax
+from runners.jax.layers import batch_norm_module, lstm_layer_class
+from runners.jax.transformer import ATTENTION_FUNCTION, attention_asked, attention_function
 
 
 class JitKernel(Kernel):

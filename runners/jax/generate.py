@@ -1,8 +1,8 @@
 """Mode `generate` for the jax runner: greedy decoding with flax cache variables in jitted steps.
 
-The parameters are the ones jax_network's TrainingModel makes for train and infer (the same flax
+The parameters are the ones step.py's TrainingModel makes for train and infer (the same flax
 parameter tree, the same canonical weights in and out). The decoder here is a flax module whose
-submodules carry the same names as jax_network's Network (layer000 the nn.Embed, layer001 the
+submodules carry the same names as step.py's Network (layer000 the nn.Embed, layer001 the
 position table, each block's ln1 / attn.{q,k,v,out} / mlp.{fc1,fc2} / ln2, the final layer norm,
 the head), so it applies to that very tree; its attention keeps its keys and values in the
 `cache` collection (`cached_key`, `cached_value`: (batch, prompt + new tokens, heads, head size)),
@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import functools
 
-from runners.jax import jax_network as jn
 from runners.common.contract import DecoderLayout, Generator
-from runners.jax.jax_network import load_jax
 from runners.common.protocol import Skip
+from runners.jax.framework import load_jax
+from runners.jax.precision import compute_dtype, precision_flags, request_precision
+from runners.jax.step import TrainingModel
+from runners.jax.transformer import transformer_modules
+from runners.jax.weights import canonical_to_variables
 
 
 @functools.cache
@@ -30,7 +33,7 @@ def decoder_class():
     import jax
     import jax.numpy as jnp
 
-    tm = jn.transformer_modules()
+    tm = transformer_modules()
 
     class CachedAttention(nn.Module):
         heads: int
@@ -44,7 +47,7 @@ def decoder_class():
             b, t, d = x.shape
             inner = self.heads * self.head_size
 
-            def heads(name):  # (B, T, H*S) -> (B, T, H, S), as jax_network's SelfAttention
+            def heads(name):  # (B, T, H*S) -> (B, T, H, S), as transformer.py's SelfAttention
                 return nn.Dense(inner, use_bias=self.bias, dtype=self.dtype, name=name)(x).reshape(
                     b, t, self.heads, self.head_size)
 
@@ -60,7 +63,7 @@ def decoder_class():
             # query at position index + i sees the rows written so far: 0 .. index + i
             mask = jnp.arange(self.length, dtype=jnp.int32)[None, :] <= (index + jnp.arange(t, dtype=jnp.int32))[:, None]
             if jnp.dtype(self.dtype) == jnp.float64:
-                # as jax_network's attention in float64: jax.nn's XLA implementation takes its softmax
+                # as transformer.py's attention in float64: jax.nn's XLA implementation takes its softmax
                 # in float32, flax.linen's computes in the inputs' dtype
                 a = nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None], dtype=self.dtype)
             else:
@@ -125,24 +128,25 @@ def decoder_class():
             name = f"layer{self.head:03d}"
             if not spec["tied"]:
                 return nn.Dense(vocabulary, use_bias=spec["bias"], dtype=self.dtype, name=name)(h)
-            logits = embed.attend(h)  # the tied head: the token table, as jax_network's lm_head
+            logits = embed.attend(h)  # the tied head: the token table, as transformer.py's lm_head
             return tm.Bias(vocabulary, self.dtype, name=name)(logits) if spec["bias"] else logits
 
     return CachedDecoder
 
 
 def prepare_generation(request: dict, device) -> Generator:
-    """The Generator of mode generate (jax_runner calls this after setting up jax for the device)."""
+    """The Generator of mode generate (runner.py calls this after setting up jax for the device and
+    checking the compile mode)."""
     import numpy as np
 
     jax = load_jax()
     jnp = jax.numpy
     network = request["network"]
     layout = DecoderLayout(network)
-    precision = jn.check_precision(request)
+    precision = request_precision(request)
     if precision not in ("fp32", "tf32", "float64"):
         raise Skip(f"generate: the jax runner generates in fp32, tf32 and the check's float64, not {precision}")
-    tm = jn.TrainingModel(request)  # precision pinned, compile mode checked (eager is skipped), plan
+    tm = TrainingModel(request)  # precision pinned, plan (the runner skipped eager)
     prompt_length, new_tokens = layout.request_lengths(request)
     seed = request.get("seed", 0)
     rng = np.random.default_rng(seed)
@@ -158,7 +162,7 @@ def prepare_generation(request: dict, device) -> Generator:
     batch = prompt_np.shape[0]
     decoder = decoder_class()(layers=tuple(network["layers"]), embedding=layout.embedding, blocks=tuple(layout.blocks),
                               norm=layout.norm, head=layout.head, length=prompt_length + new_tokens,
-                              dtype=getattr(jnp, jn.COMPUTE_DTYPE[tm.precision]))
+                              dtype=compute_dtype(tm.precision))
     shapes = jax.eval_shape(decoder.init, jax.random.PRNGKey(0), prompt, 0)["cache"]
     empty_cache = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
@@ -192,10 +196,10 @@ def prepare_generation(request: dict, device) -> Generator:
 
     def load_weights(arrays):
         like = {"params": state["params"]}
-        state["params"] = jax.device_put(jn.canonical_to_variables(arrays, network, tm.plan, like)["params"], device)
+        state["params"] = jax.device_put(canonical_to_variables(arrays, network, tm.plan, like)["params"], device)
 
     settings = {
-        "precision": tm.precision, "precision_effective": jn.precision_flags(),
+        "precision": tm.precision, "precision_effective": precision_flags(),
         "compile": {"mode": "compiled", "requested": request.get("compile"),
                     "framework": "jax.jit of the prefill and of the decode step (cache donated)"},
         "generation": {"prompt_length": prompt_length, "new_tokens": new_tokens, "batch_size": batch,
