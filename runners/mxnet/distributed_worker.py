@@ -36,6 +36,6 @@ if __name__ == "__main__":
         sys.exit(serve(role))
 
     from runners.common import distributed_harness  # noqa: E402
-    from runners.mxnet.mxnet_distributed import MXNetDistributedRunner  # noqa: E402
+    from runners.mxnet.distributed import MXNetDistributedRunner  # noqa: E402
 
     sys.exit(distributed_harness.main(MXNetDistributedRunner()))

@@ -16,7 +16,7 @@ warnings.filterwarnings("ignore", category=UserWarning, module=r"mxnet(\.|$)")
 sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from runners.common import harness  # noqa: E402
-from runners.mxnet.mxnet_runner import MXNetRunner  # noqa: E402
+from runners.mxnet.runner import MXNetRunner  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(harness.main(MXNetRunner()))

@@ -32,7 +32,7 @@ Precision (the request's `precision`, runners/common/contract.py PRECISIONS):
   capability 8.0+), and MXNet's own tensor-core variables are 0: MXNET_CUDA_ALLOW_TENSOR_CORE
   (float16 tensor-core math) and MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION (float32 convolutions
   and GEMMs converted to float16 tensor-core math). No-ops on the CPU, set there too; read back
-  into settings["precision_effective"] (see mxnet_network.py for when each is read).
+  into settings["precision_effective"] (see precision.py for when each is read).
 - tf32: skipped. On the CPU and below compute capability 8.0 there is no TF32; above, MXNet 1.9
   offers no TF32 mode to select or read back (it is whatever the NVIDIA libraries default to).
 - amp_bf16 / amp_fp16: mxnet.contrib.amp, MXNet's own AMP: amp.init(target_dtype) before the
@@ -101,10 +101,19 @@ from __future__ import annotations
 import ctypes
 import os
 
-from runners.mxnet import mxnet_network as mn
-from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, PRECISIONS, Kernel, Prepared
-from runners.mxnet.mxnet_network import load_mxnet
+from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, Kernel, Prepared
 from runners.common.protocol import Skip
+from runners.mxnet.attention import attention_record
+from runners.mxnet.framework import has_attention, load_mxnet, mxnet_loaded
+from runners.mxnet.precision import (AMP_TARGET, FLOAT64_CPU, FLOAT64_CUDA, ReducedPrecisionUnsupported, amp_fp32_ops,
+                                     amp_init, amp_settings, dtype_name, float32_math, float32_math_env,
+                                     float32_operator_parameters, float64_composites, init_loss_scaling, loss_scale,
+                                     pin_float32_math, probe_dtypes, probe_in_child, request_precision)
+from runners.mxnet.step import (HYBRIDIZE, build_model, count_params, hybridize_model, output_shape, sgd_momentum,
+                                synthetic_batch, to_device, trainable_params)
+from runners.mxnet.transformer import fused_attention_unavailable
+from runners.mxnet.weights import export_weights, load_weights
+
 
 
 def _omp_max_threads() -> int | None:
@@ -138,15 +147,6 @@ DEFAULT_COMPILE = "compiled"  # runner.toml [execution] compile: what runs when 
 COMPILED = ("HybridBlock.hybridize(static_alloc=True, static_shape=True): Gluon's CachedOp, the network and its "
             "loss traced once into one graph per mode (training: forward, loss and backward), memory planned once")
 EAGER = "imperative Gluon (no hybridize): every operator dispatched from Python to MXNet's engine one by one"
-AMP_TARGET = {"amp_bf16": "bfloat16", "amp_fp16": "float16"}
-
-# What float64 means for the operators (measured: DNNL_VERBOSE shows no oneDNN primitive executed in
-# a float64 check; the logits agree with a float64 numpy forward to ~1e-15)
-FLOAT64_CPU = ("every parameter, activation, gradient, batch-norm statistic, SGD-momentum state and the loss in "
-               "float64; MXNet's native CPU operators (oneDNN has no float64 kernels): im2col + BLAS gemm "
-               "convolution and dense, native pooling, batch norm, activations, fused RNN and softmax")
-FLOAT64_CUDA = ("every parameter, activation, gradient, batch-norm statistic, SGD-momentum state and the loss in "
-                "float64 (MXNet's CUDA and cuDNN operators in double)")
 
 
 class MXNetRunner:
@@ -168,8 +168,8 @@ class MXNetRunner:
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
                 os.environ[var] = str(threads)
         os.environ.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
-        before_import = not mn.mxnet_loaded()
-        mn.pin_float32_math()  # TF32 off before cuBLAS and cuDNN load with libmxnet (see mxnet_network.py)
+        before_import = not mxnet_loaded()
+        pin_float32_math()  # TF32 off before cuBLAS and cuDNN load with libmxnet (see precision.py)
         load_mxnet()
         return {
             "requested": threads,
@@ -240,21 +240,21 @@ class MXNetRunner:
         return None
 
     def prepare_kernel(self, spec: dict, device: str) -> Kernel:
-        from runners.mxnet.mxnet_kernels import prepare_kernel  # the kernels suite (runners/mxnet/mxnet_kernels.py)
+        from runners.mxnet.kernels import prepare_kernel  # the kernels suite (runners/mxnet/kernels.py)
 
         # TF32 and the float32 -> float16 conversion were pinned off before libmxnet loaded
         # (configure_threads); the tensor-core variable keeps MXNet's default, for float16 kernels
         kernel = prepare_kernel(spec, device)
-        kernel.settings["precision_effective"] = mn.float32_math_env()
+        kernel.settings["precision_effective"] = float32_math_env()
         return kernel
 
     def prepare_generation(self, request: dict):
         """Mode generate: the network's Gluon blocks decoded with a key/value cache built from MXNet's
-        operators, in two hybridised steps under `compiled` (mxnet_generate.py)."""
-        from runners.mxnet.mxnet_generate import prepare_generation
+        operators, in two hybridised steps under `compiled` (generate.py)."""
+        from runners.mxnet.generate import prepare_generation
 
         mx = load_mxnet()
-        precision = check_precision(request.get("precision"))
+        precision = request_precision(request)
         if precision not in ("fp32", CHECK_PRECISION):
             raise Skip(f"generate: the mxnet runner generates in fp32 and the check's float64, not {precision}")
         cuda = request["device"] == "cuda"
@@ -267,17 +267,17 @@ class MXNetRunner:
         return generator
 
     def prepare_convergence(self, request: dict):
-        from runners.mxnet.mxnet_convergence import prepare_convergence  # the convergence suite (mxnet_convergence.py)
+        from runners.mxnet.convergence import prepare_convergence  # the convergence suite (convergence.py)
 
         mx = load_mxnet()
         ctx = mx.gpu(0) if request["device"] == "cuda" else mx.cpu()
-        return prepare_convergence(request, ctx, float32_math(check_precision(request["precision"]), ctx))
+        return prepare_convergence(request, ctx, float32_math(request_precision(request), ctx))
 
     def prepare(self, request: dict) -> Prepared:
         mx = load_mxnet()
         import numpy as np
 
-        precision = check_precision(request.get("precision"))
+        precision = request_precision(request)
         cuda = request["device"] == "cuda"
         ctx = mx.gpu(0) if cuda else mx.cpu()
         effective = float32_math(precision, ctx)  # Skip: tf32; before any operator runs
@@ -299,11 +299,11 @@ class MXNetRunner:
         used_at_prepare = _gpu_used_bytes(mx) if cuda else None
 
         # MXNet's fused self-attention operators where they run in the network's dtype (not float64 on the CPU)
-        fused_unavailable = mn.fused_attention_unavailable(ctx, storage) if mn.has_attention(network) else None
-        net, blocks, model = mn.build_model(network, ctx, deterministic, dtype=storage, hybridize=False,
-                                            fused_attention=fused_unavailable is None)
+        fused_unavailable = fused_attention_unavailable(ctx, storage) if has_attention(network) else None
+        net, blocks, model = build_model(network, ctx, deterministic, dtype=storage, hybridize=False,
+                                         fused_attention=fused_unavailable is None)
         fused_lstm = any(l["type"] == "lstm" for l in network["layers"])
-        settings = {"layout": "NCHW", "hybridize": dict(mn.HYBRIDIZE) if compiled else None,
+        settings = {"layout": "NCHW", "hybridize": dict(HYBRIDIZE) if compiled else None,
                     "precision": precision, "fused_lstm": fused_lstm,
                     # oneDNN has float32 (and bf16) kernels only: float64 runs MXNet's native operators
                     "onednn": mx.runtime.Features().is_enabled("MKLDNN") and not cuda and not float64,
@@ -313,8 +313,8 @@ class MXNetRunner:
                     "deterministic": deterministic}
         if float64:
             settings["float64"] = FLOAT64_CPU if not cuda else FLOAT64_CUDA
-            settings["float64_float32_parameters"] = mn.float32_operator_parameters(network, deterministic)
-            composites = mn.float64_composites(network, fused_unavailable)
+            settings["float64_float32_parameters"] = float32_operator_parameters(network, deterministic)
+            composites = float64_composites(network, fused_unavailable)
             if composites:
                 settings["float64_composites"] = composites
             if fused_lstm:
@@ -329,39 +329,37 @@ class MXNetRunner:
             with np.load(request["inputs"]) as data:
                 x_np, y_np = data["x"], data["y"]
         else:
-            x_np, y_np = mn.synthetic_batch(network, request["batch_size"], np.random.default_rng(seed))
+            x_np, y_np = synthetic_batch(network, request["batch_size"], np.random.default_rng(seed))
         if inp["kind"] in ("tokens", "masked_tokens") and inp["vocabulary"] > 2 ** 24:
             raise ValueError("the mxnet runner passes token ids as float32: vocabulary must be <= 2**24")
-        x, y = mn.to_device(x_np, y_np, ctx, dtype=storage)
+        x, y = to_device(x_np, y_np, ctx, dtype=storage)
 
         # a real forward pass (one sample, imperative, before hybridize): the dtypes; a layer MXNet
         # cannot run in the AMP dtype here is a Skip that names it
         try:
-            effective.update(mn.probe_dtypes(net, blocks, network, x, precision, train))
-        except mn.ReducedPrecisionUnsupported as e:
+            effective.update(probe_dtypes(net, blocks, network, x, precision, train))
+        except ReducedPrecisionUnsupported as e:
             raise Skip(str(e)) from e
-        attention = mn.attention_record(blocks, network, ctx, storage, train, fused_unavailable)
+        attention = attention_record(blocks, network, ctx, storage, train, fused_unavailable)
         if attention is not None:  # the attention operators MXNet ran, fused or not
             settings["attention"] = attention
         if compiled:
-            mn.hybridize_model(model)  # the graph is traced and planned by the first step
+            hybridize_model(model)  # the graph is traced and planned by the first step
         settings["compile"] = compile_settings
 
-        trainable = mn.trainable_params(net)
-        params = mn.count_params(trainable)
+        trainable = trainable_params(net)
+        params = count_params(trainable)
         scaled = target == "float16" and train  # dynamic loss scaling: AMP float16's, in training
 
         def make_trainer():
-            optimizer, optimizer_params = mn.sgd_momentum(request["learning_rate"], request["momentum"], storage)
+            optimizer, optimizer_params = sgd_momentum(request["learning_rate"], request["momentum"], storage)
             t = mx.gluon.Trainer(trainable, optimizer, optimizer_params, kvstore=None)
             if scaled:
-                from mxnet.contrib import amp
-
-                amp.init_trainer(t)  # a fresh dynamic loss scaler
+                init_loss_scaling(t)  # a fresh dynamic loss scaler
             return t
 
         trainer = make_trainer()
-        effective["loss_scale"] = float(trainer._amp_loss_scaler.loss_scale) if scaled else None
+        effective["loss_scale"] = loss_scale(trainer) if scaled else None
         if target:
             effective["amp"] = amp_settings(target, scaled, compiled, fp32_ops)
         settings["precision_effective"] = effective
@@ -377,7 +375,7 @@ class MXNetRunner:
             else:
                 with mx.autograd.predict_mode():
                     out, loss = model(x, y)
-            if mn.dtype_name(out.dtype) != storage:  # AMP's bfloat16 or float16 logits: MXNet's own cast
+            if dtype_name(out.dtype) != storage:  # AMP's bfloat16 or float16 logits: MXNet's own cast
                 out = out.astype(storage)
             return out.asnumpy(), float(loss.asscalar())
 
@@ -407,134 +405,15 @@ class MXNetRunner:
                 firsts[n] = x[:n].copy()
             return net(firsts[n])
 
-        return Prepared(step, mx.nd.waitall, params, mn.output_shape(net, x), settings,
-                        export_weights=lambda: mn.export_weights(blocks, network, storage),
-                        load_weights=lambda arrays: mn.load_weights(blocks, network, arrays),
+        return Prepared(step, mx.nd.waitall, params, output_shape(net, x), settings,
+                        export_weights=lambda: export_weights(blocks, network, storage),
+                        load_weights=lambda arrays: load_weights(blocks, network, arrays),
                         reset_optimizer=reset_optimizer, forward_loss=forward_loss,
                         memory=lambda: memory_report(cuda, used_at_prepare),
                         infer=None if train else infer)
 
 
-# ------------------------------------------------------------------ precision, compilation, memory
-
-
-def probe_in_child(request: dict, target: str) -> None:
-    """Run this request's preparation, whose one-sample probe tries every layer in `target` (and, in
-    training, its backward pass), in a child worker first. MXNet 1.9.1's oneDNN reduced-precision
-    kernels either refuse a layer (an MXNetError, which the probe turns into a Skip naming it) or, on
-    AVX-512/AMX CPUs, corrupt the heap and abort the process (glibc: "corrupted size vs. prev_size",
-    measured 2026-12-02 on a transformer block in bfloat16): a crash cannot be caught in-process, so
-    the child takes it, and the run is a Skip saying what crashed instead of a worker killed mid-run."""
-    import json
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory(prefix="dlbench-mxnet-probe-") as tmp:
-        asked, result = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        asked.write_text(json.dumps({**request, "action": "inspect", "isolated_probe": True}))
-        out = subprocess.run([sys.executable, str(Path(__file__).with_name("worker.py")), str(asked), str(result)],
-                             capture_output=True, text=True, timeout=900, check=False)
-        if out.returncode < 0:
-            stderr = [line for line in out.stderr.strip().splitlines() if line.strip()]
-            raise Skip(f"{request['precision']}: MXNet {load_mxnet().__version__} crashed running this network in "
-                       f"{target} on the CPU ({signal.Signals(-out.returncode).name}: "
-                       f"{stderr[-1] if stderr else 'nothing on stderr'}) in a probe process "
-                       f"({mn.cpu_bf16_isa() if target == 'bfloat16' else 'float16'}); not timed")
-        if result.exists():
-            probed = json.loads(result.read_text())
-            if probed.get("status") == "skipped":
-                raise Skip(probed.get("reason") or f"{request['precision']}: skipped by the probe process")
-
-
-def check_precision(precision: str | None) -> str:
-    """The request's precision (absent: fp32), or one ValueError naming it and the accepted ones."""
-    precision = "fp32" if precision is None else precision
-    if precision not in (*PRECISIONS, CHECK_PRECISION):
-        raise ValueError(f"precision {precision!r} is not one the mxnet runner accepts: {', '.join(PRECISIONS)}, "
-                         f"or {CHECK_PRECISION} (dlbench check)")
-    return precision
-
-
-def float32_math(precision: str, ctx) -> dict:
-    """Set MXNet's tensor-core variable for `precision` and pin TF32 off (Skip: tf32), before any
-    operator runs; the flags read back as the process has them (settings["precision_effective"])."""
-    mx = load_mxnet()
-    cuda = ctx.device_type == "gpu"
-    capability = None
-    if cuda:
-        try:
-            cc = mx.util.get_cuda_compute_capability(ctx)
-            capability = f"{cc // 10}.{cc % 10}"
-        except (OSError, ValueError):
-            capability = None
-    if precision == "tf32":
-        if not cuda:
-            raise Skip("tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
-                       "this run is on the CPU")
-        if capability is not None and float(capability) < 8.0:
-            raise Skip(f"tf32: TF32 is a tensor-core mode of NVIDIA GPUs of compute capability 8.0 or newer; "
-                       f"this GPU is {capability}")
-        raise Skip("tf32: MXNet 1.9 has no TF32 mode of its own to select or read back: its tensor-core variables "
-                   "(MXNET_CUDA_ALLOW_TENSOR_CORE, MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION) govern float16 "
-                   "tensor-core math and the float32 -> float16 conversion, not TF32; TF32 is the NVIDIA libraries' "
-                   "default (cuDNN 8's default math mode on compute capability 8.0+), whichever operators they "
-                   "apply it to (the runner's fp32 pins it off with NVIDIA_TF32_OVERRIDE=0)")
-    before_import = mn.pin_float32_math()
-    # float16 tensor-core math for AMP float16 (MXNet's default); off for IEEE float32 and float64
-    os.environ[mn.TENSOR_CORE_VAR] = "1" if precision in AMP_TARGET else "0"
-    features = mx.runtime.Features()
-    return {
-        **mn.float32_math_env(),
-        # NVIDIA_TF32_OVERRIDE and the conversion: before cuBLAS and cuDNN load (configure_threads);
-        # MXNET_CUDA_ALLOW_TENSOR_CORE: here, before MXNet sets up its first cuDNN/cuBLAS operator, when it reads it
-        "set_before_mxnet_import": {**{name: before_import for name in mn.PRE_IMPORT_FLOAT32_PINS},
-                                    mn.TENSOR_CORE_VAR: False},
-        "tf32": ("off (NVIDIA_TF32_OVERRIDE=0)" if cuda and os.environ.get("NVIDIA_TF32_OVERRIDE") == "0" else
-                 "not applicable: no TF32 on the CPU" if not cuda else "the NVIDIA libraries' default"),
-        # what MXNet itself reports: its build features (no run-time tensor-core or TF32 query exists)
-        "features": {name: features.is_enabled(name) for name in ("CUDA", "CUDNN", "MKLDNN")},
-        "device": "cpu" if not cuda else f"cuda (compute capability {capability})",
-        "dtypes_probe": "one sample, a real imperative forward pass layer by layer before hybridize",
-    }
-
-
-def amp_fp32_ops(target: str, network: dict) -> list[str]:
-    """Operators AMP must run in float32 for a network with attention, beyond its own lists (in bfloat16
-    only): the fused self-attention operators are on none of AMP's bfloat16 lists, so they would take
-    the projection's bfloat16, and have no bfloat16 kernel (CPU: float32 only; CUDA: float16, float32,
-    float64); Dropout is on its dtype-neutral list, but 1.9.1's has no bfloat16 kernel either
-    (dropout.cc: "Unknown type enum 12", measured), which a block's branch dropout after its bfloat16
-    out projection would meet."""
-    return [*mn.FUSED_ATTENTION_OPS, "Dropout"] if target == "bfloat16" and mn.has_attention(network) else []
-
-
-def amp_init(target: str, fp32_ops: list[str] | None = None) -> None:
-    """mxnet.contrib.amp.init(target_dtype): once per process (it rewrites MXNet's operator functions)."""
-    from mxnet.contrib import amp
-    from mxnet.contrib.amp import amp as amp_module
-
-    if amp_module._amp_initialized:
-        raise RuntimeError("mxnet.contrib.amp is already initialised in this process (once per process)")
-    amp.init(target_dtype=target, fp32_ops=fp32_ops or None)
-
-
-def amp_settings(target: str, scaled: bool, compiled: bool, fp32_ops: list[str]) -> dict:
-    from mxnet.contrib.amp import amp
-
-    dtype = mn.amp_dtype(target)
-    return {"mechanism": f"mxnet.contrib.amp.init(target_dtype={target!r}" +
-                         (f", fp32_ops={fp32_ops!r})" if fp32_ops else ")") +
-                         (", amp.init_trainer(trainer), amp.scale_loss(loss, trainer)" if scaled else ""),
-            "target_dtype_ops": amp.list_lp16_ops(dtype),
-            "loss_scaling": ("dynamic: mxnet.contrib.amp LossScaler (initial 2**16, halved and the update skipped on "
-                             "an overflow, doubled after 2000 clean steps; the overflow flag is read back every step)")
-            if scaled else None,
-            "weights": "float32 (the operators cast them; the SGD-momentum update is on float32)",
-            "graph": "hybridised: AMP's symbol wrappers insert amp_cast into the traced graph" if compiled else
-                     "imperative: AMP's NDArray wrappers cast at every call"}
+# ------------------------------------------------------------------ compilation, memory
 
 
 def compile_choice(request: dict) -> tuple[bool, dict]:

@@ -1,7 +1,7 @@
 """Mode `generate` for the mxnet runner: greedy decoding with a key/value cache built from MXNet's
 operators.
 
-The Gluon blocks are the ones mxnet_network.build_model builds for train and infer (the same
+The Gluon blocks are the ones step.build_model builds for train and infer (the same
 Parameters, the same canonical weights in and out, the same interleaved q/k/v projection). Each
 transformer block's cache is one NDArray (prompt + new tokens, batch, heads x 2 x head size) in
 the layout of MXNet's fused encoder-decoder attention operators (per head its key, then its
@@ -19,9 +19,11 @@ imperatively.
 
 from __future__ import annotations
 
-from runners.mxnet import mxnet_network as mn
 from runners.common.contract import DecoderLayout, Generator
-from runners.mxnet.mxnet_network import load_mxnet
+from runners.mxnet.framework import load_mxnet
+from runners.mxnet.step import HYBRIDIZE, build_model, count_params, trainable_params
+from runners.mxnet.transformer import fused_attention_unavailable
+from runners.mxnet.weights import load_weights
 
 
 def step_class():
@@ -102,8 +104,8 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
     seed = request.get("seed", 0)
     mx.random.seed(seed)
     np.random.seed(seed)
-    fused = mn.fused_attention_unavailable(ctx, storage) is None
-    net, blocks, _ = mn.build_model(network, ctx, True, dtype=storage, hybridize=False, fused_attention=fused)
+    fused = fused_attention_unavailable(ctx, storage) is None
+    net, blocks, _ = build_model(network, ctx, True, dtype=storage, hybridize=False, fused_attention=fused)
     if request.get("inputs"):
         with np.load(request["inputs"]) as data:
             prompt_np = np.ascontiguousarray(data["x"][:, :prompt_length])
@@ -122,8 +124,8 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
              blocks[layout.head], [s["heads"] for s in specs], fused)
     prefill_step, decode_step = step_cls(*parts, prefix="prefill_"), step_cls(*parts, prefix="decode_")
     if compiled:
-        prefill_step.hybridize(**mn.HYBRIDIZE)
-        decode_step.hybridize(**mn.HYBRIDIZE)
+        prefill_step.hybridize(**HYBRIDIZE)
+        decode_step.hybridize(**HYBRIDIZE)
     caches = [mx.nd.zeros((length, batch, 2 * s["heads"] * s["head_size"]), ctx=ctx, dtype=storage) for s in specs]
     table = blocks[layout.position].weight
 
@@ -171,9 +173,9 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
                                   if fused else "batch_dot (the encdec operators' documented equivalent: their CPU "
                                                 "kernels take float32 only)"),
                     "steps": "two HybridBlocks (prefill, decode), " + (
-                        f"hybridised {mn.HYBRIDIZE}" if compiled else "called imperatively")})
-    params = mn.count_params(mn.trainable_params(net))
+                        f"hybridised {HYBRIDIZE}" if compiled else "called imperatively")})
+    params = count_params(trainable_params(net))
     return Generator(prefill, decode, mx.nd.waitall, params, settings,
-                     load_weights=lambda arrays: mn.load_weights(blocks, network, arrays),
+                     load_weights=lambda arrays: load_weights(blocks, network, arrays),
                      tokens=lambda: np.stack([t.asnumpy() for t in state["generated"]], axis=1).astype(np.int64),
                      first_logits=lambda: state["logits"].asnumpy())

@@ -44,11 +44,13 @@ from __future__ import annotations
 import gc
 import os
 
-from runners.mxnet import mxnet_network as mn
 from runners.common.contract import DataParallel
-from runners.mxnet.mxnet_network import load_mxnet
-from runners.mxnet.mxnet_runner import MXNetRunner, check_precision, compile_choice, float32_math
 from runners.common.protocol import Skip
+from runners.mxnet.framework import load_mxnet
+from runners.mxnet.precision import float32_math, request_precision
+from runners.mxnet.runner import MXNetRunner, compile_choice
+from runners.mxnet.step import (HYBRIDIZE, build_model, count_params, output_shape, synthetic_batch, to_device,
+                                trainable_params)
 
 # The servers and workers keep every broadcast key (and its buffers) until the job ends.
 BROADCAST_KEY_BUDGET_BYTES = 2 * 1024 ** 3
@@ -176,7 +178,7 @@ class MXNetDistributedRunner(MXNetRunner):
         mx = load_mxnet()
         import numpy as np
 
-        precision = check_precision(request.get("precision"))  # ValueError: a name no runner accepts
+        precision = request_precision(request)  # ValueError: a name no runner accepts
         if precision != "fp32":
             raise Skip(f"precision {precision}: the mxnet data-parallel runner trains in fp32 only "
                        "(mxnet.contrib.amp is not wired into the dist_sync job)")
@@ -187,15 +189,15 @@ class MXNetDistributedRunner(MXNetRunner):
         ctx = mx.cpu()
         effective = float32_math(precision, ctx)  # the same pins as in one process
         compiled, compile_settings = compile_choice(request)
-        net, _, model = mn.build_model(network, ctx, hybridize=compiled)
+        net, _, model = build_model(network, ctx, hybridize=compiled)
 
         # each rank trains on its own synthetic batch (as a sharded data set would give it)
-        x_np, y_np = mn.synthetic_batch(network, request["batch_size"],
-                                        np.random.default_rng(seed * 1000 + cluster.rank + 1))
-        x, y = mn.to_device(x_np, y_np, ctx)  # token ids as float32, as the single-process runner
+        x_np, y_np = synthetic_batch(network, request["batch_size"],
+                                     np.random.default_rng(seed * 1000 + cluster.rank + 1))
+        x, y = to_device(x_np, y_np, ctx)  # token ids as float32, as the single-process runner
 
-        trainable = mn.trainable_params(net)
-        params = mn.count_params(trainable)
+        trainable = trainable_params(net)
+        params = count_params(trainable)
         grad_bytes = params * 4
         world = cluster.world_size
         trainer = mx.gluon.Trainer(trainable, "sgd", {"learning_rate": request["learning_rate"],
@@ -215,7 +217,7 @@ class MXNetDistributedRunner(MXNetRunner):
             forward_backward()
             trainer.update(world)  # the same update on this worker's own gradient: no exchange
 
-        settings = {"layout": "NCHW", "hybridize": dict(mn.HYBRIDIZE) if compiled else None,
+        settings = {"layout": "NCHW", "hybridize": dict(HYBRIDIZE) if compiled else None,
                     "compile": compile_settings, "precision": precision, "precision_effective": effective,
                     "onednn": mx.runtime.Features().is_enabled("MKLDNN"),
                     "kvstore": self.kv.type if self.kv is not None else None,
@@ -225,7 +227,7 @@ class MXNetDistributedRunner(MXNetRunner):
                     "engine_cpu_worker_threads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
                     "exposed_communication": "median step time minus median step time with trainer.update() "
                                              "in place of trainer.step() (no allreduce_grads)"}
-        return DataParallel(step, step_without_sync, mx.nd.waitall, params, mn.output_shape(net, x), settings,
+        return DataParallel(step, step_without_sync, mx.nd.waitall, params, output_shape(net, x), settings,
                             grad_bytes)
 
     # ------------------------------------------------------------------ collectives

@@ -27,7 +27,9 @@ inputs) sequence or a flat input, its gradients one autograd forward and backwar
 from __future__ import annotations
 
 from runners.common import contract
-from runners.mxnet.mxnet_network import block_classes, fused_attention_unavailable, load_mxnet
+from runners.mxnet.framework import load_mxnet
+from runners.mxnet.layers import block_classes
+from runners.mxnet.transformer import fused_attention_unavailable
 
 
 def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
@@ -222,7 +224,7 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
 
 
 def _attention_core(mx, heads: int, rate: float, in_float32: bool):
-    """The heads' part of mxnet_network's SelfAttention: scores, the mask added, softmax, dropout,
+    """The heads' part of transformer.py's SelfAttention: scores, the mask added, softmax, dropout,
     the weighted values, on the interleaved projection (and the additive causal mask, if given)."""
 
     class AttentionCore(mx.gluon.HybridBlock):

@@ -1,5 +1,5 @@
 """The MXNet side of the convergence suite (runners/common/convergence.py drives it): the Gluon
-network and loss of mxnet_network.py, hybridized, gluon.Trainer with MXNet's SGD (momentum and
+network and loss of step.py, hybridized, gluon.Trainer with MXNet's SGD (momentum and
 `wd`: MXNet's rule v = m v - lr (g + wd w), w += v), and the data through gluon.data.DataLoader with
 worker processes, as a Gluon user feeds a model: a Dataset over the split read from disk whose items
 are augmented (datasets.crop_flip, seeded by (seed, epoch, index)) and normalised in the workers, a
@@ -8,10 +8,10 @@ batchify into shared-memory NDArrays. fp32 only."""
 
 from __future__ import annotations
 
-from runners.mxnet import mxnet_network as mn
 from runners.common.datasets import crop_flip, normalise
-from runners.mxnet.mxnet_network import load_mxnet
 from runners.common.protocol import Skip
+from runners.mxnet.framework import load_mxnet
+from runners.mxnet.step import HYBRIDIZE, build_model, count_params, trainable_params
 
 EVAL_BATCH = 500
 
@@ -28,9 +28,9 @@ def prepare_convergence(request: dict, ctx, effective: dict):
     seed = request["seed"]
     mx.random.seed(seed)
     np.random.seed(seed)
-    net, blocks, model = mn.build_model(network, ctx, False, dtype="float32", hybridize=True)
+    net, blocks, model = build_model(network, ctx, False, dtype="float32", hybridize=True)
     opt = request["optimizer"]
-    trainer = mx.gluon.Trainer(mn.trainable_params(net), "sgd",
+    trainer = mx.gluon.Trainer(trainable_params(net), "sgd",
                                {"learning_rate": opt["learning_rate"], "momentum": opt["momentum"],
                                 "wd": opt["weight_decay"]}, kvstore=None)
     in_shape = tuple(network["input"]["shape"])
@@ -110,6 +110,6 @@ def prepare_convergence(request: dict, ctx, effective: dict):
         data.clear()
 
     settings = {"precision": "fp32", "precision_effective": effective, "layout": "NCHW",
-                "hybridize": dict(mn.HYBRIDIZE), "optimizer": "gluon.Trainer sgd(momentum, wd)"}
+                "hybridize": dict(HYBRIDIZE), "optimizer": "gluon.Trainer sgd(momentum, wd)"}
     return Trainer(attach, train_batches, step, eval_batches, evaluate, mx.nd.waitall,
-                   mn.count_params(mn.trainable_params(net)), settings, close)
+                   count_params(trainable_params(net)), settings, close)
