@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -22,6 +23,7 @@ from dlbench.definitions.layers.base import numel
 from dlbench.definitions.loader import DefinitionError, load_network
 from dlbench.definitions.schema import Strict
 from dlbench.definitions.weights import random_weights, trainable_count, weight_shapes
+from dlbench.execution import equivalence
 from dlbench.performance.workload import decompose, kernel_specs
 from dlbench.store.store import Store
 
@@ -55,7 +57,9 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
             layer.backward.append(b.passes("scale input gradient", n, 2))  # dx = a * dy
 
 
-SCALE = LayerType(Scale, infer, work, weights)
+# One multiply per element, not a product whose operands are rounded to the compute format in sequence
+# with others (y = a * x is exact to one rounding); nothing it decides.
+SCALE = LayerType(Scale, infer, work, weights, rounding_depth=0, decisions=0)
 
 
 @pytest.fixture
@@ -147,16 +151,63 @@ def test_the_table_refuses_a_taken_name_and_a_model_without_a_type():
         type: Literal["dense"]
 
     with pytest.raises(ValueError, match="layer type 'dense' is already registered"):
-        layers.register(LayerType(Dense2, infer, work))
+        layers.register(LayerType(Dense2, infer, work, rounding_depth=1, decisions=0))
 
     class Untyped(Strict):
         kind: Literal["x"]
 
     with pytest.raises(ValueError, match="needs a field `type: Literal"):
-        LayerType(Untyped, infer, work)
+        LayerType(Untyped, infer, work, rounding_depth=0, decisions=0)
     with pytest.raises(ValueError, match="unknown layer type 'scale'"):
         layers.lookup("scale")
     assert layers.network_model() is layers.network_model()  # built once per set of types
+
+
+# ------------------------------------------------------------------ the mixed-precision tolerance
+
+def test_the_mixed_precision_tolerance_counts_what_the_table_declares(tmp_path, scale_layer):
+    """The network's products in sequence and decisions are the sum of its entries' declarations: the
+    toy layer declaring 3 products and 2 decisions instead of none moves both, and the tolerances
+    follow the docstring's model with those counts (LAYERS: a conv2d, a relu and a dense otherwise)."""
+    path = network_file(tmp_path)
+    net = load_network(path)
+    assert (equivalence.rounding_depth(net), equivalence.decision_depth(net)) == (2, 1)
+    layers.unregister(scale_layer)
+    deeper = LayerType(Scale, infer, work, weights, rounding_depth=3,
+                       decisions=lambda entry: 2 if entry["type"] == "scale" else 99)
+    with layers.registered(deeper):
+        net = load_network(path)
+        assert (equivalence.rounding_depth(net), equivalence.decision_depth(net)) == (5, 3)
+        u = equivalence.UNIT_ROUNDOFF["amp_bf16"]
+        allowed = equivalence.mixed_tolerances(net, "amp_bf16")
+        assert allowed["logits"] == pytest.approx(8 * np.sqrt(5) * u)
+        assert allowed["update"] == pytest.approx(8 * np.sqrt(15) * u + np.sqrt(2 * u * 3))
+    layers.register(scale_layer)  # the fixture takes it out again
+
+
+@pytest.mark.parametrize("given,missing", [({}, "rounding_depth and decisions"),
+                                           ({"decisions": 0}, "rounding_depth"),
+                                           ({"rounding_depth": 1}, "decisions")])
+def test_a_layer_type_that_does_not_declare_its_rounding_counts_is_refused(given, missing):
+    """No silent 0: a matmul-like type left at depth 0 would be held to a tolerance too tight for it."""
+    before = layers.names()
+    with pytest.raises(ValueError, match=rf"layer type 'scale': declare {missing} \(keyword arguments"):
+        layers.register(LayerType(Scale, infer, work, weights, **given))
+    assert layers.names() == before
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "2"])
+def test_a_rounding_count_that_is_not_a_count_is_refused(value):
+    with pytest.raises(ValueError, match=r"layer type 'scale': rounding_depth must be a count"):
+        LayerType(Scale, infer, work, weights, rounding_depth=value, decisions=0)
+
+
+def test_a_rounding_count_function_that_gives_no_count_names_the_layer_type(tmp_path):
+    broken = LayerType(Scale, infer, work, weights, rounding_depth=lambda entry: -1, decisions=0)
+    with layers.registered(broken):
+        net = load_network(network_file(tmp_path))
+        with pytest.raises(ValueError, match=r"layer type 'scale': its rounding_depth gave -1 for"):
+            equivalence.rounding_depth(net)
 
 
 # ------------------------------------------------------------------ end to end: CLI, fake runner, store

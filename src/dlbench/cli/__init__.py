@@ -16,18 +16,20 @@ validated in those modules, once; errors exit 2 with one message (console.fail).
     info.py         info
     env.py          env list|create|remove
     store.py        store verify|upgrade|merge
+    schema.py       schema export|show: JSON Schemas of the files dlbench reads
 """
 
 from __future__ import annotations
 
 import typer
 
-from . import check, compare, env, info, listing, performance, prediction, report, results, run, store
+from . import check, compare, env, info, listing, performance, prediction, report, results, run, schema, store
 
 app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(env.env_app, name="env")
 app.add_typer(store.store_app, name="store")
+app.add_typer(schema.schema_app, name="schema")
 
 app.command("list")(listing.list_suites)
 app.command("run")(run.run)

@@ -72,7 +72,7 @@ import functools
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
 # Every number of a definition is bounded by what storage and the machine can hold: integers are
@@ -139,6 +139,13 @@ def _pair(value: int | list[int] | tuple[int, ...], name: str, minimum: int,
     return pair
 
 
+# A height-and-width field as written: one integer for both, or [height, width]; `_pair` makes it a
+# pair and checks its bounds. Said so for the exported JSON Schema (cli/schema.py), which would
+# otherwise know only the pair the field holds once validated.
+Pair = Annotated[tuple[int, int], WithJsonSchema({"anyOf": [
+    {"type": "integer"}, {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}]})]
+
+
 class VarianceScaling(_Strict):
     """A dense layer's described initialisation (this module's docstring, `dense`): the weights drawn
     with variance `scale` / fan, the biases zero."""
@@ -159,9 +166,9 @@ class Dense(_Strict):
 class Conv2d(_Strict):
     type: Literal["conv2d"]
     filters: Width
-    kernel: tuple[int, int]
-    stride: tuple[int, int] = (1, 1)
-    padding: tuple[int, int] = (0, 0)
+    kernel: Pair
+    stride: Pair = (1, 1)
+    padding: Pair = (0, 0)
     bias: Bool = True
 
     @field_validator("kernel", "stride", mode="before")
@@ -177,9 +184,9 @@ class Conv2d(_Strict):
 
 class MaxPool(_Strict):
     type: Literal["max_pool"]
-    size: tuple[int, int]
-    stride: tuple[int, int] | None = None  # defaults to size
-    padding: tuple[int, int] = (0, 0)
+    size: Pair
+    stride: Pair | None = None  # defaults to size
+    padding: Pair = (0, 0)
 
     @field_validator("size", "stride", mode="before")
     @classmethod
@@ -194,8 +201,8 @@ class MaxPool(_Strict):
 
 class AvgPool(_Strict):
     type: Literal["avg_pool"]
-    size: tuple[int, int]
-    stride: tuple[int, int] | None = None  # defaults to size
+    size: Pair
+    stride: Pair | None = None  # defaults to size
 
     @field_validator("size", "stride", mode="before")
     @classmethod

@@ -48,8 +48,9 @@ that moves a step depends on the network, so the tolerances are a model of the n
   - Forward. A layer that multiplies (dense, conv2d, one LSTM step) rounds both operands once:
     about 2u relative error in its output. With L the products in sequence on the longest path from
     input to logits (rounding_depth: an LSTM layer of T steps is T of them, a residual block its
-    convolutions), the worst case grows as 2Lu (Higham, "Accuracy and Stability of Numerical
-    Algorithms", section 3.1), but independent roundings add in quadrature, as 2 sqrt(L) u (Higham
+    convolutions; each layer type declares its count in the layer table, definitions/layers/), the
+    worst case grows as 2Lu (Higham, "Accuracy and Stability of Numerical Algorithms", section
+    3.1), but independent roundings add in quadrature, as 2 sqrt(L) u (Higham
     and Mary, "A new approach to probabilistic rounding error analysis", SISC 2019); the largest of
     a batch's logits reaches some 4 standard deviations. Logits, loss and the weights after the
     step are held to 8 sqrt(L) u.
@@ -101,6 +102,7 @@ from typing import Callable
 import numpy as np
 
 from ..axes import CHECK_PRECISION, Precision
+from ..definitions import layers
 from ..definitions.network import NetworkSummary
 from ..definitions.weights import random_weights, trainable_count, weight_shapes
 from ..store.checks import CheckStore, FrameworkCheck, check_precisions
@@ -127,38 +129,16 @@ def uses_batch_norm(network: NetworkSummary) -> bool:
     return any(layer["type"] in ("batch_norm", "residual") for layer in network.resolved["layers"])
 
 
-# Products in sequence through one resolved entry of these types: attention's q (or k, v)
-# projection, the scores, the weighted sum and the out projection; a transformer block's attention
-# and its MLP's two products (its residual joins are the shorter paths).
-_PRODUCTS_IN_SEQUENCE = {"dense": 1, "conv2d": 1, "patch_embedding": 1, "lm_head": 1, "attention": 4,
-                         "transformer_block": 6, "pretraining_heads": 2}  # the transform and the decoder
-
-
 def rounding_depth(network: NetworkSummary) -> int:
     """Products (dense, conv2d, LSTM steps, attention's) in sequence on the longest path from input
-    to logits."""
-    depth = 0
-    for layer in network.resolved["layers"]:
-        kind = layer["type"]
-        if kind in _PRODUCTS_IN_SEQUENCE:
-            depth += _PRODUCTS_IN_SEQUENCE[kind]
-        elif kind == "lstm":  # the last step of the top layer: T steps of one layer, one more per layer above
-            depth += network.resolved["input"]["sequence_length"] + layer["layers"] - 1
-        elif kind == "residual":  # one block per entry once resolved; its shortcut is the shorter path
-            depth += 3 if layer["block"] == "bottleneck" else 2
-    return depth
+    to logits: the sum of what the layer table declares for each resolved entry."""
+    return sum(layers.lookup(entry["type"]).rounding_depth_of(entry) for entry in network.resolved["layers"])
 
 
 def decision_depth(network: NetworkSummary) -> int:
     """ReLUs and max-pools on the path: where rounding can send the gradient elsewhere (a transformer
-    has none: GELU, softmax and layer norm are smooth)."""
-    count = 0
-    for layer in network.resolved["layers"]:
-        if layer["type"] in ("relu", "max_pool"):
-            count += 1
-        elif layer["type"] == "residual":  # a ReLU after each convolution but the last, and after the sum
-            count += 3 if layer["block"] == "bottleneck" else 2
-    return count
+    has none: GELU, softmax and layer norm are smooth); as the layer table declares them."""
+    return sum(layers.lookup(entry["type"]).decisions_of(entry) for entry in network.resolved["layers"])
 
 
 def mixed_tolerances(network: NetworkSummary, precision: str) -> dict[str, float]:

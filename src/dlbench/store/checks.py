@@ -12,27 +12,20 @@ amp_bf16 or amp_fp16 run by the float64 check and the check in its own precision
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .store import Store, StoreError, read_regular
+from .document import DocumentKind
+from .store import Store, StoreError
 
-
+# Check files have never carried a checksum or a version; their format is kept as it is.
+CHECK_FILE = DocumentKind("equivalence check", StoreError, checksummed_from=None)
 QUANTITIES = ("logits", "loss", "weights", "update")  # compared with the reference; `worst` is among these
 
 
 def _replace_file(path: Path, content: bytes) -> None:
-    """`path` with `content`, atomically (a temporary file beside it, then os.replace); the
-    temporary file is removed if the write fails part-way."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(content)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """`path` (STORE/checks/<name>.json) with `content`, whole or not at all (Store.replace_file)."""
+    Store(path.parent.parent).replace_file(content, path)
 
 
 def check_precisions(run_precision: str) -> tuple[str, ...]:
@@ -78,10 +71,10 @@ class CheckStore:
         if not path.is_file():
             return {"status": "unchecked"}
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            data = None
-        if not isinstance(data, dict) or "status" not in data:
+            data = CHECK_FILE.read(path).data
+        except StoreError:
+            data = {}
+        if "status" not in data:
             return {"status": "unchecked", "reason": f"unreadable check file {path.name}"}
         if data.get("network_hash") != network_hash:
             return {"status": "unchecked", "reason": "the last check was of another version of the network"}
@@ -137,11 +130,9 @@ class FrameworkCheck:
 def check_file_problem(path: Path) -> str | None:
     """Why an equivalence check file cannot be used, or None (see CheckStore)."""
     try:
-        data = json.loads(read_regular(Path(path)))
+        data = CHECK_FILE.read(path).data
     except StoreError as e:
         return str(e)
-    except (OSError, ValueError, RecursionError) as e:
-        return f"{path}: unreadable check: {e}"
-    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+    if not isinstance(data.get("status"), str):
         return f"{path}: not an equivalence check (no status)"
     return None

@@ -10,11 +10,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from .store import CHECKSUM_PREFIX, Store, StoreError, checksum_of, read_regular
+from .document import DocumentKind, checksummed_file
+from .store import Store
 
 KERNEL_RECORD_FORMAT = 1
+# ValueError: what its readers catch
+KERNEL_RECORD_FILE = DocumentKind("kernel record", ValueError, "format", (KERNEL_RECORD_FORMAT,))
 
 
 class _Model(BaseModel):
@@ -72,35 +75,17 @@ class KernelStore:
         self.root = store.root / "kernels"
 
     def write(self, record: KernelRecord) -> Path:
-        data = json.loads(record.model_dump_json())
-        data["checksum"] = checksum_of(data)
+        """FileExistsError for a run id already stored (left alone); StoreWriteError where the file
+        system refuses it (kept where `dlbench store merge` takes it back)."""
         final = self.root / f"{record.run_id}.json"
-        content = json.dumps(data, indent=1).encode() + b"\n"
-        try:
-            self.store.publish(content, final)
-        except FileExistsError:
-            raise  # a run id already stored: left alone
-        except OSError as e:  # a full disk, a read-only mount: kept where `dlbench store merge` takes it back
-            raise self.store.keep_file_elsewhere(final, content, e, "kernel record") from None
+        self.store.add(checksummed_file(json.loads(record.model_dump_json())), final, "kernel record")
         return final
 
     @staticmethod
     def read(path: Path) -> KernelRecord:
         """ValueError naming the file when it is damaged or not a kernel record."""
-        try:
-            data = json.loads(read_regular(Path(path)))
-        except StoreError as e:
-            raise ValueError(str(e)) from None
-        except (OSError, ValueError, RecursionError) as e:
-            raise ValueError(f"{path}: unreadable kernel record: {e}") from None
-        stored = data.get("checksum") if isinstance(data, dict) else None
-        if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX) or checksum_of(data) != stored:
-            raise ValueError(f"{path}: checksum missing or mismatched: the file changed after it was written")
-        try:
-            return KernelRecord.model_validate({k: v for k, v in data.items() if k != "checksum"})
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise ValueError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        document = KERNEL_RECORD_FILE.read(path)
+        return KERNEL_RECORD_FILE.validate(KernelRecord, document.body(), document.path)
 
     def records(self, problems: list[str] | None = None):
         for path in sorted(self.root.glob("*.json")) if self.root.is_dir() else []:

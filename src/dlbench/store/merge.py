@@ -93,12 +93,8 @@ def _merge_performance_file(destination: Store, source: Store, path: Path, probl
         return
     raw = read_regular(path)
     target = destination.root / path.relative_to(source.root)
-    try:
-        destination.publish(raw, target)
-        report.added.append(target)
+    if _added(destination, raw, target, report):
         return
-    except FileExistsError:
-        pass
     if _bytes_of(target) == raw:
         report.duplicates.append(path)
         return
@@ -119,12 +115,8 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
     if clashes:
         report.conflicts.append((path, clashes[0][1]))
         return
-    try:
-        destination.publish(incoming.raw, target)
-        report.added.append(target)
+    if _added(destination, incoming.raw, target, report):
         return
-    except FileExistsError:
-        pass
     if _bytes_of(target) == incoming.raw:
         report.duplicates.append(path)
         return
@@ -140,6 +132,17 @@ def _merge_record(destination: Store, source: Store, path: Path, report: MergeRe
     differ = [k for k in mine if mine[k] != theirs.get(k)]
     report.conflicts.append((path, f"{path}: run {incoming.record.run_id} is already in the store with other "
                                    f"content (differs in: {', '.join(differ)}); kept {target}"))
+
+
+def _added(destination: Store, raw: bytes, target: Path, report: MergeReport) -> bool:
+    """`raw` copied to `target` (whole or not at all) and reported as added; False, copying nothing,
+    where `target` exists already."""
+    try:
+        destination.publish(raw, target)
+    except FileExistsError:
+        return False
+    report.added.append(target)
+    return True
 
 
 def _bytes_of(path: Path) -> bytes | None:
@@ -166,12 +169,8 @@ def _merge_check(destination: Store, path: Path, report: MergeReport) -> None:
         return
     raw = read_regular(path)
     target = destination.checks / path.name
-    try:
-        destination.publish(raw, target)
-        report.added.append(target)
+    if _added(destination, raw, target, report):
         return
-    except FileExistsError:
-        pass
     existing = _bytes_of(target)
     if existing == raw or (existing is not None and check_file_problem(target) is None
                            and _same_verdict(json.loads(existing), json.loads(raw))):

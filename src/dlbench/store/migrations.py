@@ -1,6 +1,7 @@
 """Upgrade stored records written by older dlbench versions, one schema step at a time.
 
-`update_to_N(data)` takes a record of version N-1 (plain JSON data) and returns it at version N.
+`update_to_N(data)` takes a record of version N-1 (plain JSON data) and returns it at version N;
+a version that only added optional fields has no function of its own (MODEL_DEFAULTS_SUFFICE).
 Records are upgraded on read; the files themselves are rewritten only by `dlbench store upgrade`
 (Store.upgrade), which keeps the originals. A step must be deterministic (the same old record always
 gives the same new one): `dlbench store merge` compares records of different versions by their
@@ -31,12 +32,6 @@ def update_to_4(data: dict) -> dict:
     machine = data.get("machine")
     if isinstance(machine, dict) and "machine_id" not in machine:
         data["machine"] = {**machine, "machine_id": machine_id(machine)}
-    return data
-
-
-def update_to_5(data: dict) -> dict:
-    """5 added multi-worker runs (`distributed`, `comm`, per-rank timings, the `collective` mode).
-    A single-process record of version 4 is one as version 5 writes it: absent means none."""
     return data
 
 
@@ -81,48 +76,19 @@ def update_to_8(data: dict) -> dict:
     return data
 
 
-def update_to_9(data: dict) -> dict:
-    """9 added LoadGen scenarios (`workload.scenario`, `loadgen`): an older record ran the harness's
-    back-to-back iterations, which absent (None) means."""
+# The versions that only added fields an older record lacks and the model defaults to "none" (None,
+# {}, []; record.py's history says which): a record of the version before reads as one of them
+# with nothing changed but its version number. Each is still a step, so that every version says
+# how a record reaches it.
+MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14)
+
+
+def _version_only(data: dict) -> dict:
     return data
 
 
-def update_to_10(data: dict) -> dict:
-    """10 added mode generate (`Repeat.generation`, `Record.generation`, the workload mode
-    `generate`): a record of an older version generated nothing, so absent means none."""
-    return data
-
-
-def update_to_11(data: dict) -> dict:
-    """11 added time to accuracy: the workload mode `convergence` and `convergence` (absent: none).
-    A record of an older version is one as 11 writes it."""
-    return data
-
-
-def update_to_12(data: dict) -> dict:
-    """12 split each prediction's time by source (`prediction.sources`). An older prediction's split
-    cannot be told apart after the fact (its element-wise work at the framework's measured bandwidth
-    and at the copy bandwidth look alike), so it reads with none: `sources` stays absent ({}), and
-    `measured_share` still says the part from measured shapes."""
-    return data
-
-
-def update_to_13(data: dict) -> dict:
-    """13 added LoadGen's token latencies (generation's server scenario): `loadgen.result.ttft_ns`,
-    `tpot_ns`, `tokens_per_s` and `loadgen.generation`. No older LoadGen run generated, so every
-    older record reads with none of them (absent: {} and None)."""
-    return data
-
-
-def update_to_14(data: dict) -> dict:
-    """14 added each repeat's yardstick times (`Repeat.yardstick`). Nothing measured them before, so an
-    older record reads with none (absent: None), and its predictions are scored raw only."""
-    return data
-
-
-STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 5: update_to_5, 6: update_to_6, 7: update_to_7,
-         8: update_to_8, 9: update_to_9, 10: update_to_10, 11: update_to_11, 12: update_to_12, 13: update_to_13,
-         14: update_to_14}
+STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 6: update_to_6, 7: update_to_7, 8: update_to_8,
+         **dict.fromkeys(MODEL_DEFAULTS_SUFFICE, _version_only)}
 
 
 def upgrade(data: dict, target: int) -> dict:

@@ -23,9 +23,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from .store import CHECKSUM_PREFIX, Store, StoreError, checksum_of, read_regular
+from .document import DocumentKind, checksummed_file
+from .store import Store
 
 PROFILE_FORMAT = 3
 # 1: before class probes; read as a profile without them (no field of format 1 changed meaning)
@@ -35,6 +36,9 @@ READABLE_FORMATS = (1, 2, PROFILE_FORMAT)
 
 class ProfileError(Exception):
     """A profile that cannot be found or read; the message names it."""
+
+
+PROFILE_FILE = DocumentKind("machine profile", ProfileError, "format", READABLE_FORMATS)
 
 
 class _Model(BaseModel):
@@ -164,36 +168,15 @@ class MachineProfile(_Model):
 
 
 def profile_file(profile: MachineProfile) -> bytes:
-    data = json.loads(profile.model_dump_json())
-    data["checksum"] = checksum_of(data)
-    return json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+    return checksummed_file(json.loads(profile.model_dump_json()), sort_keys=True)
 
 
 def read_profile(path: Path) -> MachineProfile:
     """Read and verify one profile file; ProfileError naming it otherwise."""
-    try:
-        data = json.loads(read_regular(Path(path)))
-    except StoreError as e:
-        raise ProfileError(str(e)) from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise ProfileError(f"{path}: unreadable machine profile: {e}") from None
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path}: not a machine profile (not a JSON object)")
-    stored = data.get("checksum")
-    if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX):
-        raise ProfileError(f"{path}: checksum: missing or malformed")
-    if checksum_of(data) != stored:
-        raise ProfileError(f"{path}: checksum mismatch: the profile changed after it was written")
-    if data.get("format") not in READABLE_FORMATS:
-        raise ProfileError(f"{path}: format {data.get('format')!r}; this dlbench reads formats "
-                           f"{', '.join(map(str, READABLE_FORMATS))}")
-    body = {k: v for k, v in data.items() if k != "checksum"}
+    document = PROFILE_FILE.read(path)
+    body = document.body()
     body["format"] = PROFILE_FORMAT  # an older profile is a current one without what came later
-    try:
-        return MachineProfile.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ProfileError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    return PROFILE_FILE.validate(MachineProfile, body, document.path)
 
 
 class ProfileStore:
@@ -224,13 +207,11 @@ class ProfileStore:
             revision = (self.revisions(profile.machine_id) or [0])[-1] + 1
             stored = profile.model_copy(update={"revision": revision})
             content, final = profile_file(stored), self.path(profile.machine_id, revision)
-            try:
-                self.store.publish(content, final)
+            try:  # a full disk, a read-only mount: kept where `dlbench store merge` takes it back
+                self.store.add(content, final, "machine profile")
                 return stored
             except FileExistsError:
                 continue  # another calibrate took this revision a moment ago: take the next
-            except OSError as e:  # a full disk, a read-only mount: kept where `dlbench store merge` takes it back
-                raise self.store.keep_file_elsewhere(final, content, e, "machine profile") from None
         raise ProfileError(f"{self._dir(profile.machine_id)}: could not find a free revision")
 
     def machines(self) -> list[str]:

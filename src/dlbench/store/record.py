@@ -29,9 +29,9 @@ records step by step and refuse newer ones):
     size: median time, algorithm and bus bandwidth, the check of the result), each repeat's
     per-rank timings (`Repeat.ranks`), and the workload mode `collective` (a comm record's
     "network" is the collective: name, sizes, dtype; batch 1, one message per iteration).
-    Older records read with none of these (update_to_5). Also `prediction`: the performance
-    model's iteration time for the run, made from the machine profile before it ran (performance/;
-    absent when there was no profile).
+    Older records read with none of these (the model's defaults: no migration). Also
+    `prediction`: the performance model's iteration time for the run, made from the machine
+    profile before it ran (performance/; absent when there was no profile).
   6 (2026-12-01) precision and compilation as axes: `workload.precision` is one of fp32 (IEEE
     float32, TF32 pinned off), tf32, amp_bf16, amp_fp16 (the runner records the effective flags and
     dtypes it read back in settings.runner.precision_effective); `workload.compile` (eager |
@@ -75,7 +75,8 @@ records step by step and refuse newer ones):
     `logs`: LoadGen's log files, kept in the store beside the record under
     STORE/loadgen/<run_id>/, each with its size and SHA-256 (the record's checksum covers those,
     so `store verify` proves the logs too). A LoadGen run has no `summary` (LoadGen keeps the clock,
-    not the harness). Older records read with scenario None and no loadgen (update_to_9).
+    not the harness). Older records read with scenario None and no loadgen (the model's defaults:
+    no migration).
   10 (2026-12-02) generation (issue 20): the workload mode `generate` (a decoder's prompt, then new
     tokens one at a time with a key/value cache, greedy). Each repeat's `generation` holds, per
     measured request, its time to first token (`ttft_s`: the prefill, prompt in, first new token
@@ -85,19 +86,20 @@ records step by step and refuse newer ones):
     prompt and new-token counts and the distributions over every request of every ok repeat: TTFT,
     TPOT and tokens/s per request (batch x new tokens / request time), each with median, mean,
     stdev, min, max, quartiles, 90th and 99th percentiles and the repeats' medians. Older records
-    have none (absent: none) (update_to_10).
+    have none (absent: none) (the model's defaults: no migration).
   11 (2026-12-02) time to accuracy (suite kind `convergence`, issue 21): the workload mode
     `convergence`; `convergence` (the task: dataset, target, optimiser and schedule, augmentation,
     batch, cadence, epochs; per seeded run its outcome, time and epochs to target, initialisation
     time, accuracy curve, input-bound share and its MLLOG file, kept in STORE/mllog/<run_id>/ with
-    its SHA-256; the score by MLPerf's rule). Older records have none (update_to_11).
+    its SHA-256; the score by MLPerf's rule). Older records have none (the model's defaults: no
+    migration).
   12 (2026-12-02) where a prediction came from: `prediction.sources`, the share of the predicted
     time from each source of performance/model.py's SOURCES: `shape` (kernels measured at that very
     shape), `class` (an operation class's efficiency measured by calibrate's probes, or the
     framework's measured element-wise bandwidth for work that is no kernel), `ceilings` (the
     roofline at a calibrated profile's measured ceilings alone), `datasheet` (a datasheet's peaks
     times stated efficiencies). Older records read with no split (`sources` {}; `measured_share`
-    keeps saying the `shape` part) (update_to_12).
+    keeps saying the `shape` part) (the model's defaults: no migration).
   13 (2026-12-02) LoadGen's server scenario on generation (`dlbench run --mode generate --scenario
     server`, issue 20): LoadGen's token latencies. `loadgen.result` (and each test of `search`) has
     `ttft_ns` (time to first token) and `tpot_ns` (time per output token): min, mean, max and
@@ -105,12 +107,13 @@ records step by step and refuse newer ones):
     `early_stopping` joins LoadGen's TTFT and TPOT early-stopping texts. `loadgen.generation` holds
     the request shape (prompt, new tokens), the bounds (`ttft_ms`, `tpot_ms`, 99th percentile) and
     the serving policy. The server's figure is the highest rate meeting both bounds. Older records
-    read with none of these ({}/None) (update_to_13).
+    read with none of these ({}/None) (the model's defaults: no migration).
   14 (2026-12-03) the machine's speed beside each measurement: each repeat's `yardstick`, the
     median seconds (by kernel key) of the two fixed kernels its worker timed in the run's framework
     before building the network (performance/yardstick.py: a float32 512^3 matrix product and a relu
     over 16 MiB), so a prediction can be scored against the machine as fast as it was when the run
-    ran (`dlbench predict --accuracy`). Older records read with none (None) (update_to_14).
+    ran (`dlbench predict --accuracy`). Older records read with none (None) (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations

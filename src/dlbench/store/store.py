@@ -19,21 +19,11 @@ process of this host, or one older than an hour (no write takes that long), whoe
 (Store.clean_incoming, run before a Store's first write and by `store upgrade` and `store merge`).
 
 Integrity (schema 4): the file carries `checksum`, "sha256:" + the SHA-256 of the canonical JSON
-(keys sorted, no whitespace, UTF-8) of everything else in the file. Canonical, so it does not
-depend on how the file was indented or ordered, and a record read and dumped again keeps it.
+of everything else in the file (document.py, which reads every kind of file the store keeps).
 Every read of a record that has a checksum verifies it; a record of schema 4 or later without one
 is a problem, and an older record (which never had one) reads as "unverified". A damaged record
 (truncated, a flipped digit, edited by hand) is reported by name and skipped, never read as if
 it were right and never a crash of the reader.
-
-Verifying is exact and cheap (`_verified_fast`): orjson parses the file and writes it again with
-sorted keys, several times faster than the json module; the floats it writes in another notation
-than json does (1e-9 for 1e-09, 0.00001 for 1e-05; always the same shortest digits) are rewritten
-as json writes them, outside strings only. Those bytes hash to the stored checksum only if they
-are the canonical JSON the writer hashed, and parsing them gives back what orjson read, so a match
-proves the content. Anything else (no match, a file orjson refuses) is read and checked again the
-defining way, with the json module, before it is called damaged: the fast way can only save time,
-never accept a file the defining way would refuse.
 
 Upgrading (`dlbench store upgrade`): records of older schemas are read at the current one on
 every read (migrations.py) and never changed; Store.upgrade rewrites them at the current version,
@@ -44,7 +34,6 @@ which dlbench), replacing each file atomically (os.replace) after hard-linking t
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -52,7 +41,6 @@ import re
 import secrets
 import shutil
 import socket
-import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -60,24 +48,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-import orjson
-from pydantic import ValidationError
-
 from .. import paths
+# Re-exported: the store's readers and its tests know them from here.
+from .document import (CHECKSUM_PREFIX, DocumentKind, StoreError, _canonical_fast, canonical_json,  # noqa: F401
+                       checksum_of, read_regular)
 from .migrations import upgrade
 from .record import SCHEMA_VERSION, Record, valid_run_id
 
-CHECKSUM_PREFIX = "sha256:"
 FIRST_CHECKSUMMED_VERSION = 4
+RECORD_FILE = DocumentKind("record", StoreError, "schema_version", range(1, SCHEMA_VERSION + 1),
+                           checksummed_from=FIRST_CHECKSUMMED_VERSION)
 FILE_FIELDS = ("checksum", "upgraded_from")  # belong to the file, not to Record
 STALE_TEMP_AGE_S = 3600.0
 # What `dlbench run` asks of a store before its first benchmark: room for a record (most are
 # 50-500 kB; one with long telemetry series a few MB) with some to spare.
 MIN_FREE_BYTES = 64 * 2**20
-
-
-class StoreError(Exception):
-    pass
 
 
 class StoreWriteError(StoreError):
@@ -87,40 +72,6 @@ class StoreWriteError(StoreError):
     def __init__(self, message: str, kept: Path | None):
         super().__init__(message)
         self.kept = kept
-
-
-def read_regular(path: Path) -> bytes:
-    """The bytes of a regular file; StoreError for anything else (a FIFO, a device, a directory),
-    which is never read: opening a FIFO for reading blocks until a writer comes, which may be never.
-    The check is made on the open descriptor too (O_NONBLOCK: opening a FIFO so returns at once),
-    so a file swapped for a FIFO after the first look is refused as well."""
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); ignored, never opened")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise StoreError(f"{path}: unreadable: {type(e).__name__}: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{path}: not a regular file ({_file_kind(st.st_mode)}); ignored")
-        chunks = []
-        while chunk := os.read(fd, max(st.st_size + 1, 65536)):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as e:
-        raise StoreError(f"{path}: unreadable: {type(e).__name__}: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a plain file"
 
 
 def file_digest(raw: bytes) -> str:
@@ -171,79 +122,6 @@ class UpgradeReport:
     problems: list[Unreadable] = field(default_factory=list)
 
 
-def canonical_json(data) -> bytes:
-    # surrogatepass: a lone surrogate escaped in a file ("\ud800") must hash, not crash the reader
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
-
-
-def checksum_of(data: dict) -> str:
-    """The checksum a record file's data should carry (its own `checksum` field left out)."""
-    body = {k: v for k, v in data.items() if k != "checksum"}
-    return CHECKSUM_PREFIX + hashlib.sha256(canonical_json(body)).hexdigest()
-
-
-# where a number orjson writes otherwise than json may be: an exponent (json: 1e-09, 1e+16; orjson:
-# 1e-9, 1e16) or a small number written out (json: 1e-05; orjson: 0.00001). Found by their literal
-# part, which the re module and bytes.find scan for quickly; the whole number is then matched.
-_EXPONENT = re.compile(rb"e[-+]?[0-9]")
-_SMALL = b"0.0000"
-_NUMBER = re.compile(rb"-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?(?=[,\]}])")
-_NUMBER_BYTES = frozenset(b"0123456789.-")
-
-
-def _number_starts(out: bytes) -> list[int]:
-    starts = set()
-    anchors = [m.start() for m in _EXPONENT.finditer(out) if m.start() and out[m.start() - 1] in b"0123456789"]
-    at = out.find(_SMALL)
-    while at != -1:
-        anchors.append(at)
-        at = out.find(_SMALL, at + len(_SMALL))
-    for at in anchors:
-        while at and out[at - 1] in _NUMBER_BYTES:
-            at -= 1
-        starts.add(at)
-    return sorted(starts)
-
-
-def _canonical_fast(body: dict) -> bytes | None:
-    """canonical_json(body) by way of orjson (None where orjson cannot write it): orjson's sorted
-    output with each float in the notation json uses. A number-like text inside a string is left
-    alone: strings are told apart by counting the quotes before it, once escaped quotes and
-    backslashes are blanked out (same length, so positions still line up)."""
-    try:
-        out = orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, orjson.JSONEncodeError):  # an int beyond 64 bits, a lone surrogate, deep nesting
-        return None
-    quotes = out.replace(b"\\\\", b"\0\0").replace(b'\\"', b"\0\0") if b"\\" in out else out
-    parts, copied, counted, inside = [], 0, 0, False
-    for start in _number_starts(out):
-        inside ^= quotes.count(b'"', counted, start) % 2 == 1
-        counted = start
-        number = None if inside or out[start - 1:start] not in (b":", b",", b"[") else _NUMBER.match(out, start)
-        if number is not None:  # outside strings every number follows one of those and ends before , ] }
-            parts += (out[copied:start], repr(float(number[0])).encode())
-            copied = number.end()
-    if not parts:
-        return out
-    parts.append(out[copied:])
-    return b"".join(parts)
-
-
-def _verified_fast(raw: bytes) -> dict | None:
-    """The file's data if orjson can show it matches its own checksum; None: decide the slow way."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    stored = data.get("checksum") if isinstance(data, dict) else None
-    if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX):
-        return None
-    canonical = _canonical_fast({k: v for k, v in data.items() if k != "checksum"})
-    if canonical is None or CHECKSUM_PREFIX + hashlib.sha256(canonical).hexdigest() != stored:
-        return None
-    return data
-
-
 def _record_file(record: Record, **file_fields) -> bytes:
     """The file's bytes: the record as pydantic writes it (indented, fast), then the file's own
     fields and last the checksum of it all, appended inside the closing brace."""
@@ -289,10 +167,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _field_path(err: dict) -> str:
-    return ".".join(str(p) for p in err["loc"])
-
-
 class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -313,14 +187,22 @@ class Store:
             raise StoreError(f"{record.run_id!r} is not a run id (letters, digits, '_', '-' and '.', not first); "
                              "not written")
         final = self.runs / f"{record.run_id}.json"
-        content = _record_file(record)
+        try:
+            self.add(_record_file(record), final)
+        except FileExistsError:
+            raise StoreError(f"{final}: a record with run id {record.run_id} already exists; not overwritten") from None
+        return final
+
+    def add(self, content: bytes, final: Path, what: str = "record") -> None:
+        """Make `final` appear with `content`, whole or not at all (`publish`): FileExistsError,
+        leaving it alone, if it exists; a write the file system refuses (a full disk, a read-only
+        mount) keeps the file elsewhere and raises StoreWriteError saying where (keep_file_elsewhere)."""
         try:
             self.publish(content, final)
         except FileExistsError:
-            raise StoreError(f"{final}: a record with run id {record.run_id} already exists; not overwritten") from None
+            raise
         except OSError as e:
-            raise self.keep_elsewhere(record.run_id, content, e) from None
-        return final
+            raise self.keep_file_elsewhere(final, content, e, what) from None
 
     def keep_elsewhere(self, run_id: str, content: bytes, error: OSError) -> StoreWriteError:
         """After a failed write of a run record: see keep_file_elsewhere."""
@@ -384,13 +266,7 @@ class Store:
         if not self._cleaned:
             self._cleaned = True
             self.clean_incoming()
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._stage(content, final.stem)
-        try:
-            os.link(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(final.parent)
+        self._move_in(content, final, os.link)
 
     def _stage(self, content: bytes, stem: str) -> Path:
         self.incoming.mkdir(parents=True, exist_ok=True)
@@ -405,10 +281,18 @@ class Store:
             raise
         return tmp
 
-    def _replace(self, content: bytes, final: Path) -> None:
+    def replace_file(self, content: bytes, final: Path) -> None:
+        """Replace `final` (or make it) with `content`, whole or not at all: staged in .incoming/,
+        then os.replace; OSError where the file system refuses it."""
+        self._move_in(content, final, os.replace)
+
+    def _move_in(self, content: bytes, final: Path, move) -> None:
+        """`content` staged in .incoming/ (fsynced), then `move`d (os.link: never over an existing
+        file; os.replace) to `final`; the staged name is gone afterwards whatever happened."""
+        final.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._stage(content, final.stem)
         try:
-            os.replace(tmp, final)
+            move(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
         _fsync_dir(final.parent)
@@ -449,44 +333,20 @@ class Store:
         return self._inspect_bytes(Path(path), raw)
 
     def _inspect_bytes(self, path: Path, raw: bytes) -> StoredRecord:
-        data = _verified_fast(raw)
-        verified = data is not None
-        if data is None:
-            try:
-                data = json.loads(raw)
-            except (ValueError, RecursionError) as e:  # ValueError: not UTF-8, not JSON
-                raise StoreError(f"{path}: unreadable record: {type(e).__name__}: {e}") from None
-        version = data.get("schema_version") if isinstance(data, dict) else None
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise StoreError(f"{path}: schema_version: missing or invalid ({version!r})")
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{path}: schema version {version} is newer than this dlbench understands "
-                             f"({SCHEMA_VERSION}); upgrade dlbench to read it")
-        stored = data.get("checksum")
-        if stored is None and version >= FIRST_CHECKSUMMED_VERSION:
-            raise StoreError(f"{path}: checksum: missing (every record of schema {FIRST_CHECKSUMMED_VERSION} "
-                             "or later has one); the file was edited or damaged")
-        if stored is not None and not verified:  # whatever the version: a damaged version number must not hide it
-            if not isinstance(stored, str) or not stored.startswith(CHECKSUM_PREFIX):
-                raise StoreError(f"{path}: checksum: not a {CHECKSUM_PREFIX}<hex> value ({str(stored)[:40]!r})")
-            actual = checksum_of(data)
-            if actual != stored:
-                raise StoreError(f"{path}: checksum mismatch: the file changed after it was written "
-                                 f"(it says {stored[:19]}..., its content hashes to {actual[:19]}...)")
-        upgraded_from = data.get("upgraded_from")
-        body = {k: v for k, v in data.items() if k not in FILE_FIELDS}
+        document = RECORD_FILE.parse(path, raw)
+        body = document.body(FILE_FIELDS)
         if _SURROGATE_ESCAPE.search(raw):  # verified as it is; read with U+FFFD for what UTF-8 cannot hold
             body = _without_lone_surrogates(body)
         try:
-            record = Record.model_validate(upgrade(body, SCHEMA_VERSION))
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise StoreError(f"{path}: {_field_path(err)}: {err['msg']}") from None
+            current = upgrade(body, SCHEMA_VERSION)
         except (KeyError, TypeError, AttributeError, ValueError) as e:  # a migration step met odd data
-            raise StoreError(f"{path}: cannot upgrade from schema {version}: {type(e).__name__}: {e}") from None
+            raise StoreError(f"{path}: cannot upgrade from schema {document.version}: "
+                             f"{type(e).__name__}: {e}") from None
+        record = RECORD_FILE.validate(Record, current, path)
         if path.parent == self.runs and record.run_id != path.stem:
             raise StoreError(f"{path}: run_id {record.run_id!r} does not match the file name")
-        return StoredRecord(path, record, version, stored is not None, upgraded_from, raw)
+        return StoredRecord(path, record, document.version, document.verified,
+                            document.data.get("upgraded_from"), raw)
 
     def read(self, path: Path) -> Record:
         return self.inspect(path).record
@@ -500,6 +360,14 @@ class Store:
                 if problems is not None:
                     problems.append(Unreadable(path, str(e)))
 
+    def stored_records(self, problems: list[Unreadable]) -> Iterator[StoredRecord]:
+        """`records`, each as its file holds it (`inspect`); unreadable ones reported into `problems`."""
+        for path in self.paths():
+            try:
+                yield self.inspect(path)
+            except StoreError as e:
+                problems.append(Unreadable(path, str(e)))
+
     # ------------------------------------------------------------------ maintenance
 
 
@@ -510,12 +378,8 @@ class Store:
 
         self.clean_incoming()
         report = report if report is not None else UpgradeReport()
-        for path in self.paths():
-            try:
-                stored = self.inspect(path)
-            except StoreError as e:
-                report.problems.append(Unreadable(path, str(e)))
-                continue
+        for stored in self.stored_records(report.problems):
+            path = stored.path
             if stored.written_version >= SCHEMA_VERSION:
                 report.current += 1
                 continue
@@ -535,6 +399,6 @@ class Store:
                         path, f"{path}: not upgraded: {original} exists with other content"))
                     continue
             _fsync_dir(self.upgraded)
-            self._replace(content, path)
+            self.replace_file(content, path)
             report.upgraded.append((path, stored.written_version))
         return report

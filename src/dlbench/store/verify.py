@@ -11,7 +11,7 @@ from .checks import check_file_problem
 from .kernels import KernelStore
 from .attachments import attachment_problems, attachments, unlisted_files
 from .profiles import ProfileError, read_profile
-from .store import Store, StoreError, Unreadable
+from .store import Store, Unreadable
 
 
 @dataclass
@@ -52,12 +52,8 @@ def verify(store: Store) -> VerifyReport:
     and find the files beside records that no record lists; changes nothing."""
     report = VerifyReport()
     listed: set[str] = set()
-    for path in store.paths():
-        try:
-            stored = store.inspect(path)
-        except StoreError as e:
-            report.problems.append(Unreadable(path, str(e)))
-            continue
+    for stored in store.stored_records(report.problems):
+        path = stored.path
         # the files a record keeps beside it (LoadGen logs, MLLOG files): each as its record lists it
         report.problems += [Unreadable(p, why) for p, why in attachment_problems(store.root, stored.record)]
         listed.update(a.path for a in attachments(stored.record))

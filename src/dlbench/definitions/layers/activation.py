@@ -17,4 +17,9 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer.backward.append(b.passes(entry["type"], n, 3))
 
 
-LAYER = LayerType(schema.Activation, infer, work)
+def decisions(entry: dict) -> int:
+    """A ReLU whose input lies within rounding of zero goes either way; sigmoid and tanh are smooth."""
+    return 1 if entry["type"] == "relu" else 0
+
+
+LAYER = LayerType(schema.Activation, infer, work, rounding_depth=0, decisions=decisions)

@@ -118,4 +118,6 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
              input_grad, causal=entry["causal"])
 
 
-LAYER = LayerType(schema.Attention, infer, work, weights)
+# Products in sequence: the q (or k, v) projection, the scores, the weighted sum, the out projection;
+# softmax is smooth, so no decision.
+LAYER = LayerType(schema.Attention, infer, work, weights, rounding_depth=4, decisions=0)

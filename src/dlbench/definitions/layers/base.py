@@ -16,6 +16,13 @@ functions the controller needs of it, and the few helpers those functions share.
   workload's builder (the `Work` protocol below: definitions imports nothing of performance).
   `input_grad` says whether a trainable layer precedes it (else no input gradient is computed).
   The update and the parameter count are not its job: the workload derives both from `weights`.
+- `rounding_depth` and `decisions`: what one resolved entry adds to the mixed-precision tolerance
+  (execution/equivalence.py, "Mixed precision"): the products (matrix products, convolutions, one
+  LSTM step) in sequence on its longest path, each of which rounds its operands to the compute
+  format; and the decisions on that path that rounding can flip (a ReLU, a max-pool window), each
+  of which moves the gradient below it by a whole unit's signal. Each is a count or a function of
+  the resolved entry. Both must be declared, 0 included: a matmul-like type left at a silent 0
+  would get a tolerance too tight for it, so a LayerType without them is a ValueError.
 """
 
 from __future__ import annotations
@@ -117,6 +124,11 @@ def _no_weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
     return {}
 
 
+# A count per resolved entry, or a function of the resolved entry giving it.
+EntryCount = int | Callable[[dict], int]
+_COUNTS = ("rounding_depth", "decisions")
+
+
 @dataclass(frozen=True)
 class LayerType:
     """One entry of the layer table (definitions/layers/__init__.py)."""
@@ -125,10 +137,45 @@ class LayerType:
     infer: Callable[[Any, Site], Inferred]
     work: Callable[[Work, Any, dict, bool], None]
     weights: Callable[[str, dict], dict[str, tuple[int, ...]]] = _no_weights
+    # Keyword-only and with no usable default: see the module docstring. None is "not declared".
+    rounding_depth: EntryCount | None = field(default=None, kw_only=True)
+    decisions: EntryCount | None = field(default=None, kw_only=True)
     names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self):
         object.__setattr__(self, "names", type_names(self.model))
+        label = ", ".join(map(repr, self.names))
+        missing = [name for name in _COUNTS if getattr(self, name) is None]
+        if missing:
+            raise ValueError(
+                f"layer type {label}: declare {' and '.join(missing)} (keyword arguments of LayerType): "
+                "the products in sequence through one resolved entry and the ReLU-like decisions on "
+                "its path, which the mixed-precision tolerance is built from; 0 where it has none")
+        for name in _COUNTS:
+            value = getattr(self, name)
+            if not callable(value) and not _is_count(value):
+                raise ValueError(f"layer type {label}: {name} must be a count (an int >= 0) or a function "
+                                 f"of the resolved entry, got {value!r}")
+
+    def rounding_depth_of(self, entry: dict) -> int:
+        """Products in sequence on the longest path through one resolved entry of this type."""
+        return self._count("rounding_depth", entry)
+
+    def decisions_of(self, entry: dict) -> int:
+        """Decisions rounding can flip (ReLUs, max-pools) on that path."""
+        return self._count("decisions", entry)
+
+    def _count(self, name: str, entry: dict) -> int:
+        value = getattr(self, name)
+        count = value(entry) if callable(value) else value
+        if not _is_count(count):
+            raise ValueError(f"layer type {entry.get('type')!r}: its {name} gave {count!r} for {entry}, "
+                             "not a count (an int >= 0)")
+        return count
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def type_names(model: type[BaseModel]) -> tuple[str, ...]:

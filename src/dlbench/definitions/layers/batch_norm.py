@@ -27,4 +27,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     b.batch_norm(layer, "", tuple(entry["in_shape"]), input_grad)
 
 
-LAYER = LayerType(schema.BatchNorm, infer, work, weights)
+LAYER = LayerType(schema.BatchNorm, infer, work, weights, rounding_depth=0, decisions=0)

@@ -43,4 +43,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
            entry["padding"], input_grad, entry["bias"])
 
 
-LAYER = LayerType(schema.Conv2d, infer, work, weights)
+LAYER = LayerType(schema.Conv2d, infer, work, weights, rounding_depth=1, decisions=0)

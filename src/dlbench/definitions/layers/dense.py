@@ -70,4 +70,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     products(b, layer, "", positions, in_shape[-1], entry["units"], entry["bias"], input_grad)
 
 
-LAYER = LayerType(schema.Dense, infer, work, weights)
+LAYER = LayerType(schema.Dense, infer, work, weights, rounding_depth=1, decisions=0)

@@ -18,4 +18,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
             layer.backward.append(b.passes("dropout", n, 3))
 
 
-LAYER = LayerType(schema.Dropout, infer, work)
+LAYER = LayerType(schema.Dropout, infer, work, rounding_depth=0, decisions=0)

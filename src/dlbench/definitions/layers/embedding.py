@@ -32,4 +32,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
                                    b.element_bytes * (table + 2 * rows * entry["dim"])))
 
 
-LAYER = LayerType(schema.Embedding, infer, work, weights)
+LAYER = LayerType(schema.Embedding, infer, work, weights, rounding_depth=0, decisions=0)

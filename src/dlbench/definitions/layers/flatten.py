@@ -14,4 +14,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     pass
 
 
-LAYER = LayerType(schema.Flatten, infer, work)
+LAYER = LayerType(schema.Flatten, infer, work, rounding_depth=0, decisions=0)

@@ -31,4 +31,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     passes(b, layer, "", b.batch * numel(entry["in_shape"]), input_grad, form=entry["form"])
 
 
-LAYER = LayerType(schema.Gelu, infer, work)
+LAYER = LayerType(schema.Gelu, infer, work, rounding_depth=0, decisions=0)

@@ -49,4 +49,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
     passes(b, layer, "", entry["in_shape"], input_grad)
 
 
-LAYER = LayerType(schema.LayerNorm, infer, work, weights)
+LAYER = LayerType(schema.LayerNorm, infer, work, weights, rounding_depth=0, decisions=0)

@@ -46,4 +46,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer.backward.append(b.passes("tied gradient sum", vocabulary * dim, 3))
 
 
-LAYER = LayerType(schema.LMHead, infer, work, weights)
+LAYER = LayerType(schema.LMHead, infer, work, weights, rounding_depth=1, decisions=0)

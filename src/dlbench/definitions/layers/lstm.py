@@ -42,4 +42,10 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
                                 steps=steps, input=layer_in, hidden=h))
 
 
-LAYER = LayerType(schema.LSTM, infer, work, weights)
+def rounding_depth(entry: dict) -> int:
+    """To the last step of the top layer: T steps of the first layer, one more per layer above."""
+    return entry["in_shape"][0] + entry["layers"] - 1
+
+
+# Sigmoid and tanh gates are smooth: no decision.
+LAYER = LayerType(schema.LSTM, infer, work, weights, rounding_depth=rounding_depth, decisions=0)

@@ -44,4 +44,5 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
             layer.backward.append(b.passes("class token gradient", b.batch * dim, 1))
 
 
-LAYER = LayerType(schema.PatchEmbedding, infer, work, weights)
+# One product: the patches' projection (a convolution).
+LAYER = LayerType(schema.PatchEmbedding, infer, work, weights, rounding_depth=1, decisions=0)

@@ -51,6 +51,8 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer.backward.append(b.kernel(t, "pool2d_bwd", **shape))
 
 
-MAX_POOL = LayerType(schema.MaxPool, infer_window, work)
-AVG_POOL = LayerType(schema.AvgPool, infer_window, work)
-GLOBAL_AVG_POOL = LayerType(schema.GlobalAvgPool, infer_global, work)
+# A max-pool window whose two largest values lie within rounding of each other goes either way;
+# averages are smooth.
+MAX_POOL = LayerType(schema.MaxPool, infer_window, work, rounding_depth=0, decisions=1)
+AVG_POOL = LayerType(schema.AvgPool, infer_window, work, rounding_depth=0, decisions=0)
+GLOBAL_AVG_POOL = LayerType(schema.GlobalAvgPool, infer_global, work, rounding_depth=0, decisions=0)

@@ -32,4 +32,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer.backward.append(b.op("position table gradient", n, e * (n + entry["max_length"] * dim)))
 
 
-LAYER = LayerType(schema.PositionEmbedding, infer, work, weights)
+LAYER = LayerType(schema.PositionEmbedding, infer, work, weights, rounding_depth=0, decisions=0)

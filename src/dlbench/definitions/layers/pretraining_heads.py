@@ -87,4 +87,5 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
             layer.backward.append(b.op("heads' input gradient", rows * dim, e * (b.batch * steps * dim + rows * dim)))
 
 
-LAYER = LayerType(schema.PretrainingHeads, infer, work, weights)
+# The masked-LM path to the logits: the transform and the decoder (GELU and layer norm are smooth).
+LAYER = LayerType(schema.PretrainingHeads, infer, work, weights, rounding_depth=2, decisions=0)

@@ -133,4 +133,11 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer.backward.append(b.passes("join gradient", n_in, 3))
 
 
-LAYER = LayerType(schema.Residual, infer, work, weights)
+def convolutions_in_sequence(entry: dict) -> int:
+    """One block per resolved entry: its convolutions (the shortcut is the shorter path), and as many
+    decisions: a ReLU after each convolution but the last, and one after the sum."""
+    return 3 if entry["block"] == "bottleneck" else 2
+
+
+LAYER = LayerType(schema.Residual, infer, work, weights, rounding_depth=convolutions_in_sequence,
+                  decisions=convolutions_in_sequence)

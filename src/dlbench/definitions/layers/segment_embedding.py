@@ -31,4 +31,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer.backward.append(b.op("segment table gradient", n, e * (n + entry["segments"] * dim)))
 
 
-LAYER = LayerType(schema.SegmentEmbedding, infer, work, weights)
+LAYER = LayerType(schema.SegmentEmbedding, infer, work, weights, rounding_depth=0, decisions=0)

@@ -28,4 +28,4 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
             layer.backward.append(b.op("mean over tokens gradient", n_in, e * (n_out + n_in)))
 
 
-LAYER = LayerType(schema.TokenPool, infer, work)
+LAYER = LayerType(schema.TokenPool, infer, work, rounding_depth=0, decisions=0)

@@ -91,4 +91,6 @@ def work(b, layer, entry: dict, input_grad: bool) -> None:
         layer_norm.passes(b, layer, "ln2", shape, input_grad=True)
 
 
-LAYER = LayerType(schema.TransformerBlock, infer, work, weights)
+# Per resolved entry (one block): attention's 4 products in sequence and the MLP's two (the residual
+# joins are the shorter paths); GELU, softmax and layer norm are smooth, so no decision.
+LAYER = LayerType(schema.TransformerBlock, infer, work, weights, rounding_depth=6, decisions=0)
