@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import filecmp
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from dlbench.store.record import SCHEMA_VERSION
+
 ROOT = Path(__file__).resolve().parents[2]
+EXTENDING = ROOT / "docs" / "extending.md"
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 # what the copies hold: the controller, the runners (the axes live in runners/common/contract.py),
 # the committed schemas, and pyproject.toml for import-linter's contracts
@@ -115,3 +119,19 @@ class TreeCopy:
 def one_line(text: str) -> str:
     """Output with its line breaks and runs of spaces folded (rich wraps long messages)."""
     return " ".join(text.split())
+
+
+def recipe_files(title: str) -> set[str]:
+    """The **Files touched (N)** list of docs/extending.md's section `title`, with `<N+1>` as the next
+    schema version; checked against its own N and against the count in the page's table, so that
+    what the test changes, the recipe's list and the table cannot drift apart."""
+    text = EXTENDING.read_text()
+    assert f"\n## {title}\n" in text, f"docs/extending.md has no section {title!r}"
+    section = text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.search(r"\*\*Files touched \((\d+)\)\*\*:(.*?)\n\n", section, re.S)
+    assert listed, f"docs/extending.md, {title!r}: no **Files touched (N)** list"
+    files = [f.replace("<N+1>", str(SCHEMA_VERSION + 1)) for f in re.findall(r"`([^`]+)`", listed[2])]
+    assert len(set(files)) == len(files) == int(listed[1]), f"{title!r}: the list's count is not its files"
+    row = re.search(rf"^\| \[{re.escape(title)}\]\(#[^)]+\) \| (\d+)", text, re.M)
+    assert row and int(row[1]) == len(files), f"docs/extending.md's table does not count {title!r} as {len(files)}"
+    return set(files)
