@@ -81,6 +81,7 @@ def tree(tmp_path_factory) -> TreeCopy:
     # the import joins the others, and the command is registered beside `info`
     copy.replace(init, "from . import check, compare, env,", "from . import check, compare, count, env,")
     copy.insert(init, 'app.command("info")(info.info)\n', 'app.command("count")(count.count)\n')
+    copy.insert(init, "    info.py         info\n", "    count.py        count\n")  # the docstring's list of modules
     return copy
 
 
