@@ -9,7 +9,7 @@ synchronisation, its weight export and import) and the base class holds them und
 harnesses read. `step` and `synchronize` are stored as plain attributes (a subclass passes its
 own bound methods), so the timed loop calls the runner's function directly, through no extra layer.
 `LayerTable` is the table of layer builders each runner builds its network from
-(runners/<fw>/<fw>_network.py).
+(runners/<fw>/layers.py).
 
 The measurement and the protocol around these objects are runners/common/harness.py (one process),
 runners/common/distributed_harness.py (a multi-worker job) and runners/common/protocol.py.

@@ -158,7 +158,7 @@ def crop_flip(images, padding: int, flip: bool, rng):
     """The convergence suite's augmentation on a batch (N, C, H, W): each image padded with zeros
     by `padding` on every side and cropped back to H x W at a random offset, then mirrored left to
     right with probability 1/2. The same function in the pipelines that run numpy (torch, JAX,
-    MXNet); TensorFlow's tf.data does the same with tf.image (tensorflow_convergence.py)."""
+    MXNet); TensorFlow's tf.data does the same with tf.image (runners/tensorflow/convergence.py)."""
     import numpy as np  # in every runner's environment, not in the contract's
     n, _, h, w = images.shape
     out = images

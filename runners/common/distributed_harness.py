@@ -17,7 +17,7 @@ frameworks that name every worker up front (TF_CONFIG). JOB_DIR is shared by eve
 
 What a multi-worker runner object, its DataParallel and its Collective provide is
 runners/common/contract.py (the `DistributedRunner` and `Collective` protocols, the DataParallel base
-class); runners/torch/torch_distributed.py is the first port.
+class); runners/torch/distributed.py is the first port.
 """
 
 from __future__ import annotations

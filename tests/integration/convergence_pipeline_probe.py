@@ -25,7 +25,7 @@ def host(value):
 
 
 request = json.loads(Path(sys.argv[2]).read_text())
-module = importlib.import_module(f"runners.{runner_dir.name}.{runner_dir.name}_runner")
+module = importlib.import_module(f"runners.{runner_dir.name}.runner")
 runner = next(v() for k, v in vars(module).items() if k.endswith("Runner") and isinstance(v, type)
               and hasattr(v, "prepare_convergence"))
 runner.configure_threads(1)

@@ -53,8 +53,8 @@ WINDOW = dict(batch=2, channels=3, height=7, width=7)
 POOLING = [KernelSpec.of(kind, **WINDOW, **pool) for kind in ("pool2d_fwd", "pool2d_bwd") for pool in (
     dict(kh=3, kw=3, sh=2, sw=2, ph=1, pw=1, op=0), dict(kh=2, kw=2, sh=2, sw=2, ph=0, pw=0, op=1),
     dict(kh=7, kw=7, sh=1, sw=1, ph=0, pw=0, op=2))]
-# the op each network builder runs for max, average and global average pooling (torch_network.py,
-# tensorflow_network.py, jax_network.py, mxnet_network.py), as the kernel's settings name it
+# the op each network builder runs for max, average and global average pooling (runners/torch/layers.py,
+# runners/tensorflow/layers.py, runners/jax/layers.py, runners/mxnet/layers.py), as the kernel's settings name it
 POOLING_OP = {
     "torch": ("F.max_pool2d", "F.avg_pool2d", "F.adaptive_avg_pool2d"),
     "tensorflow": ("MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D"),

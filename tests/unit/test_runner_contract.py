@@ -5,8 +5,10 @@ standard-library modules of runners/common are imported.
 Per runner folder (every folder of runners/ with a runner.toml):
 - no module imports a private name (`_x`) of another file, or reaches one as `module._x`;
 - the folder's modules import each other without a cycle (imports inside functions count);
-- one module holds the network's building blocks: a module-level LAYERS table with a builder for
-  every layer type of the schema, imported by every other module of the runner;
+- the same module names as every other runner (STANDARD_MODULES; which may import which is the
+  import-linter contract "a runner's modules import only downward", tests/unit/test_layers.py);
+- layers.py holds the network's building blocks: a module-level LAYERS table with an entry for
+  every layer type of the schema;
 - the classes that worker.py and distributed_worker.py hand the harnesses have every member the
   `Runner` and `DistributedRunner` protocols require, with a compatible number of arguments.
 """
@@ -205,13 +207,17 @@ def test_one_module_builds_the_network_from_a_table_of_every_layer_type(folder):
     assert missing == set(), f"{network_module}.py has no builder for these layer types"
 
 
+# Every runner's modules, by the same names (docs/extending.md, "Add a framework runner"): a
+# reader who knows one runner finds the same thing at the same place in the others.
+STANDARD_MODULES = {"worker", "distributed_worker", "distributed", "runner", "kernels", "generate", "convergence",
+                    "step", "weights", "attention", "layers", "transformer", "precision", "framework"}
+
+
 @pytest.mark.parametrize("folder", FOLDERS, ids=IDS)
-def test_every_module_of_a_runner_builds_from_its_network_module(folder):
-    (network_module,) = layer_tables(folder)
-    graph = import_graph(folder)
-    users = {name for name in graph if name != network_module and f"{name}.py" not in ENTRY_POINTS}
-    assert users, f"{folder.name}: nothing but the network module"
-    assert {name for name in users if network_module not in graph[name]} == set()
+def test_every_runner_has_the_same_module_names_and_its_table_in_layers(folder):
+    assert set(modules(folder)) == STANDARD_MODULES
+    assert list(layer_tables(folder)) == ["layers"]
+    assert (folder / "__init__.py").is_file()  # a package: imported by name, as the worker does
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=IDS)

@@ -6,7 +6,7 @@ benchmarks of the single-process suites (fcn, cnn, rnn, transformer) at the prof
 (`default`: the shapes the default runs of this device meet; `smoke` for `--quick`), in float32
 and in each reduced dtype the device computes in. `select_probes` keeps a few per class, spread
 over the class's range of work; each is timed by the framework's own kernel code (the runner's
-`<fw>_kernels.py`, the same `kernels` request as the kernels suite) under the kernels suite's
+`runners/<fw>/kernels.py`, the same `kernels` request as the kernels suite) under the kernels suite's
 policy of that profile with fewer calls (PROBE_CALLS: the cache policy, warm or cold, stays the
 suite's).
 

@@ -6,7 +6,7 @@ Everything that handles a layer looks it up in this table: the schema's union of
 these names), shape inference, parameters and FLOPs (network.py), the canonical weights
 (weights.py) and the performance model's operations (performance/workload.py). The runners build
 from the resolved network with a table of their own, `layer type -> builder`, one per framework
-(runners/<fw>/<fw>_network.py).
+(runners/<fw>/layers.py).
 
 Adding a layer type: its model in schema.py (with its canonical semantics in the docstring there),
 its `infer`, `weights` and `work` functions in a module of this package, its entry in `BUILTIN`;
