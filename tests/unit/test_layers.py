@@ -43,7 +43,8 @@ def _append(path: Path, code: str) -> None:
 
 CONTRACTS = ("dlbench imports only downward", "no import cycles between the modules of a package",
              "the controller imports nothing of the runners but the contract",
-             "runners.common imports no framework's runner", "the frameworks' runners do not import each other")
+             "runners.common imports no framework's runner", "the frameworks' runners do not import each other",
+             "a runner's modules import only downward")
 
 
 def test_the_tree_keeps_every_contract():
@@ -104,3 +105,13 @@ def test_a_cycle_inside_a_package_breaks_the_other_contract(tree_copy):
     assert "dlbench imports only downward KEPT" in result.stdout
     assert "no import cycles between the modules of a package BROKEN" in result.stdout
     assert "No cycles are allowed in dlbench.definitions" in result.stdout
+
+
+def test_a_runners_low_module_importing_a_higher_one_breaks_it(tree_copy):
+    # precision.py sits below step.py in every runner (docs/extending.md): reaching up, even lazily, is refused
+    _append(tree_copy / "runners" / "mxnet" / "precision.py",
+            "def _reach_up():\n    from runners.mxnet import step\n\n    return step\n")
+    result = lint(tree_copy / "src", tree_copy / "pyproject.toml")
+    assert result.returncode != 0
+    assert "a runner's modules import only downward BROKEN" in result.stdout
+    assert "runners.mxnet.precision -> runners.mxnet.step" in result.stdout
