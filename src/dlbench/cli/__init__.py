@@ -1,17 +1,22 @@
 """The dlbench command line (typer): `app`, built from one module per command group. Input is
-validated in those modules, once; errors exit 2 with one message (console.fail).
+validated in those modules or in the workflows they call (dlbench.workflows: `run` and `calibrate`
+parse their options into a request, call the workflow and render what it returns), once; errors exit
+2 with one message (console.fail).
 
     console.py      the consoles `out` and `err`, `fail`, the progress bar
-    signals.py      stops_on_signals: SIGINT, SIGTERM, SIGHUP for the commands that start processes
+    signals.py      stops_on_signals: SIGINT, SIGTERM, SIGHUP for the commands that start processes;
+                    interrupted: the one epilogue of a run cut short (every suite kind)
     options.py      the shared options (--store, --format, --device, ...), their values and checks
-    lookup.py       suites, runners and the store by name
+    lookup.py       suites, runners and the store by name (workflows/lookup.py's, exiting 2)
     listing.py      list
-    run.py          run (suites of kind distributed and comm: distributed.py; kernels: performance.py)
+    run.py          run (workflows/run.py; which options each suite kind honours: workflows/suite_kinds.py;
+                    suites of kind distributed and comm: distributed.py; kernels: performance.py;
+                    convergence: convergence.py)
     results.py      results
     compare.py      compare, history
     report.py       report
     check.py        check
-    performance.py  kernels, calibrate (and `run --suite kernels`)
+    performance.py  kernels, calibrate (workflows/calibration.py) and `run --suite kernels`
     prediction.py   predict (and --accuracy)
     info.py         info
     env.py          env list|create|remove
