@@ -5,8 +5,6 @@ the workflows' (workflows/lookup.py); here their RequestError becomes the comman
 from __future__ import annotations
 
 import functools
-import os
-import shlex
 from pathlib import Path
 
 from ..definitions.catalog import SuiteCatalog
@@ -30,19 +28,9 @@ def refused(call, *args, **kwargs):
 
 
 def existing_store(store: Path | None, makes_records: str = "dlbench run --suite fcn --profile smoke") -> Store:
-    """The store of a command that only reads it (results, report, compare, history, kernels,
-    predict --accuracy): a folder that is not there is a mistyped --store, or a machine that has
-    run nothing yet, not a store without runs; one error that says how to make one (the command
-    `makes_records`), exit 2. An existing folder without records is an empty store and reads as one."""
-    st = open_store(store)
-    if not st.root.is_dir():
-        given = ("--store" if store is not None else
-                 "$DLBENCH_STORE" if os.environ.get("DLBENCH_STORE") else "the default, ./results")
-        what = "a file, not a folder" if st.root.exists() else "nothing there"
-        run = makes_records + (f" --store {shlex.quote(str(store))}" if store else "")
-        raise fail(f"no store at {st.root} ({given}: {what}); make one with `{run}`, or point --store or "
-                   "$DLBENCH_STORE at an existing store")
-    return st
+    """The store of a command that only reads it (workflows/lookup.py existing_store): a folder that
+    is not there is one error that says how to make one (the command `makes_records`), exit 2."""
+    return refused(found.existing_store, store, makes_records)
 
 
 def writable_store(store: Path | None) -> Store:

@@ -2,7 +2,8 @@
 machines compared for each of a suite's benchmarks (performance/choice.py), and with `--accuracy`
 the prediction error of the runs in the store. A machine profile is a calibrated one from the store,
 or a shipped datasheet machine (suites/machines/, performance/datasheet.py) by its name. The model is
-src/dlbench/performance/; input is checked here before anything is predicted (exit 2, one message)."""
+src/dlbench/performance/; the prediction is workflows/predict.py's, which checks the input before
+anything is predicted (its RequestError: exit 2, one message); this module parses and renders."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..definitions.loader import DefinitionError
 from ..axes import PRECISIONS
-from ..machine import fingerprint
 from ..store.store import Store
+from ..workflows.predict import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction
+from ..workflows.predict import predict as run_predict
 from . import lookup
 from .console import err, fail, out
-from .options import MODES, FormatOption, StoreOption, check_choice, check_format
+from .options import FormatOption, StoreOption, check_format
 
 
 def predict(
@@ -63,145 +64,27 @@ def predict(
     store: StoreOption = None,
 ) -> None:
     """Predict an iteration's time per phase from a machine profile (--accuracy: score stored predictions)."""
-    from ..performance.communication import SCHEDULES
-
     check_format(format)
-    if io_bandwidth is not None and not 0 < io_bandwidth < float("inf"):
-        raise fail(f"--io-bandwidth must be a number of GB/s above 0, not {io_bandwidth:g}")
-    machines, counts = machine or [], workers or [1]
-    settings = _efficiency(efficiency)
-    if accuracy:
-        given = [o for o, v in (("--network", network), ("--batch", batch), ("--schedule", schedule)) if v is not None]
-        if given or counts != [1]:
-            raise fail(f"--accuracy scores the runs in the store; {', '.join(given) or '--workers'} is for one prediction")
-        if len(machines) > 1:
-            raise fail("--accuracy --recompute predicts from one --machine")
-        st = lookup.existing_store(store)
-        profile = _profile(machines[0] if machines else None, st, settings) if recompute else None
-        _accuracy(store=st, suites=suite, frameworks=[framework] if framework else None,
-                  profile=profile, fmt=format, runs=runs, io_bandwidth=io_bandwidth)
-        return
-    if recompute or runs:
+    if runs and not accuracy:
         raise fail("--recompute and --runs go with --accuracy")
-    if suite:
-        given = [o for o, v in (("--network", network), ("--batch", batch), ("--io-bandwidth", io_bandwidth),
-                                ("--threads", threads)) if v is not None]
-        if given:
-            raise fail(f"--suite compares machines on the suite's benchmarks; {', '.join(given)} is for one prediction")
-        frameworks = lookup.framework_names(lookup.registry(), [framework or "all"])
-        if schedule is not None:
-            check_choice("schedule", schedule, list(SCHEDULES))
-        st = lookup.open_store(store)
-        _choose(suites=suite, frameworks=frameworks, profiles=[_profile(m, st, settings) for m in machines or [None]],
-                workers=counts, schedule=schedule, fmt=format)
-        return
-    if len(machines) > 1 or len(counts) > 1:
-        raise fail("several --machine or --workers values go with --suite (one prediction takes one of each)")
-    machine, workers = (machines[0] if machines else None), counts[0]
-    missing = [o for o, v in (("--network", network), ("--framework", framework), ("--batch", batch)) if v is None]
-    if missing:
-        raise fail(f"predict needs {', '.join(missing)} (or --accuracy)")
-    check_choice("framework", framework, lookup.registry().names())
-    check_choice("mode", mode, [m for m in MODES if m != "generate"])  # the model predicts steps, not requests
-    check_choice("precision", precision, list(PRECISIONS))
-    if schedule is not None:
-        check_choice("schedule", schedule, list(SCHEDULES))
-    if workers > 1 and mode != "train":
-        raise fail("--workers above 1 needs --mode train: only training exchanges gradients")
-    _predict(network=network, framework=framework, batch=batch, mode=mode, workers=workers, machine=machine,
-             schedule=schedule, precision=precision, threads=threads, io_bandwidth=io_bandwidth,
-             store=lookup.open_store(store), fmt=format, layers=layers, settings=settings)
+    request = PredictRequest(network=network, framework=framework, batch=batch, mode=mode, workers=workers,
+                             machine=machine, efficiency=efficiency, schedule=schedule, precision=precision,
+                             threads=threads, io_bandwidth=io_bandwidth, accuracy=accuracy, recompute=recompute,
+                             suite=suite, store=store)
+    result = lookup.refused(run_predict, request)
+    if isinstance(result, PredictionAccuracy):
+        _accuracy(result, fmt=format, runs=runs)
+    elif isinstance(result, MachineComparison):
+        _choose(result, fmt=format)
+    else:
+        _predict(result, fmt=format, layers=layers)
 
 
-def _efficiency(values: list[str] | None):
-    """--efficiency: (user files, CLASS=VALUE settings), checked; None when not given."""
-    from ..definitions.machines import load_efficiency
-    from ..performance.datasheet import parse_efficiency_setting
-
-    if not values:
-        return None
-    files, settings = [], {}
-    for v in values:
-        if "=" not in v and Path(v).suffix in (".yaml", ".yml"):
-            try:
-                files.append(load_efficiency(Path(v)))
-            except DefinitionError as e:
-                raise fail(str(e)) from None
-            continue
-        try:
-            name, number = parse_efficiency_setting(v)
-        except ValueError as e:
-            raise fail(str(e)) from None
-        settings[name] = number
-    return files, settings
-
-
-def _profile(spec: str | None, store: Store, settings=None):
-    """--machine: a shipped datasheet machine by name (datasheet:NAME too), else what
-    ProfileStore.resolve finds (a file, a machine id or hostname, this machine's latest)."""
-    from ..performance.datasheet import DatasheetMachines
-    from ..store.profiles import ProfileError, ProfileStore
-
-    catalog = lookup.catalog()
-    name = spec.removeprefix("datasheet:") if spec else None
-    if name is not None and not Path(spec).is_file() and (name in catalog.machine_names() or spec != name):
-        try:
-            machines = DatasheetMachines(catalog.machines_dir)
-            if settings is not None:
-                files, values = settings
-                eff = machines.efficiency
-                for f in files:
-                    eff = eff.overridden(f, origin="--efficiency file")
-                machines.efficiency = eff.overridden(values=values, origin="--efficiency")
-            return machines.profile(name, lookup.registry().names())
-        except DefinitionError as e:
-            raise fail(str(e)) from None
-    if settings is not None:
-        raise fail(f"--efficiency applies to datasheet machines ({', '.join(catalog.machine_names())}); "
-                   f"--machine {spec or '(this machine)'} is a measured profile")
-    try:
-        return ProfileStore(store).resolve(spec, fingerprint()["machine_id"])
-    except ProfileError as e:
-        raise fail(str(e)) from None
-
-
-def _network_summary(network: str):
-    from ..definitions.loader import load_network
-
-    catalog = lookup.catalog()
-    path = catalog.networks_dir / f"{network}.yaml"
-    if not path.is_file():
-        candidate = Path(network)
-        if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
-            path = candidate
-        else:
-            raise fail(f"unknown network {network!r}; valid networks: {', '.join(catalog.network_names())} "
-                       "(or a path to a .yaml file)")
-    try:
-        return load_network(path)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
-
-
-def _predict(*, network: str, framework: str, batch: int, mode: str, workers: int, machine: str | None,
-             schedule: str | None, precision: str, threads: int | None, io_bandwidth: float | None,
-             store: Store, fmt: str, layers: bool, settings=None) -> None:
-    from ..performance.model import DataPath, PredictionError
-    from ..performance.model import predict as predict_iteration
-    from ..performance.workload import decompose
-
-    summary = _network_summary(network)
-    profile = _profile(machine, store, settings)
-    work = decompose(summary.resolved, batch, mode, precision)
-    path = DataPath(work.input_bytes_per_sample, read_bytes_per_s=io_bandwidth * 1e9 if io_bandwidth else None)
-    try:
-        p = predict_iteration(work, framework, profile, workers, schedule, data_path=path, threads=threads,
-                              facts=lookup.runner(lookup.registry(), framework).model)
-    except PredictionError as e:
-        raise fail(str(e)) from None
+def _predict(result: SinglePrediction, *, fmt: str, layers: bool) -> None:
+    p, profile, batch, workers = result.prediction, result.profile, result.batch, result.workers
     if fmt == "json":
-        data = {"network": summary.name, "framework": framework, "batch_per_worker": batch, "mode": mode,
-                "precision": precision, "source": profile.source, **p.to_record(),
+        data = {"network": result.network, "framework": result.framework, "batch_per_worker": batch,
+                "mode": result.mode, "precision": result.precision, "source": profile.source, **p.to_record(),
                 "layers": [{"index": l.index, "label": l.label, "params": l.params, "forward_s": l.forward_s,
                             "backward_s": l.backward_s, "update_s": l.update_s, "measured_s": l.measured_s,
                             "estimated_s": l.estimated_s, "sources_s": l.sources} for l in p.layers],
@@ -210,7 +93,7 @@ def _predict(*, network: str, framework: str, batch: int, mode: str, workers: in
             data["messages"] = p.schedule.groups
         sys.stdout.write(json.dumps(data, indent=1) + "\n")
         return
-    title = (f"predicted {summary.name} {mode}, {framework}, batch {batch}"
+    title = (f"predicted {result.network} {result.mode}, {result.framework}, batch {batch}"
              + (f" per worker x {workers} workers ({p.schedule.kind})" if workers > 1 else "")
              + f"; machine profile {p.profile}" + (" (datasheet, not measured)" if profile.source == "datasheet" else ""))
     t = Table(title=escape(title))
@@ -265,50 +148,21 @@ def sources_text(shares: dict[str, float], short: bool = False) -> str:
 # ---------------------------------------------------------------------------------------- accuracy
 
 
-def _accuracy(*, store: Store, suites: list[str] | None, frameworks: list[str] | None, profile,
-              fmt: str, runs: bool, io_bandwidth: float | None = None) -> None:
-    from ..performance.accuracy import accuracy_table_rows, prediction_errors
-    from ..performance.data_term import data_term_checks
-    from ..store.store import Unreadable
-
-    unreadable: list[Unreadable] = []
-    records = [r for r in store.records(unreadable)
-               if (not suites or r.suite in suites) and (not frameworks or r.framework.get("name") in frameworks)]
-    for u in unreadable:
+def _accuracy(result: PredictionAccuracy, *, fmt: str, runs: bool) -> None:
+    for u in result.unreadable:
         err.print(f"[red]unreadable[/] {escape(u.reason)}", highlight=False, soft_wrap=True)
-    registry = lookup.registry()
-    facts = {n: lookup.runner(registry, n).model for n in registry.names()}
-    datasheets, match = _datasheets_of(records, registry.names())
-    rows = prediction_errors(records, profile, facts, datasheets=datasheets, match_datasheet=match,
-                             yardsticks=None if profile is not None else _stored_yardsticks(store, records))
-    checks = data_term_checks(records, io_bandwidth * 1e9 if io_bandwidth else None)
-    if not rows and not checks:
-        raise fail(f"no completed runs{' matching' if suites or frameworks else ''} in {store.root}", 1)
-    table_rows = accuracy_table_rows(rows)
+    if not result.runs and not result.data_term:
+        raise fail(f"no completed runs{' matching' if result.matching else ''} in {result.store.root}", 1)
     if fmt == "json":
-        sys.stdout.write(json.dumps({"groups": table_rows, "runs": rows,
-                                     "data_term": [c.to_dict() for c in checks]}, indent=1) + "\n")
+        sys.stdout.write(json.dumps({"groups": result.groups, "runs": result.runs,
+                                     "data_term": [c.to_dict() for c in result.data_term]}, indent=1) + "\n")
         return
-    if rows:
-        _accuracy_tables(store, rows, table_rows, profile, runs)
-    if checks:
-        out.print(data_term_table(checks))
-
-
-def _stored_yardsticks(store: Store, records: list) -> dict:
-    """The yardstick of each profile the records' stored predictions came from, by its ref; a profile
-    no longer in this store (merged records) is left out: those runs are scored raw only."""
-    from ..store.profiles import ProfileError, ProfileStore
-
-    profiles, found = ProfileStore(store), {}
-    for ref in {r.prediction.profile for r in records if r.prediction is not None and r.prediction.profile}:
-        if ref.startswith("datasheet:"):
-            continue
-        try:
-            found[ref] = profiles.resolve(ref, "").yardstick
-        except ProfileError:
-            continue
-    return found
+    if result.runs:
+        _accuracy_tables(result.store, result.runs, result.groups, result.profile, runs)
+        for problem in result.problems:
+            err.print(f"note: not predicted from {escape(problem)}", highlight=False, soft_wrap=True)
+    if result.data_term:
+        out.print(data_term_table(result.data_term))
 
 
 def data_term_table(checks) -> Table:
@@ -399,43 +253,17 @@ def _accuracy_tables(store: Store, rows: list[dict], table_rows: list[dict], pro
                           f"{100 * row['datasheet_error']:+.1f}%" if row.get("datasheet_error") is not None else ""]
             rt.add_row(*cells)
         out.print(rt)
-    problems = sorted({f"{row['datasheet']}: {row['datasheet_problem']}" for row in rows if row.get("datasheet_problem")})
-    for problem in problems:
-        err.print(f"note: not predicted from {escape(problem)}", highlight=False, soft_wrap=True)
-
-
-def _datasheets_of(records: list, frameworks: list[str]):
-    """The datasheet machines whose GPU names match a CUDA run among `records`, as profiles, and the
-    matcher (performance/accuracy.py datasheet_matcher); ({}, None) when no run matches one."""
-    from ..performance.accuracy import datasheet_matcher
-    from ..performance.datasheet import DatasheetMachines
-
-    catalog = lookup.catalog()
-    try:
-        machines = DatasheetMachines(catalog.machines_dir)
-        match = datasheet_matcher({name: machines.sheet(name).gpu_names for name in machines.names()})
-        wanted = {match(r.machine) for r in records if r.workload.device == "cuda"} - {None}
-        return {name: machines.profile(name, frameworks) for name in sorted(wanted)}, match if wanted else None
-    except DefinitionError as e:
-        raise fail(str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------- choice
 
 
-def _choose(*, suites: list[str], frameworks: list[str], profiles: list, workers: list[int],
-            schedule: str | None, fmt: str) -> None:
+def _choose(result: MachineComparison, *, fmt: str) -> None:
     """`predict --suite S --machine A --machine B`: performance/choice.py's rows, one table per benchmark,
     every framework and machine in it."""
-    from ..performance.choice import compare_machines, jobs_of_suite
-
-    device = "cuda" if any(p.device == "cuda" for p in profiles) else profiles[0].device
-    jobs = [job for name in suites for s in lookup.load_suites(name, "default", device) for job in jobs_of_suite(s.benchmarks)]
-    registry = lookup.registry()
-    rows = compare_machines(jobs, {f: lookup.runner(registry, f).model for f in frameworks}, profiles, workers,
-                            schedule)
+    rows, profiles = result.rows, result.profiles
     if fmt == "json":
-        sys.stdout.write(json.dumps({"frameworks": frameworks, "suites": suites, "device": device,
+        sys.stdout.write(json.dumps({"frameworks": result.frameworks, "suites": result.suites, "device": result.device,
                                      "rows": [r.to_dict() for r in rows]}, indent=1) + "\n")
         return
     by_job: dict[tuple, list] = {}

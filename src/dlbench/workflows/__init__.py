@@ -7,13 +7,18 @@ nothing, reports progress through an events object, and returns what it made.
     records = run_suite(RunRequest(suite="fcn", framework=["torch"], profile="smoke"))
     [(r.benchmark, r.workload.precision, r.summary.median_s) for r in records]
 
+    from dlbench.workflows import PredictRequest, predict
+    predict(PredictRequest(network="resnet50", framework="torch", batch=64, machine=["h200"])).prediction.iteration_s
+
 Layer: below the command line (which parses options into requests and renders results), above
 reporting, execution and the rest."""
 
 from .calibration import Calibration, CalibrateRequest, CalibrationFailed, calibrate
+from .predict import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction, predict
 from .requests import RunRequest
 from .run import RunPlan, execute_run, plan_run, run_suite
 from .suite_kinds import RUN_OPTIONS, SUITE_KIND_TABLE, RequestError, SuiteKind, refuse_options_not_honoured
 
-__all__ = ["CalibrateRequest", "Calibration", "CalibrationFailed", "calibrate", "RunRequest", "RunPlan", "run_suite", "plan_run", "execute_run", "RequestError", "SuiteKind",
+__all__ = ["CalibrateRequest", "Calibration", "CalibrationFailed", "calibrate", "PredictRequest", "predict", "SinglePrediction",
+           "MachineComparison", "PredictionAccuracy", "RunRequest", "RunPlan", "run_suite", "plan_run", "execute_run", "RequestError", "SuiteKind",
            "RUN_OPTIONS", "SUITE_KIND_TABLE", "refuse_options_not_honoured"]

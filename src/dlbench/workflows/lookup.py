@@ -3,6 +3,8 @@ results store; an unknown or invalid name is one RequestError listing the valid 
 
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 from typing import Sequence
 
@@ -57,6 +59,22 @@ def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
 def open_store(store: Path | None) -> Store:
     """`store`, else $DLBENCH_STORE, else ./results."""
     return Store(store or paths.default_store())
+
+
+def existing_store(store: Path | None, makes_records: str = "dlbench run --suite fcn --profile smoke") -> Store:
+    """The store of a workflow that only reads it (results, report, compare, history, kernels,
+    predict's accuracy): a folder that is not there is a mistyped store, or a machine that has run
+    nothing yet, not a store without runs; one RequestError that says how to make one (the command
+    `makes_records`). An existing folder without records is an empty store and reads as one."""
+    st = open_store(store)
+    if not st.root.is_dir():
+        given = ("--store" if store is not None else
+                 "$DLBENCH_STORE" if os.environ.get("DLBENCH_STORE") else "the default, ./results")
+        what = "a file, not a folder" if st.root.exists() else "nothing there"
+        run = makes_records + (f" --store {shlex.quote(str(store))}" if store else "")
+        raise RequestError(f"no store at {st.root} ({given}: {what}); make one with `{run}`, or point --store or "
+                           "$DLBENCH_STORE at an existing store")
+    return st
 
 
 def writable_store(store: Path | None) -> Store:
