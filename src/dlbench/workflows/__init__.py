@@ -10,15 +10,19 @@ nothing, reports progress through an events object, and returns what it made.
     from dlbench.workflows import PredictRequest, predict
     predict(PredictRequest(network="resnet50", framework="torch", batch=64, machine=["h200"])).prediction.iteration_s
 
+    from dlbench.workflows import CheckRequest, check
+    check(CheckRequest(framework=["torch", "jax"], network=["fcn5"])).failed   # pairs not equivalent
+
 Layer: below the command line (which parses options into requests and renders results), above
 reporting, execution and the rest."""
 
 from .calibration import Calibration, CalibrateRequest, CalibrationFailed, calibrate
+from .check import CheckRequest, CheckResults, NetworkCheck, check
 from .predict import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction, predict
 from .requests import RunRequest
 from .run import RunPlan, execute_run, plan_run, run_suite
 from .suite_kinds import RUN_OPTIONS, SUITE_KIND_TABLE, RequestError, SuiteKind, refuse_options_not_honoured
 
-__all__ = ["CalibrateRequest", "Calibration", "CalibrationFailed", "calibrate", "PredictRequest", "predict", "SinglePrediction",
+__all__ = ["CheckRequest", "CheckResults", "NetworkCheck", "check", "CalibrateRequest", "Calibration", "CalibrationFailed", "calibrate", "PredictRequest", "predict", "SinglePrediction",
            "MachineComparison", "PredictionAccuracy", "RunRequest", "RunPlan", "run_suite", "plan_run", "execute_run", "RequestError", "SuiteKind",
            "RUN_OPTIONS", "SUITE_KIND_TABLE", "refuse_options_not_honoured"]
