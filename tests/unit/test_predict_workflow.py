@@ -65,3 +65,20 @@ def test_bad_input_is_one_request_error_and_nothing_printed(request_, says, caps
 def test_accuracy_needs_an_existing_store(tmp_path):
     with pytest.raises(RequestError, match="no store at"):
         predict(PredictRequest(accuracy=True, store=tmp_path / "missing"))
+
+
+def test_the_command_lists_the_run_precisions_and_refuses_another(monkeypatch):
+    from typer.testing import CliRunner
+
+    from dlbench.cli import app
+
+    monkeypatch.setenv("COLUMNS", "200")
+    shown = CliRunner().invoke(app, ["predict", "--help"])
+    assert shown.exit_code == 0 and "fp32|tf32|amp_bf16|amp_fp16" in shown.output
+    assert "float64" not in shown.output  # the check's precision, never a prediction's
+    refused = CliRunner().invoke(app, ["predict", "--network", "resnet50", "--framework", "torch", "--batch", "8",
+                                       "--machine", "h200", "--precision", "float64"])
+    assert refused.exit_code == 2
+    chosen = CliRunner().invoke(app, ["predict", "--network", "resnet50", "--framework", "torch", "--batch", "8",
+                                      "--machine", "h200", "--precision", "amp_bf16", "--format", "json"])
+    assert chosen.exit_code == 0 and '"precision": "amp_bf16"' in chosen.output

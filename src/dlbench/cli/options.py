@@ -3,12 +3,13 @@ its own default), the values they accept, and the checks of those values (exit 2
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional, Sequence
 
 import typer
 
-from ..axes import Mode
+from ..axes import Mode, Precision
 from ..machine import detect_device
 from ..workflows.lookup import check_choice as choices_checked
 from ..workflows.lookup import listed_choices as listed
@@ -18,6 +19,9 @@ from .console import fail
 DEVICES = ("auto", "cpu", "cuda")
 MODES = Mode.names()
 TABLE_OR_JSON = ("table", "json")
+# A timed run's precisions as a typer choice, so that --help lists them: the precision axis less
+# float64, which only `dlbench check` takes (Precision.runs). Its members' values are the axis's.
+RunPrecision = Enum("RunPrecision", [(p.name, p.value) for p in Precision.runs()], type=str)
 
 StoreOption = Annotated[Optional[Path], typer.Option(
     "--store", help="Results store (default: $DLBENCH_STORE, else ./results).")]

@@ -16,13 +16,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..axes import PRECISIONS
 from ..store.store import Store
 from ..workflows.predict import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction
 from ..workflows.predict import predict as run_predict
 from . import lookup
 from .console import err, fail, out
-from .options import FormatOption, StoreOption, check_format
+from .options import FormatOption, RunPrecision, StoreOption, check_format
 
 
 def predict(
@@ -45,7 +44,7 @@ def predict(
     schedule: Annotated[Optional[str], typer.Option(help=(
         "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine, "
         "as its runners/FW/runner.toml [model] states it).")) ] = None,
-    precision: Annotated[str, typer.Option(help=" | ".join(PRECISIONS))] = "fp32",
+    precision: Annotated[RunPrecision, typer.Option(help="The precision the network runs at.")] = RunPrecision.FP32,
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
     io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(
         "Read the data at this many GB/s (default: synthetic data already in memory); with --accuracy, the "
@@ -68,7 +67,7 @@ def predict(
     if runs and not accuracy:
         raise fail("--recompute and --runs go with --accuracy")
     request = PredictRequest(network=network, framework=framework, batch=batch, mode=mode, workers=workers,
-                             machine=machine, efficiency=efficiency, schedule=schedule, precision=precision,
+                             machine=machine, efficiency=efficiency, schedule=schedule, precision=precision.value,
                              threads=threads, io_bandwidth=io_bandwidth, accuracy=accuracy, recompute=recompute,
                              suite=suite, store=store)
     result = lookup.refused(run_predict, request)
