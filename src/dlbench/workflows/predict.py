@@ -3,7 +3,7 @@ on each of a suite's benchmarks (performance/choice.py); with `accuracy`, the pr
 runs in the store. Printing nothing: the command line (cli/prediction.py) renders what it returns.
 
     from dlbench.workflows import PredictRequest, predict
-    one = predict(PredictRequest(network="mlp", framework="torch", batch=32, machine=["h100"]))
+    one = predict(PredictRequest(network="resnet50", framework="torch", batch=64, machine=["h100"]))
     one.prediction.iteration_s
     ranked = predict(PredictRequest(suite=["fcn"], machine=["a100", "h100"]))   # a MachineComparison
 
