@@ -1,4 +1,4 @@
-"""workflows/check.py called from Python: the results come back as data (and are kept in the store's
+"""workflows/checks.py called from Python: the results come back as data (and are kept in the store's
 checks/), progress goes to the events object, nothing is printed, and bad input is one RequestError
 before any environment is built or any check file written."""
 

@@ -1,4 +1,4 @@
-"""workflows/predict.py called from Python: a prediction, a machine comparison and a store's accuracy
+"""workflows/prediction.py called from Python: a prediction, a machine comparison and a store's accuracy
 come back as data, nothing is printed, and bad input is one RequestError before anything is predicted."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`dlbench check`: the frameworks build the same networks (shared weights and input, compared
 outputs and one update); each result is kept in the store's checks/. The checking is
-workflows/check.py's (its RequestError: exit 2, one message); this module parses and renders."""
+workflows/checks.py's (its RequestError: exit 2, one message); this module parses and renders."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..store.store import StoreWriteError
-from ..workflows.check import CheckRequest, CheckResults
-from ..workflows.check import check as run_check
+from ..workflows.checks import CheckRequest, CheckResults
+from ..workflows.checks import check as run_check
 from . import lookup
 from .build_progress import BuildLog
 from .console import err, fail, out

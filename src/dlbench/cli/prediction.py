@@ -2,7 +2,7 @@
 machines compared for each of a suite's benchmarks (performance/choice.py), and with `--accuracy`
 the prediction error of the runs in the store. A machine profile is a calibrated one from the store,
 or a shipped datasheet machine (suites/machines/, performance/datasheet.py) by its name. The model is
-src/dlbench/performance/; the prediction is workflows/predict.py's, which checks the input before
+src/dlbench/performance/; the prediction is workflows/prediction.py's, which checks the input before
 anything is predicted (its RequestError: exit 2, one message); this module parses and renders."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..store.store import Store
-from ..workflows.predict import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction
-from ..workflows.predict import predict as run_predict
+from ..workflows.prediction import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction
+from ..workflows.prediction import predict as run_predict
 from . import lookup
 from .console import err, fail, out
 from .options import FormatOption, RunPrecision, StoreOption, check_format

@@ -17,8 +17,8 @@ Layer: below the command line (which parses options into requests and renders re
 reporting, execution and the rest."""
 
 from .calibration import Calibration, CalibrateRequest, CalibrationFailed, calibrate
-from .check import CheckRequest, CheckResults, NetworkCheck, check
-from .predict import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction, predict
+from .checks import CheckRequest, CheckResults, NetworkCheck, check
+from .prediction import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction, predict
 from .requests import RunRequest
 from .run import RunPlan, execute_run, plan_run, run_suite
 from .suite_kinds import RUN_OPTIONS, SUITE_KIND_TABLE, RequestError, SuiteKind, refuse_options_not_honoured
