@@ -324,8 +324,9 @@ def test_compiled_runs_torch_compile_and_reports_its_counters(precision_runs):
 def test_the_old_precision_name_is_refused_naming_the_accepted_ones(precision_runs):
     outcome = _outcome(precision_runs, "zoo_image", "train", "float32", "eager")
     assert outcome.status == "failed"
-    assert "ValueError: torch runner: precision 'float32' is not one it accepts (fp32, tf32, amp_bf16, amp_fp16" \
-        in outcome.reason
+    # refused once, where the harness reads the request (contract.typed_request), before the runner builds anything
+    assert ("ValueError: the request's 'precision': precision 'float32' is not one it accepts "
+            "(fp32, tf32, amp_bf16, amp_fp16, float64)") in outcome.reason
 
 
 # ------------------------------------------------------------------ transformers (issue 17): transformer_tiny
