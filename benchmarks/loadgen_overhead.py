@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runners" / "common"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the folder holding the runners package
 
-import loadgen_harness  # noqa: E402
-from contract import Prepared  # noqa: E402
+from runners.common import loadgen_harness  # noqa: E402
+from runners.common.contract import Prepared  # noqa: E402
 
 
 def null_model() -> Prepared:
