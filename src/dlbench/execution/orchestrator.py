@@ -276,7 +276,8 @@ class Orchestrator:
         return [self.execute_one(run) for run in runs]
 
     def execute_one(self, run: PlannedRun) -> Record:
-        if run.benchmark.scenario and run.refusal is None:
+        refusal = run.refusal  # a refused scenario run is recorded here too: LoadGen never starts
+        if run.benchmark.scenario and refusal is None:
             return self.execute_loadgen(run)
         opts = self.options
         b = run.benchmark
@@ -287,7 +288,6 @@ class Orchestrator:
                                     precision=b.precision, framework=run.runner.name) \
             if opts.predictor and b.mode != "generate" else None
         self.events.run_started(run, max_repeats)
-        refusal = run.refusal
         env = self.environment(run.runner) if refusal is None else None
         repeats: list[Repeat] = []
         last_result: dict = {}
