@@ -59,7 +59,7 @@ class DistributedSection(_Section):
     starts a job's ranks, and the precisions its data-parallel step trains in."""
 
     worker: str
-    launch: Literal["torchrun", "ranks", "ps-lite"]
+    launch: Literal[LAUNCH_STYLES]
     precisions: Annotated[tuple[Precision, ...], Field(min_length=1)] = (Precision.FP32,)
 
     @field_validator("precisions")
@@ -71,9 +71,9 @@ class DistributedSection(_Section):
 class ModelSection(_Section):
     """What the performance model assumes of the runner (performance/model.py: FrameworkFacts)."""
 
-    step: Literal["eager", "graph"] = FrameworkFacts().step
-    schedule: Literal["none", "wfbp", "mgwfbp"] = FrameworkFacts().schedule
-    epilogues: Literal["separate", "fused"] = FrameworkFacts().epilogues
+    step: Literal[STEPS] = FrameworkFacts().step
+    schedule: Literal[SCHEDULES] = FrameworkFacts().schedule
+    epilogues: Literal[EPILOGUES] = FrameworkFacts().epilogues
 
 
 class ExecutionSection(_Section):
@@ -117,7 +117,7 @@ class RunnerToml(_Section):
     execution: ExecutionSection = ExecutionSection()
 
 
-# the sets in the schema and the model's own tables must agree (a test keeps them so)
+# the schema's choices are the tables the code acts on (built from them; a test checks they stay so)
 SCHEMA_CHOICES = {"model.step": STEPS, "model.schedule": SCHEDULES, "model.epilogues": EPILOGUES,
                   "distributed.launch": LAUNCH_STYLES}
 
