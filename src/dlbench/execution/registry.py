@@ -16,6 +16,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..axes import Axis, Compile, Mode, Precision, Scenario
+from ..definitions.distributed import Collective
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
@@ -56,11 +57,14 @@ def _timed_precisions(values: tuple[Precision, ...]) -> tuple[Precision, ...]:
 
 class DistributedSection(_Section):
     """The runner takes part in the distributed and comm suites: its rank's entry point, how dlbench
-    starts a job's ranks, and the precisions its data-parallel step trains in."""
+    starts a job's ranks, the precisions its data-parallel step trains in, and the collectives its
+    engine does not offer at all, each with why (the comm suite records them as skipped, no rank
+    asked; one the engine offers on some devices only is the rank's `collective_unavailable`)."""
 
     worker: str
     launch: Literal[LAUNCH_STYLES]
     precisions: Annotated[tuple[Precision, ...], Field(min_length=1)] = (Precision.FP32,)
+    collectives_not_offered: dict[Collective, Annotated[str, Field(min_length=1)]] = {}
 
     @field_validator("precisions")
     @classmethod
@@ -158,6 +162,11 @@ class DistributedLaunch:
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
     precisions: frozenset[Precision] = frozenset({Precision.FP32})  # what its data-parallel step trains in
+    # collective -> why the engine offers none (runner.toml [distributed.collectives_not_offered])
+    collectives_not_offered: tuple[tuple[str, str], ...] = ()
+
+    def not_offered(self, collective: str) -> str | None:
+        return dict(self.collectives_not_offered).get(collective)
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,7 @@ def _message(error: dict[str, Any]) -> str:
 
 
 def _field(loc: tuple) -> str:
+    loc = tuple(part for part in loc if part != "[key]")  # a table's key that is wrong: the key's own name
     return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else str(part))
                    for i, part in enumerate(loc))
 
@@ -235,7 +245,8 @@ def _load(folder: Path) -> RunnerInfo:
     distributed = None
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
-                                        toml.distributed.launch, frozenset(toml.distributed.precisions))
+                                        toml.distributed.launch, frozenset(toml.distributed.precisions),
+                                        tuple(toml.distributed.collectives_not_offered.items()))
     caps = toml.capabilities
     capabilities = Capabilities(frozenset(caps.precisions), frozenset(caps.compile), frozenset(caps.modes),
                                 frozenset(caps.scenarios))
