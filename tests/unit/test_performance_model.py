@@ -11,9 +11,10 @@ import pytest
 from dlbench.definitions.layers import network_model
 from dlbench.definitions.loader import load_network
 from dlbench.definitions.network import analyse
-from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
+from dlbench.performance.communication import AllReduceCost, AllToAllCost, mgwfbp, schedule, wfbp, without_overlap
 from dlbench.performance.kernels import OP_CLASS, KernelSpec
-from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, gradient_layers,
+from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, collective_cost,
+                                      gradient_layers,
                                       predict, roofline_time)
 from dlbench.performance.workload import decompose, kernel_specs
 from dlbench.store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
@@ -551,6 +552,41 @@ def test_ring_all_reduce_and_its_inverse():
     assert cost.time(1e6) == pytest.approx(6e-4 + 1.5e-3)
     assert cost.link() == (pytest.approx(1e-4), pytest.approx(1e-9))
     assert AllReduceCost.ring(1, 1, 1).time(1e9) == 0.0
+
+
+def test_pairwise_all_to_all_and_its_inverse():
+    """Each of n ranks sends n-1 messages of B/n: (n-1) alpha + (n-1)/n beta B."""
+    cost = AllToAllCost.pairwise(alpha_s=1e-4, beta_s_per_byte=1e-9, workers=4)
+    assert cost.startup_s == pytest.approx(3e-4)  # (n-1) alpha
+    assert cost.per_byte_s == pytest.approx(0.75e-9)  # (n-1)/n beta: nccl-tests' bus factor
+    assert cost.time(1e6) == pytest.approx(3e-4 + 0.75e-3)
+    assert cost.link() == (pytest.approx(1e-4), pytest.approx(1e-9))
+    assert AllToAllCost.pairwise(1, 1, 1).time(1e9) == 0.0
+    # the same link: an all-to-all of B costs half an all-reduce's per-byte term, n-1 start-ups of its 2(n-1)
+    ring = AllReduceCost.ring(1e-4, 1e-9, 4)
+    assert cost.startup_s == pytest.approx(ring.startup_s / 2) and cost.per_byte_s == pytest.approx(ring.per_byte_s / 2)
+
+
+def test_an_all_to_all_cost_comes_from_its_own_fit_and_is_extrapolated_saying_so():
+    reduce_fit = CommFit(framework="torch", workers=2, startup_s=1e-3, per_byte_s=1e-6, alpha_s=5e-4,
+                         beta_s_per_byte=1e-6, r2=1.0, points=5, min_bytes=4, max_bytes=1 << 20, run_ids=["c"])
+    notes: list[str] = []
+    with pytest.raises(PredictionError, match="no all-to-all fit"):
+        collective_cost(profile(comm=[reduce_fit]), "torch", 2, notes, "all_to_all")
+    a2a = CommFit(framework="torch", workers=2, collective="all_to_all", startup_s=2e-4, per_byte_s=3e-9,
+                  alpha_s=2e-4, beta_s_per_byte=6e-9, r2=0.99, points=5, min_bytes=4, max_bytes=1 << 20,
+                  run_ids=["d"])
+    prof = profile(comm=[reduce_fit, a2a])
+    own = collective_cost(prof, "torch", 2, notes, "all_to_all")
+    assert isinstance(own, AllToAllCost) and (own.startup_s, own.per_byte_s) == (2e-4, 3e-9) and notes == []
+    # the all-reduce a data-parallel prediction takes is still the all-reduce's line
+    assert collective_cost(prof, "torch", 2, notes).startup_s == 1e-3
+    four = collective_cost(prof, "torch", 4, notes, "all_to_all")
+    assert four.startup_s == pytest.approx(3 * 2e-4) and four.per_byte_s == pytest.approx(0.75 * 6e-9)
+    assert "all-to-all for 4 workers extrapolated by pairwise exchange from the 2-worker fit" in notes[-1]
+    # another framework's fit stands in, and the note names it
+    jax = collective_cost(prof, "jax", 2, notes, "all_to_all")
+    assert jax.startup_s == 2e-4 and "no all-to-all fit of jax: torch's (2 workers) used" in notes[-1]
 
 
 def test_three_layers_wfbp_and_mgwfbp_on_paper():

@@ -414,7 +414,8 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
                   " / ".join(f"{seconds * 1e3:,.2f}" for seconds in y.median_s.values()) + " ms",
                   escape(f"{fw}: median of {y.workers} workers, slowest {y.slowest:.2f}x, fastest {y.fastest:.2f}x"))
     for c in p.comm:
-        t.add_row(f"all-reduce, {c.workers} workers", f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
+        t.add_row(f"{c.collective.replace('_', '-')}, {c.workers} workers",
+                  f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
                   escape(f"{c.framework}: α {c.alpha_s * 1e6:.1f} µs, β {c.beta_s_per_byte * 1e9:.3f} ns/B, "
                          f"R² {c.r2:.3f}, {c.points} sizes"))
     t.caption = f"stored as {path}"
