@@ -78,6 +78,53 @@ def test_transformer_kernel_counts_by_hand():
     assert KernelSpec.from_dict(dict(bwd.to_dict(), kind="attention_fwd")) == fwd
 
 
+def test_decoder_and_moe_kernel_counts_by_hand():
+    # RMS norm over 6 rows of 10: 4 FLOPs per element forward, 9 with the input's gradient, 3 without
+    rms = KernelSpec.of("rms_norm_fwd", rows=6, dim=10)
+    assert rms.key == "rms_norm_fwd rows=6 dim=10 float32" and rms.memory_bound
+    assert (rms.flops, rms.bytes) == (240, 4 * (3 * 60 + 10))  # x twice, y; gamma
+    assert (KernelSpec.of("rms_norm_bwd", rows=6, dim=10, input_grad=1).flops,
+            KernelSpec.of("rms_norm_bwd", rows=6, dim=10, input_grad=1).bytes) == (540, 4 * (5 * 60 + 20))
+    assert KernelSpec.of("rms_norm_bwd", "bfloat16", rows=6, dim=10, input_grad=0).bytes == 2 * (3 * 60 + 20)
+    assert KernelSpec.of("rms_norm_bwd", rows=6, dim=10, input_grad=0).flops == 180
+    # rotary on 2 samples x 4 steps of 3 query and 1 key head of 8: 2 * 4 * 4 * 8 = 256 rotated elements
+    rot = KernelSpec.of("rotary_fwd", batch=2, steps=4, heads=3, kv_heads=1, head_size=8)
+    assert (rot.flops, rot.bytes, rot.memory_bound) == (3 * 256, 4 * (2 * 256 + 4 * 8), True)
+    assert KernelSpec.of("rotary_bwd", batch=2, steps=4, heads=3, kv_heads=1, head_size=8).flops == rot.flops
+    # SwiGLU 3 -> 5 -> 3 over 2 rows: three products of 2 * 2 * 3 * 5 = 60, the gate 5 per hidden element
+    mlp = KernelSpec.of("swiglu_fwd", rows=2, dim=3, hidden=5)
+    assert (mlp.flops, mlp.bytes, mlp.memory_bound) == (3 * 60 + 5 * 10, 4 * (2 * 6 + 3 * 15), False)
+    # backward: three weight gradients and the down product's input gradient (+ gate's and up's to x)
+    assert KernelSpec.of("swiglu_bwd", rows=2, dim=3, hidden=5, input_grad=0).flops == 4 * 60 + 10 * 10
+    full = KernelSpec.of("swiglu_bwd", rows=2, dim=3, hidden=5, input_grad=1)
+    assert (full.flops, full.bytes) == (6 * 60 + 10 * 10, 4 * (3 * 6 + 6 * 15))
+    # grouped attention: attention's counts over the 4 query heads; k and v moved for 2 heads only
+    core = dict(batch=1, steps=3, head_size=2, causal=1)
+    gqa = KernelSpec.of("grouped_attention_fwd", heads=4, kv_heads=2, **core)
+    mha = KernelSpec.of("attention_fwd", heads=4, dropout=0, **core)
+    assert gqa.flops == mha.flops == 4 * (2 * (2 * 3 * 3 * 2) + 5 * 3 * 3)
+    assert gqa.bytes == 4 * (2 * 4 * 6 + 2 * 2 * 6) < mha.bytes
+    gqa_bwd = KernelSpec.of("grouped_attention_bwd", heads=4, kv_heads=2, **core)
+    assert gqa_bwd.flops == KernelSpec.of("attention_bwd", heads=4, dropout=0, **core).flops
+    assert gqa_bwd.bytes == 2 * gqa.bytes and OP_CLASS["grouped_attention_bwd"] == "attention"
+    # the router: 3 tokens of 4 over 8 experts, top 2
+    router = KernelSpec.of("moe_router_fwd", rows=3, dim=4, experts=8, top_k=2)
+    assert router.flops == 2 * 3 * 4 * 8 + 5 * 24 + 3 * 2  # logits, softmax, renormalised choices
+    assert router.bytes == 4 * (12 + 32 + 2 * 6)
+    router_bwd = KernelSpec.of("moe_router_bwd", rows=3, dim=4, experts=8, top_k=2)
+    assert (router_bwd.flops, router_bwd.bytes) == (2 * 192 + 5 * 24, 4 * (2 * 12 + 6 + 2 * 32))
+    # the experts: 4 tokens, top 2 of 2 experts: 8 routed rows through a SwiGLU 3 -> 5 -> 3
+    experts = KernelSpec.of("moe_experts_fwd", tokens=4, dim=3, hidden=5, experts=2, top_k=2)
+    routed = KernelSpec.of("swiglu_fwd", rows=8, dim=3, hidden=5)
+    assert experts.flops == routed.flops + 2 * 8 * 3  # and the weighted sum of each token's 2 outputs
+    assert experts.bytes == 4 * (2 * 12 + 3 * 2 * 15 + 2 * 8)
+    experts_bwd = KernelSpec.of("moe_experts_bwd", tokens=4, dim=3, hidden=5, experts=2, top_k=2)
+    assert experts_bwd.flops == KernelSpec.of("swiglu_bwd", rows=8, dim=3, hidden=5, input_grad=1).flops + 48
+    assert {OP_CLASS[k] for k in ("swiglu_fwd", "moe_router_fwd", "moe_experts_bwd")} == {"matmul"}
+    with pytest.raises(ValueError, match="takes rows, dim, experts, top_k"):
+        KernelSpec.of("moe_router_fwd", rows=3, dim=4, experts=8)
+
+
 def test_pooling_kernel_counts_by_hand():
     # a 3x3 max-pool, stride 2, pad 1 over 2 x 3 x 7 x 7: output 3 x 4 x 4 (floor((7 + 2 - 3) / 2) + 1)
     window = dict(batch=2, channels=3, height=7, width=7, kh=3, kw=3, sh=2, sw=2, ph=1, pw=1)
