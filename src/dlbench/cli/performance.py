@@ -299,8 +299,8 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 def calibrate(
     framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
     workers: Annotated[Optional[int], typer.Option(min=2, help=(
-        "Fit the all-reduce of only this many workers from the comm suite's records (default: every "
-        "worker count found).")) ] = None,
+        "Fit the all-reduce and all-to-all lines of only this many workers from the comm suite's records "
+        "(default: every worker count found).")) ] = None,
     full: Annotated[bool, typer.Option("--full", help=(
         "Also time every layer shape of the kernels suite's layer_shapes benchmarks at the default profile "
         "(what `run --suite kernels` times; many minutes per framework): predictions then come from measured "
@@ -322,7 +322,7 @@ def calibrate(
     store: StoreOption = None,
 ) -> None:
     """Measure this machine's ceilings and each operation class's efficiency, gather its kernel times and
-    all-reduce fits: a new machine profile."""
+    all-reduce and all-to-all fits: a new machine profile."""
     request = CalibrateRequest(framework=framework, workers=workers, full=full, suite=suite, precision=precision,
                                quick=quick, budget=budget, device=device, env=env, threads=threads, timeout=timeout,
                                store=store)
