@@ -30,10 +30,12 @@ x * rsqrt(mean(x^2) + eps) * gamma; the rotary embedding on q (B, H, T, S) and k
 x * cos + rotate_half(x) * sin; a SwiGLU MLP of three nn.Dense (flatten=False, no bias) and
 x * sigmoid(x); grouped-query attention with the key and value heads repeated H / KV times
 (`repeat`), `batch_dot` scores scaled, the causal mask added, softmax, `batch_dot` with v; the
-router's float32 FullyConnected without bias, softmax, `topk` values and their renormalisation;
-the experts as a loop over them, each gathering its tokens (`take`), its SwiGLU by FullyConnected
-on its slices of the stacked weights, and its weighted output put back (`scatter_nd`: a token
-reaches an expert at most once) and summed.
+router's float32 product and softmax, the top-k by each expert's rank among the token's
+(comparisons, ties to the lower expert: a hybridised graph has no data-dependent shapes) and the
+chosen weights renormalised; the experts by dense dispatch, every expert's SwiGLU on every token
+(a dot over the stacked weights, `batch_dot`) weighted by the routing weights (0 where not chosen)
+and summed: E/k times the work the kernel counts, which is what an MXNet MoE without a grouped
+product pays.
 """
 
 from __future__ import annotations
@@ -346,36 +348,42 @@ def _decoder(mx, kind: str, shape: dict, dtype: str, ctx, rand):
         rows, dim, experts, top = shape["rows"], shape["dim"], shape["experts"], shape["top_k"]
         x, weight = rand(rows, dim), nd.random.normal(shape=(experts, dim), ctx=ctx)
         weight.attach_grad()
+        lower = nd.array(np.tril(np.ones((experts, experts), dtype=np.float32), k=-1)[None], ctx=ctx)
 
         def route():
-            logits = nd.FullyConnected(nd.amp_cast(x, dtype="float32"), weight, no_bias=True, num_hidden=experts)
-            picked = nd.topk(nd.softmax(logits, axis=-1), k=top, ret_typ="value")
-            return nd.broadcast_div(picked, picked.sum(axis=-1, keepdims=True))
+            p = nd.softmax(nd.dot(nd.amp_cast(x, dtype="float32"), weight, transpose_b=True), axis=-1)
+            return _chosen_weights(nd, p, lower, top)
 
-        return route, [x, weight], {"op": "float32 FullyConnected, softmax, topk values, renormalised"}
+        return route, [x, weight], {
+            "op": "float32 dot, softmax, the top-k by each expert's rank among the token's (comparisons: a "
+                  "hybridised graph has no data-dependent shapes), renormalised over the chosen"}
     tokens, dim, hidden, experts, top = (shape["tokens"], shape["dim"], shape["hidden"], shape["experts"],
                                          shape["top_k"])
     chosen = (np.arange(tokens)[:, None] * top + np.arange(top)[None, :]) % experts
-    groups = [np.nonzero(chosen == e) for e in range(experts)]  # (tokens, ranks) per expert
+    share = np.zeros((tokens, experts), dtype=np.float32)
+    np.put_along_axis(share, chosen, 1.0 / top, axis=1)
     x = rand(tokens, dim)
     gate, up, down = rand(experts, hidden, dim), rand(experts, hidden, dim), rand(experts, dim, hidden)
-    share = nd.full((tokens, top), 1.0 / top, ctx=ctx, dtype=dtype)
-    index = [(nd.array(tok, ctx=ctx, dtype="int64"), nd.array(np.stack([tok, rank]), ctx=ctx, dtype="int64"),
-              nd.array(tok[None], ctx=ctx, dtype="int64")) for tok, rank in groups if len(tok)]
-    experts_with_tokens = [e for e, (tok, _) in enumerate(groups) if len(tok)]
+    weights = nd.array(share, ctx=ctx, dtype=dtype)  # (N, E): 1/k for the chosen experts, 0 elsewhere
 
-    def experts_forward():
-        out = None
-        for e, (token, pair, where) in zip(experts_with_tokens, index):
-            rows = nd.take(x, token)
-            g = nd.FullyConnected(rows, gate[e], no_bias=True, num_hidden=hidden)
-            y = nd.FullyConnected(g * nd.sigmoid(g) * nd.FullyConnected(rows, up[e], no_bias=True, num_hidden=hidden),
-                                  down[e], no_bias=True, num_hidden=dim)
-            y = nd.broadcast_mul(y, nd.gather_nd(share, pair).reshape((-1, 1)))
-            part = nd.scatter_nd(y, where, shape=(tokens, dim))
-            out = part if out is None else out + part
-        return out
+    def experts_forward():  # dense dispatch: every expert on every token, weighted by 0 where not chosen
+        g = nd.dot(x, gate.reshape((-3, 0)), transpose_b=True)
+        h = g * nd.sigmoid(g) * nd.dot(x, up.reshape((-3, 0)), transpose_b=True)  # (N, E*hidden)
+        h = nd.transpose(h.reshape((0, experts, hidden)), axes=(1, 0, 2))  # (E, N, hidden)
+        y = nd.batch_dot(h, down, transpose_b=True)  # (E, N, D)
+        return nd.sum(nd.broadcast_mul(y, nd.expand_dims(nd.transpose(weights), axis=2)), axis=0)
 
-    return experts_forward, [x, gate, up, down, share], {
-        "op": "a loop over the experts: take, FullyConnected SwiGLU, scatter_nd, summed",
+    return experts_forward, [x, gate, up, down, weights], {
+        "op": "dense dispatch: every expert's SwiGLU on every token (dot over the stacked weights, batch_dot), "
+              "the outputs weighted (0 where not chosen) and summed: E/k times the chosen work, as MXNet has no "
+              "grouped product and a hybridised graph no data-dependent shapes",
         "routing": "token t to experts (t*k + j) mod E, weights 1/k"}
+
+
+def _chosen_weights(nd, p, lower, top: int):
+    """(N, E) weights: p renormalised over each token's top-k experts (rank below k, ties to the lower
+    expert), 0 elsewhere."""
+    row, col = nd.expand_dims(p, axis=2), nd.expand_dims(p, axis=1)
+    rank = nd.sum(nd.broadcast_greater(col, row) + nd.broadcast_mul(nd.broadcast_equal(col, row), lower), axis=2)
+    picked = p * (rank < top)
+    return nd.broadcast_div(picked, nd.sum(picked, axis=1, keepdims=True))

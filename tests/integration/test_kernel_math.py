@@ -103,8 +103,8 @@ DECODER_OP = {
                    "keras.layers.GroupQueryAttention", "tf.math.top_k", "tf.tensor_scatter_nd_add"),
     "jax": ("flax.linen.RMSNorm", "rotate_half", "flax.linen.Dense without bias", "jax.nn.dot_product_attention",
             "lax.top_k", "lax.ragged_dot"),
-    "mxnet": ("rsqrt", "rotate_half", "gluon.nn.Dense without bias", "repeat of the key/value heads", "topk",
-              "scatter_nd"),
+    "mxnet": ("rsqrt", "rotate_half", "gluon.nn.Dense without bias", "repeat of the key/value heads",
+              "each expert's rank", "dense dispatch"),
 }
 DECODER_FAMILIES = ("rms_norm", "rotary", "swiglu", "grouped_attention", "moe_router", "moe_experts")
 # the op each network builder runs for attention's core, as the kernel's settings name it

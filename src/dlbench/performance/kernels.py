@@ -142,7 +142,8 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
   token's k choices (fixed, balanced: token t goes to experts (t·k + j) mod E, j < k, so each expert
   holds tokens·k/E rows, with weights that sum to 1), the tokens gathered into their experts'
   groups, every expert's SwiGLU over its group (a grouped matrix product per weight; as the runner
-  does it: a loop over the experts or one grouped product), and each token's k outputs weighted and
+  does it: a loop over the experts, one grouped product, or MXNet's dense dispatch of every token
+  to every expert, E/k times this work), and each token's k outputs weighted and
   summed back: swiglu_fwd's counts over tokens·k rows and 2 FLOPs per chosen output element; x,
   the E experts' weights and the choices read, y written.
 - moe_experts_bwd (tokens, dim, hidden, experts, top_k): its backward: swiglu_bwd's counts over
