@@ -7,10 +7,12 @@ from runners.common.contract import (
     COMPILE_MODES,
     KERNEL_PRECISION,
     PRECISIONS,
+    REQUEST_AXES,
     Axis,
     Compile,
     Mode,
     Precision,
+    RequestAxis,
     Scenario,
 )
 
@@ -19,5 +21,13 @@ from runners.common.contract import (
 # (calibrate's float32 matmuls run with TF32 off).
 KERNEL_DTYPE = {precision: dtype for dtype, precision in KERNEL_PRECISION.items()}
 
+# The axes that pair runs (RequestAxis.pairs: compare, history, the report), in REQUEST_AXES' order.
+PAIRING_AXES = tuple(spec for spec in REQUEST_AXES.values() if spec.pairs)
+# Those that key a series of timed runs (`dlbench history`, the report's boards and series): a run
+# with a value of an axis of its own figures (LoadGen's scenario) is shown apart.
+SERIES_AXES = tuple(spec for spec in PAIRING_AXES if not spec.own_figures)
+
+
 __all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
-           "KERNEL_PRECISION"]
+           "KERNEL_PRECISION", "REQUEST_AXES", "RequestAxis", "PAIRING_AXES",
+           "SERIES_AXES"]
