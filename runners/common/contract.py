@@ -177,6 +177,7 @@ class RequestAxis:
       field       its name in a worker's request, on a planned benchmark and in the record's
                   `workload` (src/dlbench/store/record.py), and `dlbench run`'s option (--<field>);
       axis        the Axis class of its values;
+      noun        what an error calls one of its values ("unknown compile mode 'x'"; default: the field);
       purpose     what the option is for, in the words of an error that refuses it
                   (src/dlbench/workflows/suite_kinds.py);
       capability  the runner.toml [capabilities] field listing the values a runner's single-process
@@ -199,14 +200,14 @@ class RequestAxis:
       suite_kinds the suite kinds (src/dlbench/definitions/catalog.py SUITE_KINDS) whose requests
                   carry it: `dlbench run --<field>` on a suite of another kind is refused."""
 
-    __slots__ = ("field", "axis", "purpose", "capability", "unlisted", "runner_default", "optional", "pairs",
+    __slots__ = ("field", "axis", "noun", "purpose", "capability", "unlisted", "runner_default", "optional", "pairs",
                  "side_by_side", "own_figures", "suite_kinds")
 
     def __init__(self, field: str, axis: type[Axis], purpose: str, *, capability: str | None,
                  unlisted: tuple | None = None, runner_default: bool = False, optional: bool = False,
                  pairs: bool = True, side_by_side: bool = False, own_figures: bool = False,
-                 suite_kinds: tuple[str, ...] = ("benchmark",)):
-        self.field, self.axis, self.purpose = field, axis, purpose
+                 suite_kinds: tuple[str, ...] = ("benchmark",), noun: str | None = None):
+        self.field, self.axis, self.noun, self.purpose = field, axis, noun or field, purpose
         self.capability, self.unlisted, self.runner_default = capability, unlisted, runner_default
         self.optional, self.pairs, self.side_by_side, self.own_figures = optional, pairs, side_by_side, own_figures
         self.suite_kinds = frozenset(suite_kinds)
@@ -228,7 +229,7 @@ REQUEST_AXES = {axis.field: axis for axis in (
     RequestAxis("precision", Precision, "the precision a network is run at", capability="precisions",
                 suite_kinds=("benchmark", "distributed", "convergence")),
     RequestAxis("compile", Compile, "running a network eagerly or through the framework's compiler",
-                capability="compile", runner_default=True, side_by_side=True),
+                capability="compile", runner_default=True, side_by_side=True, noun="compile mode"),
     RequestAxis("mode", Mode, "timing training, inference or generation", capability="modes", pairs=False),
     RequestAxis("scenario", Scenario, "MLPerf LoadGen's scenarios for inference", capability="scenarios",
                 unlisted=(), optional=True, own_figures=True),

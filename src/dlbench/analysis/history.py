@@ -73,6 +73,13 @@ class SeriesKey:
         return cls(r.benchmark, str(r.framework.get("name")), str(r.machine.get("hostname")),
                    r.workload.batch_size, r.workload.device, tuple(getattr(r.workload, a.field) for a in SERIES_AXES))
 
+    def __getattr__(self, name: str):
+        """An axis's value by its field's name (key.precision, key.compile)."""
+        for spec, value in zip(SERIES_AXES, self.__dict__.get("axes", ())):
+            if spec.field == name:
+                return value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def fields(self) -> dict:
         """The key as named fields, each axis by its own name."""
         return {"benchmark": self.benchmark, "framework": self.framework, "machine": self.machine,
