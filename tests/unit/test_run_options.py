@@ -193,3 +193,17 @@ def test_the_python_api_runs_a_suite_and_prints_nothing(cli_env, tmp_path, capsy
     with pytest.raises(RequestError, match="--workers is not taken by suite 'fcn' of kind benchmark"):
         run_suite(dataclasses.replace(request, workers=2, store=tmp_path / "t"))
     assert not (tmp_path / "t").exists()
+
+
+def test_every_axis_is_a_field_of_the_benchmark_the_request_and_the_record():
+    """An axis (runners/common/contract.py REQUEST_AXES) is carried by field name from the command
+    line to the record: a new entry without one of its fields fails here, naming it."""
+    from dlbench.definitions.suite import Benchmark
+    from dlbench.store.record import Workload
+
+    carriers = {"the planned benchmark (definitions/suite.py Benchmark)": {f.name for f in dataclasses.fields(Benchmark)},
+                "the request (workflows/requests.py RunRequest)": {f.name for f in dataclasses.fields(RunRequest)},
+                "the record (store/record.py Workload)": set(Workload.model_fields)}
+    missing = [f"{field} in {where}" for field in REQUEST_AXES for where, fields in carriers.items()
+               if field not in fields]
+    assert not missing, f"an axis without its field: {', '.join(missing)}"
