@@ -26,8 +26,11 @@ PAIRING_AXES = tuple(spec for spec in REQUEST_AXES.values() if spec.pairs)
 # Those that key a series of timed runs (`dlbench history`, the report's boards and series): a run
 # with a value of an axis of its own figures (LoadGen's scenario) is shown apart.
 SERIES_AXES = tuple(spec for spec in PAIRING_AXES if not spec.own_figures)
+# Precision and compile mode have their own columns in the tables and their grid in the report; any
+# other axis of a series is a column after them and named beside them (`dlbench results`, the report).
+OTHER_AXES = tuple(spec for spec in SERIES_AXES if spec.field not in ("precision", "compile"))
 
 
 __all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
            "KERNEL_PRECISION", "REQUEST_AXES", "RequestAxis", "PAIRING_AXES",
-           "SERIES_AXES"]
+           "SERIES_AXES", "OTHER_AXES"]

@@ -201,24 +201,27 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
     assert (records["nhwc"]["status"], records["nhwc"]["reason"]) == (
         "skipped", "fake runner: layout nhwc is not one it runs (runner.toml [capabilities]: nchw)")
 
-    # what pairs runs knows the axis from its entry: compare's key, history's series, the report's keys
+    # what pairs runs knows the axis from its entry: compare's key, history's series, the report's
+    # keys; and `dlbench results` has its column
     keyed = tree.python(
         "import sys\n"
         "from pathlib import Path\n"
         "from dlbench.analysis.comparison import KEY_FIELDS, record_identity\n"
         "from dlbench.analysis.history import SeriesKey\n"
         "from dlbench.reporting.model import run_view\n"
+        "from dlbench.store.rows import run_row\n"
         "from dlbench.store.store import Store\n"
         "[r] = [r for r in Store(Path(sys.argv[1])).records() if r.status == 'ok']\n"
         "print(KEY_FIELDS)\n"
-        "print(record_identity(r)['layout'], SeriesKey.of(r).layout, SeriesKey.of(r).fields()['layout'])\n"
+        "print(record_identity(r)['layout'], SeriesKey.of(r).layout, SeriesKey.of(r).fields()['layout'], "
+        "run_row(r)['layout'])\n"
         "v = run_view(r)\n"
         "print(v.entry_key[-1], v.series_key[-1], v.variant)\n", str(store))
     assert keyed.returncode == 0, keyed.stderr
     assert keyed.stdout.splitlines() == [
         "('suite', 'benchmark', 'batch_size', 'device', 'precision', 'compile', 'layout', 'framework', 'machine', "
         "'scenario')",
-        "nchw nchw nchw",
+        "nchw nchw nchw nchw",
         "nchw nchw ('fp32', 'eager', 'nchw')",
     ]
 

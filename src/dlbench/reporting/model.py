@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..analysis.convergence import median_run
-from ..axes import SERIES_AXES, Compile, Precision
+from ..axes import OTHER_AXES, Compile, Precision
 from ..store.intervals import reported_interval
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb, run_tokens_per_s
@@ -516,10 +516,9 @@ def series_anchor(key: tuple) -> str:
     return f"series-{slug(key[2])}-{slug(key[5], 20)}-{digest}"
 
 
-# The axes the report lays out itself: precision and compile mode, the grid of a benchmark page and
-# the compiled/eager speedups. Any other axis of a series (SERIES_AXES) keeps apart the leaderboard
-# entries, grid columns and history series of runs that differ in it, its value named beside theirs.
-OTHER_AXES = tuple(a for a in SERIES_AXES if a.field not in ("precision", "compile"))
+# The report lays out precision and compile mode itself (a benchmark page's grid, the compiled/eager
+# speedups); each of OTHER_AXES keeps apart the leaderboard entries, grid columns and history series
+# of runs that differ in it, its value named beside theirs.
 
 # the axes' declared order is their display order
 COMPILE_ORDER = {c.value: i for i, c in enumerate(Compile)}
