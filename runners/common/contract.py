@@ -184,6 +184,9 @@ class RequestAxis:
                   worker runs (a value it does not list is recorded skipped, no worker started);
       unlisted    the values a runner runs whose runner.toml leaves that field out; None: every
                   runner.toml must list at least one;
+      distributed_capability, distributed_unlisted
+                  the same for the runner's data-parallel step (runner.toml [distributed]: the
+                  distributed suites' jobs, recorded skipped before any rank starts);
       runner_default
                   a benchmark may ask for `default`: each runner's own value (runner.toml
                   [execution]), resolved per runner before the capability check and the record;
@@ -200,15 +203,18 @@ class RequestAxis:
       suite_kinds the suite kinds (src/dlbench/definitions/catalog.py SUITE_KINDS) whose requests
                   carry it: `dlbench run --<field>` on a suite of another kind is refused."""
 
-    __slots__ = ("field", "axis", "noun", "purpose", "capability", "unlisted", "runner_default", "optional", "pairs",
-                 "side_by_side", "own_figures", "suite_kinds")
+    __slots__ = ("field", "axis", "noun", "purpose", "capability", "unlisted", "distributed_capability",
+                 "distributed_unlisted", "runner_default", "optional", "pairs", "side_by_side", "own_figures",
+                 "suite_kinds")
 
     def __init__(self, field: str, axis: type[Axis], purpose: str, *, capability: str | None,
-                 unlisted: tuple | None = None, runner_default: bool = False, optional: bool = False,
+                 unlisted: tuple | None = None, distributed_capability: str | None = None,
+                 distributed_unlisted: tuple | None = None, runner_default: bool = False, optional: bool = False,
                  pairs: bool = True, side_by_side: bool = False, own_figures: bool = False,
                  suite_kinds: tuple[str, ...] = ("benchmark",), noun: str | None = None):
         self.field, self.axis, self.noun, self.purpose = field, axis, noun or field, purpose
         self.capability, self.unlisted, self.runner_default = capability, unlisted, runner_default
+        self.distributed_capability, self.distributed_unlisted = distributed_capability, distributed_unlisted
         self.optional, self.pairs, self.side_by_side, self.own_figures = optional, pairs, side_by_side, own_figures
         self.suite_kinds = frozenset(suite_kinds)
 
@@ -222,11 +228,12 @@ class RequestAxis:
 
 
 # The request's axes, in the order the records' keys list them (src/dlbench/execution/orchestrator.py
-# build_request). Precision is also passed on to the data-parallel and convergence runs, whose
-# runners list what they train in elsewhere (runner.toml [distributed] precisions; convergence: the
-# runner's own check).
+# build_request). Precision is also passed on to the data-parallel runs (a runner's step trains in
+# fp32 unless its runner.toml [distributed] lists more) and the convergence runs (the runner's own
+# check).
 REQUEST_AXES = {axis.field: axis for axis in (
     RequestAxis("precision", Precision, "the precision a network is run at", capability="precisions",
+                distributed_capability="precisions", distributed_unlisted=("fp32",),
                 suite_kinds=("benchmark", "distributed", "convergence")),
     RequestAxis("compile", Compile, "running a network eagerly or through the framework's compiler",
                 capability="compile", runner_default=True, side_by_side=True, noun="compile mode"),

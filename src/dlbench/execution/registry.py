@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from ..axes import REQUEST_AXES, Axis, Compile, Precision, RequestAxis
+from ..axes import REQUEST_AXES, Axis, Compile, RequestAxis
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
@@ -45,20 +45,6 @@ def _listed_once(values: tuple) -> tuple:
     return values
 
 
-class DistributedSection(_Section):
-    """The runner takes part in the distributed and comm suites: its rank's entry point, how dlbench
-    starts a job's ranks, and the precisions its data-parallel step trains in."""
-
-    worker: str
-    launch: Literal[LAUNCH_STYLES]
-    precisions: Annotated[tuple[Precision, ...], Field(min_length=1)] = (Precision.FP32,)
-
-    @field_validator("precisions")
-    @classmethod
-    def _timed(cls, value: tuple[Precision, ...]) -> tuple[Precision, ...]:
-        return _runs_each_once(value)
-
-
 class ModelSection(_Section):
     """What the performance model assumes of the runner (performance/model.py: FrameworkFacts)."""
 
@@ -73,14 +59,14 @@ class ExecutionSection(_Section):
     compile: Compile = Compile.EAGER
 
 
-def _capability_field(spec: RequestAxis) -> tuple:
-    """runner.toml's [capabilities] field of one axis: its values, each listed once, at least one
-    unless the axis may be left out of a run (a runner may run no LoadGen scenario), defaulting
-    to `spec.unlisted` where the axis has one (what every runner ran before it was listed)."""
+def _capability_field(spec: RequestAxis, unlisted: tuple | None) -> tuple:
+    """runner.toml's field listing one axis's values: each listed once, at least one unless the axis
+    may be left out of a run (a runner may run no LoadGen scenario), defaulting to `unlisted` where
+    the axis has it (what every runner ran before it was listed)."""
     values = tuple[spec.axis, ...]
     if not spec.optional:
         values = Annotated[values, Field(min_length=1)]
-    return (values, ... if spec.unlisted is None else tuple(spec.axis(v) for v in spec.unlisted))
+    return (values, ... if unlisted is None else tuple(spec.axis(v) for v in unlisted))
 
 
 def _runs_each_once(value: tuple[Axis, ...]) -> tuple[Axis, ...]:
@@ -101,7 +87,23 @@ CapabilitiesSection = create_model(
     "CapabilitiesSection", __base__=_Section, __doc__="runner.toml's [capabilities]: the values of each axis "
     "the runner's single-process worker can run.",
     __validators__={"_runs_once": field_validator(*CAPABILITY_AXES)(_runs_each_once)},
-    **{name: _capability_field(spec) for name, spec in CAPABILITY_AXES.items()})
+    **{name: _capability_field(spec, spec.unlisted) for name, spec in CAPABILITY_AXES.items()})
+
+
+class _DistributedLaunchSection(_Section):
+    worker: str
+    launch: Literal[LAUNCH_STYLES]
+
+
+# The same for the runner's data-parallel step (REQUEST_AXES' distributed capabilities).
+DISTRIBUTED_AXES = {spec.distributed_capability: spec for spec in REQUEST_AXES.values()
+                    if spec.distributed_capability is not None}
+DistributedSection = create_model(
+    "DistributedSection", __base__=_DistributedLaunchSection, __doc__="runner.toml's [distributed]: the runner "
+    "takes part in the distributed and comm suites: its rank's entry point, how dlbench starts a job's ranks, and "
+    "the values of each axis its data-parallel step trains in.",
+    __validators__={"_runs_once": field_validator(*DISTRIBUTED_AXES)(_runs_each_once)},
+    **{name: _capability_field(spec, spec.distributed_unlisted) for name, spec in DISTRIBUTED_AXES.items()})
 
 
 class RunnerToml(_Section):
@@ -130,8 +132,10 @@ SCHEMA_CHOICES = {"model.step": STEPS, "model.schedule": SCHEDULES, "model.epilo
 class Capabilities:
     """runner.toml's [capabilities], as the set of values the runner lists per axis."""
 
-    # (axis, the values listed) per axis of CAPABILITY_AXES: a tuple, so that a runner stays hashable
+    # (axis, the values listed) per axis of the section: a tuple, so that a runner stays hashable
     values: tuple[tuple[type[Axis], frozenset[Axis]], ...]
+    # why a value is refused, in the words of the section that lists them
+    wording: str = "{runner} runner: {axis} {value} is not one it runs (runner.toml [capabilities]: {listed})"
 
     @classmethod
     def of(cls, listed: dict[type[Axis], frozenset[Axis]]) -> "Capabilities":
@@ -140,6 +144,12 @@ class Capabilities:
     @classmethod
     def of_section(cls, section) -> "Capabilities":
         return cls.of({spec.axis: frozenset(getattr(section, name)) for name, spec in CAPABILITY_AXES.items()})
+
+    @classmethod
+    def of_distributed(cls, section) -> "Capabilities":
+        """[distributed]'s: what the data-parallel step trains in."""
+        return cls(tuple((spec.axis, frozenset(getattr(section, name))) for name, spec in DISTRIBUTED_AXES.items()),
+                   DATA_PARALLEL_WORDING)
 
     def listed(self, axis: type[Axis]) -> frozenset:
         return dict(self.values)[axis]
@@ -154,8 +164,14 @@ class Capabilities:
             return None
         axis = type(value)
         ordered = [v.value for v in axis if v in self.listed(axis)]
-        return (f"{runner} runner: {axis.axis_name()} {value.value} is not one it runs "
-                f"(runner.toml [capabilities]: {', '.join(ordered) or 'none'})")
+        field = next(name for name, spec in DISTRIBUTED_AXES.items() if spec.axis is axis) \
+            if "{field}" in self.wording else None
+        return self.wording.format(runner=runner, axis=axis.axis_name(), value=value.value,
+                                   listed=", ".join(ordered) or "none", field=field)
+
+
+DATA_PARALLEL_WORDING = ("{runner} data-parallel runner: {axis} {value} is not one it trains in "
+                         "(runner.toml [distributed] {field}: {listed})")
 
 
 @dataclass(frozen=True)
@@ -164,7 +180,7 @@ class DistributedLaunch:
 
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
-    precisions: frozenset[Precision] = frozenset({Precision.FP32})  # what its data-parallel step trains in
+    capabilities: Capabilities  # what its data-parallel step trains in, per axis ([distributed])
 
 
 @dataclass(frozen=True)
@@ -242,7 +258,7 @@ def _load(folder: Path) -> RunnerInfo:
     distributed = None
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
-                                        toml.distributed.launch, frozenset(toml.distributed.precisions))
+                                        toml.distributed.launch, Capabilities.of_distributed(toml.distributed))
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "
