@@ -172,7 +172,9 @@ class Scenario(Axis):
 class RequestAxis:
     """What the code asks of one axis beyond its values: everything the controller and the
     harnesses do with an axis reads it from here (REQUEST_AXES), so that a new axis is its Axis
-    class, one entry below, and the runners that act on it.
+    class, one entry below, its field where a run carries it (the planned benchmark, the request,
+    the command's option, the record: docs/extending.md, "Add an axis") and the runners that act
+    on it.
 
       field       its name in a worker's request, on a planned benchmark and in the record's
                   `workload` (src/dlbench/store/record.py), and `dlbench run`'s option (--<field>);

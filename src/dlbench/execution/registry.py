@@ -130,29 +130,35 @@ SCHEMA_CHOICES = {"model.step": STEPS, "model.schedule": SCHEDULES, "model.epilo
 
 @dataclass(frozen=True)
 class Capabilities:
-    """runner.toml's [capabilities], as the set of values the runner lists per axis."""
+    """runner.toml's [capabilities] (or [distributed]'s), as the set of values the runner lists per axis."""
 
-    # (axis, the values listed) per axis of the section: a tuple, so that a runner stays hashable
-    values: tuple[tuple[type[Axis], frozenset[Axis]], ...]
+    # (axis, its runner.toml field, the values listed) per axis of the section: a tuple, so that a
+    # runner stays hashable
+    values: tuple[tuple[type[Axis], str, frozenset[Axis]], ...]
     # why a value is refused, in the words of the section that lists them
     wording: str = "{runner} runner: {axis} {value} is not one it runs (runner.toml [capabilities]: {listed})"
 
     @classmethod
     def of(cls, listed: dict[type[Axis], frozenset[Axis]]) -> "Capabilities":
-        return cls(tuple(listed.items()))
+        """[capabilities]' of these values per axis."""
+        fields = {spec.axis: name for name, spec in CAPABILITY_AXES.items()}
+        return cls(tuple((axis, fields[axis], values) for axis, values in listed.items()))
 
     @classmethod
     def of_section(cls, section) -> "Capabilities":
-        return cls.of({spec.axis: frozenset(getattr(section, name)) for name, spec in CAPABILITY_AXES.items()})
+        return cls(tuple((spec.axis, name, frozenset(getattr(section, name))) for name, spec in CAPABILITY_AXES.items()))
 
     @classmethod
     def of_distributed(cls, section) -> "Capabilities":
         """[distributed]'s: what the data-parallel step trains in."""
-        return cls(tuple((spec.axis, frozenset(getattr(section, name))) for name, spec in DISTRIBUTED_AXES.items()),
+        return cls(tuple((spec.axis, name, frozenset(getattr(section, name))) for name, spec in DISTRIBUTED_AXES.items()),
                    DATA_PARALLEL_WORDING)
 
+    def _entry(self, axis: type[Axis]) -> tuple:
+        return next(entry for entry in self.values if entry[0] is axis)
+
     def listed(self, axis: type[Axis]) -> frozenset:
-        return dict(self.values)[axis]
+        return self._entry(axis)[2]
 
     def supports(self, value: Axis) -> bool:
         """Whether the runner lists this value of its axis."""
@@ -163,9 +169,8 @@ class Capabilities:
         if self.supports(value):
             return None
         axis = type(value)
-        ordered = [v.value for v in axis if v in self.listed(axis)]
-        field = next(name for name, spec in DISTRIBUTED_AXES.items() if spec.axis is axis) \
-            if "{field}" in self.wording else None
+        _, field, listed = self._entry(axis)
+        ordered = [v.value for v in axis if v in listed]
         return self.wording.format(runner=runner, axis=axis.axis_name(), value=value.value,
                                    listed=", ".join(ordered) or "none", field=field)
 
