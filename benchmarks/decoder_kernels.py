@@ -3,9 +3,10 @@ MoE router and the experts' products) timed in every framework at the llm suite'
 shapes, beside what the performance model predicts for each from a machine profile that has not
 measured that shape (its class fits, else the roofline at the profile's ceilings): how far the
 model is off on a new operation until the kernels suite has timed it (once timed, the model takes
-the measured median). Both sides are a kernel called alone: the prediction is the eager one, the
-framework's smallest-operation call added to the work (inside a compiled step the model leaves
-the call out, and the kernel timed alone could not be compared with that).
+the measured median). Both sides are a kernel called alone, timed cold (the kernels suite's
+default): the prediction is the eager one, the framework's smallest-operation call added to the
+work, that call as calibrate timed it cold (`dispatch_cold_s`; inside a compiled step the model
+leaves the call out, and the kernel timed alone could not be compared with that).
 
 Shapes (the llm suite's default profile on a CPU): smollm2_135m at 2 x 128 tokens (256 rows of
 576; 9 query and 3 key/value heads of 64; SwiGLU 1,536) and moe_tiny at 16 x 64 tokens (1,024
@@ -92,6 +93,8 @@ def main() -> None:
                 continue
             predicted, _, _ = op_time(Op(spec.key, spec.flops, spec.bytes, spec), framework, profile, {}, False,
                                       classes=classes)
+            # the kernel was timed cold: its call too (op_time's eager call is the warm one)
+            predicted += profile.dispatch_cold_s.get(framework, 0.0) - profile.dispatch_s.get(framework, 0.0)
             ratio = predicted / result["median_s"]
             ratios.append(ratio)
             print(f"{framework:<11} {network:<13} {spec.key:<80} {result['median_s'] * 1e3:>12.3f} "
