@@ -91,6 +91,9 @@ def main() -> None:
             if result["status"] != "ok":
                 print(f"{framework:<11} {network:<13} {spec.key:<80} {result['status']}: {result.get('reason')}")
                 continue
+            if not result["median_s"]:  # a backward timed with its forward: the difference lost in the noise
+                print(f"{framework:<11} {network:<13} {spec.key:<80} {'0 (backward - forward)':>12}")
+                continue
             predicted, _, _ = op_time(Op(spec.key, spec.flops, spec.bytes, spec), framework, profile, {}, False,
                                       classes=classes)
             # the kernel was timed cold: its call too (op_time's eager call is the warm one)
