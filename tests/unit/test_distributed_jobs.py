@@ -446,7 +446,7 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path, invoke):
     (["--suite", "comm", "--benchmark", "alltoall"], "unknown benchmark 'alltoall'"),
 ])
 def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monkeypatch, invoke):
-    monkeypatch.setattr("dlbench.cli.distributed.available_cpus", lambda: 2)
+    monkeypatch.setattr("dlbench.workflows.distributed.available_cpus", lambda: 2)
     code, _, err = invoke("run", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), *args)
     assert code == 2 and words in err
