@@ -75,11 +75,12 @@ def add_axis_but_not_its_table_row(tree: TreeCopy) -> None:
     tree.insert("src/dlbench/workflows/requests.py", "    data: Path | None = None\n",
                 "    layout: list[str] | None = None\n")
     run_cli = "src/dlbench/cli/run.py"
-    tree.replace(run_cli, "from ..axes import PRECISIONS, Mode, Scenario", "from ..axes import PRECISIONS, Layout, Mode, Scenario")
+    tree.replace(run_cli, "from ..axes import Compile, Mode, Precision, Scenario",
+                 "from ..axes import Compile, Layout, Mode, Precision, Scenario")
     tree.insert(run_cli, 'digits need none.")] = None,\n', (
-        "    layout: Annotated[Optional[list[str]], typer.Option(\n"
-        "        help=f\"{' | '.join(Layout.names())}: the image tensors' memory layout; a comma list or 'all', \"\n"
-        "             \"repeatable (default: nchw).\")] = None,\n"))
+        "    layout: Annotated[Optional[list[Layout]], axis_option(\n"
+        "        Layout, words=(\"all\",), lists=True,\n"
+        "        help=\"The image tensors' memory layout; a comma list or 'all', repeatable (default: nchw).\")] = None,\n"))
 
     # the benchmark carries it; the option makes one benchmark per layout asked
     tree.insert("src/dlbench/definitions/suite.py", '    generation: "Generation | None" = None  # mode generate only\n',
@@ -253,4 +254,4 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
 def test_run_help_lists_the_option(tree, table_before_its_row):
     done = tree.dlbench("run", "--help")
     assert done.returncode == 0, done.stderr
-    assert "--layout" in done.stdout and "nchw | nhwc" in one_line(done.stdout)
+    assert "--layout" in done.stdout and "nchw|nhwc|all" in one_line(done.stdout)

@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from ..axes import KERNEL_DTYPE, Precision
 from ..definitions.loader import DefinitionError
 from ..performance.probes import BUDGET_S
 from ..store.store import Store
@@ -31,6 +32,7 @@ from .options import (
     StoreOption,
     ThreadsOption,
     TimeoutOption,
+    axis_option,
     check_format,
 )
 from .signals import interrupted, stops_on_signals
@@ -288,9 +290,10 @@ def calibrate(
         "shapes.")) ] = False,
     suite: Annotated[Optional[list[str]], typer.Option(help=(
         "With --full: time the layer shapes of these suites only (cnn, fcn, rnn, transformer). Repeatable.")) ] = None,
-    precision: Annotated[Optional[list[str]], typer.Option(help=(
-        "With --full: time the layer shapes of these precisions only (fp32, amp_bf16, amp_fp16; default: every "
-        "one the device computes in). Repeatable.")) ] = None,
+    precision: Annotated[Optional[list[Precision]], axis_option(
+        Precision, accepted=list(KERNEL_DTYPE), lists=True, help=(
+            "With --full: time the layer shapes of these precisions only (default: every one the device computes "
+            "in); a comma list, repeatable."))] = None,
     quick: Annotated[bool, typer.Option("--quick", help=(
         "Seconds, for tests: short ceilings and one probe per operation class from the smoke profile's shapes.")) ] = False,
     budget: Annotated[float, typer.Option(min=1.0, metavar="SECONDS", help=(
@@ -304,6 +307,7 @@ def calibrate(
 ) -> None:
     """Measure this machine's ceilings and each operation class's efficiency, gather its kernel times and
     all-reduce fits: a new machine profile."""
+    precision = [p.value for p in precision] if precision else None  # the axis's members: plain names
     request = CalibrateRequest(framework=framework, workers=workers, full=full, suite=suite, precision=precision,
                                quick=quick, budget=budget, device=device, env=env, threads=threads, timeout=timeout,
                                store=store)

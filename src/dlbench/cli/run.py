@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from ..axes import PRECISIONS, Mode, Scenario
+from ..axes import Compile, Mode, Precision, Scenario
 from ..store.checks import worst_error
 from ..store.rows import run_row
 from ..workflows.requests import RunRequest
@@ -31,6 +31,7 @@ from .options import (
     StoreOption,
     ThreadsOption,
     TimeoutOption,
+    axis_option,
 )
 from .signals import interrupted, stops_on_signals
 
@@ -45,9 +46,9 @@ def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: FrameworksOption = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
-    mode: Annotated[Optional[list[Mode]], typer.Option(
-        help="What to time (generate: decoder networks, a prompt, then new tokens with a key/value cache); "
-             "repeatable (default: the profile's choice, which is train only for smoke).")] = None,
+    mode: Annotated[Optional[list[Mode]], axis_option(Mode, lists=True, help=(
+        "What to time (generate: decoder networks, a prompt, then new tokens with a key/value cache); a comma "
+        "list, repeatable (default: the profile's choice, which is train only for smoke)."))] = None,
     profile: ProfileOption = "default",
     device: DeviceOption = "auto",
     env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter) | "
@@ -72,17 +73,20 @@ def run(
     hosts: Annotated[Optional[str], typer.Option(
         help="Suites distributed and comm: spread the workers over these hosts (comma list; default: this "
              "machine, or the Slurm allocation inside one).")] = None,
-    precision: Annotated[Optional[list[str]], typer.Option(
-        help=f"{' | '.join(PRECISIONS)}; a comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
-    compile: Annotated[Optional[list[str]], typer.Option(
-        "--compile", help="eager | compiled | default (the framework's own); a comma list or 'all' (eager and "
-                          "compiled, run side by side), repeatable (default: each benchmark's, default).")] = None,
+    precision: Annotated[Optional[list[Precision]], axis_option(
+        Precision, accepted=Precision.runs(), words=("all",), lists=True,
+        help="A comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
+    compile: Annotated[Optional[list[Compile]], axis_option(
+        Compile, words=("default", "all"), lists=True, kind="compile mode",
+        help="default: the framework's own; a comma list or 'all' (eager and compiled, run side by side), "
+             "repeatable (default: each benchmark's, default).")] = None,
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
-    scenario: Annotated[Optional[list[str]], typer.Option(
-        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(Scenario.names())}; a comma list or 'all', repeatable "
-             "(default: none, the harness's back-to-back batches); generate mode: server, with time to first token "
-             "and per output token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
+    scenario: Annotated[Optional[list[Scenario]], axis_option(
+        Scenario, words=("all",), lists=True,
+        help="MLPerf LoadGen scenarios for infer mode; a comma list or 'all', repeatable (default: none, the "
+             "harness's back-to-back batches); generate mode: server, with time to first token and per output "
+             "token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
     no_check: Annotated[bool, typer.Option(
         "--no-check", help="Do not make the equivalence checks this run lacks before timing (records then carry "
                            "a stored check's status, or unchecked).")] = False,
@@ -103,7 +107,8 @@ def run(
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
-    given["mode"] = [m.value for m in mode] if mode else None  # typer's Enum members: plain names from here on
+    given = {name: [str(v) for v in value] if isinstance(value, list) else value  # the axes' members: plain names
+             for name, value in given.items()}
     request = RunRequest(**{f.name: given[f.name] for f in dataclasses.fields(RunRequest)})
     plan = lookup.refused(plan_run, request, lookup.catalog())  # one catalog: each suite file parsed once
     display = DISPLAYS[plan.kind]
