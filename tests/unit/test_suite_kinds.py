@@ -51,7 +51,7 @@ def test_every_kind_has_a_planner_an_executor_and_a_display():
 
 
 def test_a_distributed_suite_from_python(tmp_path, capsys):
-    plan = plan_run(request("distributed", tmp_path, benchmark=["fcn5"], workers=2, scaling="weak"))
+    plan = plan_run(request("distributed", tmp_path, benchmark=["fcn5"], workers=2, scaling="weak", repeats=1))
     assert isinstance(plan, DistributedPlan) and plan.kind == "distributed" and plan.options.scaling == "weak"
     assert plan.options.placement.workers == 2 and plan.steps == 2  # the one-worker baseline and the job
     events = Events()
