@@ -438,7 +438,7 @@ def axis_options():
     for path, command in walk(get_command(app), []):
         for param in command.params:
             if param.name in REQUEST_AXES:
-                found.append((" ".join(path), param.opts[0], "compile mode" if param.name == "compile" else param.name))
+                found.append((" ".join(path), param.opts[0], REQUEST_AXES[param.name].noun))
     return found
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
-from ..axes import Axis
+from ..axes import Axis, RequestAxis
 from ..machine import detect_device
 from ..workflows.lookup import check_choice as choices_checked
 from ..workflows.lookup import listed_choices as listed
@@ -89,3 +89,11 @@ def axis_option(axis: type[Axis], help: str, *, accepted: Sequence[Axis | str] |
 
     metavar = "|".join(choices) + (",..." if lists else "")
     return typer.Option(help=help, parser=parse, metavar=metavar, **({"callback": flat} if lists else {}))
+
+
+def run_axis_option(spec: RequestAxis, help: str):
+    """`dlbench run`'s option of a request axis (REQUEST_AXES): the values a run may ask for, comma
+    lists, repeatable, `all` (every one of them) and, where the axis has a runner default,
+    `default`; an unknown value named with the axis's noun."""
+    words = ("default", "all") if spec.runner_default else ("all",)
+    return axis_option(spec.axis, help, accepted=spec.axis.runs(), words=words, lists=True, kind=spec.noun)

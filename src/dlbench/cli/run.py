@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from ..axes import Compile, Mode, Precision, Scenario
+from ..axes import REQUEST_AXES, Mode
 from ..store.checks import worst_error
 from ..store.rows import run_row
 from ..workflows.requests import RunRequest
@@ -32,6 +32,7 @@ from .options import (
     ThreadsOption,
     TimeoutOption,
     axis_option,
+    run_axis_option,
 )
 from .signals import interrupted, stops_on_signals
 
@@ -73,17 +74,15 @@ def run(
     hosts: Annotated[Optional[str], typer.Option(
         help="Suites distributed and comm: spread the workers over these hosts (comma list; default: this "
              "machine, or the Slurm allocation inside one).")] = None,
-    precision: Annotated[Optional[list[Precision]], axis_option(
-        Precision, accepted=Precision.runs(), words=("all",), lists=True,
-        help="A comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
-    compile: Annotated[Optional[list[Compile]], axis_option(
-        Compile, words=("default", "all"), lists=True, kind="compile mode",
-        help="default: the framework's own; a comma list or 'all' (eager and compiled, run side by side), "
-             "repeatable (default: each benchmark's, default).")] = None,
+    precision: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["precision"], help="A comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
+    compile: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["compile"], help="default: the framework's own; a comma list or 'all' (eager and compiled, run "
+                                      "side by side), repeatable (default: each benchmark's, default).")] = None,
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
-    scenario: Annotated[Optional[list[Scenario]], axis_option(
-        Scenario, words=("all",), lists=True,
+    scenario: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["scenario"],
         help="MLPerf LoadGen scenarios for infer mode; a comma list or 'all', repeatable (default: none, the "
              "harness's back-to-back batches); generate mode: server, with time to first token and per output "
              "token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
