@@ -2,14 +2,13 @@
 `moe`), in numpy: the slots per expert a capacity factor gives, and the rule itself, which the
 integration tests compare every framework's routing with.
 
-numpy only; the controller never imports this module.
+numpy only, imported where used (runners.common stays standard library at import); the controller
+never imports this module.
 """
 
 from __future__ import annotations
 
 import math
-
-import numpy as np
 
 
 def capacity(capacity_factor: float | None, tokens: int, top_k: int, experts: int) -> int | None:
@@ -23,6 +22,8 @@ def route(probabilities: np.ndarray, top_k: int, slots: int | None = None) -> tu
     """(experts (N, k), weights (N, k)) for router probabilities (N, E): the k largest per token,
     ties to the lower index, weights renormalised over the k; a choice past its expert's `slots`
     (first choices of every token in token order, then the second ...) gets weight 0."""
+    import numpy as np  # not at import: runners.common is standard library until used
+
     order = np.lexsort((np.broadcast_to(np.arange(probabilities.shape[1]), probabilities.shape), -probabilities),
                        axis=1)
     chosen = order[:, :top_k]
@@ -41,6 +42,8 @@ def route(probabilities: np.ndarray, top_k: int, slots: int | None = None) -> tu
 
 def load_balancing_loss(probabilities: np.ndarray, chosen: np.ndarray) -> float:
     """E * sum_e f_e P_e: f_e the fraction of tokens whose choices include e, P_e the mean p_e."""
+    import numpy as np  # not at import: runners.common is standard library until used
+
     tokens, experts = probabilities.shape
     counts = np.zeros(experts)
     np.add.at(counts, chosen.reshape(-1), 1.0)
