@@ -336,7 +336,7 @@ def transformer_classes() -> dict:
                 self.lower = self.params.get_constant("lower_index", mx.nd.array(lower[None]))
 
         def hybrid_forward(self, F, x, router, gate, up, down, lower):
-            tokens = F.reshape(x, shape=(-1, 0))  # (N, D)
+            tokens = F.reshape(x, shape=(-3, 0))  # (B, T, D) -> (N, D)
             wide = self.router_dtype
             p = F.softmax(F.dot(F.cast(tokens, wide), F.cast(router, wide), transpose_b=True), axis=-1)  # (N, E)
             row, col = F.expand_dims(p, axis=2), F.expand_dims(p, axis=1)  # p_e on axis 1, p_j on axis 2

@@ -287,10 +287,10 @@ def transformer_classes():
     class GroupedAttention(keras.layers.Layer):
         """Grouped-query attention with rotary position embedding, keras_hub's LlamaAttention's design:
         q, k and v as EinsumDense kernels (D, heads, S) and (D, KV, S), out (heads, S, D), no bias;
-        q and k rotated (rotate_half) by constant cos and sin tables (runners/common/rotary.py's), and
-        the heads in keras.ops.dot_product_attention with the KV key/value heads as they are (its
-        TensorFlow backend repeats them per query group, keras_hub's repeat_kv). In float64 its scale
-        is given as a float64 (its default makes it in float32)."""
+        q and k rotated (rotate_half) by constant cos and sin tables (runners/common/rotary.py's), the
+        key/value heads repeated per query group (keras.ops.repeat, as keras_hub's Llama does) and the
+        heads in keras.ops.dot_product_attention. In float64 its scale is given as a float64 (its
+        default makes it in float32)."""
 
         def __init__(self, spec: dict, positions: int, **kwargs):
             super().__init__(**kwargs)
@@ -319,6 +319,10 @@ def transformer_classes():
             return self.rotate(self.q(x), start), self.rotate(self.k(x), start), self.v(x)
 
         def attend(self, q, k, v, causal: bool, mask=None):
+            groups = self.spec["heads"] // self.spec["kv_heads"]
+            if groups > 1:  # keras_hub's repeat of the key/value heads per query group (its backend's own
+                # repeat skips a single key/value head, whose broadcast TensorFlow's einsum refuses)
+                k, v = keras.ops.repeat(k, groups, axis=2), keras.ops.repeat(v, groups, axis=2)
             scale = numpy.float64(1 / numpy.sqrt(self.spec["head_size"])) if q.dtype == tf.float64 else None
             a = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal)
             return self.out(a)
