@@ -252,7 +252,7 @@ def transformer_classes() -> dict:
         repeated per query group (F.repeat, HuggingFace's repeat_kv), the scores by batch_dot
         (contrib.div_sqrt_dim on q), the causal mask added, softmax, batch_dot with v, the out Dense."""
 
-        def __init__(self, spec: dict, steps: int, **kwargs):
+        def __init__(self, spec: dict, steps: int, float64: bool, **kwargs):
             super().__init__(**kwargs)
             dim = spec["in_shape"][-1]
             self.heads, self.kv_heads, self.size = spec["heads"], spec["kv_heads"], spec["head_size"]
@@ -263,9 +263,11 @@ def transformer_classes() -> dict:
                 self.v = nn.Dense(self.kv_heads * self.size, flatten=False, use_bias=False, in_units=dim)
                 self.out = nn.Dense(dim, flatten=False, use_bias=False, in_units=self.heads * self.size)
                 cos, sin = rotary.layer_tables(spec, steps)
-                # (1, 1, T, S), cast with the network (float64 kept exact in a float64 check)
-                self.cos = self.params.get_constant("cos", mx.nd.array(cos[None, None], dtype="float64"))
-                self.sin = self.params.get_constant("sin", mx.nd.array(sin[None, None], dtype="float64"))
+                # (1, 1, T, S) in the network's dtype (float64 exact in a float64 check; a float32
+                # network's operators take no float64 operand)
+                tables = "float64" if float64 else "float32"
+                self.cos = self.params.get_constant("cos", mx.nd.array(cos[None, None], dtype=tables))
+                self.sin = self.params.get_constant("sin", mx.nd.array(sin[None, None], dtype=tables))
                 mask = np.triu(np.full((steps, steps), -np.inf, dtype=np.float32), k=1)[None]
                 self.causal_mask = self.params.get_constant("causal_mask", mx.nd.array(mask))
 
@@ -370,7 +372,7 @@ def transformer_classes() -> dict:
             steps, dim = spec["in_shape"]
             with self.name_scope():
                 self.norm1 = RMSNorm(dim, spec["eps"])
-                self.attn = GroupedAttention({**spec, "causal": True}, steps)
+                self.attn = GroupedAttention({**spec, "causal": True}, steps, float64)
                 self.norm2 = RMSNorm(dim, spec["eps"])
                 self.ffn = (SwiGLU(dim, spec["hidden"]) if spec["moe"] is None
                             else MixtureOfExperts(dim, spec["hidden"], spec["moe"], float64))
@@ -471,7 +473,7 @@ def build_rms_norm(spec, build):
 
 
 def build_grouped_attention(spec, build):
-    return build.classes["GroupedAttention"](spec, spec["in_shape"][0])
+    return build.classes["GroupedAttention"](spec, spec["in_shape"][0], build.float64)
 
 
 def build_swiglu(spec, build):
