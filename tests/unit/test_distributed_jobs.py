@@ -127,14 +127,14 @@ def test_collectives_one_record_each_with_checked_bandwidths(tmp_path, fake, sui
         assert c.workers == 2 and [s.size_bytes for s in c.sizes] == list(comm.sizes)
         for s in c.sizes:
             if s.skipped:  # 4 B cannot give each of 2 ranks a float32 to gather or scatter
-                assert c.collective in ("all_gather", "reduce_scatter") and s.size_bytes == 4
+                assert c.collective in ("all_gather", "reduce_scatter", "all_to_all") and s.size_bytes == 4
                 continue
             assert s.correct is True and s.iterations == comm.policy.measure_iters
             assert s.algbw_gbps == pytest.approx(s.bytes / s.time_s / 1e9)
             assert s.busbw_gbps == pytest.approx(s.algbw_gbps * c.bus_factor)
         assert r.network.name == c.collective and r.network.definition["sizes_bytes"] == list(comm.sizes)
     assert {r.comm.collective: r.comm.bus_factor for r in records} == {
-        "all_reduce": 1.0, "all_gather": 0.5, "broadcast": 1.0, "reduce_scatter": 0.5}
+        "all_reduce": 1.0, "all_gather": 0.5, "broadcast": 1.0, "reduce_scatter": 0.5, "all_to_all": 0.5}
 
 
 def test_a_wrong_result_fails_that_collectives_record(tmp_path, fake, suites, monkeypatch):
@@ -169,8 +169,26 @@ def test_a_runner_without_a_distributed_part_is_skipped_saying_so(tmp_path, fake
     _, comm = suites
     unported = dataclasses.replace(fake, distributed=None)
     records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(unported, comm)
-    assert len(records) == 4
+    assert len(records) == 5
     assert all(r.status == "skipped" and "[distributed]" in r.reason for r in records)
+
+
+def test_a_collective_the_runner_declares_not_offered_is_skipped_without_asking_a_rank(tmp_path, fake, suites):
+    _, comm = suites
+    declared = dataclasses.replace(fake, distributed=dataclasses.replace(
+        fake.distributed, collectives_not_offered=(("all_to_all", "the fake engine has no all-to-all"),)))
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(declared, comm)
+    by_op = {r.benchmark: r for r in records}
+    skipped = by_op.pop("all_to_all-w2")
+    assert skipped.status == "skipped" and skipped.comm is None and skipped.repeats == []
+    assert skipped.reason == ("fake runner: the fake engine has no all-to-all "
+                              "(runner.toml [distributed.collectives_not_offered])")
+    assert all(r.status == "ok" for r in by_op.values()), [r.reason for r in by_op.values()]
+    # only one collective, and that one not offered: no job at all
+    alone = dataclasses.replace(comm, collectives=("all_to_all",))
+    (only,) = DistributedOrchestrator(Store(tmp_path / "t"), options(tmp_path)).run_comm(declared, alone)
+    assert only.status == "skipped" and only.repeats == [] and "no all-to-all" in only.reason
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
 
 
 # ------------------------------------------------------------------ jobs that fail

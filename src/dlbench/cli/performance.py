@@ -282,8 +282,8 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 def calibrate(
     framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
     workers: Annotated[Optional[int], typer.Option(min=2, help=(
-        "Fit the all-reduce of only this many workers from the comm suite's records (default: every "
-        "worker count found).")) ] = None,
+        "Fit the all-reduce and all-to-all lines of only this many workers from the comm suite's records "
+        "(default: every worker count found).")) ] = None,
     full: Annotated[bool, typer.Option("--full", help=(
         "Also time every layer shape of the kernels suite's layer_shapes benchmarks at the default profile "
         "(what `run --suite kernels` times; many minutes per framework): predictions then come from measured "
@@ -306,7 +306,7 @@ def calibrate(
     store: StoreOption = None,
 ) -> None:
     """Measure this machine's ceilings and each operation class's efficiency, gather its kernel times and
-    all-reduce fits: a new machine profile."""
+    all-reduce and all-to-all fits: a new machine profile."""
     precision = [p.value for p in precision] if precision else None  # the axis's members: plain names
     request = CalibrateRequest(framework=framework, workers=workers, full=full, suite=suite, precision=precision,
                                quick=quick, budget=budget, device=device, env=env, threads=threads, timeout=timeout,
@@ -399,7 +399,8 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
                   " / ".join(f"{seconds * 1e3:,.2f}" for seconds in y.median_s.values()) + " ms",
                   escape(f"{fw}: median of {y.workers} workers, slowest {y.slowest:.2f}x, fastest {y.fastest:.2f}x"))
     for c in p.comm:
-        t.add_row(f"all-reduce, {c.workers} workers", f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
+        t.add_row(f"{c.collective.replace('_', '-')}, {c.workers} workers",
+                  f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
                   escape(f"{c.framework}: α {c.alpha_s * 1e6:.1f} µs, β {c.beta_s_per_byte * 1e9:.3f} ns/B, "
                          f"R² {c.r2:.3f}, {c.points} sizes"))
     t.caption = f"stored as {path}"

@@ -1,6 +1,6 @@
 """`calibrate`: this machine's ceilings, each operation class's efficiency (class probes), its kernel
-times and all-reduce fits, as a new machine profile in the store; printing nothing. The command line
-(cli/performance.py) renders the profile it returns.
+times and all-reduce and all-to-all fits, as a new machine profile in the store; printing nothing.
+The command line (cli/performance.py) renders the profile it returns.
 
     from dlbench.workflows import CalibrateRequest, calibrate
     result = calibrate(CalibrateRequest(framework=["torch"], quick=True))
