@@ -20,9 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from typer.testing import CliRunner
 
-from dlbench.cli import app
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.jobs import run_job
@@ -32,7 +30,6 @@ from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
@@ -434,19 +431,7 @@ def test_under_slurm_every_command_is_a_job_step(tmp_path, fake, suites, monkeyp
 
 # ------------------------------------------------------------------ the command line
 
-def invoke(*args: str):
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
-
-
-@pytest.fixture
-def cli_env(monkeypatch, tmp_path, project):
-    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    return project
-
-
-def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
+def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path, invoke):
     store = str(tmp_path / "store")
     code, out, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current",
                             "--profile", "smoke", "--benchmark", "fcn5", "--store", store)
@@ -478,15 +463,15 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
     (["--suite", "distributed", "--hosts", "127.0.0.2,127.0.0.2"], "listed twice"),
     (["--suite", "comm", "--benchmark", "alltoall"], "unknown benchmark 'alltoall'"),
 ])
-def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monkeypatch):
-    monkeypatch.setattr("dlbench.cli.distributed.available_cpus", lambda: 2)
+def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monkeypatch, invoke):
+    monkeypatch.setattr("dlbench.workflows.distributed.available_cpus", lambda: 2)
     code, _, err = invoke("run", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), *args)
     assert code == 2 and words in err
     assert not (tmp_path / "s").exists()
 
 
-def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch):
+def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch, invoke):
     suite = tmp_path / "odd.yaml"
     suite.write_text((ROOT / "suites" / "distributed.yaml").read_text().replace("smoke: [32]", "smoke: [33]"))
     code, _, err = invoke("run", "--suite", str(suite), "--framework", "fake", "--env", "current", "--profile", "smoke",
@@ -494,7 +479,7 @@ def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch):
     assert code == 2 and "global batch 33 over 2 workers" in err and "fcn5" in err
 
 
-def test_cli_lists_distributed_suites(cli_env):
+def test_cli_lists_distributed_suites(cli_env, invoke):
     code, out, _ = invoke("list", "--suite", "comm", "--profile", "smoke")
     assert code == 0 and "reduce_scatter" in out and "4 B .. 4 MiB (4 sizes)" in out
     code, out, _ = invoke("list", "--suite", "distributed", "--profile", "smoke")
