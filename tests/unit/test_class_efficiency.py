@@ -457,7 +457,7 @@ def test_accuracy_sets_the_datasheet_beside_the_calibrated_prediction():
 
 def test_probe_candidates_are_the_single_process_suites_layer_shapes():
     """What --full times and what the probes are chosen from: the kernels suite's layer_shapes
-    benchmarks of fcn, cnn, rnn and transformer (not the distributed suite's per-worker batches, timed
+    benchmarks of fcn, cnn, rnn, transformer and llm (not the distributed suite's per-worker batches, timed
     with --threads 1), in the dtypes the device computes in."""
     from pathlib import Path
 
@@ -468,8 +468,8 @@ def test_probe_candidates_are_the_single_process_suites_layer_shapes():
     root = Path(__file__).resolve().parents[2] / "suites"
     catalog = SuiteCatalog(root)
     names = layer_benchmarks(root / "kernels.yaml", catalog.suite_names())
-    assert set(names) == {"fcn-layers", "cnn-layers", "rnn-layers", "transformer-layers", "fcn-layers-reduced",
-                          "cnn-layers-reduced", "rnn-layers-reduced", "transformer-layers-reduced"}
+    assert set(names) == {"fcn-layers", "cnn-layers", "rnn-layers", "transformer-layers", "llm-layers",
+                          "fcn-layers-reduced", "cnn-layers-reduced", "rnn-layers-reduced", "transformer-layers-reduced"}
     suite = load_kernel_suite(root / "kernels.yaml", catalog, "smoke", "cpu")
     float32_only = candidates(suite, names, {"float32": None, "bfloat16": "no", "float16": "no"})
     assert float32_only and {s.dtype for s in float32_only} == {"float32"}
@@ -483,5 +483,5 @@ def test_probe_candidates_are_the_single_process_suites_layer_shapes():
     assert [b.name for b in fcn32] == ["fcn-layers", "rnn-layers"] and {s.dtype for b in fcn32 for s in b.specs} == {"float32"}
     reduced = layer_sets(suite, names, ["cnn"], ["bfloat16"])
     assert [b.name for b in reduced] == ["cnn-layers-reduced"] and {s.dtype for s in reduced[0].specs} == {"bfloat16"}
-    with pytest.raises(ValueError, match="nope: the kernels suite times the layers of cnn, fcn, rnn, transformer"):
+    with pytest.raises(ValueError, match="nope: the kernels suite times the layers of cnn, fcn, llm, rnn, transformer"):
         layer_sets(suite, names, ["nope"])

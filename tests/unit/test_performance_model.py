@@ -125,6 +125,39 @@ def test_decoder_and_moe_kernel_counts_by_hand():
         KernelSpec.of("moe_router_fwd", rows=3, dim=4, experts=8)
 
 
+def test_the_decoders_work_is_the_decoder_kernels_made_of_their_parts():
+    """llama_tiny's and moe_tiny's blocks are the decoder kernel kinds (what the kernels suite times at
+    the llm suite's shapes), each standing for the operations the layer was counted as before: a
+    profile that measured a kind takes its time, one that did not takes its parts'."""
+    from dlbench.performance.model import op_time
+
+    moe = load_network(NETWORKS / "moe_tiny.yaml")
+    work = decompose(moe.resolved, 2, "train")
+    block = next(layer for layer in work.layers if any(op.kernel and op.kernel.kind == "moe_router_fwd"
+                                                        for op in layer.forward))
+    kinds = {op.kernel.kind for op in block.forward + block.backward if op.kernel is not None}
+    assert {"rms_norm_fwd", "rotary_fwd", "grouped_attention_fwd", "moe_router_fwd", "moe_experts_fwd",
+            "rms_norm_bwd", "rotary_bwd", "grouped_attention_bwd", "moe_router_bwd", "moe_experts_bwd"} <= kinds
+    experts = next(op for op in block.forward if op.kernel is not None and op.kernel.kind == "moe_experts_fwd")
+    # 2 x 64 tokens, top 2 of 4 experts of 128 over 64: dispatch, three products per routed row, the gate, combine
+    assert experts.kernel.key == "moe_experts_fwd tokens=128 dim=64 hidden=128 experts=4 top_k=2 float32"
+    assert [p.label for p in experts.parts] == ["moe dispatch", "moe experts gate matmul", "moe experts up matmul",
+                                                "moe experts silu gate", "moe experts down matmul", "moe combine"]
+    assert sum(p.flops for p in experts.parts) == experts.kernel.flops  # the same work, counted alike
+    attention = next(op for op in block.forward if op.kernel is not None
+                     and op.kernel.kind == "grouped_attention_fwd")
+    assert (attention.kernel["heads"], attention.kernel["kv_heads"]) == (4, 2)
+    prof = profile()
+    unmeasured, _, missing = op_time(experts, "torch", prof, {})
+    assert unmeasured == pytest.approx(sum(op_time(p, "torch", prof, {})[0] for p in experts.parts))
+    assert experts.kernel.key in missing
+    timed = {experts.kernel.key: KernelTime(median_s=0.5, run_id="k", cache="warm")}
+    assert op_time(experts, "torch", prof, timed)[0] == pytest.approx(0.5)
+    smol = decompose(load_network(NETWORKS / "llama_tiny.yaml").resolved, 2, "train")
+    assert any(op.kernel is not None and op.kernel.kind == "swiglu_bwd" for layer in smol.layers
+               for op in layer.backward)
+
+
 def test_pooling_kernel_counts_by_hand():
     # a 3x3 max-pool, stride 2, pad 1 over 2 x 3 x 7 x 7: output 3 x 4 x 4 (floor((7 + 2 - 3) / 2) + 1)
     window = dict(batch=2, channels=3, height=7, width=7, kh=3, kw=3, sh=2, sw=2, ph=1, pw=1)

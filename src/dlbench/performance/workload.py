@@ -56,6 +56,13 @@ write at the least, `E` bytes per element (float32: 4):
   join, the branch's dropout (training, rate not 0), the addition (3 passes) and in the backward
   the two gradients meeting again (3). lm_head: a dense layer without its own weight when tied (the
   weight gradient is still computed, and added into the embedding's: 3 passes over the table).
+- the decoders' layers (definitions/layers/rms_norm.py, rotary.py, swiglu.py, grouped_attention.py,
+  moe.py, llama_block.py): `rms_norm_fwd`/`_bwd`, `rotary_fwd`/`_bwd` on queries and keys,
+  `swiglu_fwd`/`_bwd` for the whole MLP, `grouped_attention_fwd`/`_bwd` for the heads' core (the q,
+  k, v and out projections dense layers as above), and for an MoE layer `moe_router_fwd`/`_bwd` and
+  `moe_experts_fwd`/`_bwd`; each made of, where not measured, the operations the layer is counted
+  as unfused (element-wise passes; the dense products; attention's batched products; the tokens'
+  dispatch, the experts' products over the routed rows and the weighted combine).
 - softmax cross-entropy over the logits (after the last layer, training only): the
   `softmax_xent_fwd` and `softmax_xent_bwd` kernels (forward 3 passes: max, sum of exponentials,
   log-probabilities; backward 2).

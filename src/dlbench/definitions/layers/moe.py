@@ -4,6 +4,8 @@ counts, tensors and operations are functions of plain numbers, which llama_block
 
 from __future__ import annotations
 
+import types
+
 from .. import schema
 from . import dense, swiglu
 from .base import Inferred, LayerType, Site, resolved_entry
@@ -46,23 +48,37 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
 
 def products(b, layer, name: str, steps: int, dim: int, hidden: int, experts: int, top_k: int,
              input_grad: bool) -> None:
-    """The router as a dense layer without bias, its softmax and top-k over E per token (element-wise
-    passes), the tokens gathered to their experts (read and written: 2 passes over T*k rows), the
-    experts' products as SwiGLU products over the T*k token rows (one product per kind standing for
-    the E experts' grouped ones: the same FLOPs, each expert's share of the rows), and the weighted
-    sum of the k outputs per token (3 passes); backward their mirrors."""
+    """The router as the `moe_router_fwd` / `moe_router_bwd` kernels and the experts as
+    `moe_experts_fwd` / `moe_experts_bwd` (performance/kernels.py), each made of, where not measured:
+    the router a dense layer without bias and its softmax and top-k over E per token (element-wise
+    passes); the experts the tokens gathered to their experts (read and written: 2 passes over T*k
+    rows), their products as SwiGLU products over the T*k token rows (one product per kind standing
+    for the E experts' grouped ones: the same FLOPs, each expert's share of the rows) and the
+    weighted sum of the k outputs per token (3 passes); backward their mirrors."""
     label = f"{name} " if name else ""
     rows = b.batch * steps
-    dense.products(b, layer, f"{label}router".strip(), steps, dim, experts, False, input_grad)
-    layer.forward.append(b.passes(f"{label}router softmax top-k".strip(), rows * experts, 3, ROUTER_SOFTMAX_FLOPS))
-    layer.forward.append(b.passes(f"{label}dispatch".strip(), rows * top_k * dim, 2, 0))
-    swiglu.products(b, layer, f"{label}experts".strip(), steps * top_k, dim, hidden, input_grad=True)
-    layer.forward.append(b.passes(f"{label}combine".strip(), rows * top_k * dim, 3, COMBINE_FLOPS))
+    router = types.SimpleNamespace(forward=[], backward=[])
+    dense.products(b, router, f"{label}router".strip(), steps, dim, experts, False, input_grad)
+    router.forward.append(b.passes(f"{label}router softmax top-k".strip(), rows * experts, 3, ROUTER_SOFTMAX_FLOPS))
+    expert = types.SimpleNamespace(forward=[], backward=[])
+    expert.forward.append(b.passes(f"{label}dispatch".strip(), rows * top_k * dim, 2, 0))
+    swiglu.unfused(b, expert, f"{label}experts".strip(), steps * top_k, dim, hidden, input_grad=True)
+    expert.forward.append(b.passes(f"{label}combine".strip(), rows * top_k * dim, 3, COMBINE_FLOPS))
     if b.train:
-        layer.backward.append(b.passes(f"{label}combine gradient".strip(), rows * top_k * dim, 4, COMBINE_FLOPS))
-        layer.backward.append(b.passes(f"{label}dispatch gradient".strip(), rows * top_k * dim, 2, 1))
-        layer.backward.append(b.passes(f"{label}router softmax gradient".strip(), rows * experts, 3,
-                                       ROUTER_SOFTMAX_FLOPS))
+        expert.backward.append(b.passes(f"{label}combine gradient".strip(), rows * top_k * dim, 4, COMBINE_FLOPS))
+        expert.backward.append(b.passes(f"{label}dispatch gradient".strip(), rows * top_k * dim, 2, 1))
+        router.backward.append(b.passes(f"{label}router softmax gradient".strip(), rows * experts, 3,
+                                        ROUTER_SOFTMAX_FLOPS))
+    routing = dict(dim=dim, experts=experts, top_k=top_k)
+    layer.forward.append(b.kernel(f"{label}router".strip(), "moe_router_fwd", parts=tuple(router.forward), rows=rows,
+                                  **routing))
+    layer.forward.append(b.kernel(f"{label}experts".strip(), "moe_experts_fwd", parts=tuple(expert.forward),
+                                  tokens=rows, hidden=hidden, **routing))
+    if b.train:
+        layer.backward.append(b.kernel(f"{label}experts gradient".strip(), "moe_experts_bwd",
+                                       parts=tuple(expert.backward), tokens=rows, hidden=hidden, **routing))
+        layer.backward.append(b.kernel(f"{label}router gradient".strip(), "moe_router_bwd",
+                                       parts=tuple(router.backward), rows=rows, **routing))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:

@@ -4,6 +4,8 @@ llama_block reuse."""
 
 from __future__ import annotations
 
+import types
+
 from .. import schema
 from . import dense
 from .base import Inferred, LayerType, Site
@@ -37,7 +39,7 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
     return tensors(prefix, entry["in_shape"][-1], entry["hidden"])
 
 
-def products(b, layer, name: str, positions: int, dim: int, hidden: int, input_grad: bool) -> None:
+def unfused(b, layer, name: str, positions: int, dim: int, hidden: int, input_grad: bool) -> None:
     """The three products as dense layers (no bias), the gate's silu and the product of the two
     (element-wise: gate and up read, the product written, 3 passes; backward 5)."""
     label = f"{name} ".lstrip() if name else ""
@@ -51,6 +53,20 @@ def products(b, layer, name: str, positions: int, dim: int, hidden: int, input_g
         layer.backward.append(b.passes(f"{label}silu gate gradient".strip(), rows * hidden, 5, 2 * FLOPS_PER_HIDDEN))
         if input_grad:  # the gate's and up's input gradients meet at x
             layer.backward.append(b.passes(f"{label}gate up gradient sum".strip(), rows * dim, 3))
+
+
+def products(b, layer, name: str, positions: int, dim: int, hidden: int, input_grad: bool) -> None:
+    """The MLP as the `swiglu_fwd` / `swiglu_bwd` kernels (performance/kernels.py), made of, where not
+    measured, its `unfused` operations."""
+    parts = types.SimpleNamespace(forward=[], backward=[])
+    unfused(b, parts, name, positions, dim, hidden, input_grad)
+    label = name or "swiglu"
+    rows = b.batch * positions
+    layer.forward.append(b.kernel(label, "swiglu_fwd", parts=tuple(parts.forward), rows=rows, dim=dim,
+                                  hidden=hidden))
+    if b.train:
+        layer.backward.append(b.kernel(f"{label} gradient", "swiglu_bwd", parts=tuple(parts.backward), rows=rows,
+                                       dim=dim, hidden=hidden, input_grad=int(input_grad)))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:
