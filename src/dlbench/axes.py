@@ -1,4 +1,5 @@
-"""The axes a benchmark varies along (precision, compile, mode, scenario), as the runners define
+"""The axes a benchmark varies along (precision, compile, mode, scenario; compression of
+a data-parallel job), as the runners define
 them: runners/common/contract.py, standard library only, so that the controller and every runner
 share one definition. Every layer of the controller takes them from here."""
 
@@ -9,6 +10,8 @@ from runners.common.contract import (
     PRECISIONS,
     Axis,
     Compile,
+    Compression,
+    CompressionMethod,
     Mode,
     Precision,
     Scenario,
@@ -19,5 +22,5 @@ from runners.common.contract import (
 # (calibrate's float32 matmuls run with TF32 off).
 KERNEL_DTYPE = {precision: dtype for dtype, precision in KERNEL_PRECISION.items()}
 
-__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
+__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "Compression", "CompressionMethod", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
            "KERNEL_PRECISION"]

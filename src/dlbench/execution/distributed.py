@@ -15,6 +15,7 @@ says how, placement.py says where.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -23,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..axes import Precision
+from ..axes import Compression, CompressionMethod, Precision
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
@@ -108,6 +109,9 @@ class DistributedOrchestrator:
         self.events = events or SilentDistributedEvents()
         self.environments = Environments(backend(options.env_backend, options.cache), options.device,
                                          self.events.environment)
+        # one-worker baselines run in this invocation, by what they train: the runs of several
+        # compressions of one benchmark share theirs (with one worker nothing is exchanged)
+        self._baselines: dict[tuple, Record] = {}
 
     def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
         return self.environments.get(runner)
@@ -149,9 +153,15 @@ class DistributedOrchestrator:
             per_worker, global_batch = batches(batch, n, o.scaling)
             baseline = None
             if n > 1:
-                # strong: the same global batch on one worker; weak: one worker's batch
-                baseline = self._train_run(runner, benchmark, o.placement.single_worker(), batch, batch, None)
-                records.append(baseline)
+                # strong: the same global batch on one worker; weak: one worker's batch; dense, since
+                # one worker exchanges nothing (a compressor there would only change the training)
+                key = (runner.name, benchmark.name, benchmark.precision, batch, o.threads)
+                baseline = self._baselines.get(key)
+                if baseline is None:
+                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value)
+                    baseline = self._train_run(runner, dense, o.placement.single_worker(), batch, batch, None)
+                    self._baselines[key] = baseline
+                    records.append(baseline)
             records.append(self._train_run(runner, benchmark, o.placement, per_worker, global_batch, baseline))
         return records
 
@@ -159,13 +169,13 @@ class DistributedOrchestrator:
                    global_batch: int, baseline: Record | None) -> Record:
         o = self.options
         n = placement.workers
-        label = f"{runner.name} {b.name} x{n} b={global_batch}"
+        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}")
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
                                  framework=runner.name, workers=n) if o.predictor else None
         self.events.run_started(label, repeats_asked)
-        refusal = _precision_refusal(runner, b.precision)
+        refusal = _precision_refusal(runner, b.precision) or _compression_refusal(runner, b.compression)
         if refusal is None:
             env, status, reason, env_info = self._common(runner)
         else:  # the runner says it cannot: no environment built, no job started
@@ -178,6 +188,7 @@ class DistributedOrchestrator:
                 "action": "data_parallel", "network": b.network.resolved, "mode": "train", "batch_size": per_worker,
                 "precision": b.precision, "device": o.device, "threads": o.threads, "learning_rate": b.learning_rate,
                 "momentum": b.momentum, "seed": o.seed, "policy": b.policy.model_dump(),
+                "compression": b.compression,
             }
             for index in range(repeats_asked):
                 outcome = self.job(runner, env, request, placement)
@@ -374,3 +385,17 @@ def _precision_refusal(runner: RunnerInfo, precision: str) -> str | None:
     trains = [p.value for p in Precision if p in runner.distributed.precisions]
     return (f"{runner.name} data-parallel runner: precision {precision} is not one it trains in "
             f"(runner.toml [distributed] precisions: {', '.join(trains)})")
+
+
+def _compression_refusal(runner: RunnerInfo, compression: str) -> str | None:
+    """Why the runner's data-parallel step cannot exchange its gradients by `compression`'s method
+    (runner.toml [distributed] compressions, and its reason for a method it leaves out), or None."""
+    if runner.distributed is None:
+        return None
+    method = Compression.parse(compression, who="the distributed benchmark").method
+    if method in runner.distributed.compressions:
+        return None
+    runs = [m.value for m in CompressionMethod if m in runner.distributed.compressions]
+    why = runner.distributed.compression_refusal(method)
+    return (f"{runner.name} data-parallel runner: compression {compression} is not one it runs "
+            f"(runner.toml [distributed] compressions: {', '.join(runs)})" + (f": {why}" if why else ""))

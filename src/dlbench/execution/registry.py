@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..axes import Axis, Compile, Mode, Precision, Scenario
+from ..axes import Axis, Compile, CompressionMethod, Mode, Precision, Scenario
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
@@ -56,16 +56,32 @@ def _timed_precisions(values: tuple[Precision, ...]) -> tuple[Precision, ...]:
 
 class DistributedSection(_Section):
     """The runner takes part in the distributed and comm suites: its rank's entry point, how dlbench
-    starts a job's ranks, and the precisions its data-parallel step trains in."""
+    starts a job's ranks, the precisions its data-parallel step trains in, the gradient compression
+    methods it exchanges by (a parameter, as powersgd's rank, is the request's: any value runs), and
+    for a method it leaves out, why (`compression_refused`: the skipped run's reason says it)."""
 
     worker: str
     launch: Literal[LAUNCH_STYLES]
     precisions: Annotated[tuple[Precision, ...], Field(min_length=1)] = (Precision.FP32,)
+    compressions: Annotated[tuple[CompressionMethod, ...], Field(min_length=1)] = (CompressionMethod.NONE,)
+    compression_refused: dict[CompressionMethod, str] = {}
 
     @field_validator("precisions")
     @classmethod
     def _timed(cls, value: tuple[Precision, ...]) -> tuple[Precision, ...]:
         return _timed_precisions(value)
+
+    @field_validator("compressions")
+    @classmethod
+    def _once(cls, value: tuple) -> tuple:
+        return _listed_once(value)
+
+    @model_validator(mode="after")
+    def _refused_not_run(self):
+        both = [m.value for m in self.compression_refused if m in self.compressions]
+        if both:
+            raise ValueError(f"compression_refused gives a reason for {', '.join(both)}, which compressions lists")
+        return self
 
 
 class ModelSection(_Section):
@@ -158,6 +174,12 @@ class DistributedLaunch:
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
     precisions: frozenset[Precision] = frozenset({Precision.FP32})  # what its data-parallel step trains in
+    compressions: frozenset[CompressionMethod] = frozenset({CompressionMethod.NONE})  # how it exchanges gradients
+    compression_refused: tuple[tuple[CompressionMethod, str], ...] = ()  # (method left out, why)
+
+    def compression_refusal(self, method: CompressionMethod) -> str | None:
+        """runner.toml's reason for leaving out `method`, None where it gives none."""
+        return dict(self.compression_refused).get(method)
 
 
 @dataclass(frozen=True)
@@ -235,7 +257,9 @@ def _load(folder: Path) -> RunnerInfo:
     distributed = None
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
-                                        toml.distributed.launch, frozenset(toml.distributed.precisions))
+                                        toml.distributed.launch, frozenset(toml.distributed.precisions),
+                                        frozenset(toml.distributed.compressions),
+                                        tuple(toml.distributed.compression_refused.items()))
     caps = toml.capabilities
     capabilities = Capabilities(frozenset(caps.precisions), frozenset(caps.compile), frozenset(caps.modes),
                                 frozenset(caps.scenarios))
