@@ -60,7 +60,7 @@ def test_data_parallel_training_and_its_baseline(tmp_path, jax_runner, suites):
     assert d.exposed_comm_s is not None and d.local_median_s > 0
     runner = two.settings.runner
     # the gradient exchange is in the compiled step (XLA combines the pmean's all-reduces)
-    assert runner["all_reduce_ops_in_step"] >= 1 and "pmean" in runner["gradient_exchange"]
+    assert runner["collective_ops_in_step"] >= 1 and "pmean" in runner["gradient_exchange"]
     assert two.framework["version"] == "0.10.2"
     # one core per rank (XLA:CPU sizes its thread pools from the affinity mask)
     assert len(two.settings.threads_effective["cpus"]) == 1
