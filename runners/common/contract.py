@@ -245,6 +245,12 @@ class Compression:
         return tuple(f"{m.value}:{m.parameter.upper()}" if m.parameter else m.value for m in CompressionMethod)
 
     @classmethod
+    def every(cls) -> tuple["Compression", ...]:
+        """What `all` means: every method once, at the parameters issue 44 compares (PowerSGD
+        rank 4, top-k and gTop-k density 0.01)."""
+        return tuple(cls.parse(text, who="Compression.every") for text in EVERY_COMPRESSION)
+
+    @classmethod
     def parse(cls, value, who: str, accepted=None) -> "Compression":
         """`value` (text, or a Compression) as a Compression, or one ValueError naming `who`, the
         value and what is accepted (`accepted`: methods, default all)."""
@@ -282,6 +288,9 @@ class Compression:
         if not 0.0 < density <= 1.0:  # NaN fails too
             raise refuse("needs a density in (0, 1]")
         return cls(method, density=density)
+
+
+EVERY_COMPRESSION = ("none", "fp16", "bf16", "powersgd:4", "topk:0.01", "gtopk:0.01")
 
 
 def dense_exchange_only(request: dict, runner: str, why: str) -> None:

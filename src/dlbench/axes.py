@@ -15,6 +15,8 @@ from runners.common.contract import (
     Mode,
     Precision,
     Scenario,
+    gtopk_tree,
+    topk_count,
 )
 
 # The dtype of the kernels whose measured ceiling stands for a run of each precision (calibrate's
@@ -22,5 +24,6 @@ from runners.common.contract import (
 # (calibrate's float32 matmuls run with TF32 off).
 KERNEL_DTYPE = {precision: dtype for dtype, precision in KERNEL_PRECISION.items()}
 
-__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "Compression", "CompressionMethod", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
+__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "Compression", "CompressionMethod",
+           "topk_count", "gtopk_tree", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
            "KERNEL_PRECISION"]

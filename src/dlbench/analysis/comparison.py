@@ -65,12 +65,14 @@ BOOTSTRAP_BATCH = 500  # resamples evaluated at once: bounds the memory of the c
 IDENTITY_KEYS = {
     "suite": "suite", "benchmark": "benchmark", "batch": "batch_size", "device": "device",
     "precision": "precision", "compile": "compile", "framework": "framework", "machine": "machine",
-    "scenario": "scenario",
+    "scenario": "scenario", "compression": "compression",
 }
-# scenario: a LoadGen scenario run's (schema 9), None for the harness's own timing; runs pair on it too
-KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "compile", "framework", "machine", "scenario")
+# scenario: a LoadGen scenario run's (schema 9), None for the harness's own timing; runs pair on it too;
+# compression: a data-parallel training run's (schema 17), None for every other run
+KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "compile", "framework", "machine", "scenario",
+              "compression")
 SELECTOR_KEYS = ("run", "framework", "version", "machine", "since", "until",
-                 "benchmark", "suite", "device", "batch", "precision", "compile", "scenario")
+                 "benchmark", "suite", "device", "batch", "precision", "compile", "scenario", "compression")
 
 
 class SelectorError(ValueError):
@@ -86,7 +88,7 @@ def record_identity(r: Record) -> dict:
     return {"suite": r.suite, "benchmark": r.benchmark, "batch_size": r.workload.batch_size,
             "device": r.workload.device, "precision": r.workload.precision, "compile": r.workload.compile,
             "framework": r.framework.get("name"), "machine": r.machine.get("hostname"),
-            "scenario": r.workload.scenario}
+            "scenario": r.workload.scenario, "compression": r.workload.compression}
 
 
 def _parse_instant(option: str, key: str, value: str) -> datetime:

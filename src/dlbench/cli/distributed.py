@@ -21,6 +21,8 @@ from . import lookup
 from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
 from ..axes import Precision
+from ..workflows.lookup import listed_compressions
+from ..workflows.suite_kinds import RequestError
 from .options import check_choice, listed_choices
 from .signals import interrupted
 
@@ -51,7 +53,7 @@ class _Events:
 def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, profile: str,
                           device: str, env: str, threads: int | None, repeats: int | None, store: Path | None,
                           timeout: float, workers: int, scaling: str | None, hosts: str | None,
-                          precision: list[str] | None, catalog) -> None:
+                          precision: list[str] | None, catalog, compression: list[str] | None = None) -> None:
     from ..definitions.distributed import batches
     from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
     from ..execution.placement import PlacementError, detect
@@ -63,6 +65,10 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
     if scaling is not None:
         check_choice("scaling", scaling, ["strong", "weak"])
     precisions = listed_choices("precision", precision, Precision.runs())
+    try:
+        compressions = listed_compressions(compression)
+    except RequestError as e:
+        raise fail(str(e)) from None
     try:
         suite = catalog.load_distributed_suite(suite_path, profile, device)
     except DefinitionError as e:
@@ -77,6 +83,8 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
             chosen = [b for b in chosen if b.name in benchmark or b.network.name in benchmark]
     if precisions is not None:  # each benchmark once per precision asked; a runner's refusal is recorded
         chosen = [dataclasses.replace(b, precision=p) for b in chosen for p in precisions]
+    if compressions is not None:  # and once per compression asked, a runner's refusal recorded as well
+        chosen = [dataclasses.replace(b, compression=c) for b in chosen for c in compressions]
     comm = suite.comm
     if comm is not None and benchmark:
         comm = type(comm)(**{**comm.__dict__, "collectives": tuple(c for c in comm.collectives if c in benchmark)})

@@ -16,7 +16,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from ..axes import PRECISIONS, Mode, Scenario
+from ..axes import PRECISIONS, Compression, Mode, Scenario
 from ..definitions.suite import PROFILES
 from ..execution.backends import BACKENDS
 from ..store.checks import worst_error
@@ -101,6 +101,10 @@ def run(
     data: Annotated[Optional[Path], typer.Option(
         "--data", metavar="DIR", help="Convergence suites: the folder of a task's dataset files (MNIST or "
                                       "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
+    compression: Annotated[Optional[list[str]], typer.Option(
+        "--compression", help=f"Suite distributed: how the gradients are exchanged: {' | '.join(Compression.names())} "
+                              "(e.g. powersgd:4, topk:0.01); a comma list or 'all' (none, fp16, bf16, powersgd:4, "
+                              "topk:0.01, gtopk:0.01), repeatable (default: none, dense all-reduce).")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
@@ -173,7 +177,8 @@ def _run_other_kind(request: RunRequest, kind: str, catalog) -> None:
                               precision=r.precision, **common)
     else:
         run_distributed_suite(suite_path, kind, names, registry, store=r.store, workers=r.workers or 2,
-                              scaling=r.scaling, hosts=r.hosts, precision=r.precision, **common)
+                              scaling=r.scaling, hosts=r.hosts, precision=r.precision, compression=r.compression,
+                              **common)
 
 
 def _say_checks(progress: Progress, made, seconds: float) -> None:

@@ -28,12 +28,15 @@ from ..axes import Compression, CompressionMethod, Precision
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
+from ..definitions.weights import is_state, weight_shapes
+from ..performance.communication import exchange_bytes
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
 from ..store.record import (
     CommInfo,
     CommSize,
     DistributedInfo,
+    ExchangeInfo,
     NetworkInfo,
     Prediction,
     Record,
@@ -94,8 +97,10 @@ def not_ported(runner: RunnerInfo) -> str:
 
 def planned_runs(benchmarks: list[DistributedBenchmark], comm: CommBenchmark | None, workers: int) -> int:
     """Records one framework's share of the plan writes (for progress)."""
-    per_batch = 2 if workers > 1 else 1
-    return sum(per_batch * len(b.batch_sizes) for b in benchmarks) + (len(comm.collectives) if comm else 0)
+    runs = sum(len(b.batch_sizes) for b in benchmarks)
+    if workers > 1:  # one one-worker baseline per network, precision and batch, whatever the compressions
+        runs += len({(b.name, b.precision, batch) for b in benchmarks for batch in b.batch_sizes})
+    return runs + (len(comm.collectives) if comm else 0)
 
 
 def _median(values: list[float]) -> float | None:
@@ -205,12 +210,14 @@ class DistributedOrchestrator:
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
+            exchange=_exchange(b, n) if n > 1 else None,
         )
         if summary is not None:
             _training_figures(info, repeats)
         record = self._record(runner, started, b.suite, f"{b.name}-w{n}", NetworkInfo.of(b.network, b.network_file), Workload(
             mode="train", batch_size=global_batch, precision=b.precision, compile=runner.default_compile,
-            learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
+            learning_rate=b.learning_rate, momentum=b.momentum, device=o.device, compression=b.compression),
+            env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
         record.prediction = Prediction.model_validate(prediction) if prediction else None
@@ -399,3 +406,12 @@ def _compression_refusal(runner: RunnerInfo, compression: str) -> str | None:
     why = runner.distributed.compression_refusal(method)
     return (f"{runner.name} data-parallel runner: compression {compression} is not one it runs "
             f"(runner.toml [distributed] compressions: {', '.join(runs)})" + (f": {why}" if why else ""))
+
+
+def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:
+    """The analytical bytes of one iteration's exchange of the network's trainable tensors (their
+    canonical shapes, definitions/weights.py) by the benchmark's compression."""
+    shapes = [shape for name, shape in weight_shapes(b.network.resolved).items() if not is_state(name)]
+    counted = exchange_bytes(Compression.parse(b.compression, who="the distributed benchmark"), shapes, workers)
+    return ExchangeInfo(method=counted.method, payload_bytes=counted.payload, bytes_per_rank=counted.per_rank,
+                        total_bytes=counted.total, rounds=counted.rounds, formula=counted.formula)

@@ -6,7 +6,7 @@ used to run fp32 and say nothing. An option left at its default asks for nothing
 refused (`--compile-mode default` on a distributed suite changes nothing).
 
 Why each kind honours what it does:
-  benchmark    every option but --workers, --scaling, --hosts and --data: it is the single-process
+  benchmark    every option but --workers, --scaling, --hosts, --compression and --data: it is the single-process
                harness those options were written for.
   distributed  --precision is passed on in each job's request: torch's data-parallel runner trains
                at every run precision, JAX's at all but amp_fp16, TensorFlow's and MXNet's at fp32
@@ -14,12 +14,15 @@ Why each kind honours what it does:
                another is recorded as a skipped run naming them, before any job starts
                (execution/distributed.py), as a single-process run its [capabilities] exclude is.
                Refusing the option for the whole kind would hide torch's mixed-precision data
-               parallelism; passing it on unchecked ran fp32 silently before. No --compile: the data-parallel request carries none, each runner compiles
+               parallelism; passing it on unchecked ran fp32 silently before. --compression the
+               same way: each job's request says how its gradients are exchanged, and a method
+               a runner's [distributed] compressions leave out is a skipped run giving its reason
+               (compression_refused). No --compile: the data-parallel request carries none, each runner compiles
                (or not) as its own step does. No --mode, --scenario, adaptive repeats: jobs train
                for a fixed number of iterations. No equivalence check before timing (--no-check),
                no telemetry or contention options: the job launcher samples none.
-  comm         as distributed, less --precision (collectives run in the suite's dtype) and
-               --scaling (no batch to scale).
+  comm         as distributed, less --precision (collectives run in the suite's dtype),
+               --compression (no gradients) and --scaling (no batch to scale).
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
                no precision, compile, mode, scenario, adaptive repeats, telemetry, placement.
   convergence  trains each task to its target once per seed (--repeats: the seeds): --precision
@@ -61,6 +64,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "no_check": ("--no-check", "skipping the equivalence checks made before timing"),
     "mode": ("--mode", "timing training, inference or generation"),
     "data": ("--data", "the folder of a convergence task's dataset files"),
+    "compression": ("--compression", "how a data-parallel job exchanges its gradients"),
 }
 
 COMMON = frozenset({"suite", "framework", "store", "benchmark", "profile", "device", "env", "threads", "timeout",
@@ -79,9 +83,9 @@ class SuiteKind:
 
 SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("benchmark", "single-process benchmarks",
-              frozenset(RUN_OPTIONS) - {"workers", "scaling", "hosts", "data"}),
+              frozenset(RUN_OPTIONS) - {"workers", "scaling", "hosts", "data", "compression"}),
     SuiteKind("distributed", "data-parallel jobs that train for a fixed number of iterations",
-              COMMON | {"workers", "scaling", "hosts", "precision"}),
+              COMMON | {"workers", "scaling", "hosts", "precision", "compression"}),
     SuiteKind("comm", "collectives in the suite's own dtype for a fixed number of iterations",
               COMMON | {"workers", "hosts"}),
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON),
