@@ -285,3 +285,24 @@ def test_a_single_process_suite_refuses_compression(cli_env, tmp_path):
     code, _, err = invoke("run", "--suite", "fcn", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), "--compression", "fp16")
     assert code == 2 and "--compression is not taken by suite 'fcn'" in err
+
+
+# ------------------------------------------------------------------ the crossover bandwidth
+
+
+def test_the_crossover_is_where_the_bytes_saved_pay_for_the_extra_work():
+    from dlbench.performance.communication import crossover_bandwidth, exchange_time
+
+    dense, topk = bytes_of("none", 2), bytes_of("topk:0.1", 2)
+    assert exchange_time(dense).bytes == 320 and exchange_time(dense).messages == 2
+    assert exchange_time(topk).bytes == 72 and exchange_time(topk).messages == 1
+    # 248 bytes saved, one start-up fewer: with 1 ms of extra work and α = 0.2 ms, β* = 0.8 ms / 248 B
+    bandwidth = crossover_bandwidth(topk, dense, alpha_s=2e-4, extra_s=1e-3)
+    assert bandwidth == pytest.approx(248 / 8e-4)
+    beta = 1 / bandwidth  # at the crossover both take as long
+    assert 1e-3 + 1 * 2e-4 + 72 * beta == pytest.approx(2 * 2e-4 + 320 * beta)
+    assert crossover_bandwidth(topk, dense, alpha_s=2e-3, extra_s=1e-3) == math.inf  # start-ups saved pay it
+    gtopk4, dense4 = bytes_of("gtopk:0.1", 4), bytes_of("none", 4)
+    assert exchange_time(gtopk4).bytes == 4 * 72 and exchange_time(gtopk4).messages == 4
+    # sends more than dense on the longest path (the example's tensors are tiny): never faster
+    assert crossover_bandwidth(bytes_of("topk:1", 4), dense4, alpha_s=0.0, extra_s=1e-3) is None

@@ -246,3 +246,48 @@ def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int) -> 
         return ExchangeBytes(str(compression), n, payload, total / n, float(total), 2 * depth,
                              f"binomial tree of K = {k} pairs: n-1 messages of 8K up, n-1 down")
     raise ValueError(f"no byte count for compression {compression}")
+
+
+@dataclass(frozen=True)
+class ExchangeTime:
+    """The α–β time of one iteration's exchange on the longest path: `messages` start-ups (α each)
+    and `bytes` sent one after the other (β each)."""
+
+    messages: int
+    bytes: float
+
+    def time(self, alpha_s: float, beta_s_per_byte: float) -> float:
+        return self.messages * alpha_s + self.bytes * beta_s_per_byte
+
+
+def exchange_time(counted: ExchangeBytes) -> ExchangeTime:
+    """The longest path of `exchange_bytes`' collective: a ring all-reduce (none, fp16, bf16,
+    powersgd) is 2(n-1) steps of B/n (PowerSGD's two all-reduces, of P and of Q, are counted as
+    one of their summed size: their start-ups are the few its matrices add), a ring all-gather
+    (topk) n-1 steps of 8K, gTop-k's tree 2 ceil(log2 n) rounds of 8K each."""
+    n = counted.workers
+    if n < 2:
+        return ExchangeTime(0, 0.0)
+    method = counted.method.partition(":")[0]
+    if method == CompressionMethod.TOPK.value:
+        return ExchangeTime(n - 1, float((n - 1) * counted.payload))
+    if method == CompressionMethod.GTOPK.value:
+        return ExchangeTime(counted.rounds, float(counted.rounds * counted.payload))
+    return ExchangeTime(2 * (n - 1), 2 * (n - 1) / n * counted.payload)
+
+
+def crossover_bandwidth(method: ExchangeBytes, dense: ExchangeBytes, alpha_s: float, extra_s: float) -> float | None:
+    """The link bandwidth (bytes/s) below which `method` makes an iteration shorter than the dense
+    exchange, both unhidden behind the backward: the method costs `extra_s` more compute per
+    iteration (compressing, selecting, decompressing) and its exchange_time; the link has start-up
+    `alpha_s`. Solves extra + m_m α + b_m β = m_d α + b_d β for β: None where no bandwidth makes
+    the method faster (it sends at least as many bytes on the longest path, or its extra cost is
+    never paid back), math.inf where it is faster at any bandwidth."""
+    m, d = exchange_time(method), exchange_time(dense)
+    saved_bytes = d.bytes - m.bytes
+    fixed = extra_s + (m.messages - d.messages) * alpha_s  # what the method costs beyond the bytes
+    if saved_bytes <= 0:
+        return None if fixed >= 0 else float("inf")
+    if fixed <= 0:
+        return float("inf")
+    return saved_bytes / fixed  # β* = fixed / saved_bytes; below 1/β* the method wins
