@@ -41,7 +41,8 @@ def training_table(records: list[Record], title: str = "distributed training") -
                   _fmt(s.ms_per_iter if s else None, ".2f"),
                   _fmt(d.rank0_median_s * 1e3 if d and d.rank0_median_s else None, ".2f"),
                   _fmt(s.samples_per_s if s else None, ".1f"), eff,
-                  _fmt(dense[_exchange_key(r)] / s.median_s if s and _exchange_key(r) in dense else None, ".2f"),
+                  _fmt(dense[_exchange_key(r)] / s.median_s if s and r.workload.compression not in (None, "none")
+                       and _exchange_key(r) in dense else None, ".2f"),
                   _fmt(d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None, ".2f"),
                   _fmt(d.grad_bytes / 1e6 if d and d.grad_bytes else None, ".2f"),
                   _fmt(d.exchange.bytes_per_rank / 1e6 if d and d.exchange else None, ".3g"),
