@@ -327,8 +327,8 @@ def gtopk_tree(world_size: int) -> tuple[list[list[tuple[int, int]]], list[list[
 
 
 # A request's fields that hold an axis's value (src/dlbench/execution/orchestrator.py build_request).
-REQUEST_AXES = {"precision": Precision, "compile": Compile, "mode": Mode, "scenario": Scenario,
-                "compression": Compression}
+REQUEST_AXES = {"precision": Precision, "compile": Compile, "mode": Mode, "compression": Compression,
+                "scenario": Scenario}
 
 
 def typed_request(request: dict) -> dict:

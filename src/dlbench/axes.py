@@ -24,6 +24,5 @@ from runners.common.contract import (
 # (calibrate's float32 matmuls run with TF32 off).
 KERNEL_DTYPE = {precision: dtype for dtype, precision in KERNEL_PRECISION.items()}
 
-__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "Compression", "CompressionMethod",
-           "topk_count", "gtopk_tree", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
-           "KERNEL_PRECISION"]
+__all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
+           "KERNEL_PRECISION", "Compression", "CompressionMethod", "topk_count", "gtopk_tree"]

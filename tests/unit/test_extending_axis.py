@@ -113,7 +113,8 @@ def add_axis_but_not_its_table_row(tree: TreeCopy) -> None:
         f"\n  {NEW_VERSION} (2026-12-07) `workload.layout` (nchw | nhwc): the image tensors' layout the run asked\n"
         "    for. Older records read with none (None: each framework's own then) (the model's defaults: no\n"
         "    migration)."), before=True)
-    tree.replace("src/dlbench/store/migrations.py", f", {SCHEMA_VERSION})\n", f", {SCHEMA_VERSION}, {NEW_VERSION})\n")
+    tree.replace("src/dlbench/store/migrations.py", "MODEL_DEFAULTS_SUFFICE = (5, ",
+                 f"MODEL_DEFAULTS_SUFFICE = (5, {NEW_VERSION}, ")
 
 
 def add_table_row(tree: TreeCopy) -> None:

@@ -16,7 +16,8 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from ..axes import PRECISIONS, Compression, Mode, Scenario
+from ..axes import PRECISIONS, Mode, Scenario
+from ..axes import Compression  # distributed suites only
 from ..definitions.suite import PROFILES
 from ..execution.backends import BACKENDS
 from ..store.checks import worst_error

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..axes import Axis, Compile, CompressionMethod, Mode, Precision, Scenario
+from ..axes import Axis, Compile, Mode, Precision, Scenario
+from ..axes import CompressionMethod  # not an Axis of [capabilities]: [distributed]'s
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts

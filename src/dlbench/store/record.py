@@ -121,7 +121,9 @@ records step by step and refuse newer ones):
     (performance/communication.py exchange_bytes: one rank's payload, the mean bytes a rank sends,
     every rank's together, the rounds on the longest path, the formula). What the runner's hook or
     step did is in settings.runner.compression. Older data-parallel training records exchanged
-    dense float32 gradients: they read with compression "none" (update_to_17) and no exchange.
+    dense float32 gradients: they read with compression "none" (update_to_17), and with no
+    `distributed.exchange` (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
