@@ -177,8 +177,11 @@ class DistributedOrchestrator:
         label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}")
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
+        # the model's communication term is the dense all-reduce: a compressed run gets no prediction
+        # rather than a dense one (performance/communication.py crossover_bandwidth compares them)
+        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value)
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
-                                 framework=runner.name, workers=n) if o.predictor else None
+                                 framework=runner.name, workers=n) if predictable else None
         self.events.run_started(label, repeats_asked)
         refusal = _precision_refusal(runner, b.precision) or _compression_refusal(runner, b.compression)
         if refusal is None:
