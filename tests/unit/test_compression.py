@@ -204,10 +204,10 @@ def test_every_shipped_runner_says_why_for_each_method_it_leaves_out():
     registry = RunnerRegistry(paths.runners_dir())
     for name in ("torch", "jax", "mxnet", "tensorflow"):
         d = registry.get(name).distributed
-        left_out = set(CompressionMethod) - d.compressions
+        left_out = set(CompressionMethod) - d.capabilities.listed(CompressionMethod)
         assert {m for m, _ in d.compression_refused} == left_out, name
-    assert registry.get("torch").distributed.compressions == set(CompressionMethod)
-    assert registry.get("jax").distributed.compressions == set(CompressionMethod)
+    assert registry.get("torch").distributed.capabilities.listed(CompressionMethod) == set(CompressionMethod)
+    assert registry.get("jax").distributed.capabilities.listed(CompressionMethod) == set(CompressionMethod)
 
 
 # ------------------------------------------------------------------ the record
@@ -266,7 +266,7 @@ def test_each_compression_is_a_run_a_method_the_runner_leaves_out_is_skipped(cli
     assert dense["distributed"]["exchange"]["bytes_per_rank"] == 4 * params  # 2 (2-1)/2 B
     assert by[(1, "none")]["distributed"]["exchange"] is None  # one worker exchanges nothing
     assert topk["status"] == "skipped" and not topk["repeats"]
-    assert topk["reason"] == ("fake data-parallel runner: compression topk:0.01 is not one it runs "
+    assert topk["reason"] == ("fake data-parallel runner: compression topk is not one it trains in "
                               "(runner.toml [distributed] compressions: none)")
     assert "topk:0.01" in out
 
