@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ..axes import REQUEST_AXES, Axis, Compile, RequestAxis
 from ..axes import CompressionMethod  # [distributed] compression_refused
+from ..definitions.distributed import Collective
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
@@ -94,8 +95,12 @@ CapabilitiesSection = create_model(
 class _DistributedLaunchSection(_Section):
     worker: str
     launch: Literal[LAUNCH_STYLES]
+    # collectives the engine does not offer at all, each with why: the comm suite records them as
+    # skipped, no rank asked (one the engine offers on some devices only is the rank's
+    # `collective_unavailable`)
+    collectives_not_offered: dict[Collective, Annotated[str, Field(min_length=1)]] = {}
     # why the data-parallel step leaves out a gradient compression method (the skipped run says it)
-    compression_refused: dict[CompressionMethod, str] = {}
+    compression_refused: dict[CompressionMethod, Annotated[str, Field(min_length=1)]] = {}
 
     @model_validator(mode="after")
     def _refused_not_run(self):
@@ -196,7 +201,12 @@ class DistributedLaunch:
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
     capabilities: Capabilities  # what its data-parallel step trains in, per axis ([distributed])
+    # collective -> why the engine offers none (runner.toml [distributed.collectives_not_offered])
+    collectives_not_offered: tuple[tuple[str, str], ...] = ()
     compression_refused: tuple[tuple[CompressionMethod, str], ...] = ()  # (method left out, why)
+
+    def not_offered(self, collective: str) -> str | None:
+        return dict(self.collectives_not_offered).get(collective)
 
     def compression_refusal(self, method: CompressionMethod) -> str | None:
         """runner.toml's reason for leaving out `method`, None where it gives none."""
@@ -242,6 +252,7 @@ def _message(error: dict[str, Any]) -> str:
 
 
 def _field(loc: tuple) -> str:
+    loc = tuple(part for part in loc if part != "[key]")  # a table's key that is wrong: the key's own name
     return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else str(part))
                    for i, part in enumerate(loc))
 
@@ -279,6 +290,7 @@ def _load(folder: Path) -> RunnerInfo:
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
                                         toml.distributed.launch, Capabilities.of_distributed(toml.distributed),
+                                        tuple(toml.distributed.collectives_not_offered.items()),
                                         tuple(toml.distributed.compression_refused.items()))
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
