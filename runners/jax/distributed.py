@@ -139,7 +139,10 @@ class JaxDistributedRunner(JaxRunner):
         if not threads:
             return super().configure_threads(threads)
         rank, local_rank, addresses = _env_cluster()
-        slot = machine_slot(rank, local_rank, addresses)
+        # dlbench says which ranks share this machine (ranks in network namespaces of one machine
+        # have addresses of their own); by the addresses where it does not
+        given = os.environ.get("DLBENCH_MACHINE_SLOT")
+        slot = int(given) if given is not None else machine_slot(rank, local_rank, addresses)
         allowed = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, cpu_slice(allowed, threads, slot))
         info = super().configure_threads(None)  # records the affinity just set

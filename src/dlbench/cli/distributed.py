@@ -2,11 +2,14 @@
 
 Input is checked here, before anything runs (exit 2 with one message): the options that only the
 single-process suites take, the placement (--workers, --hosts, Slurm), threads per worker against
-the cores, strong scaling's even split of every batch.
+the cores, strong scaling's even split of every batch, and --link (its form, two workers at least,
+this machine only, root). The link is made once the options hold, measured, used by every job and
+removed when the command ends, however it ends (execution/links.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -51,11 +54,10 @@ class _Events:
 def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, profile: str,
                           device: str, env: str, threads: int | None, repeats: int | None, store: Path | None,
                           timeout: float, workers: int, scaling: str | None, hosts: str | None,
-                          precision: list[str] | None, catalog) -> None:
+                          precision: list[str] | None, catalog, link: str | None = None) -> None:
     from ..definitions.distributed import batches
-    from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
+    from ..execution.distributed import DistributedOptions, planned_runs
     from ..execution.placement import PlacementError, detect
-    from .distributed_tables import bandwidth_table, training_table
 
     # the options this kind does not honour were refused before (workflows/suite_kinds.py)
     if env == "docker":
@@ -80,6 +82,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
     comm = suite.comm
     if comm is not None and benchmark:
         comm = type(comm)(**{**comm.__dict__, "collectives": tuple(c for c in comm.collectives if c in benchmark)})
+    spec = _link_spec(link, workers, hosts) if link is not None else None
     try:
         placement = detect(workers, available_cpus(), hosts)
         per_worker_threads = placement.threads_per_worker(threads)
@@ -106,36 +109,92 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
                                  job_root=(store.root / ".jobs") if remote else None, repeats=repeats,
                                  predictor=predictor if kind == "distributed" else None)
     total = sum(planned_runs(chosen, comm, placement.workers) for _ in runners)
-    where = ", ".join(f"{h.address} x{h.slots}" for h in placement.hosts)
-    err.print(f"dlbench: suite {suite.name} ({kind}), {total} runs on {device} ({', '.join(names)}), "
-              f"{placement.workers} workers ({placement.variant}: {where}), {per_worker_threads} threads per worker"
-              + (f", {mode_of_scaling} scaling" if kind == "distributed" else "") + f", store {store.root}"
-              + (f"; predictions: {predicted_from}" if kind == "distributed" else ""),
-              highlight=False)
     records = []
     try:
-        with progress_bar() as progress:
-            task = progress.add_task("starting", total=total)
-            orch = DistributedOrchestrator(store, options, _Events(progress, task))
-            for runner in runners:
-                if kind == "distributed":
-                    for b in chosen:
-                        records += orch.run_distributed(runner, b)
-                else:
-                    records += orch.run_comm(runner, comm)
-            progress.update(task, description="done")
+        with contextlib.ExitStack() as stack:
+            if spec is not None:
+                options, placement = _on_link(stack, spec, options, per_worker_threads)
+            where = ", ".join(f"{h.address} x{h.slots}" for h in placement.hosts)
+            err.print(f"dlbench: suite {suite.name} ({kind}), {total} runs on {device} ({', '.join(names)}), "
+                      f"{placement.workers} workers ({placement.variant}: {where}), {per_worker_threads} threads per "
+                      "worker" + (f", {mode_of_scaling} scaling" if kind == "distributed" else "")
+                      + f", store {store.root}" + (f"; predictions: {predicted_from}" if kind == "distributed" else ""),
+                      highlight=False)
+            _run_jobs(stack, kind, runners, chosen, comm, store, options, total, records)
     except KeyboardInterrupt as e:
         interrupted(e, len(records), "runs")
     lookup.refresh_index(store)
+    _print_records(kind, suite.name, records)
+    bad = [r for r in records if r.status in ("failed", "timeout")]
+    if bad:
+        raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
+
+
+def _link_spec(link: str, workers: int, hosts: str | None):
+    """--link checked before anything runs: its form, two workers at least, this machine, root."""
+    from ..execution.links import parse_link, refusal
+
+    try:
+        spec = parse_link(link)
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if workers < 2:
+        raise fail(f"--link {link}: a link joins two workers at least (--workers {workers})")
+    if hosts is not None:
+        raise fail("--link shapes a link between workers on this machine; it does not reach --hosts")
+    why = refusal()
+    if why:
+        raise fail(why)
+    return spec
+
+
+def _on_link(stack: contextlib.ExitStack, spec, options, threads: int):
+    """Make the link (removed when `stack` closes), measure it; the options and placement on it."""
+    from ..execution.links import LinkError, shaped_link
+    from ..execution.placement import namespace_placement
+    from ..execution.wire import measure
+
+    try:
+        link = stack.enter_context(shaped_link(spec, options.placement.workers))
+        measured = measure(link)
+    except LinkError as e:
+        stack.close()
+        raise fail(str(e)) from None
+    err.print(f"link {spec.asked}: workers in namespaces {link.namespace(0)}..{link.namespace(link.workers - 1)} "
+              f"({link.subnet}); measured {measured.bandwidth_bps / 1e6:,.1f} Mbit/s, round trip "
+              f"{measured.rtt_s * 1e6:,.0f} us", highlight=False)
+    placement = namespace_placement([link.address(i) for i in range(link.workers)],
+                                    [link.namespace(i) for i in range(link.workers)], options.placement.hosts[0].cpus)
+    return dataclasses.replace(options, placement=placement, link=link, link_measured=measured), placement
+
+
+def _run_jobs(stack, kind, runners, chosen, comm, store, options, total, records) -> None:
+    with progress_bar() as progress:
+        from ..execution.distributed import DistributedOrchestrator
+
+        task = progress.add_task("starting", total=total)
+        orch = DistributedOrchestrator(store, options, _Events(progress, task))
+        for runner in runners:
+            if kind == "distributed":
+                for b in chosen:
+                    records += orch.run_distributed(runner, b)
+            else:
+                records += orch.run_comm(runner, comm)
+        progress.update(task, description="done")
+
+
+def _print_records(kind: str, suite: str, records) -> None:
+    from .distributed_tables import bandwidth_table, link_table, training_table
+
     if kind == "distributed":
-        out.print(training_table(records, f"dlbench run: {suite.name}"))
+        out.print(training_table(records, f"dlbench run: {suite}"))
     else:
         for r in records:
             out.print(bandwidth_table(r) if r.comm else escape(f"{r.benchmark} {r.framework.get('name')}: "
                                                               f"{r.status}: {r.reason}"), highlight=False)
-    bad = [r for r in records if r.status in ("failed", "timeout")]
-    if bad:
-        raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
+    linked = [r for r in records if r.link is not None]
+    if linked:
+        out.print(link_table(linked))
 
 
 def print_distributed_details(store: Store, rows: list[dict]) -> None:

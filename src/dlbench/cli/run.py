@@ -101,6 +101,12 @@ def run(
     data: Annotated[Optional[Path], typer.Option(
         "--data", metavar="DIR", help="Convergence suites: the folder of a task's dataset files (MNIST or "
                                       "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
+    link: Annotated[Optional[str], typer.Option(
+        "--link", metavar="RATE[,DELAY]", help=(
+            "Suites distributed and comm: each worker in a network namespace of its own, joined to the others by "
+            "a link shaped to RATE (100mbit, 1gbit, 10gbit...) and DELAY per direction (50us, 1ms; needs the "
+            "kernel's netem), measured before the jobs; needs root. Records say the link as asked and as "
+            "measured, and the bytes on the wire per iteration."))] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
@@ -173,7 +179,7 @@ def _run_other_kind(request: RunRequest, kind: str, catalog) -> None:
                               precision=r.precision, **common)
     else:
         run_distributed_suite(suite_path, kind, names, registry, store=r.store, workers=r.workers or 2,
-                              scaling=r.scaling, hosts=r.hosts, precision=r.precision, **common)
+                              scaling=r.scaling, hosts=r.hosts, precision=r.precision, link=r.link, **common)
 
 
 def _say_checks(progress: Progress, made, seconds: float) -> None:
