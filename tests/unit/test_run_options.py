@@ -34,6 +34,7 @@ SET = {
     "hosts": ["--hosts", "127.0.0.1"], "precision": ["--precision", "amp_bf16"],
     "compile": ["--compile", "compiled"], "compile_mode": ["--compile-mode", "max-autotune"],
     "scenario": ["--scenario", "offline"], "no_check": ["--no-check"], "data": ["--data", "."],
+    "link": ["--link", "1gbit"],
 }
 REFUSED = [(kind, option) for kind, entry in SUITE_KIND_TABLE.items() for option in RUN_OPTIONS
            if option not in entry.honours]

@@ -266,7 +266,7 @@ def _live_subnets(owners: Path) -> list[ipaddress.IPv4Network]:
 
 
 def create(spec: LinkSpec, workers: int, run: Run = run_command, owners: Path = OWNERS_DIR,
-           token: str | None = None) -> Link:
+           token: str | None = None, netns_dir: Path = NETNS_DIR) -> Link:
     """Make the link (its owner file first); on any failure remove what was made and raise LinkError."""
     token = token or secrets.token_hex(3)
     link = Link(token, spec, workers, choose_subnet(token, host_networks(run) + _live_subnets(owners)))
@@ -275,7 +275,7 @@ def create(spec: LinkSpec, workers: int, run: Run = run_command, owners: Path = 
         _build(link, run)
     except BaseException:
         with shielded():
-            remove(link.token, run, owners)
+            remove(link.token, run, owners, netns_dir)
         raise
     return link
 
