@@ -248,12 +248,13 @@ def host_networks(run: Run = run_command) -> list[ipaddress.IPv4Network]:
 def choose_subnet(token: str, taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
     """A 10.X.Y.0/24 overlapping none of `taken`, starting from the token's own (so that two links
     alive at once differ too), skipping 10.0.0.0/16 and 10.255.0.0/16, the most often used."""
+    spans = [(int(t.network_address), int(t.broadcast_address)) for t in taken if t.version == 4]
+    first = int(ipaddress.ip_address("10.1.0.0"))
     start = int(token, 16) % (254 * 256)
     for step in range(254 * 256):
-        n = (start + step) % (254 * 256)
-        candidate = ipaddress.ip_network(f"10.{1 + n // 256}.{n % 256}.0/24")
-        if not any(candidate.overlaps(t) for t in taken):
-            return candidate
+        low = first + ((start + step) % (254 * 256)) * 256
+        if not any(a <= low + 255 and low <= b for a, b in spans):
+            return ipaddress.ip_network(f"{ipaddress.ip_address(low)}/24")
     raise LinkError("no 10.X.Y.0/24 is free of the host's routes and addresses")
 
 
