@@ -124,7 +124,8 @@ records step by step and refuse newer ones):
     wire per measured iteration read from the hub-side veth counters (`wire`: per worker, with the
     ring all-reduce's analytical 2(n-1)/n x gradient bytes beside). Its benchmark names carry the
     link (`fcn5-train-w2@1gbit`), so runs on different links never pool or pair. Older records
-    read with none (None) (the model's defaults: no migration).
+    read with none (None) (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
