@@ -286,6 +286,7 @@ def invoke(*args: str):
     (["--suite", "distributed", "--link", "1gbps"], "--link '1gbps': rate '1gbps' is not a number"),
     (["--suite", "comm", "--link", "1gbit", "--workers", "1"], "a link joins two workers at least"),
     (["--suite", "distributed", "--link", "1gbit", "--hosts", "127.0.0.2,127.0.0.3"], "does not reach --hosts"),
+    (["--suite", "distributed", "--link", "1gbit", "--device", "cuda"], "--link runs CPU jobs only"),
 ])
 def test_the_command_line_refuses_before_anything_runs(tmp_path, args, message):
     code, err = invoke("run", *args, "--framework", "torch", "--profile", "smoke", "--store", str(tmp_path / "s"))

@@ -82,7 +82,7 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
     comm = suite.comm
     if comm is not None and benchmark:
         comm = type(comm)(**{**comm.__dict__, "collectives": tuple(c for c in comm.collectives if c in benchmark)})
-    spec = _link_spec(link, workers, hosts) if link is not None else None
+    spec = _link_spec(link, workers, hosts, device) if link is not None else None
     try:
         placement = detect(workers, available_cpus(), hosts)
         per_worker_threads = placement.threads_per_worker(threads)
@@ -130,8 +130,9 @@ def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registr
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
 
 
-def _link_spec(link: str, workers: int, hosts: str | None):
-    """--link checked before anything runs: its form, two workers at least, this machine, root."""
+def _link_spec(link: str, workers: int, hosts: str | None, device: str):
+    """--link checked before anything runs: its form, two workers at least, this machine, the CPU,
+    root."""
     from ..execution.links import parse_link, refusal
 
     try:
@@ -142,6 +143,9 @@ def _link_spec(link: str, workers: int, hosts: str | None):
         raise fail(f"--link {link}: a link joins two workers at least (--workers {workers})")
     if hosts is not None:
         raise fail("--link shapes a link between workers on this machine; it does not reach --hosts")
+    if device != "cpu":
+        raise fail(f"--link runs CPU jobs only (--device cpu): on {device}, NCCL moves the traffic of ranks on one "
+                   "machine through shared memory and the GPUs' own links, never through the shaped one")
     why = refusal()
     if why:
         raise fail(why)
