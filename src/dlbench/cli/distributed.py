@@ -206,7 +206,7 @@ def print_distributed_details(store: Store, rows: list[dict]) -> None:
     (training: workers, slowest rank, efficiency, exposed communication; collectives: bandwidth
     against message size). Reads just those records."""
     from ..store.store import StoreError
-    from .distributed_tables import bandwidth_table, training_table
+    from .distributed_tables import bandwidth_table, link_table, training_table
 
     chosen = [row for row in rows if row.get("workers") is not None and row.get("status") == "ok"]
     records = []
@@ -221,6 +221,9 @@ def print_distributed_details(store: Store, rows: list[dict]) -> None:
     for r in records:
         if r.comm is not None:
             out.print(bandwidth_table(r))
+    linked = [r for r in records if r.link is not None]
+    if linked:
+        out.print(link_table(linked))
 
 
 def list_distributed(path: Path, profile: str, device: str) -> None:
