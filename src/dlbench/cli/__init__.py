@@ -1,4 +1,5 @@
-"""The dlbench command line (typer): `app`, built from one module per command group. Input is
+"""The dlbench command line (typer): `app`, built from one module per command group; before any command
+it removes the shaped links (`--link`) of a dlbench killed with SIGKILL (execution/links.py). Input is
 validated in those modules or in the workflows they call (dlbench.workflows: `run` and `calibrate`
 parse their options into a request, call the workflow and render what it returns), once; errors exit
 2 with one message (console.fail).
