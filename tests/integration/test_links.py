@@ -128,7 +128,9 @@ def test_nothing_is_left_after_a_signal(tmp_path, sig, status):
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == status
         if sig == signal.SIGKILL:
-            assert left_of(name)  # nobody removed it: the next command does
+            # nobody removed it: the next dlbench command does (run nothing else meanwhile: any
+            # dlbench command, a unit test's included, would remove it first)
+            assert left_of(name)
             listing = subprocess.run(DLBENCH + ["list"], capture_output=True, text=True, timeout=120)
             assert listing.returncode == 0 and name in listing.stderr, listing.stderr
         assert left_of(name) == []
