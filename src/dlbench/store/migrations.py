@@ -91,11 +91,7 @@ def update_to_17(data: dict) -> dict:
 # {}, []; record.py's history says which): a record of the version before reads as one of them
 # with nothing changed but its version number. Each is still a step, so that every version says
 # how a record reaches it.
-MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14)
-# Schema numbers reserved for branches not merged yet (15, 16: issue 44's links and another's):
-# until a branch brings its own step, fixture and history entry, its number changes nothing but
-# the version, so that a record of 14 still reaches 17.
-RESERVED = (15, 16)
+MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16)
 
 
 def _version_only(data: dict) -> dict:
@@ -103,7 +99,7 @@ def _version_only(data: dict) -> dict:
 
 
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 6: update_to_6, 7: update_to_7, 8: update_to_8, 17: update_to_17,
-         **dict.fromkeys(MODEL_DEFAULTS_SUFFICE + RESERVED, _version_only)}
+         **dict.fromkeys(MODEL_DEFAULTS_SUFFICE, _version_only)}
 
 
 def upgrade(data: dict, target: int) -> dict:
