@@ -8,7 +8,8 @@ link of start-up --alpha-us, taking the method's extra compute as its measured i
 dense's on the store's own link (loopback here). That difference also holds the two exchanges'
 cost on that link, of which dense's is the larger, so it overstates the extra work and the
 crossover printed is a lower bound of the one the model would give with the extra work measured
-alone.
+alone. On a shaped link (`--link`) the difference also holds the link's transfers, so
+the crossover column means nothing there: use it on loopback stores only.
 Usage: .venv/bin/python benchmarks/compression_crossover.py STORE [--alpha-us 50]
 """
 
