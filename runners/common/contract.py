@@ -427,7 +427,9 @@ class DataParallel:
 class Collective(Protocol):
     """One collective of the comm suite over buffers made once. Counts are float32 elements:
     all_reduce and broadcast (root 0) send and receive `count` in one buffer, in place; all_gather
-    sends count/n and receives count; reduce_scatter sends count and receives block `rank` of the sum."""
+    sends count/n and receives count; reduce_scatter sends count and receives block `rank` of the sum;
+    all_to_all sends count and receives count, block j of the send buffer going to rank j and block j
+    of the receive buffer coming from rank j (n blocks of count/n)."""
 
     def load(self, array) -> None:
         """Fill this rank's send buffer from a numpy array."""

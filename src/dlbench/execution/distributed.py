@@ -7,6 +7,8 @@
   the baseline's run id and says it was run in the same invocation.
 - comm: per framework, one job (per repeat) runs every collective over every size; it gives one
   record per collective (benchmark `<collective>-w<N>`), failed when any size's result is wrong.
+  A collective the runner declares its engine does not offer (runner.toml
+  [distributed.collectives_not_offered]) is left out of the job and recorded as skipped, with why.
 
 A runner whose runner.toml has no [distributed] section has not been ported: its runs are recorded
 as skipped, saying so. Nothing here imports a framework: jobs.py starts the ranks, launch_styles.py
@@ -218,11 +220,15 @@ class DistributedOrchestrator:
         repeats_asked = o.repeats or comm.policy.repeats
         started = datetime.now(timezone.utc)
         self.events.run_started(label, repeats_asked)
-        env, status, reason, env_info = self._common(runner)
+        not_offered = {c: why for c in comm.collectives if runner.distributed
+                       and (why := runner.distributed.not_offered(c))}
+        offered = [c for c in comm.collectives if c not in not_offered]
+        env, status, reason, env_info = self._common(runner) if offered else (
+            None, "skipped", None, {"backend": o.env_backend})
         outcomes: list[JobOutcome] = []
         if env is not None:
             request = {"action": "collectives", "device": o.device, "threads": o.threads, "seed": o.seed,
-                       "collectives": list(comm.collectives), "sizes": list(comm.sizes), "dtype": comm.dtype,
+                       "collectives": offered, "sizes": list(comm.sizes), "dtype": comm.dtype,
                        "policy": comm.policy.model_dump()}
             for index in range(repeats_asked):
                 outcome = self.job(runner, env, request, o.placement)
@@ -235,11 +241,15 @@ class DistributedOrchestrator:
         records = []
         for collective in comm.collectives:
             repeats = [Repeat(index=i, status=oc.status, reason=oc.reason, wall_s=oc.wall_s)
-                       for i, oc in enumerate(outcomes)]
-            info = _comm_info(collective, comm, n, outcomes) if status == "ok" else None
+                       for i, oc in enumerate(outcomes)] if collective in offered else []
             op_status, op_reason = status, reason
+            info = _comm_info(collective, comm, n, outcomes) if status == "ok" and collective in offered else None
             wrong = [s for s in (info.sizes if info else []) if s.correct is False]
-            if info and info.sizes and all(s.skipped for s in info.sizes):
+            if collective in not_offered:  # declared: no rank was asked
+                op_status = "skipped"
+                op_reason = (f"{runner.name} runner: {not_offered[collective]} "
+                             "(runner.toml [distributed.collectives_not_offered])")
+            elif info and info.sizes and all(s.skipped for s in info.sizes):
                 # the engine offers no such collective here (or no size can be split over the ranks)
                 op_status = "skipped"
                 op_reason = "; ".join(dict.fromkeys(s.skipped for s in info.sizes))
@@ -252,7 +262,7 @@ class DistributedOrchestrator:
                 name=collective, file=comm.suite_file,
                 hash=hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest(),
                 params_described=0, flops_per_sample=0, definition=definition)
-            tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "")
+            tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "") if collective in offered else ""
             record = self._record(runner, started, comm.suite, f"{collective}-w{n}", network, Workload(
                 mode="collective", batch_size=1, precision=comm.dtype, learning_rate=0.0, momentum=0.0,
                 device=o.device), env_info, rank0, comm.profile, repeats_asked, comm.policy.model_dump(),

@@ -346,7 +346,7 @@ class CommSize(_Model):
 
 
 class CommInfo(_Model):
-    collective: Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
+    collective: Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all"]
     dtype: str
     workers: Int64
     bus_factor: float

@@ -1,4 +1,18 @@
-"""Which of `dlbench run`'s options each suite kind honours: one table, read before anything runs.
+"""The kinds of suite, one table: for each, which of `dlbench run`'s options it honours, its planner
+and its executor. `plan_run`, `execute_run` and `run_suite` dispatch through it (the command line
+and notebooks alike), so a new kind is one entry here, its workflow module and its display in
+cli/run.py.
+
+    from dlbench.workflows import RunRequest, plan_run, execute_run, run_suite
+    records = run_suite(RunRequest(suite="comm", framework=["torch"], profile="smoke"))
+    plan = plan_run(RunRequest(suite="kernels", framework=["jax"]))   # every check; nothing run or written
+    records = execute_run(plan, events)
+
+A planner takes the request and the command's suite catalog and returns its kind's plan (each has
+`kind`, `store` and `steps`, the units of progress its executor reports) or raises RequestError
+with nothing run or written; an executor takes the plan, an events object (None: none) and the list
+to append each record to as it is written (a caller interrupted midway keeps what completed), and
+returns the records. Each kind's events are named in its executor's docstring.
 
 An option a kind does not honour is refused (RequestError: the option, the suite, its kind, what the
 option is for and which kinds take it), never dropped: `run --suite distributed --precision amp_bf16`
@@ -29,9 +43,18 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Union
 
 from ..axes import REQUEST_AXES
-from .requests import RunRequest
+from ..definitions.catalog import SuiteCatalog
+from . import lookup
+from .convergence import ConvergencePlan, execute_convergence_suite, plan_convergence_suite
+from .distributed import DistributedPlan, execute_distributed, plan_distributed
+from .kernels import KernelPlan, execute_kernels, plan_kernels
+from .requests import RequestError, RunRequest
+from .run import BenchmarkPlan, execute_benchmarks, plan_benchmarks
+
+SuitePlan = Union[BenchmarkPlan, DistributedPlan, KernelPlan, ConvergencePlan]
 
 # each of `dlbench run`'s options (its Python name) -> (its flag, what it is for); an axis's option
 # is its RequestAxis' (runners/common/contract.py REQUEST_AXES), and so are the kinds that take it
@@ -69,11 +92,14 @@ COMMON = frozenset({"suite", "framework", "store", "benchmark", "profile", "devi
 @dataclass(frozen=True)
 class SuiteKind:
     """A kind of suite (a suite file's `kind`, definitions/catalog.py SUITE_KINDS): what it runs, in
-    words for an error message, and which of `dlbench run`'s options it honours."""
+    words for an error message, which of `dlbench run`'s options it honours, its planner
+    (request, catalog) -> plan and its executor (plan, events, records) -> records."""
 
     name: str
     runs: str
     options: frozenset[str]  # the options beyond the axes' that it honours
+    plan: Callable[[RunRequest, SuiteCatalog], SuitePlan]
+    execute: Callable[..., list]
 
     @property
     def honours(self) -> frozenset[str]:
@@ -83,19 +109,47 @@ class SuiteKind:
 
 SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("benchmark", "single-process benchmarks",
-              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data"}),
+              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data"}, plan_benchmarks,
+              execute_benchmarks),
     SuiteKind("distributed", "data-parallel jobs that train for a fixed number of iterations",
-              COMMON | {"workers", "scaling", "hosts"}),
+              COMMON | {"workers", "scaling", "hosts"}, plan_distributed, execute_distributed),
     SuiteKind("comm", "collectives in the suite's own dtype for a fixed number of iterations",
-              COMMON | {"workers", "hosts"}),
-    SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON),
-    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"}),
+              COMMON | {"workers", "hosts"}, plan_distributed, execute_distributed),
+    SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
+              execute_kernels),
+    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"},
+              plan_convergence_suite, execute_convergence_suite),
 )}
 
 
-class RequestError(ValueError):
-    """A request that cannot run as asked (one message naming what and why); nothing was run or
-    written. The command line prints it and exits 2."""
+def kind_of(request: RunRequest, suites: SuiteCatalog) -> str:
+    """The kind of the request's suite ('all', and a name no suite has, are of kind benchmark, whose
+    planner says which suites there are); RequestError for an option the kind does not honour."""
+    path = suites.suite_path(request.suite) if request.suite != "all" else None
+    kind = lookup.suite_kind(suites, path) if path is not None else "benchmark"
+    refuse_options_not_honoured(request, kind, path.stem if path is not None else request.suite)
+    return kind
+
+
+def plan_run(request: RunRequest, suites: SuiteCatalog | None = None) -> SuitePlan:
+    """Every check of `request` (an option its suite's kind does not honour first, then its kind's
+    planner): the plan of its kind, or RequestError with nothing run or written. `suites`: the
+    caller's catalog (one per command: each suite file parsed once), else a fresh one."""
+    suites = suites or lookup.catalog()
+    return SUITE_KIND_TABLE[kind_of(request, suites)].plan(request, suites)
+
+
+def execute_run(plan: SuitePlan, events=None, records: list | None = None) -> list:
+    """Run a plan of any kind (its kind's executor): its records, each also in the store. `events`:
+    the progress events of the plan's kind (None: none); `records`: the list the records are
+    appended to as they are written."""
+    return SUITE_KIND_TABLE[plan.kind].execute(plan, events, records)
+
+
+def run_suite(request: RunRequest, events=None) -> list:
+    """Run a suite of any kind as `request` asks and return its records (each also in the store).
+    RequestError for bad input, with nothing run or written."""
+    return execute_run(plan_run(request), events)
 
 
 def refuse_options_not_honoured(request: RunRequest, kind: str, suite: str) -> None:
