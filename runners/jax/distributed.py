@@ -92,11 +92,18 @@ def cpu_slice(allowed: list[int], threads: int, slot: int) -> list[int]:
     return [allowed[(slot * threads + i) % len(allowed)] for i in range(threads)]
 
 
-def _env_cluster():
+def _env_cluster(env=os.environ):
     """(rank, local_rank, worker addresses) from the variables dlbench sets, before `join`."""
-    rank = int(os.environ.get("RANK", "0"))
-    addresses = tuple(a for a in os.environ.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
-    return rank, int(os.environ.get("LOCAL_RANK", rank)), addresses
+    rank = int(env.get("RANK", "0"))
+    addresses = tuple(a for a in env.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
+    return rank, int(env.get("LOCAL_RANK", rank)), addresses
+
+
+def slot_from_env(env=os.environ) -> int:
+    """This rank's machine slot: as dlbench says (DLBENCH_MACHINE_SLOT: ranks in network namespaces
+    of one machine, --link, have addresses of their own yet share its cores), else by the addresses."""
+    given = env.get("DLBENCH_MACHINE_SLOT")
+    return int(given) if given is not None else machine_slot(*_env_cluster(env))
 
 
 class Collective:
@@ -138,8 +145,7 @@ class JaxDistributedRunner(JaxRunner):
     def configure_threads(self, threads: int | None) -> dict:
         if not threads:
             return super().configure_threads(threads)
-        rank, local_rank, addresses = _env_cluster()
-        slot = machine_slot(rank, local_rank, addresses)
+        slot = slot_from_env()
         allowed = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, cpu_slice(allowed, threads, slot))
         info = super().configure_threads(None)  # records the affinity just set
