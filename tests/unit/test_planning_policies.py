@@ -37,7 +37,7 @@ def jcts(sim):
 
 
 def test_the_table_holds_every_policy_with_its_source():
-    assert list(POLICIES) == ["fifo", "srtf", "las", "maxmin_agnostic", "gavel_maxmin", "gavel_makespan",
+    assert list(POLICIES) == ["fifo", "srtf", "las", "las_aware", "maxmin_agnostic", "gavel_maxmin", "gavel_makespan",
                               "framework_aware"]
     assert set(LP_POLICIES) == {"maxmin_agnostic", "gavel_maxmin", "gavel_makespan"}
     assert all(p.source and p.title for p in POLICIES.values())
@@ -70,9 +70,10 @@ def test_a_round_moves_a_job_to_the_faster_type_and_it_pays_the_restart():
     assert sim.outcomes[0].seconds_on == {"slow": pytest.approx(30.0), "fast": pytest.approx(50.0)}
 
 
-def test_framework_aware_las_places_the_first_job_on_its_fastest_type():
+@pytest.mark.parametrize("name", ["las_aware", "framework_aware"])
+def test_aware_las_places_the_first_job_on_its_fastest_type(name):
     """LAS order (a first), aware placement: a on fast (60 s), b on slow (60 s)."""
-    sim, _ = run("framework_aware")
+    sim, _ = run(name)
     assert jcts(sim) == [60.0, 60.0]
 
 
@@ -143,3 +144,15 @@ def test_a_job_arriving_later_waits_for_free_devices_and_a_bounded_run_says_what
                        [[0.0, 1.0], [0.0, 1.0]], policy("fifo"), max_rounds=3)
     assert stopped.unfinished == 2 and "stopped after 3 rounds" in stopped.notes[0]
     assert all(math.isclose(o.seconds_on.get("slow", 0.0), 30.0) or o.seconds_on == {} for o in stopped.outcomes)
+
+
+def test_las_lets_a_new_job_past_one_that_left_the_first_queue():
+    """One slow device, rounds of 1000 s. a (20,000 s of work) has 4000 device-seconds at t = 4000, past
+    the first threshold (1 device-hour), when b (100 s) arrives: b runs at once and a waits 100 s.
+    FIFO runs a to the end first: b waits until 20,000 s."""
+    cluster = two_types(round_s=1000.0, fast=0)
+    kw = dict(cluster=cluster, speed=[[0.0, 1.0], [0.0, 1.0]], work=[20000.0, 100.0], arrival=(0.0, 4000.0))
+    las, _ = run("las", **kw)
+    assert jcts(las) == [pytest.approx(20100.0), pytest.approx(100.0)]
+    fifo, _ = run("fifo", **kw)
+    assert jcts(fifo) == [pytest.approx(20000.0), pytest.approx(16100.0)]

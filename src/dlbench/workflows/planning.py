@@ -16,6 +16,7 @@ import math
 import re
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -290,10 +291,13 @@ def plan(request: PlanRequest) -> PlanResult:
         if missing:
             raise RequestError(f"{cluster.source}: types: {', '.join(missing)} not in the throughput table "
                                f"{r.throughputs} (its types: {', '.join(sorted(known_types))})")
-        for job in jobs:
-            if (job.network, job.workers) not in table:
-                raise RequestError(f"{job.where}: no throughput of {job.network!r} on {job.workers} worker(s) in "
-                                   f"{r.throughputs}")
+        absent = Counter((j.network, j.workers) for j in jobs if (j.network, j.workers) not in table)
+        if absent:  # left out and named, as a reader leaves out what it cannot map
+            jobs = [j for j in jobs if (j.network, j.workers) in table]
+            trace.notes.append(f"{sum(absent.values())} job(s) left out, the table having no throughput for them: "
+                               + ", ".join(f"{n} x{w} ({c})" for (n, w), c in sorted(absent.items())))
+            if not jobs:
+                raise RequestError(f"{r.trace}: no job of the trace has a throughput in {r.throughputs}")
         sources = Sources(table=table)
     else:
         for job in jobs:
