@@ -7,6 +7,8 @@ job (`fill`). A job runs on `workers` devices of one type. The simulator (planni
 passes its state; a policy reads, never writes it:
 
     now, active (job indices), speed[j][t] (iterations/s of job j on type t, 0: cannot run there),
+    preference[j] (the types job j runs on, fastest first), best[j] (its fastest speed), and as numpy
+    arrays arrivals, remaining, attained, received, best (for the orders, computed whole),
     workers[j], arrival[j], remaining[j] (iterations), attained[j] (device-seconds received),
     received[j][t] (seconds run on t), weight[j], running_on[j] (type or -1), capacity[t],
     rng (random.Random of the plan's seed)
@@ -25,7 +27,6 @@ share of time job j should spend on type t) is turned into rounds by Gavel's mec
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -43,6 +44,7 @@ class Policy:
     source = ""
     aware = True  # heterogeneity-aware placement
     framework_aware = False  # `framework: any` jobs run in the fastest framework and precision per type
+    static = False  # the allocation depends only on which jobs there are (not on time, service or work done)
 
     def __init__(self):
         self.lp_solve_s: list[float] = []
@@ -58,20 +60,31 @@ class Policy:
         return self._greedy(state, self.order(state, waiting), free, {})
 
     def _greedy(self, state, ordered: list[int], free: list[int], out: dict[int, int]) -> dict[int, int]:
-        types = range(len(free))
+        left = sum(free)
         for j in ordered:
-            need, speeds = state.workers[j], state.speed[j]
-            room = [t for t in types if free[t] >= need and speeds[t] > 0]
-            if not room:
+            if left == 0:
+                break
+            need = state.workers[j]
+            if need > left:
                 continue
             current = state.running_on[j]
-            if current in room and (not self.aware or speeds[current] >= max(speeds[t] for t in room)):
-                t = current
-            elif self.aware:
-                t = max(room, key=lambda k: speeds[k])
+            if self.aware:
+                # the job's types fastest first (state.preference): the first with room, or the type it
+                # runs on where that is as fast
+                t = next((k for k in state.preference[j] if free[k] >= need), -1)
+                if t < 0:
+                    continue
+                if current >= 0 and current != t and free[current] >= need and \
+                        state.speed[j][current] >= state.speed[j][t]:
+                    t = current
             else:
-                t = room[state.rng.randrange(len(room))]
+                room = [k for k in state.preference[j] if free[k] >= need]
+                if not room:
+                    continue
+                room.sort()  # the cluster's order, so that the seed's draw means the same type
+                t = current if current in room else room[state.rng.randrange(len(room))]
             free[t] -= need
+            left -= need
             out[j] = t
         return out
 
@@ -81,9 +94,11 @@ class Fifo(Policy):
     title = "FIFO"
     source = "first come, first served; heterogeneity-agnostic placement (the baseline of Gavel's and Tiresias' evaluations)"
     aware = False
+    static = True
 
     def order(self, state, jobs):
-        return sorted(jobs, key=lambda j: (state.arrival[j], j))
+        jobs = np.asarray(jobs, dtype=np.intp)
+        return jobs[np.lexsort((jobs, state.arrivals[jobs]))].tolist()
 
 
 class ShortestRemaining(Policy):
@@ -93,15 +108,14 @@ class ShortestRemaining(Policy):
               "throughput matrix (the job's remaining iterations on its fastest type); aware placement")
 
     def order(self, state, jobs):
-        def remaining_s(j):
-            best = max(state.speed[j])
-            return state.remaining[j] / best if best > 0 else math.inf
-        return sorted(jobs, key=lambda j: (remaining_s(j), state.arrival[j], j))
+        jobs = np.asarray(jobs, dtype=np.intp)
+        left_s = state.remaining[jobs] / state.best[jobs]  # every job runs somewhere: best > 0
+        return jobs[np.lexsort((jobs, state.arrivals[jobs], left_s))].tolist()
 
 
 # Tiresias' queues: a job moves down a queue when its attained service (device-seconds) passes each
 # threshold. Tiresias tunes them per cluster; these (1 and 10 device-hours) are this planner's choice.
-LAS_THRESHOLDS_S = (3600.0, 36000.0)
+LAS_THRESHOLDS_S = np.array([3600.0, 36000.0])
 
 
 class LeastAttained(Policy):
@@ -114,9 +128,9 @@ class LeastAttained(Policy):
     aware = False
 
     def order(self, state, jobs):
-        def queue(j):
-            return sum(state.attained[j] >= t for t in LAS_THRESHOLDS_S)
-        return sorted(jobs, key=lambda j: (queue(j), state.arrival[j], j))
+        jobs = np.asarray(jobs, dtype=np.intp)
+        queue = np.searchsorted(LAS_THRESHOLDS_S, state.attained[jobs], side="right")
+        return jobs[np.lexsort((jobs, state.arrivals[jobs], queue))].tolist()
 
 
 class LeastAttainedAware(LeastAttained):
