@@ -12,6 +12,8 @@ the first N jobs of the same trace all arriving at once (Gavel's static form), N
 --lp-rounds rounds each, and print the mean and largest solve time.
 
 Usage: .venv/bin/python benchmarks/planner_scale.py [--jobs 10000] [--lp-jobs 100,500,2000] [--lp-rounds 3]
+       .venv/bin/python benchmarks/planner_scale.py --write-trace FILE.csv [--jobs N] [--h100s H] [--load L]
+       .venv/bin/python benchmarks/planner_scale.py --write-trace FILE.csv [--jobs N] [--h100s H] [--load L]
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def workers(rng: random.Random) -> int:
     return 1 if r < 0.7 else 2 if r < 0.8 else 4 if r < 0.95 else 8
 
 
-def write_trace(path: Path, jobs: int, load: float, seed: int) -> None:
+def write_trace(path: Path, jobs: int, load: float, seed: int, h100s: float = H100_EQUIVALENTS) -> None:
     rng = random.Random(seed)
     mean_minutes = (10 ** 3.5 - 10 ** 1.5) / (2 * math.log(10))
-    rate = load * H100_EQUIVALENTS / (1.9 * mean_minutes * 60)  # jobs per second; 1.9 = mean workers
+    rate = load * h100s / (1.9 * mean_minutes * 60)  # jobs per second; 1.9 = mean workers
     at = 0.0
     with path.open("w", newline="") as f:
         out = csv.writer(f)
@@ -73,7 +75,13 @@ def main() -> None:
     parser.add_argument("--lp-rounds", type=int, default=3)
     parser.add_argument("--lp-jobs", default="100,500,2000")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write-trace", type=Path, help="Only write the trace to this CSV file (for another cluster: "
+                                                         "--h100s, its capacity in H100s, sets the arrival rate).")
+    parser.add_argument("--h100s", type=float, default=H100_EQUIVALENTS)
     args = parser.parse_args()
+    if args.write_trace:
+        write_trace(args.write_trace, args.jobs, args.load, args.seed, args.h100s)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cluster, trace = Path(tmp) / "cluster.yaml", Path(tmp) / "trace.csv"
         cluster.write_text(CLUSTER)

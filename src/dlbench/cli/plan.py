@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from ..planning.policies import POLICIES
+from ..planning.simulator import MAX_ROUNDS
 from ..workflows.planning import TRACE_FORMATS, PlanRequest, PlanResult
 from ..workflows.planning import plan as run_plan
 from .console import err, out, safe
@@ -37,6 +38,8 @@ def plan(
         "A change to the cluster, simulated again: 'add N TYPE', 'remove N TYPE', 'replace TYPE with TYPE'; "
         "repeatable.")) ] = None,
     limit: Annotated[Optional[int], typer.Option(min=1, help="Only the first N jobs of the trace.")] = None,
+    max_rounds: Annotated[int, typer.Option("--max-rounds", min=1, help=(
+        "Stop a simulation after this many rounds; the jobs left unfinished are counted.")) ] = MAX_ROUNDS,
     sacct_batch: Annotated[int, typer.Option("--sacct-batch", min=1, help=(
         "Batch per GPU of sacct's jobs (sacct does not record it).")) ] = 32,
     sacct_type: Annotated[Optional[str], typer.Option("--sacct-type", help=(
@@ -53,7 +56,7 @@ def plan(
     policies = listed_choices("policy", policy, list(POLICIES))
     request = PlanRequest(cluster=cluster, trace=trace, trace_format=trace_format, throughputs=throughputs,
                           policies=policies, framework=framework, seed=seed, what_if=what_if, limit=limit,
-                          sacct_batch=sacct_batch, sacct_type=sacct_type, store=store)
+                          sacct_batch=sacct_batch, sacct_type=sacct_type, max_rounds=max_rounds, store=store)
     result = refused(run_plan, request)
     if page is not None:
         from ..reporting.plan_page import write_plan_page
@@ -70,16 +73,20 @@ def _hours(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds / 3600:.3g}"
 
 
+def _money(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _summary_table(title: str, runs) -> Table:
     table = Table(title=title)
-    for name in ("policy", "avg JCT h", "p99 JCT h", "makespan h", "utilisation", "cost used", "cluster cost",
+    for name in ("policy", "done", "avg JCT h", "p99 JCT h", "makespan h", "utilisation", "cost used", "cluster cost",
                  "ρ med", "ρ max", "preempt", "LP s/solve", "sim s"):
         table.add_column(name, justify="left" if name in ("policy", "utilisation") else "right")
     for r in runs:
         s = r.summary
-        table.add_row(s.policy, _hours(s.average_jct_s), _hours(s.p99_jct_s), _hours(s.makespan_s),
-                      " ".join(f"{k} {100 * v:.0f}%" for k, v in s.utilisation.items()), f"{s.cost_used:,.0f}",
-                      f"{s.cost_cluster:,.0f}", f"{s.ftf_median:.2f}" if s.ftf_median is not None else "",
+        table.add_row(s.policy, f"{s.finished:,}/{s.jobs:,}", _hours(s.average_jct_s), _hours(s.p99_jct_s), _hours(s.makespan_s),
+                      " ".join(f"{k} {100 * v:.0f}%" for k, v in s.utilisation.items()), _money(s.cost_used),
+                      _money(s.cost_cluster), f"{s.ftf_median:.2f}" if s.ftf_median is not None else "",
                       f"{s.ftf_max:.2f}" if s.ftf_max is not None else "", str(s.preemptions),
                       f"{s.lp_solve_mean_s:.3f}" if s.lp_solve_mean_s is not None else "", f"{r.seconds:.2f}")
     return table

@@ -355,15 +355,16 @@ def _simulate_all(cluster: Cluster, matrix: ThroughputMatrix, jobs: list[Job], n
     type_index = {t.name: i for i, t in enumerate(cluster.types)}
     runs = []
     vectors = {aware: throughput_vectors(matrix, jobs, pinned, aware=aware)[0]
-               for aware in {policy(name).framework_aware for name in names} | {False}}
-    # a job's work given as seconds on a type (Slurm's) becomes iterations at its pinned throughput there,
-    # the same work under every policy
+               for aware in {policy(name).framework_aware for name in names} | {True}}
+    # a job's work given as seconds on a type (Slurm's) becomes iterations at its fastest throughput there
+    # (a `framework: any` job's best framework and precision; another's own): the same work under every
+    # policy and whatever --framework pins
     iterations = []
     for j, job in enumerate(jobs):
         if job.work.on is not None and job.work.on not in type_index:
             raise RequestError(f"{job.where}: it ran on {job.work.on!r}, which is no type of the cluster "
                                f"({', '.join(cluster.names)}); name it in the cluster file")
-        work = work_iterations(job, lambda on: vectors[False][j][type_index[on]])
+        work = work_iterations(job, lambda on: vectors[True][j][type_index[on]])
         if work is None:
             raise RequestError(f"{job.where}: it ran on {job.work.on}, where the matrix has no throughput "
                                "for it: its work cannot be known")
