@@ -98,14 +98,15 @@ class ThroughputMatrix:
     # ---- the choices a job has
     def choices(self, job: Job, pinned: str | None) -> list[tuple[str, str]]:
         """(framework, precision) a job may run in: its own, or for `any` every framework (less those
-        not equivalent on its network) and precision; with `pinned` a framework for every `any` job."""
+        not equivalent on its network) and precision; with `pinned` that framework in every precision
+        (a single-framework plan still picks the precision: the framework is what it does not pick)."""
         if self.sources.table is not None:
             return [(job.framework if job.framework != ANY else "torch", job.precision if job.precision != ANY else "fp32")]
         if job.framework != ANY:
             return [(job.framework, job.precision)]
         precisions = list(self.sources.precisions) if job.precision == ANY else [job.precision]
-        if pinned is not None:
-            return [(pinned, "fp32" if job.precision == ANY else job.precision)]
+        if pinned is not None:  # one framework for every such job; its precision still the fastest
+            return [(pinned, p) for p in precisions]
         excluded = self.sources.not_equivalent.get(job.network, set())
         return [(fw, p) for fw in self.sources.facts if fw not in excluded for p in precisions]
 
