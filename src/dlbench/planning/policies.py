@@ -264,7 +264,7 @@ class MinMakespan(LinearProgram):
 
     def coefficients(self, state, jobs, speed, runnable):
         # max min_j throughput_j / remaining_j = 1 / M: every job done within M
-        return np.array([state.remaining[j] for j in jobs], dtype=float)
+        return np.maximum(np.array([state.remaining[j] for j in jobs], dtype=float), 1e-9)
 
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (Fifo, ShortestRemaining, LeastAttained, LeastAttainedAware,

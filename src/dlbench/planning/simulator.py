@@ -252,7 +252,7 @@ def simulate(cluster: Cluster, ids: list[str], arrival: list[float], workers: li
             done_at = heap[0][0] if heap else math.inf
             arrives_at = arrival[order[pending]] if pending < n else math.inf
             at = min(done_at, arrives_at)
-            if at >= end:
+            if at > end:  # a finish right at the boundary is this round's
                 break
             changed = True
             if done_at <= arrives_at:
