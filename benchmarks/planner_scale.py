@@ -6,7 +6,8 @@ usual batch sizes, half of the jobs `framework: any`, workers drawn as Gavel dra
 Philly trace (70% 1, 10% 2, 15% 4, 5% 8), each job's length 10^U(1.5, 3.5) minutes on an H100 (as
 `seconds` on h100, converted to iterations by the matrix), Poisson arrivals at a rate that offers the
 cluster about --load of its H100-equivalent capacity. Prints, per policy, the simulation's wall time
-(the target: under a minute for each non-LP policy on this machine) and its average JCT; the LP
+and the process's CPU time over it (the target: under a minute for each non-LP policy on this
+machine; on a shared VM the CPU time is the steadier of the two) and its average JCT; the LP
 policies' point here is their solve time per round, which grows with the jobs active: they run on
 the first N jobs of the same trace all arriving at once (Gavel's static form), N = --lp-jobs, for
 --lp-rounds rounds each, and print the mean and largest solve time.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import random
 import tempfile
 import time
@@ -91,13 +93,14 @@ def main() -> None:
         started = time.perf_counter()
         result = plan(PlanRequest(cluster=cluster, trace=trace, policies=heuristics, seed=args.seed, store=store))
         total = time.perf_counter() - started
+        print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
         print(f"{len(result.jobs):,} jobs on {result.cluster.devices:,} devices of {len(result.cluster.types)} types; "
               f"matrix {len(result.matrix)} cells in {result.matrix_s:.1f} s; whole plan {total:.1f} s")
-        print(f"{'policy':16} {'simulate s':>10} {'rounds':>7} {'avg JCT h':>10} {'p99 JCT h':>10} {'makespan h':>11} "
+        print(f"{'policy':16} {'simulate s':>10} {'CPU s':>7} {'rounds':>7} {'avg JCT h':>10} {'p99 JCT h':>10} {'makespan h':>11} "
               f"{'finished':>9}")
         for r in result.runs:
             s = r.summary
-            print(f"{s.policy:16} {r.seconds:10.1f} {s.rounds:7d} {s.average_jct_s / 3600:10.2f} {s.p99_jct_s / 3600:10.2f} "
+            print(f"{s.policy:16} {r.seconds:10.1f} {r.cpu_seconds:7.1f} {s.rounds:7d} {s.average_jct_s / 3600:10.2f} {s.p99_jct_s / 3600:10.2f} "
                   f"{s.makespan_s / 3600:11.1f} {s.finished:9,d}")
         print(f"LP policies: the first N jobs all at t = 0, {args.lp_rounds} rounds (HiGHS, one solve per round "
               "whose jobs changed)")
@@ -112,6 +115,7 @@ def main() -> None:
             for r in lp.runs:
                 s = r.summary
                 print(f"{s.policy:16} {n:6d} {s.lp_solves:6d} {s.lp_solve_mean_s:8.3f} {s.lp_solve_max_s:8.3f}")
+        print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 if __name__ == "__main__":
     main()
