@@ -156,3 +156,14 @@ def test_las_lets_a_new_job_past_one_that_left_the_first_queue():
     assert jcts(las) == [pytest.approx(20100.0), pytest.approx(100.0)]
     fifo, _ = run("fifo", **kw)
     assert jcts(fifo) == [pytest.approx(20000.0), pytest.approx(16100.0)]
+
+
+def test_a_bounded_run_counts_utilisation_over_the_time_it_simulated():
+    """Rounds of 10 s, stopped after 3: a (120 s) is still running on the one slow device, b waits.
+    The slow device was held all 30 s simulated: utilisation 1, not 30 s over a makespan of nothing."""
+    cluster = two_types(round_s=10.0, fast=0)
+    sim = simulate(cluster, ["a", "b"], [0.0, 0.0], [1, 1], [1.0, 1.0], list(WORK), [[0.0, 1.0], [0.0, 1.0]],
+                   policy("fifo"), max_rounds=3)
+    s = summarise(sim, cluster, "fifo")
+    assert s.finished == 0 and s.makespan_s is None and s.utilisation["slow"] == pytest.approx(1.0)
+    assert s.cost_cluster == pytest.approx(3.6 * 30 / 3600)

@@ -4,13 +4,14 @@ finish-time fairness.
 - JCT: finish less arrival; the average and the 99th percentile (numpy's linear interpolation).
 - Makespan: the last finish less the first arrival.
 - Utilisation of a type: the device-seconds jobs held on it (restarts included) over its devices x
-  the makespan.
+  the makespan (x the time simulated, where a bounded simulation stopped with jobs unfinished).
 - Cost: what the devices jobs held cost at each type's hourly price (`used`), and what the whole
   cluster costs over the makespan (`cluster`), the bill if it is rented for the trace.
 - Finish-time fairness ρ (Mahajan et al., "Themis", NSDI 2020; the form Gavel uses, §4.2): a job's
   JCT over the time it would take with 1/n of the cluster, n the jobs in the system when it arrived
   (itself included), that time taken as its work alone on the cluster's average device (the
-  device-weighted mean of its throughputs) times n. ρ <= 1: the job did at least as well as its
+  device-weighted mean of its throughputs) times n.
+- Every figure of JCT, makespan and ρ is of the jobs that finished (`finished` of `jobs`). ρ <= 1: the job did at least as well as its
   fair share; the median, the 99th percentile and the largest are reported.
 """
 
@@ -54,12 +55,15 @@ def summarise(sim: Simulation, cluster: Cluster, title: str) -> Summary:
     done = [o for o in sim.outcomes if o.finish_s is not None]
     jct = np.array([o.jct_s for o in done], dtype=float)
     rho = np.array([o.jct_s / (o.isolated_s * o.contention) for o in done if o.isolated_s > 0], dtype=float)
-    makespan = (max(o.finish_s for o in done) - min(o.arrival_s for o in sim.outcomes)) if done else None
+    first = min(o.arrival_s for o in sim.outcomes)
+    makespan = (max(o.finish_s for o in done) - first) if done else None
+    # what utilisation and the cluster's bill are over: the makespan, or where a bounded simulation stopped
+    span = (sim.timeline[-1][0] - first) if sim.unfinished else (makespan or 0.0)
     price = {t.name: t.price_per_hour for t in cluster.types}
     used = sum(s * o.workers * price[name] / 3600 for o in sim.outcomes for name, s in o.seconds_on.items())
-    util = {t.name: (sim.busy_device_s[i] / (t.count * makespan) if t.count and makespan else 0.0)
+    util = {t.name: (sim.busy_device_s[i] / (t.count * span) if t.count and span > 0 else 0.0)
             for i, t in enumerate(cluster.types)}
-    cluster_cost = sum(t.count * t.price_per_hour for t in cluster.types) * (makespan or 0.0) / 3600
+    cluster_cost = sum(t.count * t.price_per_hour for t in cluster.types) * span / 3600
     lp = sim.lp_solve_s
     return Summary(
         policy=sim.policy, title=title, jobs=len(sim.outcomes), finished=len(done),
