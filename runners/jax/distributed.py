@@ -22,7 +22,7 @@ what overlapping does not hide is counted). Without the exchange the ranks' para
 which is why the harness runs those steps after the measured ones.
 
 Collectives: `lax.psum` (all_reduce), `lax.all_gather` (tiled), `lax.psum_scatter` (tiled,
-reduce_scatter); JAX has no broadcast primitive, so broadcast is what
+reduce_scatter), `lax.all_to_all` (tiled, split and concatenated along the buffer's one axis); JAX has no broadcast primitive, so broadcast is what
 `jax.experimental.multihost_utils.broadcast_one_to_all` does: a psum of the root's buffer and
 every other rank's zeros (an all-reduce's traffic). all_reduce and broadcast donate their buffer
 and get it back (in place).
@@ -328,6 +328,8 @@ class JaxDistributedRunner(JaxRunner):
             body, out = (lambda v: lax.all_gather(v, AXIS, tiled=True)), P(AXIS)
         elif op == "reduce_scatter":
             body, out = (lambda v: lax.psum_scatter(v, AXIS, scatter_dimension=0, tiled=True)), P(AXIS)
+        elif op == "all_to_all":  # block j of each rank's buffer to rank j, received in rank order
+            body, out = (lambda v: lax.all_to_all(v, AXIS, split_axis=0, concat_axis=0, tiled=True)), P(AXIS)
         else:
             raise ValueError(f"unknown collective {op!r}")
         in_place = op in ("all_reduce", "broadcast")

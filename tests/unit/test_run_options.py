@@ -8,48 +8,36 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import re
 
 import pytest
-from typer.testing import CliRunner
 
-from dlbench.cli import app
+from dlbench.axes import REQUEST_AXES
 from dlbench.cli.run import run
 from dlbench.definitions.catalog import SUITE_KINDS
 from dlbench.workflows import RUN_OPTIONS, SUITE_KIND_TABLE, RunRequest
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 # a shipped suite of each kind
 SUITE_OF_KIND = {"benchmark": "fcn", "distributed": "distributed", "comm": "comm", "kernels": "kernels",
                  "convergence": "convergence"}
-# each option set away from its default, as the command line gives it (None: every kind honours it)
+# each option set away from its default, as the command line gives it (None: every kind honours it);
+# an axis's option (REQUEST_AXES) at the last value a run may ask for
 SET = {
     "suite": None, "framework": None, "store": None, "benchmark": None, "profile": None, "device": None,
     "env": None, "threads": None, "timeout": None, "repeats": None,
-    "mode": ["--mode", "infer"], "max_repeats": ["--max-repeats", "5"], "target_ci": ["--target-ci", "2"],
+    "max_repeats": ["--max-repeats", "5"], "target_ci": ["--target-ci", "2"],
     "sample_interval": ["--sample-interval", "50"], "no_telemetry": ["--no-telemetry"],
     "contention_threshold": ["--contention-threshold", "5"], "replace_contended": ["--replace-contended", "1"],
     "quiet_wait": ["--quiet-wait", "1"], "workers": ["--workers", "2"], "scaling": ["--scaling", "weak"],
-    "hosts": ["--hosts", "127.0.0.1"], "precision": ["--precision", "amp_bf16"],
-    "compile": ["--compile", "compiled"], "compile_mode": ["--compile-mode", "max-autotune"],
-    "scenario": ["--scenario", "offline"], "no_check": ["--no-check"], "data": ["--data", "."],
+    "hosts": ["--hosts", "127.0.0.1"], "compile_mode": ["--compile-mode", "max-autotune"],
+    "no_check": ["--no-check"], "data": ["--data", "."],
+    **{field: [spec.flag, spec.axis.runs()[-1].value] for field, spec in REQUEST_AXES.items()},
 }
+# the fake runner's steps take half a millisecond
+pytestmark = pytest.mark.usefixtures("fast_fake_runner")
+
 REFUSED = [(kind, option) for kind, entry in SUITE_KIND_TABLE.items() for option in RUN_OPTIONS
            if option not in entry.honours]
-
-
-def invoke(*args: str):
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
-
-
-@pytest.fixture
-def cli_env(monkeypatch, tmp_path, project):
-    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
-    monkeypatch.chdir(tmp_path)
-    return project
 
 
 def test_the_table_covers_every_option_and_every_kind():
@@ -70,7 +58,7 @@ def test_a_request_at_its_defaults_asks_for_nothing_but_its_suite():
 
 
 @pytest.mark.parametrize("kind, option", REFUSED)
-def test_an_option_a_kind_does_not_honour_is_refused(cli_env, tmp_path, kind, option):
+def test_an_option_a_kind_does_not_honour_is_refused(cli_env, tmp_path, kind, option, invoke):
     suite = SUITE_OF_KIND[kind]
     code, out, err = invoke("run", "--suite", suite, "--framework", "fake", "--env", "current", "--profile", "smoke",
                             "--store", str(tmp_path / "s"), *SET[option])
@@ -80,7 +68,7 @@ def test_an_option_a_kind_does_not_honour_is_refused(cli_env, tmp_path, kind, op
     assert not (tmp_path / "s").exists() and not (tmp_path / "cache" / "envs").exists()
 
 
-def test_a_distributed_suite_passes_precision_on(cli_env, tmp_path):
+def test_a_distributed_suite_passes_precision_on(cli_env, tmp_path, invoke):
     """The bug of issue 42: `--precision amp_bf16` on a distributed suite ran fp32 and said nothing.
     Here a runner whose data-parallel step lists amp_bf16 (runner.toml [distributed] precisions)."""
     import shutil
@@ -103,7 +91,7 @@ def test_a_distributed_suite_passes_precision_on(cli_env, tmp_path):
                and r["distributed"]["threads_per_worker"] == 1 for r in records)
 
 
-def test_a_precision_a_data_parallel_runner_does_not_train_in_is_recorded_skipped(cli_env, tmp_path):
+def test_a_precision_a_data_parallel_runner_does_not_train_in_is_recorded_skipped(cli_env, tmp_path, invoke):
     """The fake runner's [distributed] lists no precisions: fp32 only, the default."""
     store = tmp_path / "s"
     code, out, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
@@ -122,13 +110,15 @@ def test_a_precision_a_data_parallel_runner_does_not_train_in_is_recorded_skippe
     assert "precision amp_bf16 is not one it trains in" in " ".join(err.split())
 
 
-def test_a_distributed_suite_refuses_a_precision_no_run_has(cli_env, tmp_path):
+def test_a_distributed_suite_refuses_a_precision_no_run_has(cli_env, tmp_path, invoke):
     code, _, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
                           "smoke", "--store", str(tmp_path / "s"), "--precision", "float64")
-    assert code == 2 and "unknown precision 'float64'" in err and not (tmp_path / "s").exists()
+    assert code == 2 and ("Invalid value for '--precision': unknown precision 'float64'; valid precisions: fp32, tf32, "
+                          "amp_bf16, amp_fp16, all") in err
+    assert not (tmp_path / "s").exists()
 
 
-def test_a_comm_suite_honours_its_options(cli_env, tmp_path):
+def test_a_comm_suite_honours_its_options(cli_env, tmp_path, invoke):
     store = tmp_path / "s"
     code, _, err = invoke("run", "--suite", "comm", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--benchmark", "all_reduce", "--store", str(store), "--repeats", "2", "--workers", "2",
@@ -191,3 +181,17 @@ def test_the_python_api_runs_a_suite_and_prints_nothing(cli_env, tmp_path, capsy
     with pytest.raises(RequestError, match="--workers is not taken by suite 'fcn' of kind benchmark"):
         run_suite(dataclasses.replace(request, workers=2, store=tmp_path / "t"))
     assert not (tmp_path / "t").exists()
+
+
+def test_every_axis_is_a_field_of_the_benchmark_the_request_and_the_record():
+    """An axis (runners/common/contract.py REQUEST_AXES) is carried by field name from the command
+    line to the record: a new entry without one of its fields fails here, naming it."""
+    from dlbench.definitions.suite import Benchmark
+    from dlbench.store.record import Workload
+
+    carriers = {"the planned benchmark (definitions/suite.py Benchmark)": {f.name for f in dataclasses.fields(Benchmark)},
+                "the request (workflows/requests.py RunRequest)": {f.name for f in dataclasses.fields(RunRequest)},
+                "the record (store/record.py Workload)": set(Workload.model_fields)}
+    missing = [f"{field} in {where}" for field in REQUEST_AXES for where, fields in carriers.items()
+               if field not in fields]
+    assert not missing, f"an axis without its field: {', '.join(missing)}"

@@ -32,11 +32,14 @@ def test_every_runner_declares_what_it_runs():
     assert set(runners.names()) >= {"torch", "tensorflow", "jax", "mxnet"}
     for name in runners.names():
         caps = runners.get(name).capabilities
-        assert Precision.FP32 in caps.precisions and Mode.TRAIN in caps.modes, name
-        assert Precision.FLOAT64 not in caps.precisions  # the check's precision: every runner takes it, none lists it
+        assert Precision.FP32 in caps.listed(Precision) and Mode.TRAIN in caps.listed(Mode), name
+        assert Precision.FLOAT64 not in caps.listed(Precision)  # the check's precision: every runner takes it, none lists it
     jax = runners.get("jax")
-    assert jax.capabilities.compiles == {Compile.COMPILED} and jax.default_compile == "compiled"
-    assert runners.get("tensorflow").distributed.precisions == {Precision.FP32}
+    assert jax.capabilities.listed(Compile) == {Compile.COMPILED} and jax.default_compile == "compiled"
+    assert runners.get("tensorflow").distributed.capabilities.listed(Precision) == {Precision.FP32}
+    # MXNet's kvstore has no all-to-all, said once in its runner.toml; the other engines offer it
+    assert "no all-to-all" in runners.get("mxnet").distributed.not_offered("all_to_all")
+    assert all(runners.get(fw).distributed.not_offered("all_to_all") is None for fw in ("torch", "jax", "tensorflow"))
 
 
 def test_a_runner_refuses_what_it_does_not_list_naming_what_it_runs(tmp_path):
@@ -51,10 +54,13 @@ def test_a_runner_refuses_what_it_does_not_list_naming_what_it_runs(tmp_path):
 
 def test_the_distributed_step_trains_in_fp32_unless_the_runner_says_more(tmp_path):
     launch = '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n'
-    assert registry(tmp_path, HEAD + CAPABILITIES + launch).get("r").distributed.precisions == {Precision.FP32}
+    data_parallel = registry(tmp_path, HEAD + CAPABILITIES + launch).get("r").distributed.capabilities
+    assert data_parallel.listed(Precision) == {Precision.FP32}
+    assert data_parallel.refusal("r", Precision.TF32) == (
+        "r data-parallel runner: precision tf32 is not one it trains in (runner.toml [distributed] precisions: fp32)")
     more = launch + 'precisions = ["fp32", "tf32"]\n'
-    assert registry(tmp_path, HEAD + CAPABILITIES + more).get("r").distributed.precisions == {Precision.FP32,
-                                                                                              Precision.TF32}
+    assert registry(tmp_path, HEAD + CAPABILITIES + more).get("r").distributed.capabilities.listed(Precision) == {
+        Precision.FP32, Precision.TF32}
 
 
 @pytest.mark.parametrize("toml, field, reason", [
@@ -73,6 +79,12 @@ def test_the_distributed_step_trains_in_fp32_unless_the_runner_says_more(tmp_pat
      "execution.compile", "'eager' is not in [capabilities] compile"),
     (HEAD + CAPABILITIES + '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\nprecisions = ["bf16"]\n',
      "distributed.precisions[0]", "'bf16' is not one of"),
+    (HEAD + CAPABILITIES + '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n'
+     '[distributed.collectives_not_offered]\nalltoall = "no"\n',
+     "distributed.collectives_not_offered.alltoall", "'alltoall' is not one of all_reduce"),
+    (HEAD + CAPABILITIES + '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n'
+     '[distributed.collectives_not_offered]\nall_to_all = ""\n',
+     "distributed.collectives_not_offered.all_to_all", "at least 1 character"),
     (HEAD.replace('worker = "worker.py"', 'worker = 3') + CAPABILITIES, "worker", "valid string"),
     ('name = "r"\n' + CAPABILITIES, "import_name", "missing"),
     ('execution = "eager"\n' + HEAD + CAPABILITIES, "execution", "must be a table"),  # a key above the tables
