@@ -22,6 +22,7 @@ from dlbench.execution.container_engine import (
     parse_version,
     strip_registry,
 )
+from dlbench.execution.containers import lock_differences, parse_tag, pip_target
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
 FAKE_DOCKER = Path(__file__).resolve().parents[1] / "fixtures" / "fake_docker.py"
@@ -66,6 +67,7 @@ def test_ids_and_references():
     assert normalise_id("7a8047a509da") == "sha256:7a8047a509da"
     assert strip_registry("localhost/dlbench/torch:cpu-k") == "dlbench/torch:cpu-k"
     assert strip_registry("ghcr.io/x/y:1") == "x/y:1" and strip_registry("dlbench/torch:cpu-k") == "dlbench/torch:cpu-k"
+    assert parse_tag("localhost/dlbench/torch:cpu-0123") == ("torch", "cpu", "0123")
 
 
 @pytest.mark.parametrize("engine, oom_flag", [("docker", True), ("podman", False)])
@@ -121,6 +123,31 @@ def test_an_unreadable_version_answer_is_an_engine_error(tmp_path, monkeypatch):
     client.chmod(0o755)
     with pytest.raises(EngineError, match=r"`.*client version` failed \(exit status 139\): segmentation fault"):
         ContainerEngine(str(client)).info()
+
+
+def test_pip_is_asked_for_the_base_images_python_and_platform():
+    args = pip_target({"implementation": "cpython", "version": [3, 11], "libc": ["glibc", "2.36"],
+                       "machine": "x86_64"})
+    assert args[:1] == ["--only-binary=:all:"]
+    assert args[args.index("--python-version") + 1] == "311"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--abi"] == ["cp311", "abi3", "none"]
+    platforms = [args[i + 1] for i, a in enumerate(args) if a == "--platform"]
+    assert platforms[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in platforms
+    assert "manylinux2014_x86_64" in platforms and platforms[-1] == "linux_x86_64"
+    assert "manylinux_2_37_x86_64" not in platforms  # newer than the image's glibc: would not load
+
+
+def test_the_lock_check():
+    requirements = "# pins\ntorch==2.13.0\nnumpy==2.4.6  # with a comment\ntensorflow[and-cuda]==2.21.0\n"
+    image = ["torch==2.13.0+cpu", "numpy==2.4.6", "tensorflow==2.21.0", "pip==23.0.1", "sympy==1.14.0"]
+    venv = ["torch==2.13.0+cpu", "numpy==2.4.6", "tensorflow==2.21.0", "pip==24.0", "sympy==1.14.0"]
+    assert lock_differences(image, requirements, venv) == []  # a local label meets its pin; pip is no pin
+    assert lock_differences(image, requirements, None) == []
+    drifted = ["torch==2.13.0+cpu", "numpy==2.4.5", "tensorflow==2.21.0", "sympy==1.13.0"]
+    problems = lock_differences(drifted, requirements, venv)
+    assert "numpy: requirements pin 2.4.6, the image has 2.4.5" in problems
+    assert "sympy: the venv has 1.14.0, the image 1.13.0" in problems
+    assert lock_differences(image, "mxnet==1.9.1\n", None) == ["mxnet: requirements pin 1.9.1, the image has none"]
 
 
 def test_the_recorded_outputs_are_what_the_readme_says():

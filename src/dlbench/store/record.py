@@ -114,6 +114,17 @@ records step by step and refuse newer ones):
     over 16 MiB), so a prediction can be scored against the machine as fast as it was when the run
     ran (`dlbench predict --accuracy`). Older records read with none (None) (the model's
     defaults: no migration).
+  15 (2026-12-07) containers for real (issue 43): a record of the docker backend says how its worker's
+    container was had and run, in `environment.container`: `engine` (the client, its kind and
+    version, the engine behind it and its version, the API: podman-cli or docker-api, the builder:
+    buildx, classic or podman, and the socket), `image_digest` (the registry digest, None for an image
+    only ever built locally: its `environment.image_id` is then its content address),
+    `image_created`, `image_size_bytes`, `base_image` (the Dockerfile's BASE_IMAGE build argument as
+    built: its pinned default or $DLBENCH_BASE_IMAGE) and `base_image_id`, `venv_lock_checked` (the
+    image's packages were checked against the venv's lock when it was built), `run_options` (the
+    engine options every worker container ran with: --init, --pull never, --network none, shm,
+    user, memory limit, GPUs) and `stop` (how it is stopped). Older records have none (a docker
+    record before 15 has only image, image_id, dockerfile and gpus) (no migration).
 """
 
 from __future__ import annotations
@@ -125,7 +136,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
