@@ -99,7 +99,7 @@ case $action in
     install_missing mmdebstrap mmdebstrap debian-archive-keyring
     if [ ! -s "$dir/base.tar" ]; then
       as_root mmdebstrap --quiet --variant=minbase --include=python3,python3-pip,python3-venv,ca-certificates,libgomp1,libquadmath0 \
-        bookworm "$dir/base.tar.partial" && mv "$dir/base.tar.partial" "$dir/base.tar"
+        bookworm "$dir/base.partial.tar" && mv "$dir/base.partial.tar" "$dir/base.tar"  # mmdebstrap picks its output format by the extension
     fi
     if [ -n "${CONTAINERS_CONF:-}" ] && [ -z "${DOCKER_HOST:-}" ]; then
       podman import --quiet "$dir/base.tar" "$tag" >/dev/null
