@@ -226,6 +226,27 @@ def test_a_failed_build_says_why_and_leaves_no_image(runner, docker, engine, mon
     assert engine.images() == {}
 
 
+def test_a_build_the_disk_has_no_room_for_is_refused_before_it_starts(runner, docker, engine, monkeypatch):
+    import shutil as real_shutil
+
+    from dlbench.execution import containers
+
+    made = docker._wheelhouse
+
+    def with_wheels(*args, **kwargs):  # the fake needs no package: give its wheelhouse 8 MiB of wheels
+        context = made(*args, **kwargs)
+        (context / "wheelhouse" / "big-1.0-py3-none-any.whl").write_bytes(b"\0" * 8 * 2**20)
+        return context
+
+    monkeypatch.setattr(docker, "_wheelhouse", with_wheels)
+    monkeypatch.setattr(containers.shutil, "disk_usage",
+                        lambda path: real_shutil._ntuple_diskusage(100 * 2**20, 90 * 2**20, 10 * 2**20))
+    with pytest.raises(EnvironmentBuildError, match=r"not enough disk for the image: the engine's data root \S+ has "
+                                                    r"10 MiB free, and a build of 8 MiB of wheels needs about 32 MiB"):
+        docker.ensure(runner, "cpu")
+    assert engine.calls("build") == []
+
+
 def test_a_runner_without_a_dockerfile_is_refused_by_path(runner, docker, docker_project, engine):
     (docker_project / "docker" / "fake" / "cuda.Dockerfile").unlink()
     with pytest.raises(EnvironmentBuildError, match=r"no Dockerfile for fake \(cuda\): .*docker/fake/cuda.Dockerfile"):
