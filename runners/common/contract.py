@@ -45,6 +45,16 @@ class Axis(str, Enum):
         return tuple(member.value for member in cls)
 
     @classmethod
+    def runs(cls) -> tuple:
+        """The values a timed run may ask for, in display order (a subclass leaves some out)."""
+        return tuple(cls)
+
+    @classmethod
+    def not_a_run(cls, values: list[str]) -> str:
+        """Why these values (of this axis, none of runs()) are not a run's: runner.toml's message."""
+        return f"{', '.join(values)} is not a run's {cls.axis_name()}"
+
+    @classmethod
     def parse(cls, value, who: str, accepted=None):
         """`value` as a member of the axis, or one ValueError naming `who` (a runner, a command's
         option), the value and the values accepted (`accepted`: a subset, default the whole axis)."""
@@ -104,6 +114,11 @@ class Precision(Axis):
         return tuple(p for p in cls if not p.check_only)
 
     @classmethod
+    def not_a_run(cls, values: list[str]) -> str:
+        # float64 is the equivalence check's, which every runner takes for `dlbench check` and none lists
+        return f"{', '.join(values)} is the equivalence check's precision, not a run's"
+
+    @classmethod
     def of_kernel(cls, dtype: str) -> "Precision":
         """The precision whose math settings a kernel of the kernels suite runs under, by its dtype:
         a float32 kernel is IEEE float32 (TF32 off), as an fp32 run's layers are; reduced ones as
@@ -154,8 +169,80 @@ class Scenario(Axis):
         return "".join(part.capitalize() for part in self.value.split("_"))
 
 
-# A request's fields that hold an axis's value (src/dlbench/execution/orchestrator.py build_request).
-REQUEST_AXES = {"precision": Precision, "compile": Compile, "mode": Mode, "scenario": Scenario}
+class RequestAxis:
+    """What the code asks of one axis beyond its values: everything the controller and the
+    harnesses do with an axis reads it from here (REQUEST_AXES), so that a new axis is its Axis
+    class, one entry below, its field where a run carries it (the planned benchmark, the request,
+    the command's option, the record: docs/extending.md, "Add an axis") and the runners that act
+    on it.
+
+      field       its name in a worker's request, on a planned benchmark and in the record's
+                  `workload` (src/dlbench/store/record.py), and `dlbench run`'s option (--<field>);
+      axis        the Axis class of its values;
+      noun        what an error calls one of its values ("unknown compile mode 'x'"; default: the field);
+      purpose     what the option is for, in the words of an error that refuses it
+                  (src/dlbench/workflows/suite_kinds.py);
+      capability  the runner.toml [capabilities] field listing the values a runner's single-process
+                  worker runs (a value it does not list is recorded skipped, no worker started);
+      unlisted    the values a runner runs whose runner.toml leaves that field out; None: every
+                  runner.toml must list at least one;
+      distributed_capability, distributed_unlisted
+                  the same for the runner's data-parallel step (runner.toml [distributed]: the
+                  distributed suites' jobs, recorded skipped before any rank starts);
+      runner_default
+                  a benchmark may ask for `default`: each runner's own value (runner.toml
+                  [execution]), resolved per runner before the capability check and the record;
+      optional    None is a value: the axis not asked (a run outside LoadGen has no scenario);
+      pairs       part of the key that pairs runs (`dlbench compare`, `dlbench history`, the
+                  report's leaderboard entries and series): runs that differ in it are different
+                  quantities; mode is not, the benchmark's name carries it;
+      side_by_side
+                  benchmarks that differ only in this axis are planned one after the other at each
+                  batch size, so that their ratio is measured side by side (compile);
+      own_figures a run with a value of this axis is measured by another harness whose figures are
+                  not the timed iterations' (LoadGen's scenario): the report and `dlbench history`
+                  show it apart, `dlbench compare` pairs it apart (compare_loadgen);
+      suite_kinds the suite kinds (src/dlbench/definitions/catalog.py SUITE_KINDS) whose requests
+                  carry it: `dlbench run --<field>` on a suite of another kind is refused."""
+
+    __slots__ = ("field", "axis", "noun", "purpose", "capability", "unlisted", "distributed_capability",
+                 "distributed_unlisted", "runner_default", "optional", "pairs", "side_by_side", "own_figures",
+                 "suite_kinds")
+
+    def __init__(self, field: str, axis: type[Axis], purpose: str, *, capability: str | None,
+                 unlisted: tuple | None = None, distributed_capability: str | None = None,
+                 distributed_unlisted: tuple | None = None, runner_default: bool = False, optional: bool = False,
+                 pairs: bool = True, side_by_side: bool = False, own_figures: bool = False,
+                 suite_kinds: tuple[str, ...] = ("benchmark",), noun: str | None = None):
+        self.field, self.axis, self.noun, self.purpose = field, axis, noun or field, purpose
+        self.capability, self.unlisted, self.runner_default = capability, unlisted, runner_default
+        self.distributed_capability, self.distributed_unlisted = distributed_capability, distributed_unlisted
+        self.optional, self.pairs, self.side_by_side, self.own_figures = optional, pairs, side_by_side, own_figures
+        self.suite_kinds = frozenset(suite_kinds)
+
+    @property
+    def flag(self) -> str:
+        """`dlbench run`'s option."""
+        return "--" + self.field.replace("_", "-")
+
+    def __repr__(self) -> str:
+        return f"RequestAxis({self.field!r}, {self.axis.__name__})"
+
+
+# The request's axes, in the order the records' keys list them (src/dlbench/execution/orchestrator.py
+# build_request). Precision is also passed on to the data-parallel runs (a runner's step trains in
+# fp32 unless its runner.toml [distributed] lists more) and the convergence runs (the runner's own
+# check).
+REQUEST_AXES = {axis.field: axis for axis in (
+    RequestAxis("precision", Precision, "the precision a network is run at", capability="precisions",
+                distributed_capability="precisions", distributed_unlisted=("fp32",),
+                suite_kinds=("benchmark", "distributed", "convergence")),
+    RequestAxis("compile", Compile, "running a network eagerly or through the framework's compiler",
+                capability="compile", runner_default=True, side_by_side=True, noun="compile mode"),
+    RequestAxis("mode", Mode, "timing training, inference or generation", capability="modes", pairs=False),
+    RequestAxis("scenario", Scenario, "MLPerf LoadGen's scenarios for inference", capability="scenarios",
+                unlisted=(), optional=True, own_figures=True),
+)}
 
 
 def typed_request(request: dict) -> dict:
@@ -163,9 +250,9 @@ def typed_request(request: dict) -> dict:
     request (the harnesses), so that a runner is handed values it can compare, look up and print
     as the strings they are, and an unknown value fails once, naming the field."""
     typed = dict(request)
-    for field, axis in REQUEST_AXES.items():
+    for field, spec in REQUEST_AXES.items():
         if typed.get(field) is not None:
-            typed[field] = axis.parse(typed[field], who=f"the request's {field!r}")
+            typed[field] = spec.axis.parse(typed[field], who=f"the request's {field!r}")
     return typed
 
 

@@ -7,10 +7,12 @@ from runners.common.contract import (
     COMPILE_MODES,
     KERNEL_PRECISION,
     PRECISIONS,
+    REQUEST_AXES,
     Axis,
     Compile,
     Mode,
     Precision,
+    RequestAxis,
     Scenario,
 )
 
@@ -19,5 +21,16 @@ from runners.common.contract import (
 # (calibrate's float32 matmuls run with TF32 off).
 KERNEL_DTYPE = {precision: dtype for dtype, precision in KERNEL_PRECISION.items()}
 
+# The axes that pair runs (RequestAxis.pairs: compare, history, the report), in REQUEST_AXES' order.
+PAIRING_AXES = tuple(spec for spec in REQUEST_AXES.values() if spec.pairs)
+# Those that key a series of timed runs (`dlbench history`, the report's boards and series): a run
+# with a value of an axis of its own figures (LoadGen's scenario) is shown apart.
+SERIES_AXES = tuple(spec for spec in PAIRING_AXES if not spec.own_figures)
+# Precision and compile mode have their own columns in the tables and their grid in the report; any
+# other axis of a series is a column after them and named beside them (`dlbench results`, the report).
+OTHER_AXES = tuple(spec for spec in SERIES_AXES if spec.field not in ("precision", "compile"))
+
+
 __all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
-           "KERNEL_PRECISION"]
+           "KERNEL_PRECISION", "REQUEST_AXES", "RequestAxis", "PAIRING_AXES",
+           "SERIES_AXES", "OTHER_AXES"]

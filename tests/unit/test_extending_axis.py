@@ -1,13 +1,17 @@
 """docs/extending.md, "Add an axis": `Layout` (nchw | nhwc), a new axis of every single-process run,
-added in a temporary copy of the tree (tree_copy.py) the way the recipe says: its Axis class and
-request field in the runner contract, its re-export, runner.toml's [capabilities] field, the run
-option and its row in the suite-kind table, the benchmark and the request carrying it, the record's
-Workload field (a new schema version, as "Add a record field"). Without a framework, the test shows:
-the axis parses and refuses a value with the one message; the harness's request typing types it; a
-runner.toml listing it loads, and a runner not listing a value refuses it with the reason; the
-suite-kind table's test fails until the option has its row, and every kind but benchmark then
-refuses it; a fake run at a layout its runner.toml does not list is recorded skipped with that
-reason, one at a listed layout is recorded with it."""
+added in a temporary copy of the tree (tree_copy.py) the way the recipe says: its Axis class and its
+RequestAxis entry in the runner contract (REQUEST_AXES), the planned benchmark's field, the run
+option (the request's field and the command's parameter), and the record's Workload field (a new
+schema version, as "Add a record field"). Nothing else is edited: runner.toml's [capabilities]
+field, the refusal, the worker's request, the crossing of the option with the benchmarks, the row
+in the suite-kind table and the kinds that take it, the plan's keys, the pairing key of `dlbench
+compare`, `dlbench history`'s series and the report's keys all come from the entry. Without a
+framework, the test shows: the axis parses and refuses a value with the one message; the harness's
+request typing types it; a runner.toml listing it loads, and a runner not listing a value refuses it
+with the reason; the suite-kind table's test fails until the option is a parameter of `dlbench
+run`, and every kind but benchmark then refuses it; a fake run at a layout its runner.toml does not
+list is recorded skipped with that reason, one at a listed layout is recorded with it; compare,
+history and the report key the record on it."""
 
 from __future__ import annotations
 
@@ -24,12 +28,9 @@ NEW_VERSION = SCHEMA_VERSION + 1
 
 # The recipe's files, as docs/extending.md lists them (the test reads that list too).
 RECIPE_FILES = {
-    "runners/common/contract.py", "src/dlbench/axes.py", "src/dlbench/execution/registry.py",
-    "src/dlbench/workflows/requests.py", "src/dlbench/workflows/suite_kinds.py", "src/dlbench/cli/run.py",
-    "src/dlbench/workflows/run.py", "src/dlbench/definitions/suite.py", "src/dlbench/execution/orchestrator.py",
-    "src/dlbench/store/record.py", "src/dlbench/store/migrations.py", "schemas/record.schema.json",
-    f"tests/fixtures/records/v{NEW_VERSION}.json", "tests/fixtures/records/README.md",
-    "tests/unit/test_run_options.py",
+    "runners/common/contract.py", "src/dlbench/definitions/suite.py", "src/dlbench/workflows/requests.py",
+    "src/dlbench/cli/run.py", "src/dlbench/store/record.py", "src/dlbench/store/migrations.py",
+    "schemas/record.schema.json", f"tests/fixtures/records/v{NEW_VERSION}.json", "tests/fixtures/records/README.md",
 }
 # unchanged, but run from the copy: the fake runner (its worker imports `runners` from two levels
 # above tests/, so from the copy), the fixtures, and the suite-kind table's test
@@ -46,67 +47,27 @@ class Layout(Axis):
 
 
 '''
+# its entry: runner.toml's `layouts` lists what a runner runs; one that does not list it runs nchw,
+# what every runner built before the axis existed (so no runner.toml changes)
+ENTRY = '''\
+    RequestAxis("layout", Layout, "the memory layout of a network's image tensors", capability="layouts",
+                unlisted=("nchw",)),
+'''
 TABLE_TEST = "tests/unit/test_run_options.py::test_the_table_covers_every_option_and_every_kind"
 
 
-def add_axis_but_not_its_table_row(tree: TreeCopy) -> None:
+def add_axis_but_not_its_option(tree: TreeCopy) -> None:
     contract = "runners/common/contract.py"
-    tree.insert(contract, "# A request's fields that hold an axis's value", LAYOUT, before=True)
-    tree.replace(contract, '"scenario": Scenario}', '"scenario": Scenario, "layout": Layout}')
+    tree.insert(contract, "class RequestAxis:", LAYOUT, before=True)
+    tree.insert(contract, "                unlisted=(), optional=True, own_figures=True),\n", ENTRY)
 
-    axes = "src/dlbench/axes.py"
-    tree.insert(axes, "    Compile,\n", "    Layout,\n")
-    tree.replace(axes, '"Scenario", "PRECISIONS"', '"Scenario", "Layout", "PRECISIONS"')
-
-    registry = "src/dlbench/execution/registry.py"
-    tree.replace(registry, "from ..axes import Axis, Compile, Mode, Precision, Scenario",
-                 "from ..axes import Axis, Compile, Layout, Mode, Precision, Scenario")
-    # runner.toml's field, defaulting to what every runner builds today: a file without it is unchanged
-    tree.insert(registry, "    scenarios: tuple[Scenario, ...] = ()\n",
-                "    layouts: Annotated[tuple[Layout, ...], Field(min_length=1)] = (Layout.NCHW,)\n")
-    tree.replace(registry, '@field_validator("compile", "modes", "scenarios")',
-                 '@field_validator("compile", "modes", "scenarios", "layouts")')
-    tree.insert(registry, "    scenarios: frozenset[Scenario]\n", "    layouts: frozenset[Layout] = frozenset({Layout.NCHW})\n")
-    tree.replace(registry, "Scenario: self.scenarios}[axis]", "Scenario: self.scenarios, Layout: self.layouts}[axis]")
-    tree.replace(registry, "                                frozenset(caps.scenarios))",
-                 "                                frozenset(caps.scenarios), frozenset(caps.layouts))")
-
-    # the run option: the request's field and the command's parameter, last in both (the same order)
-    tree.insert("src/dlbench/workflows/requests.py", "    data: Path | None = None\n",
-                "    layout: list[str] | None = None\n")
-    run_cli = "src/dlbench/cli/run.py"
-    tree.replace(run_cli, "from ..axes import PRECISIONS, Mode, Scenario", "from ..axes import PRECISIONS, Layout, Mode, Scenario")
-    tree.insert(run_cli, 'digits need none.")] = None,\n', (
-        "    layout: Annotated[Optional[list[str]], typer.Option(\n"
-        "        help=f\"{' | '.join(Layout.names())}: the image tensors' memory layout; a comma list or 'all', \"\n"
-        "             \"repeatable (default: nchw).\")] = None,\n"))
-
-    # the benchmark carries it; the option makes one benchmark per layout asked
+    # the benchmark carries it (what a run without the option runs)
     tree.insert("src/dlbench/definitions/suite.py", '    generation: "Generation | None" = None  # mode generate only\n',
-                '    layout: str = "nchw"  # the image tensors\' layout (dlbench.axes.Layout)\n')
-    run_workflow = "src/dlbench/workflows/run.py"
-    tree.replace(run_workflow, "from ..axes import COMPILE_MODES, PRECISIONS, Mode, Scenario",
-                 "from ..axes import COMPILE_MODES, PRECISIONS, Layout, Mode, Scenario")
-    tree.insert(run_workflow, "    selected = with_axes(selected, precisions, compiles)\n", (
-        '    layouts = listed_choices("layout", r.layout, Layout.names())\n'
-        "    if layouts is not None:\n"
-        "        selected = [dataclasses.replace(b, layout=x) for b in selected for x in layouts]\n"))
-
-    # the orchestrator: refused per runner, sent in the request, kept in the record, planned apart
-    orchestrator = "src/dlbench/execution/orchestrator.py"
-    tree.replace(orchestrator, "from ..axes import Compile, Mode, Precision, Scenario",
-                 "from ..axes import Compile, Layout, Mode, Precision, Scenario")
-    tree.insert(orchestrator, "            values.append(Scenario(b.scenario))\n", "        values.append(Layout(b.layout))\n")
-    tree.insert(orchestrator, '        "precision": b.precision,\n', '        "layout": b.layout,\n')
-    tree.replace(orchestrator, "device=opts.device, scenario=b.scenario)", "device=opts.device, scenario=b.scenario, layout=b.layout)")
-    tree.replace(orchestrator, "(b.suite, b.name, b.precision, b.batch_sizes, b.scenario)",
-                 "(b.suite, b.name, b.precision, b.batch_sizes, b.scenario, b.layout)")
-    tree.replace(orchestrator, "(r.name, b.suite, b.name, b.precision, run.compile, bs, b.scenario)",
-                 "(r.name, b.suite, b.name, b.precision, run.compile, bs, b.scenario, b.layout)")
+                '    layout: str = "nchw"  # the image tensors\' layout (REQUEST_AXES["layout"])\n')
 
     # the record's field: "Add a record field" (a version that only adds it)
     record = "src/dlbench/store/record.py"
-    tree.insert(record, '    scenario: Literal["single_stream", "multi_stream", "offline", "server"] | None = None\n',
+    tree.insert(record, "    scenario: Literal[SCENARIOS] | None = None\n",
                 f"    layout: str | None = None  # nchw | nhwc (schema {NEW_VERSION}); None: not recorded, the framework's own\n")
     tree.replace(record, f"SCHEMA_VERSION = {SCHEMA_VERSION}\n", f"SCHEMA_VERSION = {NEW_VERSION}\n")
     tree.insert(record, '    defaults: no migration).\n"""', (
@@ -116,30 +77,30 @@ def add_axis_but_not_its_table_row(tree: TreeCopy) -> None:
     tree.replace("src/dlbench/store/migrations.py", f", {SCHEMA_VERSION})\n", f", {SCHEMA_VERSION}, {NEW_VERSION})\n")
 
 
-def add_table_row(tree: TreeCopy) -> None:
-    tree.insert("src/dlbench/workflows/suite_kinds.py",
-                '    "data": ("--data", "the folder of a convergence task\'s dataset files"),\n',
-                '    "layout": ("--layout", "the memory layout of a network\'s image tensors"),\n')
-    # why each kind honours what it does: benchmark takes it, as every option it does not exclude
-    tree.insert("src/dlbench/workflows/suite_kinds.py", "harness those options were written for.\n",
-                "               --layout too: the other kinds' requests carry no layout.\n")
-    # the table's test sets each option once, to show each kind that does not take it refusing it
-    tree.replace("tests/unit/test_run_options.py", '"data": ["--data", "."],\n',
-                 '"data": ["--data", "."],\n    "layout": ["--layout", "nhwc"],\n')
+def add_option(tree: TreeCopy) -> None:
+    """The run option: the request's field and the command's parameter, last in both (the same order)."""
+    tree.insert("src/dlbench/workflows/requests.py", "    data: Path | None = None\n",
+                "    layout: list[str] | None = None\n")
+    run_cli = "src/dlbench/cli/run.py"
+    tree.replace(run_cli, "from ..axes import PRECISIONS, Mode, Scenario", "from ..axes import PRECISIONS, REQUEST_AXES, Mode, Scenario")
+    tree.insert(run_cli, 'digits need none.")] = None,\n', (
+        "    layout: Annotated[Optional[list[str]], typer.Option(\n"
+        "        help=f\"{' | '.join(REQUEST_AXES['layout'].axis.names())}: the image tensors' memory layout; a comma \"\n"
+        "             \"list or 'all', repeatable (default: nchw).\")] = None,\n"))
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> TreeCopy:
     copy = TreeCopy(tmp_path_factory.mktemp("axis"), extra=EXTRA)
-    add_axis_but_not_its_table_row(copy)
+    add_axis_but_not_its_option(copy)
     return copy
 
 
 @pytest.fixture(scope="module")
-def table_before_its_row(tree):
-    """The suite-kind table's test on the copy before the option has its row, then the row added."""
+def table_before_the_option(tree):
+    """The suite-kind table's test on the copy before `dlbench run` has the option, then the option added."""
     before = tree.pytest(TABLE_TEST)
-    add_table_row(tree)
+    add_option(tree)
     return before
 
 
@@ -157,9 +118,9 @@ def project(tree, tmp_path_factory):
 
 def test_the_axis_parses_and_refuses_a_value_with_the_one_message(tree):
     done = tree.python(
-        "from dlbench.axes import Layout\n"
-        "from runners.common.contract import REQUEST_AXES, typed_request\n"
-        "print(Layout.parse('nhwc', who='--layout') is Layout.NHWC, REQUEST_AXES['layout'] is Layout)\n"
+        "from dlbench.axes import REQUEST_AXES\n"
+        "from runners.common.contract import Layout, typed_request\n"
+        "print(Layout.parse('nhwc', who='--layout') is Layout.NHWC, REQUEST_AXES['layout'].axis is Layout)\n"
         "typed = typed_request({'precision': 'fp32', 'layout': 'nhwc'})\n"
         "print(typed['layout'] is Layout.NHWC, typed['layout'] == 'nhwc', f\"{typed['layout']}\")\n"
         "for bad in (lambda: Layout.parse('nwhc', who='--layout'), lambda: typed_request({'layout': 'nwhc'})):\n"
@@ -190,7 +151,7 @@ def test_runner_toml_lists_the_axis_and_a_runner_refuses_what_it_does_not_list(t
     done = tree.python(
         "import sys\n"
         "from pathlib import Path\n"
-        "from dlbench.axes import Layout\n"
+        "from runners.common.contract import Layout\n"
         "from dlbench.definitions.loader import DefinitionError\n"
         "from dlbench.execution.registry import RunnerRegistry\n"
         "registry = RunnerRegistry(Path(sys.argv[1]))\n"
@@ -210,14 +171,14 @@ def test_runner_toml_lists_the_axis_and_a_runner_refuses_what_it_does_not_list(t
     ]
 
 
-def test_the_suite_kind_table_test_fails_until_the_option_has_its_row(tree, table_before_its_row):
-    assert table_before_its_row.returncode == 1, table_before_its_row.stdout
-    before = table_before_its_row.stdout
+def test_the_suite_kind_table_test_fails_until_run_has_the_option(tree, table_before_the_option):
+    assert table_before_the_option.returncode == 1, table_before_the_option.stdout
+    before = table_before_the_option.stdout
     assert "1 failed" in before
-    # run's parameters have the option, the table does not: named as the one extra (pytest's diff lines)
-    assert re.search(r"Extra items in the left set:\s+E\s+'layout'\n", before), before
+    # the table has the axis's row (from its entry), run's parameters do not: the one missing (pytest's diff)
+    assert re.search(r"Extra items in the right set:\s+E\s+'layout'\n", before), before
 
-    # with its row: the table holds again, and each kind that does not honour it refuses it
+    # with the option: the table holds again, and each kind that does not honour it refuses it
     done = tree.pytest("tests/unit/test_run_options.py", "-k",
                        "table_covers_every_option or (does_not_honour and layout)")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -225,7 +186,7 @@ def test_the_suite_kind_table_test_fails_until_the_option_has_its_row(tree, tabl
     assert "5 passed" in done.stdout
 
 
-def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, table_before_its_row, project,
+def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, table_before_the_option, project,
                                                                          tmp_path):
     store = tmp_path / "store"
     done = tree.dlbench("run", "--suite", "fcn", "--framework", "fake", "--env", "current", "--profile", "smoke",
@@ -240,6 +201,30 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
     assert (records["nhwc"]["status"], records["nhwc"]["reason"]) == (
         "skipped", "fake runner: layout nhwc is not one it runs (runner.toml [capabilities]: nchw)")
 
+    # what pairs runs knows the axis from its entry: compare's key, history's series, the report's
+    # keys; and `dlbench results` has its column
+    keyed = tree.python(
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dlbench.analysis.comparison import KEY_FIELDS, record_identity\n"
+        "from dlbench.analysis.history import SeriesKey\n"
+        "from dlbench.reporting.model import run_view\n"
+        "from dlbench.store.rows import run_row\n"
+        "from dlbench.store.store import Store\n"
+        "[r] = [r for r in Store(Path(sys.argv[1])).records() if r.status == 'ok']\n"
+        "print(KEY_FIELDS)\n"
+        "print(record_identity(r)['layout'], SeriesKey.of(r).layout, SeriesKey.of(r).fields()['layout'], "
+        "run_row(r)['layout'])\n"
+        "v = run_view(r)\n"
+        "print(v.entry_key[-1], v.series_key[-1], v.variant)\n", str(store))
+    assert keyed.returncode == 0, keyed.stderr
+    assert keyed.stdout.splitlines() == [
+        "('suite', 'benchmark', 'batch_size', 'device', 'precision', 'compile', 'layout', 'framework', 'machine', "
+        "'scenario')",
+        "nchw nchw nchw nchw",
+        "nchw nchw ('fp32', 'eager', 'nchw')",
+    ]
+
     # the record's new version: its schema exported and its fixture added, as "Add a record field" says
     assert tree.dlbench("schema", "export", str(tree.path("schemas"))).returncode == 0
     ok = next(p for p in (store / "runs").glob("*.json") if json.loads(p.read_text())["workload"]["layout"] == "nchw")
@@ -250,7 +235,7 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
     assert tree.changed() == RECIPE_FILES == recipe_files("Add an axis")
 
 
-def test_run_help_lists_the_option(tree, table_before_its_row):
+def test_run_help_lists_the_option(tree, table_before_the_option):
     done = tree.dlbench("run", "--help")
     assert done.returncode == 0, done.stderr
     assert "--layout" in done.stdout and "nchw | nhwc" in one_line(done.stdout)

@@ -218,11 +218,12 @@ def test_a_run_the_runner_does_not_list_is_skipped_without_a_worker(tmp_path, su
     """runner.toml [capabilities]: a precision (or compile mode, mode, scenario) the runner does not
     list is recorded as skipped, naming what it runs, before any environment or worker is started;
     the plan goes on."""
-    from dlbench.axes import Compile, Mode, Precision
+    from dlbench.axes import Compile, Mode, Precision, Scenario
     from dlbench.execution.registry import Capabilities
 
-    fp32_only = dataclasses.replace(fake, capabilities=Capabilities(
-        frozenset({Precision.FP32}), frozenset({Compile.EAGER}), frozenset({Mode.TRAIN, Mode.INFER}), frozenset()))
+    fp32_only = dataclasses.replace(fake, capabilities=Capabilities.of({
+        Precision: frozenset({Precision.FP32}), Compile: frozenset({Compile.EAGER}),
+        Mode: frozenset({Mode.TRAIN, Mode.INFER}), Scenario: frozenset()}))
     store, orch, events = orchestrate(tmp_path)
     train = next(b for b in suite.benchmarks if b.name == "fcn5-train")
     benchmarks = [dataclasses.replace(train, precision="amp_bf16"), dataclasses.replace(train, compile="compiled"), train]

@@ -13,6 +13,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from dlbench.axes import REQUEST_AXES
 from dlbench.cli import app
 from dlbench.cli.run import run
 from dlbench.definitions.catalog import SUITE_KINDS
@@ -23,17 +24,18 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # a shipped suite of each kind
 SUITE_OF_KIND = {"benchmark": "fcn", "distributed": "distributed", "comm": "comm", "kernels": "kernels",
                  "convergence": "convergence"}
-# each option set away from its default, as the command line gives it (None: every kind honours it)
+# each option set away from its default, as the command line gives it (None: every kind honours it);
+# an axis's option (REQUEST_AXES) at the last value a run may ask for
 SET = {
     "suite": None, "framework": None, "store": None, "benchmark": None, "profile": None, "device": None,
     "env": None, "threads": None, "timeout": None, "repeats": None,
-    "mode": ["--mode", "infer"], "max_repeats": ["--max-repeats", "5"], "target_ci": ["--target-ci", "2"],
+    "max_repeats": ["--max-repeats", "5"], "target_ci": ["--target-ci", "2"],
     "sample_interval": ["--sample-interval", "50"], "no_telemetry": ["--no-telemetry"],
     "contention_threshold": ["--contention-threshold", "5"], "replace_contended": ["--replace-contended", "1"],
     "quiet_wait": ["--quiet-wait", "1"], "workers": ["--workers", "2"], "scaling": ["--scaling", "weak"],
-    "hosts": ["--hosts", "127.0.0.1"], "precision": ["--precision", "amp_bf16"],
-    "compile": ["--compile", "compiled"], "compile_mode": ["--compile-mode", "max-autotune"],
-    "scenario": ["--scenario", "offline"], "no_check": ["--no-check"], "data": ["--data", "."],
+    "hosts": ["--hosts", "127.0.0.1"], "compile_mode": ["--compile-mode", "max-autotune"],
+    "no_check": ["--no-check"], "data": ["--data", "."],
+    **{field: [spec.flag, spec.axis.runs()[-1].value] for field, spec in REQUEST_AXES.items()},
 }
 REFUSED = [(kind, option) for kind, entry in SUITE_KIND_TABLE.items() for option in RUN_OPTIONS
            if option not in entry.honours]
@@ -191,3 +193,17 @@ def test_the_python_api_runs_a_suite_and_prints_nothing(cli_env, tmp_path, capsy
     with pytest.raises(RequestError, match="--workers is not taken by suite 'fcn' of kind benchmark"):
         run_suite(dataclasses.replace(request, workers=2, store=tmp_path / "t"))
     assert not (tmp_path / "t").exists()
+
+
+def test_every_axis_is_a_field_of_the_benchmark_the_request_and_the_record():
+    """An axis (runners/common/contract.py REQUEST_AXES) is carried by field name from the command
+    line to the record: a new entry without one of its fields fails here, naming it."""
+    from dlbench.definitions.suite import Benchmark
+    from dlbench.store.record import Workload
+
+    carriers = {"the planned benchmark (definitions/suite.py Benchmark)": {f.name for f in dataclasses.fields(Benchmark)},
+                "the request (workflows/requests.py RunRequest)": {f.name for f in dataclasses.fields(RunRequest)},
+                "the record (store/record.py Workload)": set(Workload.model_fields)}
+    missing = [f"{field} in {where}" for field in REQUEST_AXES for where, fields in carriers.items()
+               if field not in fields]
+    assert not missing, f"an axis without its field: {', '.join(missing)}"

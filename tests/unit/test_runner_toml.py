@@ -32,11 +32,11 @@ def test_every_runner_declares_what_it_runs():
     assert set(runners.names()) >= {"torch", "tensorflow", "jax", "mxnet"}
     for name in runners.names():
         caps = runners.get(name).capabilities
-        assert Precision.FP32 in caps.precisions and Mode.TRAIN in caps.modes, name
-        assert Precision.FLOAT64 not in caps.precisions  # the check's precision: every runner takes it, none lists it
+        assert Precision.FP32 in caps.listed(Precision) and Mode.TRAIN in caps.listed(Mode), name
+        assert Precision.FLOAT64 not in caps.listed(Precision)  # the check's precision: every runner takes it, none lists it
     jax = runners.get("jax")
-    assert jax.capabilities.compiles == {Compile.COMPILED} and jax.default_compile == "compiled"
-    assert runners.get("tensorflow").distributed.precisions == {Precision.FP32}
+    assert jax.capabilities.listed(Compile) == {Compile.COMPILED} and jax.default_compile == "compiled"
+    assert runners.get("tensorflow").distributed.capabilities.listed(Precision) == {Precision.FP32}
 
 
 def test_a_runner_refuses_what_it_does_not_list_naming_what_it_runs(tmp_path):
@@ -51,10 +51,13 @@ def test_a_runner_refuses_what_it_does_not_list_naming_what_it_runs(tmp_path):
 
 def test_the_distributed_step_trains_in_fp32_unless_the_runner_says_more(tmp_path):
     launch = '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n'
-    assert registry(tmp_path, HEAD + CAPABILITIES + launch).get("r").distributed.precisions == {Precision.FP32}
+    data_parallel = registry(tmp_path, HEAD + CAPABILITIES + launch).get("r").distributed.capabilities
+    assert data_parallel.listed(Precision) == {Precision.FP32}
+    assert data_parallel.refusal("r", Precision.TF32) == (
+        "r data-parallel runner: precision tf32 is not one it trains in (runner.toml [distributed] precisions: fp32)")
     more = launch + 'precisions = ["fp32", "tf32"]\n'
-    assert registry(tmp_path, HEAD + CAPABILITIES + more).get("r").distributed.precisions == {Precision.FP32,
-                                                                                              Precision.TF32}
+    assert registry(tmp_path, HEAD + CAPABILITIES + more).get("r").distributed.capabilities.listed(Precision) == {
+        Precision.FP32, Precision.TF32}
 
 
 @pytest.mark.parametrize("toml, field, reason", [

@@ -9,8 +9,9 @@ Selectors
 
 Pairing
     A run is identified by its workload and where it ran: suite, benchmark (which includes the mode),
-    batch size, device, precision, compile mode, framework and machine (hostname). Those fields are
-    the pairing key,
+    batch size, device, framework, machine (hostname) and the value of each axis that pairs runs
+    (dlbench.axes.PAIRING_AXES: precision, compile mode, LoadGen scenario). Those fields are the
+    pairing key,
     except the ones the two selectors set to different values: `--baseline framework=torch
     --candidate framework=jax` pairs torch with jax per benchmark, `machine=a` vs `machine=b` pairs
     machines. Framework version, date and run id are never part of the key: they are what a
@@ -55,23 +56,22 @@ from typing import Iterable
 import numpy as np
 from scipy import stats
 
+from ..axes import PAIRING_AXES
 from ..store.record import Record
 
 MIN_PROCESSES = 5
 BOOTSTRAP_RESAMPLES = 4999
 BOOTSTRAP_BATCH = 500  # resamples evaluated at once: bounds the memory of the cluster bootstrap
 
-# Identity of a run: selector key -> attribute of the pairing key.
-IDENTITY_KEYS = {
-    "suite": "suite", "benchmark": "benchmark", "batch": "batch_size", "device": "device",
-    "precision": "precision", "compile": "compile", "framework": "framework", "machine": "machine",
-    "scenario": "scenario",
-}
-# scenario: a LoadGen scenario run's (schema 9), None for the harness's own timing; runs pair on it too
-KEY_FIELDS = ("suite", "benchmark", "batch_size", "device", "precision", "compile", "framework", "machine", "scenario")
+# The pairing key: the workload and where it ran, then the axes a run may lack (RequestAxis.optional:
+# a LoadGen scenario, schema 9, None for the harness's own timing), which runs pair on too.
+KEY_FIELDS = ("suite", "benchmark", "batch_size", "device",
+              *(a.field for a in PAIRING_AXES if not a.optional), "framework", "machine",
+              *(a.field for a in PAIRING_AXES if a.optional))
+# Identity of a run: selector key -> attribute of the pairing key (an axis: its field, both).
+IDENTITY_KEYS = {("batch" if f == "batch_size" else f): f for f in KEY_FIELDS}
 SELECTOR_KEYS = ("run", "framework", "version", "machine", "since", "until",
-                 "benchmark", "suite", "device", "batch", "precision", "compile", "scenario")
-
+                 "benchmark", "suite", "device", "batch", *(a.field for a in PAIRING_AXES))
 
 class SelectorError(ValueError):
     """A selector that cannot be parsed, or two that overlap; the message says which (bad input)."""
@@ -84,9 +84,8 @@ class NothingToCompare(LookupError):
 
 def record_identity(r: Record) -> dict:
     return {"suite": r.suite, "benchmark": r.benchmark, "batch_size": r.workload.batch_size,
-            "device": r.workload.device, "precision": r.workload.precision, "compile": r.workload.compile,
-            "framework": r.framework.get("name"), "machine": r.machine.get("hostname"),
-            "scenario": r.workload.scenario}
+            "device": r.workload.device, "framework": r.framework.get("name"), "machine": r.machine.get("hostname"),
+            **{a.field: getattr(r.workload, a.field) for a in PAIRING_AXES}}
 
 
 def _parse_instant(option: str, key: str, value: str) -> datetime:

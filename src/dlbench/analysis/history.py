@@ -1,7 +1,8 @@
 """`dlbench history`: per series, median throughput over time and versions, with its steps found.
 
 A series is one workload on one framework on one machine: (benchmark, framework, machine) as asked,
-plus batch size, device, precision and compile mode, since throughput at another batch size is another quantity.
+plus batch size, device and the axes that pair runs (dlbench.axes.SERIES_AXES: precision, compile
+mode), since throughput at another batch size is another quantity.
 Its points are the completed runs in start order, each valued at its `samples_per_s` (batch size /
 median iteration time).
 
@@ -31,6 +32,7 @@ import numpy as np
 import ruptures
 from scipy.stats import median_abs_deviation
 
+from ..axes import SERIES_AXES
 from ..store.record import Record
 
 MIN_SEGMENT = 3  # a level must hold for three runs to count as a step; a lone slow run does not
@@ -64,13 +66,25 @@ class SeriesKey:
     machine: str
     batch_size: int
     device: str
-    precision: str
-    compile: str = "eager"
+    axes: tuple[str | None, ...]  # the run's value of each of SERIES_AXES (precision, compile mode, ...), in order
 
     @classmethod
     def of(cls, r: Record) -> "SeriesKey":
         return cls(r.benchmark, str(r.framework.get("name")), str(r.machine.get("hostname")),
-                   r.workload.batch_size, r.workload.device, r.workload.precision, r.workload.compile)
+                   r.workload.batch_size, r.workload.device, tuple(getattr(r.workload, a.field) for a in SERIES_AXES))
+
+    def __getattr__(self, name: str):
+        """An axis's value by its field's name (key.precision, key.compile)."""
+        for spec, value in zip(SERIES_AXES, self.__dict__.get("axes", ())):
+            if spec.field == name:
+                return value
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def fields(self) -> dict:
+        """The key as named fields, each axis by its own name."""
+        return {"benchmark": self.benchmark, "framework": self.framework, "machine": self.machine,
+                "batch_size": self.batch_size, "device": self.device,
+                **{a.field: value for a, value in zip(SERIES_AXES, self.axes)}}
 
 
 @dataclass(frozen=True)
@@ -109,7 +123,7 @@ class Series:
 
     def to_dict(self) -> dict:
         return {
-            **{k: getattr(self.key, k) for k in SeriesKey.__dataclass_fields__},
+            **self.key.fields(),
             "runs": len(self.points), "noise_cv": self.noise_cv, "detected": self.detected,
             "points": [{"run_id": p.run_id, "started_at": p.started_at.isoformat(timespec="seconds"),
                         "version": p.version, "samples_per_s": p.samples_per_s} for p in self.points],
@@ -152,7 +166,7 @@ def build_history(records, *, benchmarks=None, frameworks=None, machines=None) -
             continue
         grouped.setdefault(key, []).append(
             Point(r.run_id, r.started_at, str(r.framework.get("version")), r.summary.samples_per_s))
-    return [analyse(k, pts) for k, pts in sorted(grouped.items(), key=lambda kv: tuple(map(str, vars(kv[0]).values())))]
+    return [analyse(k, pts) for k, pts in sorted(grouped.items(), key=lambda kv: tuple(map(str, kv[0].fields().values())))]
 
 
 def history_table(series: list[Series], title: str):

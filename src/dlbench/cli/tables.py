@@ -14,12 +14,13 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from ..axes import OTHER_AXES
 from ..store.rows import COLUMNS
 from .console import safe
 
 WIDTH = 120
-RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision", "compile", "status", "ms_per_iter", "ci_pct",
-                   "samples_per_s", "stability")
+RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision", "compile",
+                   *(a.field for a in OTHER_AXES), "status", "ms_per_iter", "ci_pct", "samples_per_s", "stability")
 RUN_COLUMNS = ("benchmark", "framework", "framework_version", "batch_size", "precision", "status", "ms_per_iter",
                "ci_pct", "samples_per_s", "repeats", "stability")
 # LoadGen scenario runs (`dlbench run --scenario`): LoadGen's verdict and per-sample latency percentiles
@@ -45,7 +46,7 @@ FORMATS = {"latency_p50_ms": ".3g", "latency_p90_ms": ".3g", "latency_p99_ms": "
            "ms_per_iter": ".3g", "samples_per_s": ".4g", "first_iter_ms": ".3g", "iqr_ms": ".3g", "mfu": ".1%",
            "tokens_per_s": ".4g", "model_tflops": ".3g", "ttft_ms": ".3g", "ttft_p99_ms": ".3g", "tpot_ms": ".3g",
            "tpot_p99_ms": ".3g"}
-NUMERIC_LEFT = ("run_id", "benchmark", "network", "framework", "framework_version", "status", "stability", "precision",
+NUMERIC_LEFT = (*(a.field for a in OTHER_AXES), "run_id", "benchmark", "network", "framework", "framework_version", "status", "stability", "precision",
                 "compile", "device", "machine", "equivalence", "reason", "stability_reason", "mode", "suite",
                 "scenario", "loadgen_result", "loadgen_reason")
 ONE_PROCESS = "* one repeat: an interval of that process's iterations only, not a 95% interval of the run"

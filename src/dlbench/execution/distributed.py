@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Protocol
 
-from ..axes import Precision
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
+from ..axes import REQUEST_AXES
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
@@ -50,7 +50,7 @@ from .interrupts import temporary_folder
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
 from .placement import Placement, free_port, free_ports
-from .registry import RunnerInfo
+from .registry import DISTRIBUTED_AXES, RunnerInfo
 
 NOT_SAMPLED = {"enabled": False, "reason": "telemetry is not sampled for distributed jobs yet"}
 EXPOSED_METHOD = "median step minus median step without the gradient exchange (slowest rank each)"
@@ -165,7 +165,7 @@ class DistributedOrchestrator:
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
                                  framework=runner.name, workers=n) if o.predictor else None
         self.events.run_started(label, repeats_asked)
-        refusal = _precision_refusal(runner, b.precision)
+        refusal = _data_parallel_refusal(runner, b)
         if refusal is None:
             env, status, reason, env_info = self._common(runner)
         else:  # the runner says it cannot: no environment built, no job started
@@ -176,7 +176,7 @@ class DistributedOrchestrator:
         if env is not None:
             request = {
                 "action": "data_parallel", "network": b.network.resolved, "mode": "train", "batch_size": per_worker,
-                "precision": b.precision, "device": o.device, "threads": o.threads, "learning_rate": b.learning_rate,
+                **_axes(b), "device": o.device, "threads": o.threads, "learning_rate": b.learning_rate,
                 "momentum": b.momentum, "seed": o.seed, "policy": b.policy.model_dump(),
             }
             for index in range(repeats_asked):
@@ -198,7 +198,7 @@ class DistributedOrchestrator:
         if summary is not None:
             _training_figures(info, repeats)
         record = self._record(runner, started, b.suite, f"{b.name}-w{n}", NetworkInfo.of(b.network, b.network_file), Workload(
-            mode="train", batch_size=global_batch, precision=b.precision, compile=runner.default_compile,
+            mode="train", batch_size=global_batch, **_axes(b), compile=runner.default_compile,
             learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
@@ -366,11 +366,23 @@ def _comm_info(collective: str, comm: CommBenchmark, workers: int, outcomes: lis
                     sizes=sizes)
 
 
-def _precision_refusal(runner: RunnerInfo, precision: str) -> str | None:
-    """Why the runner's data-parallel step cannot train in `precision` (runner.toml [distributed]
-    precisions), or None where it can or the runner takes no part (its record then says so)."""
-    if runner.distributed is None or Precision(precision) in runner.distributed.precisions:
+# The axes a data-parallel job's request and record carry: those the distributed suites take
+# (RequestAxis.suite_kinds), each a field of the DistributedBenchmark.
+DATA_PARALLEL_AXES = tuple(spec for spec in REQUEST_AXES.values() if "distributed" in spec.suite_kinds)
+
+
+def _axes(b: DistributedBenchmark) -> dict:
+    return {spec.field: getattr(b, spec.field) for spec in DATA_PARALLEL_AXES}
+
+
+def _data_parallel_refusal(runner: RunnerInfo, b: DistributedBenchmark) -> str | None:
+    """Why the runner's data-parallel step cannot train this benchmark (the first value of an axis
+    its runner.toml [distributed] does not list), or None where it can or the runner takes no part
+    (its record then says so)."""
+    if runner.distributed is None:
         return None
-    trains = [p.value for p in Precision if p in runner.distributed.precisions]
-    return (f"{runner.name} data-parallel runner: precision {precision} is not one it trains in "
-            f"(runner.toml [distributed] precisions: {', '.join(trains)})")
+    for spec in DISTRIBUTED_AXES.values():
+        why = runner.distributed.capabilities.refusal(runner.name, spec.axis(getattr(b, spec.field)))
+        if why:
+            return why
+    return None

@@ -28,7 +28,7 @@ import psutil
 
 from ..analysis.generation import summarise_generation
 from ..analysis.timing import summarise
-from ..axes import Compile, Mode, Precision, Scenario
+from ..axes import REQUEST_AXES
 from ..definitions.suite import Benchmark
 from ..machine import dlbench_provenance, fingerprint
 from ..performance import yardstick
@@ -125,15 +125,22 @@ class PlannedRun:
         return self.runner.compile_mode(self.benchmark.compile)
 
     @property
+    def axes(self) -> dict[str, str | None]:
+        """The value of each axis (REQUEST_AXES) this run has, as its runner resolves it: a
+        benchmark's `default` (RequestAxis.runner_default) is the runner's own value."""
+        b = self.benchmark
+        return {field: self.compile if spec.runner_default else getattr(b, field)
+                for field, spec in REQUEST_AXES.items()}
+
+    @property
     def refusal(self) -> str | None:
         """Why the runner cannot run this benchmark, from its runner.toml [capabilities] (the first
         axis value it does not list), or None: a refused run starts no worker."""
-        b = self.benchmark
-        values = [Precision(b.precision), Compile(self.compile), Mode(b.mode)]
-        if b.scenario:
-            values.append(Scenario(b.scenario))
-        for value in values:
-            why = self.runner.capabilities.refusal(self.runner.name, value)
+        for field, value in self.axes.items():
+            spec = REQUEST_AXES[field]
+            if spec.capability is None or value is None:
+                continue
+            why = self.runner.capabilities.refusal(self.runner.name, spec.axis(value))
             if why:
                 return why
         return None
@@ -164,26 +171,28 @@ def _reported_half_width(summary, batch_size: int) -> float | None:
 def _workload(b: Benchmark, run: PlannedRun, opts: RunOptions) -> Workload:
     """What a record says was run: the benchmark's mode, batch, precision and compile mode as
     resolved for the runner, and its LoadGen scenario (None: the harness's own timing)."""
-    return Workload(mode=b.mode, batch_size=run.batch_size, precision=b.precision, compile=run.compile,
-                    compile_requested=b.compile, compile_mode=opts.compile_mode if run.compile == "compiled" else None,
-                    learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device, scenario=b.scenario)
+    return Workload(batch_size=run.batch_size, compile_requested=b.compile,
+                    compile_mode=opts.compile_mode if run.compile == "compiled" else None,
+                    learning_rate=b.learning_rate, momentum=b.momentum, device=opts.device, **run.axes)
 
 
 def plan(runners: list[RunnerInfo], benchmarks: list[Benchmark]) -> list[PlannedRun]:
-    """Every (runner, benchmark, batch size). Benchmarks that differ only in compile mode run one
-    after the other at each batch size, so their ratio is measured side by side (the machine's
-    state drifts less between neighbours than across the whole invocation); a mode that resolves
-    to one already planned for the runner ("default" and the runner's own) runs once."""
+    """Every (runner, benchmark, batch size). Benchmarks that differ only in an axis run side by side
+    (RequestAxis.side_by_side: the compile mode) run one after the other at each batch size, so
+    their ratio is measured side by side (the machine's state drifts less between neighbours than
+    across the whole invocation); a value that resolves to one already planned for the runner
+    (compile "default" and the runner's own) runs once."""
+    apart = [field for field, spec in REQUEST_AXES.items() if not spec.side_by_side]
     groups: dict[tuple, list[Benchmark]] = {}
     for b in benchmarks:
-        groups.setdefault((b.suite, b.name, b.precision, b.batch_sizes, b.scenario), []).append(b)
+        groups.setdefault((b.suite, b.name, b.batch_sizes, *(getattr(b, f) for f in apart)), []).append(b)
     runs, seen = [], set()
     for r in runners:
         for group in groups.values():
             for bs in group[0].batch_sizes:
                 for b in group:
                     run = PlannedRun(r, b, bs)
-                    key = (r.name, b.suite, b.name, b.precision, run.compile, bs, b.scenario)
+                    key = (r.name, b.suite, b.name, bs, *run.axes.values())
                     if key not in seen:
                         seen.add(key)
                         runs.append(run)
@@ -205,10 +214,8 @@ def build_request(run: PlannedRun, options: RunOptions) -> dict:
         "action": "loadgen" if b.scenario else "benchmark",
         **({"loadgen": loadgen_settings(b)} if b.scenario else {}),
         "network": b.network.resolved,
-        "mode": b.mode,
+        **{field: value for field, value in run.axes.items() if value is not None},
         "batch_size": run.batch_size,
-        "precision": b.precision,
-        "compile": run.compile,
         **({"compile_mode": options.compile_mode} if run.compile == "compiled" else {}),
         "device": options.device,
         "threads": options.threads,

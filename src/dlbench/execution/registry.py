@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from ..axes import Axis, Compile, Mode, Precision, Scenario
+from ..axes import REQUEST_AXES, Axis, Compile, RequestAxis
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
@@ -45,29 +45,6 @@ def _listed_once(values: tuple) -> tuple:
     return values
 
 
-def _timed_precisions(values: tuple[Precision, ...]) -> tuple[Precision, ...]:
-    """Precisions a timed run may ask for: float64 is the equivalence check's, which every runner
-    takes for `dlbench check` and none lists."""
-    check_only = [p.value for p in values if p.check_only]
-    if check_only:
-        raise ValueError(f"{', '.join(check_only)} is the equivalence check's precision, not a run's")
-    return _listed_once(values)
-
-
-class DistributedSection(_Section):
-    """The runner takes part in the distributed and comm suites: its rank's entry point, how dlbench
-    starts a job's ranks, and the precisions its data-parallel step trains in."""
-
-    worker: str
-    launch: Literal[LAUNCH_STYLES]
-    precisions: Annotated[tuple[Precision, ...], Field(min_length=1)] = (Precision.FP32,)
-
-    @field_validator("precisions")
-    @classmethod
-    def _timed(cls, value: tuple[Precision, ...]) -> tuple[Precision, ...]:
-        return _timed_precisions(value)
-
-
 class ModelSection(_Section):
     """What the performance model assumes of the runner (performance/model.py: FrameworkFacts)."""
 
@@ -82,25 +59,51 @@ class ExecutionSection(_Section):
     compile: Compile = Compile.EAGER
 
 
-class CapabilitiesSection(_Section):
-    """The values of each axis the runner's single-process worker can run. A value it does not
-    list is refused by the controller before a worker starts; one it lists may still be skipped
-    by the worker where this machine cannot run it (tf32 off an NVIDIA GPU), saying why."""
+def _capability_field(spec: RequestAxis, unlisted: tuple | None) -> tuple:
+    """runner.toml's field listing one axis's values: each listed once, at least one unless the axis
+    may be left out of a run (a runner may run no LoadGen scenario), defaulting to `unlisted` where
+    the axis has it (what every runner ran before it was listed)."""
+    values = tuple[spec.axis, ...]
+    if not spec.optional:
+        values = Annotated[values, Field(min_length=1)]
+    return (values, ... if unlisted is None else tuple(spec.axis(v) for v in unlisted))
 
-    precisions: Annotated[tuple[Precision, ...], Field(min_length=1)]
-    compile: Annotated[tuple[Compile, ...], Field(min_length=1)]
-    modes: Annotated[tuple[Mode, ...], Field(min_length=1)]
-    scenarios: tuple[Scenario, ...] = ()
 
-    @field_validator("precisions")
-    @classmethod
-    def _timed(cls, value: tuple[Precision, ...]) -> tuple[Precision, ...]:
-        return _timed_precisions(value)
+def _runs_each_once(value: tuple[Axis, ...]) -> tuple[Axis, ...]:
+    """Values a timed run may ask for (Axis.runs), each listed once."""
+    if value:
+        axis = type(value[0])
+        not_run = [v.value for v in value if v not in axis.runs()]
+        if not_run:
+            raise ValueError(axis.not_a_run(not_run))
+    return _listed_once(value)
 
-    @field_validator("compile", "modes", "scenarios")
-    @classmethod
-    def _once(cls, value: tuple) -> tuple:
-        return _listed_once(value)
+
+# The values of each axis the runner's single-process worker can run (REQUEST_AXES' capabilities).
+# A value it does not list is refused by the controller before a worker starts; one it lists may
+# still be skipped by the worker where this machine cannot run it (tf32 off an NVIDIA GPU), saying why.
+CAPABILITY_AXES = {spec.capability: spec for spec in REQUEST_AXES.values() if spec.capability is not None}
+CapabilitiesSection = create_model(
+    "CapabilitiesSection", __base__=_Section, __doc__="runner.toml's [capabilities]: the values of each axis "
+    "the runner's single-process worker can run.",
+    __validators__={"_runs_once": field_validator(*CAPABILITY_AXES)(_runs_each_once)},
+    **{name: _capability_field(spec, spec.unlisted) for name, spec in CAPABILITY_AXES.items()})
+
+
+class _DistributedLaunchSection(_Section):
+    worker: str
+    launch: Literal[LAUNCH_STYLES]
+
+
+# The same for the runner's data-parallel step (REQUEST_AXES' distributed capabilities).
+DISTRIBUTED_AXES = {spec.distributed_capability: spec for spec in REQUEST_AXES.values()
+                    if spec.distributed_capability is not None}
+DistributedSection = create_model(
+    "DistributedSection", __base__=_DistributedLaunchSection, __doc__="runner.toml's [distributed]: the runner "
+    "takes part in the distributed and comm suites: its rank's entry point, how dlbench starts a job's ranks, and "
+    "the values of each axis its data-parallel step trains in.",
+    __validators__={"_runs_once": field_validator(*DISTRIBUTED_AXES)(_runs_each_once)},
+    **{name: _capability_field(spec, spec.distributed_unlisted) for name, spec in DISTRIBUTED_AXES.items()})
 
 
 class RunnerToml(_Section):
@@ -127,15 +130,35 @@ SCHEMA_CHOICES = {"model.step": STEPS, "model.schedule": SCHEDULES, "model.epilo
 
 @dataclass(frozen=True)
 class Capabilities:
-    """runner.toml's [capabilities], as sets of the axes' values."""
+    """runner.toml's [capabilities] (or [distributed]'s), as the set of values the runner lists per axis."""
 
-    precisions: frozenset[Precision]
-    compiles: frozenset[Compile]
-    modes: frozenset[Mode]
-    scenarios: frozenset[Scenario]
+    # (axis, its runner.toml field, the values listed) per axis of the section: a tuple, so that a
+    # runner stays hashable
+    values: tuple[tuple[type[Axis], str, frozenset[Axis]], ...]
+    # why a value is refused, in the words of the section that lists them
+    wording: str = "{runner} runner: {axis} {value} is not one it runs (runner.toml [capabilities]: {listed})"
+
+    @classmethod
+    def of(cls, listed: dict[type[Axis], frozenset[Axis]]) -> "Capabilities":
+        """[capabilities]' of these values per axis."""
+        fields = {spec.axis: name for name, spec in CAPABILITY_AXES.items()}
+        return cls(tuple((axis, fields[axis], values) for axis, values in listed.items()))
+
+    @classmethod
+    def of_section(cls, section) -> "Capabilities":
+        return cls(tuple((spec.axis, name, frozenset(getattr(section, name))) for name, spec in CAPABILITY_AXES.items()))
+
+    @classmethod
+    def of_distributed(cls, section) -> "Capabilities":
+        """[distributed]'s: what the data-parallel step trains in."""
+        return cls(tuple((spec.axis, name, frozenset(getattr(section, name))) for name, spec in DISTRIBUTED_AXES.items()),
+                   DATA_PARALLEL_WORDING)
+
+    def _entry(self, axis: type[Axis]) -> tuple:
+        return next(entry for entry in self.values if entry[0] is axis)
 
     def listed(self, axis: type[Axis]) -> frozenset:
-        return {Precision: self.precisions, Compile: self.compiles, Mode: self.modes, Scenario: self.scenarios}[axis]
+        return self._entry(axis)[2]
 
     def supports(self, value: Axis) -> bool:
         """Whether the runner lists this value of its axis."""
@@ -146,9 +169,14 @@ class Capabilities:
         if self.supports(value):
             return None
         axis = type(value)
-        ordered = [v.value for v in axis if v in self.listed(axis)]
-        return (f"{runner} runner: {axis.axis_name()} {value.value} is not one it runs "
-                f"(runner.toml [capabilities]: {', '.join(ordered) or 'none'})")
+        _, field, listed = self._entry(axis)
+        ordered = [v.value for v in axis if v in listed]
+        return self.wording.format(runner=runner, axis=axis.axis_name(), value=value.value,
+                                   listed=", ".join(ordered) or "none", field=field)
+
+
+DATA_PARALLEL_WORDING = ("{runner} data-parallel runner: {axis} {value} is not one it trains in "
+                         "(runner.toml [distributed] {field}: {listed})")
 
 
 @dataclass(frozen=True)
@@ -157,7 +185,7 @@ class DistributedLaunch:
 
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
-    precisions: frozenset[Precision] = frozenset({Precision.FP32})  # what its data-parallel step trains in
+    capabilities: Capabilities  # what its data-parallel step trains in, per axis ([distributed])
 
 
 @dataclass(frozen=True)
@@ -235,11 +263,9 @@ def _load(folder: Path) -> RunnerInfo:
     distributed = None
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
-                                        toml.distributed.launch, frozenset(toml.distributed.precisions))
-    caps = toml.capabilities
-    capabilities = Capabilities(frozenset(caps.precisions), frozenset(caps.compile), frozenset(caps.modes),
-                                frozenset(caps.scenarios))
-    if toml.execution.compile not in capabilities.compiles:
+                                        toml.distributed.launch, Capabilities.of_distributed(toml.distributed))
+    capabilities = Capabilities.of_section(toml.capabilities)
+    if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "
                               "[capabilities] compile: the runner's default must be one it runs")
     return RunnerInfo(toml.name, toml.display_name or toml.name, toml.import_name, folder, worker, requirements,

@@ -18,9 +18,10 @@ def attach_change_points(model: SiteModel) -> None:
     for series in model.history:
         if len(series.points) < MIN_RUNS:
             continue
-        suite, hardware, benchmark, batch, precision, framework, host, compile_ = series.key
+        # the report's series key (RunView.series_key) as `dlbench history`'s: the axes in SERIES_AXES' order
+        suite, hardware, benchmark, batch, precision, framework, host, compile_, *others = series.key
         device = series.points[0].device
-        key = SeriesKey(benchmark, framework, host, batch, device, precision, compile_)
+        key = SeriesKey(benchmark, framework, host, batch, device, (precision, compile_, *others))
         points = [Point(v.run_id, v.started_at, v.framework_version, v.samples_per_s) for v in series.points]
         pages = {v.run_id: v.page for v in series.points}
         for step in analyse(key, points).steps:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from ..analysis.convergence import median_run
-from ..axes import Compile, Precision
+from ..axes import OTHER_AXES, Compile, Precision
 from ..store.intervals import reported_interval
 from ..store.record import Record
 from ..store.rows import allocator_peak_mb, run_tokens_per_s
@@ -114,6 +114,8 @@ class RunView:
     compile: str = "eager"  # eager | compiled (workload.compile, schema 6)
     compile_requested: str = "default"  # default | eager | compiled: what the run asked for
     compile_mode: str | None = None  # torch.compile's mode, where one was asked
+    # the run's value of each of OTHER_AXES, in order: keys apart what differs in them
+    other_axes: tuple[str | None, ...] = ()
     samples_per_s: float | None = None
     sps_low: float | None = None  # confidence interval of the throughput (None: not in the record)
     sps_high: float | None = None
@@ -179,6 +181,7 @@ class RunView:
         data["repeat_medians_ms"] = tuple(data.get("repeat_medians_ms") or ())
         data["latency_pct_ms"] = tuple(tuple(p) for p in data.get("latency_pct_ms") or ())
         data["accuracy_curve"] = tuple(tuple(p) for p in data.get("accuracy_curve") or ())
+        data["other_axes"] = tuple(data.get("other_axes") or ())
         return cls(**data)
 
     @property
@@ -189,7 +192,7 @@ class RunView:
     def entry_key(self) -> tuple[str, int, str, str]:
         # by the mode asked for: a default run ranks every framework as it runs when not told (torch
         # eager beside jax's jit), an explicit eager or compiled run ranks that mode everywhere
-        return (self.benchmark, self.batch_size, self.precision, self.compile_requested)
+        return (self.benchmark, self.batch_size, self.precision, self.compile_requested, *self.other_axes)
 
     @property
     def benchmark_key(self) -> tuple[str, str, str]:
@@ -199,12 +202,12 @@ class RunView:
     def series_key(self) -> tuple:
         # per host, as `dlbench history` keys its series: two machines of one kind can still differ
         return (self.suite, self.hardware, self.benchmark, self.batch_size, self.precision, self.framework, self.hostname,
-                self.compile)
+                self.compile, *self.other_axes)
 
     @property
-    def variant(self) -> tuple[str, str]:
-        """(precision, compile mode): a column of the benchmark page's grid."""
-        return (self.precision, self.compile)
+    def variant(self) -> tuple:
+        """(precision, compile mode, *other_axes): a column of the benchmark page's grid."""
+        return (self.precision, self.compile, *self.other_axes)
 
     @property
     def ok(self) -> bool:
@@ -298,6 +301,7 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         profile=r.settings.profile, status=r.status, reason=r.reason,
         equivalence=str(r.equivalence.get("status") or "unchecked"),
         compile=r.workload.compile, compile_requested=r.workload.compile_requested,
+        other_axes=tuple(getattr(r.workload, a.field) for a in OTHER_AXES),
         compile_mode=r.workload.compile_mode,
         samples_per_s=s.samples_per_s if s else None, sps_low=low, sps_high=high, ci_level=level, ci_note=how,
         ci_nominal=nominal,
@@ -367,6 +371,7 @@ class Entry:
     compile: str
     benchmark_page: str
     rows: list[Ranked]
+    other_axes: tuple[str | None, ...] = ()  # the entry's value of each of OTHER_AXES
 
 
 @dataclass
@@ -444,11 +449,11 @@ class BenchmarkPage:
     page: str
     board_anchor: str
     runs: list[RunView]  # every run, newest first
-    latest: dict[tuple[str, int, str, str], RunView]  # (framework, batch, precision, compile) -> latest successful
+    latest: dict[tuple, RunView]  # (framework, batch, *variant) -> latest successful
     frameworks: list[str]
     batch_sizes: list[int]
     history_anchors: list[tuple[str, str]]  # (label, anchor on history.html)
-    variants: list[tuple[str, str]] = field(default_factory=list)  # (precision, compile) present, sorted
+    variants: list[tuple] = field(default_factory=list)  # (precision, compile, *other_axes) present, sorted
     grid: list[GridRow] = field(default_factory=list)  # framework x batch rows, a cell per variant
     speedups: list[Speedup] = field(default_factory=list)
     # LoadGen scenario runs: (framework, scenario) -> the latest one that completed
@@ -457,11 +462,11 @@ class BenchmarkPage:
 
     @property
     def precisions(self) -> list[str]:
-        return sorted({p for p, _ in self.variants})
+        return sorted({v[0] for v in self.variants})
 
     @property
     def compiles(self) -> list[str]:
-        return sorted({c for _, c in self.variants})
+        return sorted({v[1] for v in self.variants})
 
 
 @dataclass
@@ -507,33 +512,46 @@ def board_anchor(key: tuple[str, str]) -> str:
 
 def series_anchor(key: tuple) -> str:
     # an eager series keeps the anchor it had before the compile mode joined the key (links stay valid)
-    digest = _digest(*key[:7]) if len(key) > 7 and key[7] == "eager" else _digest(*key)
+    digest = _digest(*key[:7], *key[8:]) if len(key) > 7 and key[7] == "eager" else _digest(*key)
     return f"series-{slug(key[2])}-{slug(key[5], 20)}-{digest}"
 
+
+# The report lays out precision and compile mode itself (a benchmark page's grid, the compiled/eager
+# speedups); each of OTHER_AXES keeps apart the leaderboard entries, grid columns and history series
+# of runs that differ in it, its value named beside theirs.
 
 # the axes' declared order is their display order
 COMPILE_ORDER = {c.value: i for i, c in enumerate(Compile)}
 PRECISION_ORDER = {p.value: i for i, p in enumerate(Precision.runs())}
 
 
-def variant_order(variant: tuple[str, str]) -> tuple:
-    """fp32 before tf32 before the AMP modes, eager before compiled; unknown names after, by name."""
-    precision, compile_ = variant
-    return (PRECISION_ORDER.get(precision, 9), precision, COMPILE_ORDER.get(compile_, 9), compile_)
+def variant_order(variant: tuple) -> tuple:
+    """fp32 before tf32 before the AMP modes, eager before compiled; unknown names after, by name;
+    then the other axes' values (absent first), each in its axis's declared order."""
+    precision, compile_, *others = variant
+    return (PRECISION_ORDER.get(precision, 9), precision, COMPILE_ORDER.get(compile_, 9), compile_,
+            *(_value_order(a, v) for a, v in zip(OTHER_AXES, others)))
 
 
-def speedups(latest: dict[tuple[str, int, str, str], RunView], benchmark: str, page: str = "") -> list[Speedup]:
+def _value_order(spec, value: str | None) -> tuple:
+    names = [v.value for v in spec.axis]
+    return (-1, "") if value is None else (names.index(value) if value in names else len(names), value)
+
+
+def speedups(latest: dict[tuple, RunView], benchmark: str, page: str = "") -> list[Speedup]:
     """Compiled over eager for every (framework, batch, precision) with both modes in `latest`
-    ((framework, batch, precision, compile) -> the shown successful run, of one benchmark on one hardware)."""
+    ((framework, batch, precision, compile, *other_axes) -> the shown successful run, of one benchmark on
+    one hardware)."""
     found = []
-    for (fw, batch, precision, mode), eager in sorted(latest.items()):
-        compiled = latest.get((fw, batch, precision, "compiled"))
+    # the other axes' values by name: one of them may be None (not recorded) beside a named one
+    for (fw, batch, precision, mode, *others), eager in sorted(latest.items(), key=lambda kv: (*kv[0][:4], *map(str, kv[0][4:]))):
+        compiled = latest.get((fw, batch, precision, "compiled", *others))
         if mode == "eager" and compiled is not None and eager.ok and compiled.ok and eager.ms_per_iter and compiled.ms_per_iter:
             found.append(Speedup(fw, benchmark, batch, precision, eager, compiled, page))
     return sorted(found, key=lambda s: (s.framework, s.batch_size, variant_order((s.precision, "")), s.benchmark))
 
 
-def _grid(runs: list[RunView], variants: list[tuple[str, str]]) -> list[GridRow]:
+def _grid(runs: list[RunView], variants: list[tuple]) -> list[GridRow]:
     cells: dict[tuple, list[RunView]] = defaultdict(list)
     for v in runs:
         cells[(v.framework, v.batch_size, v.variant)].append(v)
@@ -635,12 +653,13 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
     boards = []
     for key in sorted(by_board):
         entries = [Entry(bench, batch, precision, mode, benchmark_page_name((key[0], key[1], bench)),
-                         _rank_entry(by_board[key][(bench, batch, precision, mode)]))
-                   for bench, batch, precision, mode in sorted(by_board[key], key=lambda k: (k[:2], variant_order(k[2:])))]
+                         _rank_entry(by_board[key][(bench, batch, precision, mode, *others)]), tuple(others))
+                   for bench, batch, precision, mode, *others in sorted(by_board[key],
+                                                                       key=lambda k: (k[:2], variant_order(k[2:])))]
         runs = [r.shown for e in entries for r in e.rows]
         board_speedups = []
         for bench in sorted({e.benchmark for e in entries}):
-            shown = {(r.framework, e.batch_size, e.precision, r.shown.compile): r.shown
+            shown = {(r.framework, e.batch_size, e.precision, r.shown.compile, *e.other_axes): r.shown
                      for e in entries if e.benchmark == bench for r in e.rows if r.shown.ok}
             board_speedups += speedups(shown, bench, benchmark_page_name((key[0], key[1], bench)))
         scores = _scores(entries)
@@ -659,10 +678,11 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
     for key in sorted(by_series, key=lambda k: tuple(map(str, k))):
         runs = sorted(by_series[key], key=lambda v: (v.started_at, v.run_id))
         ok = [v for v in runs if v.ok]
-        suite, hardware, bench, batch, precision, fw, host, mode = key
+        suite, hardware, bench, batch, precision, fw, host, mode, *others = key
         label = f"{bench} · batch {batch} · {precision}"
         if len(modes_per_benchmark[key[:3]]) > 1:
             label += f" · {mode}"
+        label += "".join(f" · {v}" for v in others if v is not None)
         history.append(HistorySeries(key, series_anchor(key), f"{label} · {fw} · host {host}",
                                      benchmark_page_name((suite, hardware, bench)), ok, len(runs) - len(ok)))
     series_by_benchmark: dict[tuple, list[HistorySeries]] = defaultdict(list)
@@ -677,7 +697,7 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
         loadgen: dict = {}
         for v in runs:  # newest first: the first successful one per (framework, batch, precision, compile) wins
             if v.ok and v.scenario is None:
-                latest.setdefault((v.framework, v.batch_size, v.precision, v.compile), v)
+                latest.setdefault((v.framework, v.batch_size, *v.variant), v)
             if v.scenario is not None and v.status == "ok" and v.latency_pct_ms:
                 loadgen.setdefault((v.framework, v.scenario), v)
         variants = sorted({v.variant for v in timed}, key=variant_order)

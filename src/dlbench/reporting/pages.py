@@ -20,11 +20,12 @@ def _label(v: RunView, precisions: set[str], with_batch: bool = True, compiles: 
     return label
 
 
-def variant_label(variant: tuple[str, str], precisions: list[str], compiles: list[str]) -> str:
-    """A grid column's heading: both parts, unless one of them has a single value on the page."""
-    precision, compile_ = variant
+def variant_label(variant: tuple, precisions: list[str], compiles: list[str]) -> str:
+    """A grid column's heading: precision and compile mode, unless one of them has a single value on
+    the page, then the value of each other axis the column has."""
+    precision, compile_, *others = variant
     parts = [p for p, many in ((precision, len(precisions) > 1), (compile_, len(compiles) > 1)) if many]
-    return " · ".join(parts) or f"{precision} · {compile_}"
+    return " · ".join([*(parts or [precision, compile_]), *(v for v in others if v is not None)])
 
 
 def speedup_chart(found: list[Speedup], title: str, with_benchmark: bool) -> charts.Markup | None:

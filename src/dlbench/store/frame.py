@@ -17,6 +17,7 @@ from typing import get_args
 import numpy as np
 import pandas as pd
 
+from ..axes import OTHER_AXES
 from .index import KEY_COLUMNS, Iterations, read_rows
 from .rows import COLUMNS
 from .record import RepeatStatus
@@ -31,11 +32,11 @@ _FLOATS = {"ms_per_iter", "samples_per_s", "tokens_per_s", "model_tflops", "mfu"
 _TEXT = {"run_id", "suite", "benchmark", "network", "mode", "framework", "framework_version", "device", "precision",
          "compile", "status", "machine", "equivalence", "reason", "mfu_reason", "profile", "machine_id", "cpu_model", "gpu_model", "os",
          "dlbench_version", "dlbench_commit", "network_hash", "env_backend", "scenario", "loadgen_result",
-         "loadgen_reason"}
+         "loadgen_reason", *(a.field for a in OTHER_AXES)}
 
 # Beside every iteration: what a plot or a model of iteration times groups by.
 ITERATION_KEYS = ("started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version", "device",
-                  "batch_size", "precision", "compile", "threads", "profile", "machine", "machine_id", "status")
+                  "batch_size", "precision", "compile", *(a.field for a in OTHER_AXES), "threads", "profile", "machine", "machine_id", "status")
 
 
 class UnreadableRecordWarning(UserWarning):

@@ -136,8 +136,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..axes import Scenario
+
 SCHEMA_VERSION = 15
 
+SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
 # window, and a fresh repeat replaced it (schema 7)
@@ -271,7 +274,7 @@ class Workload(_Model):
     momentum: float
     device: Literal["cpu", "cuda"]
     # an MLPerf LoadGen scenario (schema 9); None: the harness's back-to-back iterations
-    scenario: Literal["single_stream", "multi_stream", "offline", "server"] | None = None
+    scenario: Literal[SCENARIOS] | None = None
 
 
 class Settings(_Model):
@@ -413,7 +416,7 @@ class LoadGenResult(_Model):
 class LoadGenInfo(_Model):
     """A run under MLPerf LoadGen (schema 9): what it was asked, what it found, where its logs are."""
 
-    scenario: Literal["single_stream", "multi_stream", "offline", "server"]
+    scenario: Literal[SCENARIOS]
     loadgen_version: str | None = None
     mode: str = "PerformanceOnly"
     metric: str  # what the scenario's figure is: p90 latency, p99 latency, samples/s, server QPS

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from ..axes import OTHER_AXES
 from .intervals import reported_interval
 from .record import Record, Summary
 from .utilisation import model_flops_per_iter, model_tflops, tokens_per_s
 
 COLUMNS = (
     "run_id", "started_at", "suite", "benchmark", "network", "mode", "framework", "framework_version",
-    "device", "batch_size", "precision", "compile", "threads", "status", "ms_per_iter", "samples_per_s", "tokens_per_s", "iqr_ms",
+    "device", "batch_size", "precision", "compile", *(a.field for a in OTHER_AXES), "threads", "status", "ms_per_iter", "samples_per_s", "tokens_per_s", "iqr_ms",
     "cv", "ci_low_ms", "ci_high_ms", "ci_pct", "samples_per_s_low", "samples_per_s_high", "ci_level", "stability",
     "first_iter_ms", "compile_ms", "alloc_peak_mb", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
     "model_flops_per_iter", "model_tflops", "mfu", "mfu_reason",
@@ -150,6 +151,7 @@ def run_row(r: Record) -> dict:
         "batch_size": r.workload.batch_size,
         "precision": r.workload.precision,
         "compile": r.workload.compile,
+        **{a.field: getattr(r.workload, a.field) for a in OTHER_AXES},
         "threads": r.settings.threads_requested,
         "status": r.status,
         "ms_per_iter": s.ms_per_iter if s else None,

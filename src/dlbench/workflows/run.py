@@ -12,12 +12,13 @@ the store opened; RequestError for bad input, nothing run or written) then `exec
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from .. import paths
-from ..axes import COMPILE_MODES, PRECISIONS, Mode, Scenario
+from ..axes import SERIES_AXES, Mode, RequestAxis, Scenario
 from ..definitions.catalog import SuiteCatalog
 from ..definitions.suite import PROFILES, Benchmark, Suite
 from ..execution.backends import BACKENDS
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from ..store.record import Record
 
 DEVICES = ("auto", "cpu", "cuda")
-COMPILE_CHOICES = ("default", *COMPILE_MODES)
 TORCH_COMPILE_MODES = ("default", "max-autotune")
 
 
@@ -86,15 +86,12 @@ def plan_run(request: RunRequest, suites: SuiteCatalog | None = None) -> RunPlan
         raise RequestError(f"suite {r.suite!r} is not of kind benchmark; run it with `dlbench run`")
     for m in r.mode or []:
         check_choice("mode", m, Mode.names())
-    precisions = listed_choices("precision", r.precision, PRECISIONS)
-    compiles = listed_choices("compile mode", r.compile, COMPILE_CHOICES)
-    if compiles is not None and any(c.strip() == "all" for item in r.compile for c in item.split(",")):
-        compiles = list(COMPILE_MODES)  # 'all' is the two modes, not "default" beside them
+    asked = {spec.field: axis_values(spec, getattr(r, spec.field)) for spec in SERIES_AXES}
     check_choice("torch.compile mode", r.compile_mode, TORCH_COMPILE_MODES)
     device = resolved_device(r.device)
     loaded = lookup.load_suites(suites, r.suite, r.profile, device, tuple(r.mode) if r.mode else None)
     selected = _chosen(loaded, r, suites, device)
-    selected = with_axes(selected, precisions, compiles)
+    selected = with_axes(selected, asked)
     scenarios = listed_choices("scenario", r.scenario, Scenario.names())
     if scenarios is not None:
         selected = with_scenarios(_scenario_benchmarks(selected, scenarios, r), scenarios)
@@ -204,19 +201,29 @@ def with_scenarios(benchmarks: list[Benchmark], scenarios: list[str]) -> list[Be
             for b in benchmarks for s in scenarios]
 
 
-def with_axes(benchmarks: list[Benchmark], precisions: list[str] | None, compiles: list[str] | None) -> list[Benchmark]:
-    """`--precision` and `--compile` replace the benchmarks' own: every benchmark once per
-    (precision, compile mode) asked, in order; an axis not given keeps the suite's values."""
-    if precisions is None and compiles is None:
+def axis_values(spec: RequestAxis, given: list[str] | None) -> list[str] | None:
+    """An axis's option checked (names, comma lists, 'all': every value a run may ask for, so not
+    `default` beside the two compile modes); None where it was not given."""
+    valid = [v.value for v in spec.axis.runs()]
+    values = listed_choices(spec.noun, given, ["default", *valid] if spec.runner_default else valid)
+    if values is not None and any(v.strip() == "all" for item in given for v in item.split(",")):
+        return valid
+    return values
+
+
+def with_axes(benchmarks: list[Benchmark], asked: dict[str, list[str] | None]) -> list[Benchmark]:
+    """The axes' options (`--precision`, `--compile`, ...: field -> values, None where not given)
+    replace the benchmarks' own: every benchmark once per combination of the values asked, in
+    order; an axis not given keeps the suite's values."""
+    if all(values is None for values in asked.values()):
         return benchmarks
     out: list[Benchmark] = []
     seen: set[tuple] = set()
     for b in benchmarks:
-        for p in precisions or [b.precision]:
-            for c in compiles or [b.compile]:
-                key = (b.suite, b.name, p, c)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(dataclasses.replace(b, precision=p, compile=c))
+        for values in itertools.product(*(asked[f] or [getattr(b, f)] for f in asked)):
+            key = (b.suite, b.name, *values)
+            if key not in seen:
+                seen.add(key)
+                out.append(dataclasses.replace(b, **dict(zip(asked, values))))
     return out
 

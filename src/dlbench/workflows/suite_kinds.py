@@ -5,9 +5,9 @@ option is for and which kinds take it), never dropped: `run --suite distributed 
 used to run fp32 and say nothing. An option left at its default asks for nothing, so it is not
 refused (`--compile-mode default` on a distributed suite changes nothing).
 
-Why each kind honours what it does:
-  benchmark    every option but --workers, --scaling, --hosts and --data: it is the single-process
-               harness those options were written for.
+Why each kind honours what it does (an axis's option: the kinds its RequestAxis names):
+  benchmark    every option but --workers, --scaling, --hosts and --data, and every axis of today's:
+               it is the single-process harness those options were written for.
   distributed  --precision is passed on in each job's request: torch's data-parallel runner trains
                at every run precision, JAX's at all but amp_fp16, TensorFlow's and MXNet's at fp32
                only. What a runner's step trains in is its runner.toml's [distributed] precisions:
@@ -30,9 +30,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..axes import REQUEST_AXES
 from .requests import RunRequest
 
-# each of `dlbench run`'s options (its Python name) -> (its flag, what it is for)
+# each of `dlbench run`'s options (its Python name) -> (its flag, what it is for); an axis's option
+# is its RequestAxis' (runners/common/contract.py REQUEST_AXES), and so are the kinds that take it
 RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "suite": ("--suite", "the suite to run"),
     "framework": ("--framework", "the frameworks to run it on"),
@@ -54,13 +56,10 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "workers": ("--workers", "the workers of a multi-worker job"),
     "scaling": ("--scaling", "strong or weak scaling of a data-parallel job's batch"),
     "hosts": ("--hosts", "the hosts a multi-worker job is spread over"),
-    "precision": ("--precision", "the precision a network is run at"),
-    "compile": ("--compile", "running a network eagerly or through the framework's compiler"),
     "compile_mode": ("--compile-mode", "torch.compile's mode for compiled runs"),
-    "scenario": ("--scenario", "MLPerf LoadGen's scenarios for inference"),
     "no_check": ("--no-check", "skipping the equivalence checks made before timing"),
-    "mode": ("--mode", "timing training, inference or generation"),
     "data": ("--data", "the folder of a convergence task's dataset files"),
+    **{field: (spec.flag, spec.purpose) for field, spec in REQUEST_AXES.items()},
 }
 
 COMMON = frozenset({"suite", "framework", "store", "benchmark", "profile", "device", "env", "threads", "timeout",
@@ -74,19 +73,23 @@ class SuiteKind:
 
     name: str
     runs: str
-    honours: frozenset[str]
+    options: frozenset[str]  # the options beyond the axes' that it honours
+
+    @property
+    def honours(self) -> frozenset[str]:
+        """Its options and the axes whose RequestAxis.suite_kinds name it."""
+        return self.options | {field for field, spec in REQUEST_AXES.items() if self.name in spec.suite_kinds}
 
 
 SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("benchmark", "single-process benchmarks",
-              frozenset(RUN_OPTIONS) - {"workers", "scaling", "hosts", "data"}),
+              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data"}),
     SuiteKind("distributed", "data-parallel jobs that train for a fixed number of iterations",
-              COMMON | {"workers", "scaling", "hosts", "precision"}),
+              COMMON | {"workers", "scaling", "hosts"}),
     SuiteKind("comm", "collectives in the suite's own dtype for a fixed number of iterations",
               COMMON | {"workers", "hosts"}),
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON),
-    SuiteKind("convergence", "training each task to its quality target once per seed",
-              COMMON | {"precision", "data"}),
+    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"}),
 )}
 
 
