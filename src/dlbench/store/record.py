@@ -124,7 +124,8 @@ records step by step and refuse newer ones):
     image's packages were checked against the venv's lock when it was built), `run_options` (the
     engine options every worker container ran with: --init, --pull never, --network none, shm,
     user, memory limit, GPUs) and `stop` (how it is stopped). Older records have none (a docker
-    record before 15 has only image, image_id, dockerfile and gpus) (no migration).
+    record before 15 has only image, image_id, dockerfile and gpus) (a free-form dict: the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
