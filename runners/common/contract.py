@@ -427,7 +427,9 @@ class DataParallel:
 class Collective(Protocol):
     """One collective of the comm suite over buffers made once. Counts are float32 elements:
     all_reduce and broadcast (root 0) send and receive `count` in one buffer, in place; all_gather
-    sends count/n and receives count; reduce_scatter sends count and receives block `rank` of the sum."""
+    sends count/n and receives count; reduce_scatter sends count and receives block `rank` of the sum;
+    all_to_all sends count and receives count, block j of the send buffer going to rank j and block j
+    of the receive buffer coming from rank j (n blocks of count/n)."""
 
     def load(self, array) -> None:
         """Fill this rank's send buffer from a numpy array."""
@@ -524,10 +526,22 @@ class DecoderLayout:
     network skips, saying why."""
 
     PATTERN = "embedding position_embedding [dropout] transformer_block... [layer_norm] lm_head"
+    LLAMA_PATTERN = "embedding llama_block... rms_norm lm_head"
 
-    def __init__(self, network: dict):
+    def __init__(self, network: dict, llama: bool = False):
+        """`llama`: the runner generates Llama-style decoders too (LLAMA_PATTERN: rotary positions in
+        the blocks, `position` None, no table to overrun); one that does not skips them, saying so."""
         kinds = [layer["type"] for layer in network["layers"]]
         why = None
+        self.llama = (len(kinds) >= 4 and kinds[0] == "embedding" and kinds[-2:] == ["rms_norm", "lm_head"]
+                      and all(k == "llama_block" for k in kinds[1:-2]))
+        if self.llama:
+            if not llama:
+                raise Skip(f"mode generate of a Llama-style decoder ({self.LLAMA_PATTERN}): this runner's "
+                           f"generate.py builds only {self.PATTERN}")
+            self.embedding, self.position, self.blocks = 0, None, list(range(1, len(kinds) - 2))
+            self.norm, self.head, self.max_length = len(kinds) - 2, len(kinds) - 1, None
+            return
         if network["input"]["kind"] != "tokens":
             why = f"takes {network['input']['kind']} input, not tokens"
         else:
@@ -556,7 +570,7 @@ class DecoderLayout:
         position table (the controller refuses such a suite first; this guards a hand-made request)."""
         gen = request["generation"]
         prompt_length, new_tokens = gen["prompt_length"], gen["new_tokens"]
-        if prompt_length + new_tokens > self.max_length:
+        if self.max_length is not None and prompt_length + new_tokens > self.max_length:
             raise ValueError(f"prompt {prompt_length} + {new_tokens} new tokens exceed the position table's "
                              f"{self.max_length} rows")
         return prompt_length, new_tokens

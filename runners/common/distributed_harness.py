@@ -115,6 +115,8 @@ def counts(op: str, size_bytes: int, world: int) -> tuple[int, int, int] | None:
         return block, block * world, block * world
     if op == "reduce_scatter":
         return block * world, block, block * world
+    if op == "all_to_all":  # block j of the send buffer goes to rank j; block j received comes from rank j
+        return block * world, block * world, block * world
     raise ValueError(f"unknown collective {op!r}")
 
 
@@ -133,6 +135,9 @@ def expected(np, op: str, rank: int, world: int, send: int, recv: int):
     if op == "reduce_scatter":  # block `rank` of the sum of every rank's pattern over `send` elements
         i = np.arange(rank * recv, (rank + 1) * recv, dtype=np.int64)
         return (world * (i % 61 + 1) + 32 * world * (world - 1)).astype(np.float32)
+    if op == "all_to_all":  # block `rank` of every rank's pattern, in rank order
+        block = send // world
+        return np.concatenate([pattern(np, r, send)[rank * block:(rank + 1) * block] for r in range(world)])
     raise ValueError(f"unknown collective {op!r}")
 
 

@@ -63,7 +63,7 @@ def attention_report(tm, p, stats, x) -> dict | None:
     kernels = {}
     for index in tm.attention:
         layer = tm.network["layers"][int(index)]
-        scope = f"layer{index}/" + ("attn/" if layer["type"] == "transformer_block" else "")
+        scope = f"layer{index}/" + ("attn/" if layer["type"] in ("transformer_block", "llama_block") else "")
         seen = {name for name, stack in traced if f"{stack}/".find(scope) >= 0}
         if any(name.startswith(CUDNN_PRIMITIVE) for name in seen):
             kernels[index] = "cudnn"

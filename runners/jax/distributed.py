@@ -22,7 +22,7 @@ what overlapping does not hide is counted). Without the exchange the ranks' para
 which is why the harness runs those steps after the measured ones.
 
 Collectives: `lax.psum` (all_reduce), `lax.all_gather` (tiled), `lax.psum_scatter` (tiled,
-reduce_scatter); JAX has no broadcast primitive, so broadcast is what
+reduce_scatter), `lax.all_to_all` (tiled, split and concatenated along the buffer's one axis); JAX has no broadcast primitive, so broadcast is what
 `jax.experimental.multihost_utils.broadcast_one_to_all` does: a psum of the root's buffer and
 every other rank's zeros (an all-reduce's traffic). all_reduce and broadcast donate their buffer
 and get it back (in place).
@@ -92,11 +92,18 @@ def cpu_slice(allowed: list[int], threads: int, slot: int) -> list[int]:
     return [allowed[(slot * threads + i) % len(allowed)] for i in range(threads)]
 
 
-def _env_cluster():
+def _env_cluster(env=os.environ):
     """(rank, local_rank, worker addresses) from the variables dlbench sets, before `join`."""
-    rank = int(os.environ.get("RANK", "0"))
-    addresses = tuple(a for a in os.environ.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
-    return rank, int(os.environ.get("LOCAL_RANK", rank)), addresses
+    rank = int(env.get("RANK", "0"))
+    addresses = tuple(a for a in env.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
+    return rank, int(env.get("LOCAL_RANK", rank)), addresses
+
+
+def slot_from_env(env=os.environ) -> int:
+    """This rank's machine slot: as dlbench says (DLBENCH_MACHINE_SLOT: ranks in network namespaces
+    of one machine, --link, have addresses of their own yet share its cores), else by the addresses."""
+    given = env.get("DLBENCH_MACHINE_SLOT")
+    return int(given) if given is not None else machine_slot(*_env_cluster(env))
 
 
 class Collective:
@@ -138,8 +145,7 @@ class JaxDistributedRunner(JaxRunner):
     def configure_threads(self, threads: int | None) -> dict:
         if not threads:
             return super().configure_threads(threads)
-        rank, local_rank, addresses = _env_cluster()
-        slot = machine_slot(rank, local_rank, addresses)
+        slot = slot_from_env()
         allowed = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, cpu_slice(allowed, threads, slot))
         info = super().configure_threads(None)  # records the affinity just set
@@ -328,6 +334,8 @@ class JaxDistributedRunner(JaxRunner):
             body, out = (lambda v: lax.all_gather(v, AXIS, tiled=True)), P(AXIS)
         elif op == "reduce_scatter":
             body, out = (lambda v: lax.psum_scatter(v, AXIS, scatter_dimension=0, tiled=True)), P(AXIS)
+        elif op == "all_to_all":  # block j of each rank's buffer to rank j, received in rank order
+            body, out = (lambda v: lax.all_to_all(v, AXIS, split_axis=0, concat_axis=0, tiled=True)), P(AXIS)
         else:
             raise ValueError(f"unknown collective {op!r}")
         in_place = op in ("all_reduce", "broadcast")

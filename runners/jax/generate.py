@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 
+from runners.common import rotary
 from runners.common.contract import DecoderLayout, Generator
 from runners.common.protocol import Skip
 from runners.jax.framework import load_jax
@@ -88,6 +89,66 @@ def decoder_class():
             x = ln1(x + attn(x, index))
             return ln2(x + mlp(x))
 
+    class CachedGroupedAttention(nn.Module):
+        """A llama block's grouped attention with a key/value-head cache (batch, prompt + new tokens,
+        KV, head size): q and k rotated by positions index .. index + T - 1 (the tables of
+        runners/common/rotary.py for every row), k and v written at those rows, the query heads
+        reading their key/value heads through jax.nn.dot_product_attention's grouped heads (float64:
+        flax's, the key/value heads repeated)."""
+
+        spec: dict
+        length: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, index):
+            s = self.spec
+            b, t, d = x.shape
+            heads, kv, size = s["heads"], s["kv_heads"], s["head_size"]
+            q = nn.Dense(heads * size, use_bias=False, dtype=self.dtype, name="q")(x).reshape(b, t, heads, size)
+            k = nn.Dense(kv * size, use_bias=False, dtype=self.dtype, name="k")(x).reshape(b, t, kv, size)
+            v = nn.Dense(kv * size, use_bias=False, dtype=self.dtype, name="v")(x).reshape(b, t, kv, size)
+            index = jnp.asarray(index, jnp.int32)
+            cos, sin = rotary.layer_tables(s, self.length)
+
+            def rotate(u):
+                c = jax.lax.dynamic_slice_in_dim(jnp.asarray(cos, u.dtype), index, t)[None, :, None, :]
+                n = jax.lax.dynamic_slice_in_dim(jnp.asarray(sin, u.dtype), index, t)[None, :, None, :]
+                return u * c + jnp.concatenate([-u[..., size // 2:], u[..., :size // 2]], axis=-1) * n
+
+            q, k = rotate(q), rotate(k)
+            keys = self.variable("cache", "cached_key", jnp.zeros, (b, self.length, kv, size), k.dtype)
+            values = self.variable("cache", "cached_value", jnp.zeros, (b, self.length, kv, size), v.dtype)
+            zero = jnp.zeros((), jnp.int32)
+            keys.value = jax.lax.dynamic_update_slice(keys.value, k, (zero, index, zero, zero))
+            values.value = jax.lax.dynamic_update_slice(values.value, v, (zero, index, zero, zero))
+            mask = jnp.arange(self.length, dtype=jnp.int32)[None, :] <= (index + jnp.arange(t, dtype=jnp.int32))[:, None]
+            if jnp.dtype(self.dtype) == jnp.float64:
+                every = heads // kv
+                a = nn.dot_product_attention(q, jnp.repeat(keys.value, every, axis=2),
+                                             jnp.repeat(values.value, every, axis=2), mask=mask[None, None],
+                                             dtype=self.dtype)
+            else:
+                a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None])
+            return nn.Dense(d, use_bias=False, dtype=self.dtype, name="out")(a.reshape(b, t, heads * size))
+
+    class CachedLlamaBlock(nn.Module):
+        """transformer.py's LlamaBlock with a cached attention, under the same parameter names."""
+
+        spec: dict
+        length: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, index):
+            s = self.spec
+            x = x + CachedGroupedAttention(s, self.length, self.dtype, name="attn")(
+                nn.RMSNorm(epsilon=s["eps"], dtype=self.dtype, name="norm1")(x), index)
+            h = nn.RMSNorm(epsilon=s["eps"], dtype=self.dtype, name="norm2")(x)
+            if s["moe"] is None:
+                return x + tm.SwiGLU(s["hidden"], self.dtype, name="mlp")(h)
+            return x + tm.MixtureOfExperts(s["moe"], x.shape[-1], s["hidden"], self.dtype, name="moe")(h, False)
+
     class PositionRows(nn.Module):
         """Rows index .. index + T - 1 of the network's position table (its `pos_embedding`), added."""
 
@@ -116,13 +177,17 @@ def decoder_class():
         def __call__(self, tokens, index):
             first = self.layers[self.embedding]
             embed = nn.Embed(first["vocabulary"], first["dim"], dtype=self.dtype, name=f"layer{self.embedding:03d}")
-            x = PositionRows(self.layers[1]["max_length"], self.dtype, name="layer001")(embed(tokens), index)
+            llama = self.layers[self.blocks[0]]["type"] == "llama_block"
+            x = embed(tokens)
+            if not llama:  # rotary positions are the llama blocks' own
+                x = PositionRows(self.layers[1]["max_length"], self.dtype, name="layer001")(x, index)
+            block = CachedLlamaBlock if llama else CachedBlock
             for i in self.blocks:
-                x = CachedBlock(self.layers[i], self.length, self.dtype, name=f"layer{i:03d}")(x, index)
+                x = block(self.layers[i], self.length, self.dtype, name=f"layer{i:03d}")(x, index)
             h = x[:, -1]
             if self.norm is not None:
-                h = nn.LayerNorm(epsilon=self.layers[self.norm]["eps"], dtype=self.dtype,
-                                 name=f"layer{self.norm:03d}")(h)
+                norm = nn.RMSNorm if llama else nn.LayerNorm
+                h = norm(epsilon=self.layers[self.norm]["eps"], dtype=self.dtype, name=f"layer{self.norm:03d}")(h)
             spec = self.layers[self.head]
             vocabulary = spec["out_shape"][-1]
             name = f"layer{self.head:03d}"
@@ -142,7 +207,7 @@ def prepare_generation(request: dict, device) -> Generator:
     jax = load_jax()
     jnp = jax.numpy
     network = request["network"]
-    layout = DecoderLayout(network)
+    layout = DecoderLayout(network, llama=True)
     precision = request_precision(request)
     if precision not in ("fp32", "tf32", "float64"):
         raise Skip(f"generate: the jax runner generates in fp32, tf32 and the check's float64, not {precision}")
@@ -205,7 +270,9 @@ def prepare_generation(request: dict, device) -> Generator:
         "generation": {"prompt_length": prompt_length, "new_tokens": new_tokens, "batch_size": batch,
                        "decoding": "greedy (argmax)",
                        "cache": "flax `cache` collection per attention (cached_key, cached_value: batch, prompt + "
-                                "new tokens, heads, head size), lax.dynamic_update_slice at the position, read with "
+                                f"new tokens, {'key/value heads' if layout.llama else 'heads'}, head size), "
+                                "lax.dynamic_update_slice at the position"
+                                + (" after rotating k by it" if layout.llama else "") + ", read with "
                                 "a mask of the rows written",
                        "attention": ("flax.linen.dot_product_attention (float64: jax.nn's softmax is float32)"
                                      if tm.precision == "float64" else "jax.nn.dot_product_attention")

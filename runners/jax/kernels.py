@@ -21,6 +21,16 @@ returned updated) on NHWC or flat (N, C) arrays, its backward the pullback of ja
 layer is the runner's flax nn.Dense on a (batch, positions, inputs) sequence or a flat (batch,
 inputs) input, its backward the pullback of jax.vjp (XLA lays out and runs its two gradients as the
 step's autodiff does, which on a sequence is not what two matmuls timed alone are).
+
+A Llama-style decoder's and a Mixture-of-Experts layer's kernels, each backward the pullback of
+jax.vjp: flax's nn.RMSNorm; the rotary embedding on q (B, T, H, S) and k (B, T, KV, S),
+`x * cos + rotate_half(x) * sin` in jnp (flax has none); a SwiGLU MLP of three flax nn.Dense without
+bias, `down(jax.nn.silu(gate(x)) * up(x))`; grouped-query attention as jax.nn.dot_product_attention
+with fewer key/value heads (its own grouping, is_causal); the router's float32 product, softmax,
+`lax.top_k` (ties to the lower index) and the chosen weights renormalised; the experts as JAX's
+grouped product: the routed rows sorted by expert and `lax.ragged_dot` over the experts' groups for
+gate, up and down (stacked (E, D, hidden) and (E, hidden, D) weights), weighted and added back to
+their tokens (`.at[].add`).
 """
 
 from __future__ import annotations
@@ -29,6 +39,10 @@ from runners.common.contract import Kernel, pool_op
 from runners.jax.framework import load_jax
 from runners.jax.layers import batch_norm_module, lstm_layer_class
 from runners.jax.transformer import ATTENTION_FUNCTION, attention_asked, attention_function
+
+
+# the kinds of a Llama-style decoder and a Mixture-of-Experts layer (_decoder)
+DECODER_KINDS = ("rms_norm", "rotary", "swiglu", "grouped_attention", "moe_router", "moe_experts")
 
 
 class JitKernel(Kernel):
@@ -157,7 +171,7 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return ready(Update(None, (), {"op": "optax.sgd(momentum=0.9), jitted, donated"}))
     def backward(fn, args, settings):  # the pullback of fn at args, cotangents of ones
         out, pullback = jax.vjp(fn, *args)
-        return ready(JitKernel(jax.jit(lambda pb, g: pb(g)), (pullback, jnp.ones_like(out)),
+        return ready(JitKernel(jax.jit(lambda pb, g: pb(g)), (pullback, jax.tree.map(jnp.ones_like, out)),
                                {**settings, "backward": "jax.vjp pullback"}))
 
     if kind.startswith("dense"):
@@ -239,6 +253,12 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         if kind == "pool2d_fwd":
             return ready(JitKernel(jax.jit(pool), (x,), settings))
         return backward(pool, (x,), settings)
+    if kind.startswith(DECODER_KINDS):
+        fn, args, settings = _decoder(jax, kind, shape, rand, next(keys))
+        args = jax.device_put(args, device)
+        if kind.endswith("_fwd"):
+            return ready(JitKernel(jax.jit(fn), args, settings))
+        return backward(fn, args, settings)
     if kind.startswith("batch_norm"):
         n, c, h, w = shape["batch"], shape["channels"], shape["height"], shape["width"]
         layer = batch_norm_module(True, 0.1, 1e-5, dtype)  # training: the batch's statistics
@@ -259,3 +279,86 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
             return backward(normalise, (params, x), settings)
         return backward(lambda params: normalise(params, x), (params,), settings)
     raise ValueError(f"jax runner: unknown kernel kind {kind!r}")
+
+
+def _decoder(jax, kind: str, shape: dict, rand, key):
+    """(function, its arguments, settings) of a decoder or MoE kernel (the module docstring); a
+    backward kernel differentiates the function with respect to every argument."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    lax = jax.lax
+    dtype = rand(1).dtype
+    bwd = kind.endswith("_bwd")
+    if kind.startswith("rms_norm"):
+        layer = nn.RMSNorm(epsilon=1e-5, dtype=dtype)
+        x = rand(shape["rows"], shape["dim"])
+        variables = layer.init(key, x)
+        settings = {"op": "flax.linen.RMSNorm"}
+        if bwd and not shape["input_grad"]:
+            return (lambda v: layer.apply(v, x)), (variables,), settings
+        return layer.apply, (variables, x), settings
+    if kind.startswith("rotary"):
+        b, t, h, kv, s = shape["batch"], shape["steps"], shape["heads"], shape["kv_heads"], shape["head_size"]
+        angle = jnp.outer(jnp.arange(t, dtype=jnp.float32), 10000.0 ** (-jnp.arange(0, s, 2, dtype=jnp.float32) / s))
+        cos, sin = (f(jnp.concatenate([angle, angle], axis=-1)).astype(dtype)[:, None, :] for f in (jnp.cos, jnp.sin))
+
+        def rotate(u):
+            return u * cos + jnp.concatenate([-u[..., s // 2:], u[..., :s // 2]], axis=-1) * sin
+
+        return ((lambda q, k: (rotate(q), rotate(k))), (rand(b, t, h, s), rand(b, t, kv, s)),
+                {"op": "x * cos + rotate_half(x) * sin on q and k (jnp)"})
+    if kind.startswith("swiglu"):
+        dim, hidden = shape["dim"], shape["hidden"]
+
+        class SwiGLU(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                gate = nn.Dense(hidden, use_bias=False, dtype=dtype, name="gate")(x)
+                up = nn.Dense(hidden, use_bias=False, dtype=dtype, name="up")(x)
+                return nn.Dense(dim, use_bias=False, dtype=dtype, name="down")(jax.nn.silu(gate) * up)
+
+        layer = SwiGLU()
+        x = rand(shape["rows"], dim)
+        variables = layer.init(key, x)
+        settings = {"op": "down(jax.nn.silu(gate(x)) * up(x)), flax.linen.Dense without bias"}
+        if bwd and not shape["input_grad"]:
+            return (lambda v: layer.apply(v, x)), (variables,), settings
+        return layer.apply, (variables, x), settings
+    if kind.startswith("grouped_attention"):
+        b, h, kv, t, s = shape["batch"], shape["heads"], shape["kv_heads"], shape["steps"], shape["head_size"]
+        causal = bool(shape["causal"])
+
+        def attend(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+
+        return (attend, (rand(b, t, h, s), rand(b, t, kv, s), rand(b, t, kv, s)),
+                {"op": "jax.nn.dot_product_attention (grouped key/value heads)"})
+    if kind.startswith("moe_router"):
+        rows, dim, experts, top = shape["rows"], shape["dim"], shape["experts"], shape["top_k"]
+
+        def route(x, weight):
+            p = jax.nn.softmax(x.astype(jnp.float32) @ weight.astype(jnp.float32).T, axis=-1)
+            picked, _ = lax.top_k(p, top)
+            return picked / picked.sum(axis=-1, keepdims=True)
+
+        return (route, (rand(rows, dim), rand(experts, dim)),
+                {"op": "float32 product, jax.nn.softmax, lax.top_k, renormalised"})
+    tokens, dim, hidden, experts, top = (shape["tokens"], shape["dim"], shape["hidden"], shape["experts"],
+                                         shape["top_k"])
+    chosen = (jnp.arange(tokens)[:, None] * top + jnp.arange(top)[None, :]) % experts
+    order = jnp.argsort(chosen.reshape(-1), stable=True)  # routed rows grouped by expert
+    token_of = order // top
+    group_sizes = jnp.bincount(chosen.reshape(-1), length=experts).astype(jnp.int32)
+
+    def experts_forward(x, gate, up, down, weights):
+        rows = x[token_of]
+        hidden_rows = jax.nn.silu(lax.ragged_dot(rows, gate, group_sizes)) * lax.ragged_dot(rows, up, group_sizes)
+        y = lax.ragged_dot(hidden_rows, down, group_sizes) * weights.reshape(-1)[order][:, None]
+        return jnp.zeros_like(x).at[token_of].add(y)
+
+    weights = jnp.full((tokens, top), 1.0 / top, dtype=dtype)
+    return (experts_forward, (rand(tokens, dim), rand(experts, dim, hidden), rand(experts, dim, hidden),
+                              rand(experts, hidden, dim), weights),
+            {"op": "rows sorted by expert, lax.ragged_dot over the groups (gate, up, down), .at[].add back",
+             "routing": "token t to experts (t*k + j) mod E, weights 1/k"})

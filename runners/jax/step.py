@@ -77,6 +77,8 @@ def host_init(abstract: dict, rng, embedding_std: dict | None = None, dense_init
         if leaf == "embedding":
             std = embedding_std.get(getattr(path[-2], "key", None)) or 1 / np.sqrt(shape[-1])
             return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+        if leaf in ("router", "expert_gate", "expert_up", "expert_down"):  # (E, out, in): LeCun-normal per expert
+            return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
         if leaf in ("pos_embedding", "class_token"):  # transformer_modules' table_init
             return (0.02 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         if leaf in ("w_ih", "w_hh"):
@@ -143,9 +145,9 @@ class TrainingModel:
         the layer's plan, which the builder reads."""
         out = {}
         for i, layer in enumerate(self.network["layers"]):
-            if layer["type"] not in ("attention", "transformer_block"):
+            if layer["type"] not in ("attention", "transformer_block", "grouped_attention", "llama_block"):
                 continue
-            dropout_on = self.train and not self.deterministic and layer["dropout"] > 0
+            dropout_on = self.train and not self.deterministic and layer.get("dropout", 0.0) > 0
             function, why = attention_function(self.compute_dtype, dropout_on, self.device)
             entry = {"function": function, **({"why": why} if why else {})}
             self.plan[i]["attention_function"] = function

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import functools
 
+from runners.common import rotary
+from runners.common import routing as routing_rule
 from runners.jax.framework import load_jax, load_jnp, load_linen
 
 
@@ -61,6 +63,7 @@ def attention_asked(dtype: str, device: str) -> str | None:
 
 
 TRANSFORMER_TYPES = ("position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
+                     "rms_norm", "grouped_attention", "swiglu", "moe", "llama_block",
                      "token_pool", "lm_head", "segment_embedding", "pretraining_heads")
 
 
@@ -73,9 +76,10 @@ def cudnn_refusal(layer: dict, dtype: str, train: bool) -> str | None:
     jax = load_jax()
     t = layer["in_shape"][0]
     qkv = jax.ShapeDtypeStruct((1, t, layer["heads"], layer["head_size"]), getattr(jnp, dtype))
+    kv = jax.ShapeDtypeStruct((1, t, layer.get("kv_heads", layer["heads"]), layer["head_size"]), getattr(jnp, dtype))
 
     def attend(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=layer["causal"], implementation="cudnn")
+        return jax.nn.dot_product_attention(q, k, v, is_causal=layer.get("causal", True), implementation="cudnn")
 
     def run(q, k, v):
         if not train:
@@ -83,7 +87,7 @@ def cudnn_refusal(layer: dict, dtype: str, train: bool) -> str | None:
         return jax.grad(lambda *a: attend(*a).astype(jnp.float32).sum(), argnums=(0, 1, 2))(q, k, v)
 
     try:
-        jax.jit(run).lower(qkv, qkv, qkv)
+        jax.jit(run).lower(qkv, kv, kv)
     except Exception as e:  # noqa: BLE001 - jax's NotImplementedError / ValueError / RuntimeError: its reason
         return f"{type(e).__name__}: {e}"
     return None
@@ -249,9 +253,172 @@ def transformer_modules():
                 return nn.Dense(self.vocabulary, dtype=self.dtype, name="decoder")(h), next_sentence
             return Bias(self.vocabulary, self.dtype, name="decoder")(embed.attend(h)), next_sentence
 
+    class GroupedAttention(nn.Module):
+        """Grouped-query attention with rotary position embedding (the flax Llama of HuggingFace's
+        FlaxLlamaAttention and MaxText): q, k, v and out as nn.Dense without bias, q and k rotated
+        (rotate_half) by constant cos and sin tables (runners/common/rotary.py's), and the heads in
+        jax.nn.dot_product_attention with the KV key/value heads as they are (it takes grouped heads:
+        query head h reads key/value head h // (H / KV)); where attention_function picks flax's
+        dot_product_attention (float64), k and v repeated per query head first (repeat_kv)."""
+
+        spec: dict
+        positions: int
+        implementation: str | None = None
+        dtype: object = jnp.float32
+        function: str = ATTENTION_FUNCTION
+
+        def setup(self):
+            s = self.spec
+            self.q = nn.Dense(s["heads"] * s["head_size"], use_bias=False, dtype=self.dtype)
+            self.k = nn.Dense(s["kv_heads"] * s["head_size"], use_bias=False, dtype=self.dtype)
+            self.v = nn.Dense(s["kv_heads"] * s["head_size"], use_bias=False, dtype=self.dtype)
+            self.out = nn.Dense(s["in_shape"][-1], use_bias=False, dtype=self.dtype)
+
+        def rotate(self, t, start):
+            """t (B, T, heads, S) rotated by positions start .. start + T - 1 (start may be traced)."""
+            cos, sin = rotary.layer_tables(self.spec, self.positions)
+            steps, half = t.shape[1], t.shape[-1] // 2
+            cos = jax.lax.dynamic_slice_in_dim(jnp.asarray(cos, t.dtype), start, steps)[None, :, None, :]
+            sin = jax.lax.dynamic_slice_in_dim(jnp.asarray(sin, t.dtype), start, steps)[None, :, None, :]
+            rotated = jnp.concatenate([-t[..., half:], t[..., :half]], axis=-1)
+            return t * cos + rotated * sin
+
+        def project(self, x, start=0):
+            s = self.spec
+            b, t, _ = x.shape
+            q = self.q(x).reshape(b, t, s["heads"], s["head_size"])
+            k = self.k(x).reshape(b, t, s["kv_heads"], s["head_size"])
+            v = self.v(x).reshape(b, t, s["kv_heads"], s["head_size"])
+            return self.rotate(q, start), self.rotate(k, start), v
+
+        def attend(self, q, k, v, causal: bool, mask=None):
+            s = self.spec
+            b, t = q.shape[:2]
+            if self.function == ATTENTION_FUNCTION and mask is None:
+                a = jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=self.implementation)
+            else:
+                groups = s["heads"] // s["kv_heads"]
+                k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+                if mask is None and causal:
+                    mask = nn.make_causal_mask(q[..., 0, 0], dtype=jnp.bool_)
+                a = nn.dot_product_attention(q, k, v, mask=mask, dtype=self.dtype)
+            return self.out(a.reshape(b, t, s["heads"] * s["head_size"]))
+
+        def __call__(self, x):
+            return self.attend(*self.project(x), self.spec["causal"])
+
+    class SwiGLU(nn.Module):
+        """down(silu(gate(x)) * up(x)), nn.Dense without bias (FlaxLlamaMLP's design)."""
+
+        hidden: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            gate = nn.Dense(self.hidden, use_bias=False, dtype=self.dtype, name="gate")(x)
+            up = nn.Dense(self.hidden, use_bias=False, dtype=self.dtype, name="up")(x)
+            return nn.Dense(x.shape[-1], use_bias=False, dtype=self.dtype, name="down")(jax.nn.silu(gate) * up)
+
+    @jax.custom_vjp
+    def add_auxiliary_loss(x, aux):
+        """x unchanged; backward, a gradient of 1 for `aux` (DeepSeek's AddAuxiliaryLoss): the loss
+        is minimised with the step's without being added to the value the step reports."""
+        return x
+
+    def _add_forward(x, aux):
+        return x, aux
+
+    def _add_backward(aux, g):
+        return g, jnp.ones_like(aux)
+
+    add_auxiliary_loss.defvjp(_add_forward, _add_backward)
+
+    class MixtureOfExperts(nn.Module):
+        """E SwiGLU experts, their weights stacked ((E, hidden, D), (E, D, hidden): the canonical
+        layout) and a linear router, computed dropless the way MaxText's sparse matmul does: the
+        router's product and softmax in float32, jax.lax.top_k (ties to the lower index, as jax
+        documents it), the token choices sorted by expert, each expert's rows multiplied by
+        jax.lax.ragged_dot (one grouped product per weight), their weighted outputs added back to
+        their tokens. A capacity factor zeroes the weight of the choices past each expert's slots
+        (every token's first choice before any second), which are still computed. In training the
+        load-balancing loss enters the gradient through add_auxiliary_loss, times its weight."""
+
+        spec: dict
+        dim: int
+        hidden: int
+        dtype: object = jnp.float32
+
+        @nn.compact
+        def __call__(self, x, train: bool):
+            routing = self.spec
+            experts, top_k = routing["experts"], routing["top_k"]
+            lecun = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2, batch_axis=(0,))
+            router = self.param("router", lecun, (experts, self.dim))
+            gate = self.param("expert_gate", lecun, (experts, self.hidden, self.dim))
+            up = self.param("expert_up", lecun, (experts, self.hidden, self.dim))
+            down = self.param("expert_down", lecun, (experts, self.dim, self.hidden))
+            b, t, d = x.shape
+            tokens = x.reshape(-1, d)
+            wide = jnp.float64 if tokens.dtype == jnp.float64 else jnp.float32
+            p = jax.nn.softmax(tokens.astype(wide) @ router.astype(wide).T, axis=-1)
+            picked, chosen = jax.lax.top_k(p, top_k)
+            weights = picked / picked.sum(axis=-1, keepdims=True)
+            slots = routing_rule.capacity(routing["capacity_factor"], tokens.shape[0], top_k, experts)
+            if slots is not None:
+                onehot = jax.nn.one_hot(chosen.T.reshape(-1), experts, dtype=jnp.int32)  # rank-major priority
+                position = (jnp.cumsum(onehot, axis=0) * onehot).sum(-1) - 1
+                weights = weights * (position < slots).reshape(top_k, -1).T.astype(weights.dtype)
+            flat = chosen.reshape(-1)
+            order = jnp.argsort(flat, stable=True)
+            token_of = order // top_k
+            rows = jnp.take(tokens, token_of, axis=0)
+            sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+            cast = self.dtype if self.dtype is not None else tokens.dtype
+            rows = rows.astype(cast)
+            h = (jax.nn.silu(jax.lax.ragged_dot(rows, jnp.swapaxes(gate, 1, 2).astype(cast), sizes))
+                 * jax.lax.ragged_dot(rows, jnp.swapaxes(up, 1, 2).astype(cast), sizes))
+            y = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2).astype(cast), sizes)
+            y = y * jnp.take(weights.reshape(-1), order).astype(y.dtype)[:, None]
+            out = jnp.zeros_like(tokens, dtype=y.dtype).at[token_of].add(y).reshape(b, t, d)
+            if train and routing["aux_loss_weight"]:
+                fraction = jax.nn.one_hot(chosen, experts, dtype=p.dtype).sum(1).mean(0)
+                aux = experts * jnp.sum(fraction * p.mean(0))
+                out = add_auxiliary_loss(out, aux * routing["aux_loss_weight"])
+            return out
+
+    class LlamaBlock(nn.Module):
+        """FlaxLlamaDecoderLayer's design: x + attn(norm1(x)), then + mlp(norm2(x)) (or moe), flax's
+        nn.RMSNorm."""
+
+        spec: dict
+        positions: int
+        implementation: str | None = None
+        dtype: object = jnp.float32
+        function: str = ATTENTION_FUNCTION
+
+        def setup(self):
+            s = self.spec
+            dim = s["in_shape"][-1]
+            self.norm1 = nn.RMSNorm(epsilon=s["eps"], dtype=self.dtype)
+            self.attn = GroupedAttention({**s, "causal": True}, self.positions, self.implementation, self.dtype,
+                                         self.function)
+            self.norm2 = nn.RMSNorm(epsilon=s["eps"], dtype=self.dtype)
+            if s["moe"] is None:
+                self.mlp = SwiGLU(s["hidden"], self.dtype)
+            else:
+                self.moe = MixtureOfExperts(s["moe"], dim, s["hidden"], self.dtype)
+
+        def ffn(self, x, train: bool):
+            return self.mlp(x) if self.spec["moe"] is None else self.moe(x, train)
+
+        def __call__(self, x, train: bool):
+            x = x + self.attn(self.norm1(x))
+            return x + self.ffn(self.norm2(x), train)
+
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
                                  SelfAttention=SelfAttention, Mlp=Mlp, TransformerBlock=TransformerBlock, Bias=Bias,
-                                 PretrainingHeads=PretrainingHeads)
+                                 PretrainingHeads=PretrainingHeads, GroupedAttention=GroupedAttention, SwiGLU=SwiGLU,
+                                 MixtureOfExperts=MixtureOfExperts, LlamaBlock=LlamaBlock)
 
 
 def build_position_embedding(x, spec, at):
@@ -281,6 +448,29 @@ def build_attention(x, spec, at):
 def build_transformer_block(x, spec, at):
     return transformer_modules().TransformerBlock(spec, at.net.deterministic, at.how.get("attention_implementation"),
                                                   at.dtype, at.how["attention_function"], name=at.name)(x, at.train)
+
+
+def build_rms_norm(x, spec, at):
+    return load_linen().RMSNorm(epsilon=spec["eps"], dtype=at.dtype, name=at.name)(x)
+
+
+def build_grouped_attention(x, spec, at):
+    return transformer_modules().GroupedAttention(spec, spec["in_shape"][0], at.how.get("attention_implementation"),
+                                                  at.dtype, at.how["attention_function"], name=at.name)(x)
+
+
+def build_swiglu(x, spec, at):
+    return transformer_modules().SwiGLU(spec["hidden"], at.dtype, name=at.name)(x)
+
+
+def build_moe(x, spec, at):
+    return transformer_modules().MixtureOfExperts(spec, spec["in_shape"][-1], spec["hidden"], at.dtype,
+                                                  name=at.name)(x, at.train)
+
+
+def build_llama_block(x, spec, at):
+    return transformer_modules().LlamaBlock(spec, spec["in_shape"][0], at.how.get("attention_implementation"),
+                                            at.dtype, at.how["attention_function"], name=at.name)(x, at.train)
 
 
 def build_token_pool(x, spec, at):
@@ -396,3 +586,46 @@ def pretraining_heads_weights(layer: dict, prefix: str, path: tuple, perm):
     if not layer["tied"]:  # tied: the weight is 000.weight, the embedding's table
         yield f"{prefix}.decoder.weight", "params", path + ("decoder", "kernel"), "dense", None
     yield f"{prefix}.decoder.bias", "params", path + ("decoder", "bias"), "vector", None
+
+
+def rms_norm_weights(layer: dict, prefix: str, path: tuple, perm):
+    yield f"{prefix}.gamma", "params", path + ("scale",), "vector", None
+
+
+def _grouped_attention_entries(prefix: str, path: tuple):
+    for part in ("q", "k", "v", "out"):
+        yield from weight_bias_entries(f"{prefix}.{part}", path + (part,), False)
+
+
+def grouped_attention_weights(layer: dict, prefix: str, path: tuple, perm):
+    yield from _grouped_attention_entries(prefix, path)
+
+
+def _swiglu_entries(prefix: str, path: tuple):
+    for part in ("gate", "up", "down"):
+        yield from weight_bias_entries(f"{prefix}.{part}", path + (part,), False)
+
+
+def swiglu_weights(layer: dict, prefix: str, path: tuple, perm):
+    yield from _swiglu_entries(prefix, path)
+
+
+def _moe_entries(prefix: str, path: tuple):
+    # the router and the stacked experts are kept in the canonical (out, in) layouts
+    yield f"{prefix}.router.weight", "params", path + ("router",), "vector", None
+    for part in ("gate", "up", "down"):
+        yield f"{prefix}.experts.{part}", "params", path + (f"expert_{part}",), "vector", None
+
+
+def moe_weights(layer: dict, prefix: str, path: tuple, perm):
+    yield from _moe_entries(prefix, path)
+
+
+def llama_block_weights(layer: dict, prefix: str, path: tuple, perm):
+    yield f"{prefix}.norm1.gamma", "params", path + ("norm1", "scale"), "vector", None
+    yield from _grouped_attention_entries(f"{prefix}.attn", path + ("attn",))
+    yield f"{prefix}.norm2.gamma", "params", path + ("norm2", "scale"), "vector", None
+    if layer["moe"] is None:
+        yield from _swiglu_entries(f"{prefix}.mlp", path + ("mlp",))
+    else:
+        yield from _moe_entries(f"{prefix}.moe", path + ("moe",))

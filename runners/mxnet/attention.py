@@ -7,6 +7,7 @@ batch_dot equivalent (transformer.py's SelfAttention).
 from __future__ import annotations
 
 from runners.mxnet.framework import ATTENTION_TYPES, FUSED_ATTENTION_OPS, load_mxnet
+from runners.mxnet.transformer import transformer_classes
 
 
 def attention_blocks(blocks: list, network: dict):
@@ -14,8 +15,14 @@ def attention_blocks(blocks: list, network: dict):
     for i, (layer, block) in enumerate(zip(network["layers"], blocks)):
         if layer["type"] == "attention":
             yield f"{i:03d}", block
-        elif layer["type"] == "transformer_block":
+        elif layer["type"] in ("transformer_block", "llama_block"):
             yield f"{i:03d}.attn", block.attn
+        elif layer["type"] == "grouped_attention":
+            yield f"{i:03d}", block
+
+
+def grouped_class():
+    return transformer_classes()["GroupedAttention"]
 
 
 def _operators_run(fn) -> list[str]:
@@ -76,7 +83,9 @@ def attention_record(blocks: list, network: dict, ctx, dtype: str, train: bool,
                     attn(x)
 
         ops = _operators_run(run)
-        if all(op in ops for op in FUSED_ATTENTION_OPS):
+        if isinstance(attn, grouped_class()):
+            kernels[index] = "batch_dot (grouped attention, composed: repeat, batch_dot, softmax, batch_dot)"
+        elif all(op in ops for op in FUSED_ATTENTION_OPS):
             kernels[index] = "fused interleaved_matmul_selfatt"
         elif "batch_dot" in ops:
             kernels[index] = "batch_dot (the fused operators' documented equivalent)"
@@ -85,8 +94,11 @@ def attention_record(blocks: list, network: dict, ctx, dtype: str, train: bool,
         operators[index] = ops
     features = mx.runtime.Features()
     cpu = ctx.device_type == "cpu"
+    grouped = all(isinstance(attn, grouped_class()) for _, attn in attentions)
     record = {
-        "function": ("mxnet.ndarray.contrib.interleaved_matmul_selfatt_qk and interleaved_matmul_selfatt_valatt "
+        "function": ("grouped attention composed from MXNet's operators (transformer.py's GroupedAttention: Dense q, "
+                     "k, v, rotary, the key/value heads repeated, batch_dot, softmax, batch_dot)" if grouped else
+                     "mxnet.ndarray.contrib.interleaved_matmul_selfatt_qk and interleaved_matmul_selfatt_valatt "
                      "(GluonNLP's BERT path): one Dense to q, k and v interleaved per head, sequence-first (T, B, 3HS)"
                      if not fused_unavailable else
                      "batch_dot on the interleaved q/k/v projection (reshape, transpose, div_sqrt_dim, batch_dot: the "
@@ -98,7 +110,7 @@ def attention_record(blocks: list, network: dict, ctx, dtype: str, train: bool,
                            "cblas_sgemm per sample and head of the BLAS libmxnet links"
                            if cpu else "MXNet's CUDA kernels (src/operator/contrib/transformer.cu): cuBLAS strided "
                                        "batched GEMM, tensor-op GEMM in float16")
-        if not fused_unavailable else "MXNet's batch_dot",
+        if not fused_unavailable and not grouped else "MXNet's batch_dot",
         "blas": next((n for n in ("BLAS_MKL", "BLAS_OPEN", "BLAS_ATLAS", "BLAS_APPLE") if n in features
                       and features.is_enabled(n)), None),
         # with MXNET_SUBGRAPH_BACKEND=MKLDNN a hybridised graph's fused operators and their projections
@@ -108,7 +120,9 @@ def attention_record(blocks: list, network: dict, ctx, dtype: str, train: bool,
                   f"{'training (autograd on, its dropout, the backward pass)' if train else 'inference'} mode; the "
                   "operators MXNet's profiler recorded (profile_imperative, aggregate statistics)"),
     }
-    if any(l.get("causal") for l in network["layers"] if l["type"] in ATTENTION_TYPES):
+    if any(l.get("causal") for l in network["layers"] if l["type"] in ATTENTION_TYPES) or any(
+            l["type"] == "llama_block" or (l["type"] == "grouped_attention" and l["causal"])
+            for l in network["layers"]):
         record["causal_mask"] = ("a (1, T, T) constant, 0 on and below the diagonal and -inf above, broadcast-added "
                                  "to the scores before the softmax")
     if fused_unavailable:

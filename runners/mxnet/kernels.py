@@ -22,6 +22,20 @@ autograd forward and backward, less the forward. Batch norm is the runner's nn.B
 (hybridised) in training mode, its gradients one autograd forward and backward, less the forward.
 A dense layer is the runner's gluon nn.Dense (flatten=False, hybridised) on a (batch, positions,
 inputs) sequence or a flat input, its gradients one autograd forward and backward, less the forward.
+
+A Llama-style decoder's and a Mixture-of-Experts layer's kernels, composed from MXNet's operators
+(it has no fused RMSNorm, rotary, grouped attention or MoE; Gluon blocks hybridised, as the runner's
+would be), each backward one autograd forward and backward, less the forward: RMSNorm as
+x * rsqrt(mean(x^2) + eps) * gamma; the rotary embedding on q (B, H, T, S) and k (B, KV, T, S),
+x * cos + rotate_half(x) * sin; a SwiGLU MLP of three nn.Dense (flatten=False, no bias) and
+x * sigmoid(x); grouped-query attention with the key and value heads repeated H / KV times
+(`repeat`), `batch_dot` scores scaled, the causal mask added, softmax, `batch_dot` with v; the
+router's float32 product and softmax, the top-k by each expert's rank among the token's
+(comparisons, ties to the lower expert: a hybridised graph has no data-dependent shapes) and the
+chosen weights renormalised; the experts by dense dispatch, every expert's SwiGLU on every token
+(a dot over the stacked weights, `batch_dot`) weighted by the routing weights (0 where not chosen)
+and summed: E/k times the work the kernel counts, which is what an MXNet MoE without a grouped
+product pays.
 """
 
 from __future__ import annotations
@@ -30,6 +44,10 @@ from runners.common import contract
 from runners.mxnet.framework import load_mxnet
 from runners.mxnet.layers import block_classes
 from runners.mxnet.transformer import fused_attention_unavailable
+
+
+# the kinds of a Llama-style decoder and a Mixture-of-Experts layer (_decoder)
+DECODER_KINDS = ("rms_norm", "rotary", "swiglu", "grouped_attention", "moe_router", "moe_experts")
 
 
 def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
@@ -206,6 +224,11 @@ def prepare_kernel(spec: dict, device_name: str) -> contract.Kernel:
 
             return kernel(forward, settings=settings)
         return recorded_backward(lambda: block(x), [x] if shape["input_grad"] else [], settings)
+    if kind.startswith(DECODER_KINDS):
+        forward, grads, settings = _decoder(mx, kind, shape, dtype, ctx, rand)
+        if kind.endswith("_fwd"):
+            return kernel(forward, settings=settings)
+        return recorded_backward(forward, grads, settings)
     if kind.startswith("pool2d"):
         x = rand(shape["batch"], shape["channels"], shape["height"], shape["width"])
         op = contract.pool_op(shape)
@@ -240,3 +263,127 @@ def _attention_core(mx, heads: int, rate: float, in_float32: bool):
             return F.contrib.interleaved_matmul_selfatt_valatt(qkv, probs, heads=heads)
 
     return AttentionCore()
+
+
+def _decoder(mx, kind: str, shape: dict, dtype: str, ctx, rand):
+    """(forward, arrays whose gradients a backward computes besides the parameters', settings) of a
+    decoder or MoE kernel (the module docstring)."""
+    import numpy as np
+
+    nd, gluon = mx.nd, mx.gluon
+    bwd = kind.endswith("_bwd")
+
+    def hybridised(block):
+        block.initialize(ctx=ctx)
+        if dtype != "float32":
+            block.cast(dtype)
+        block.hybridize(static_alloc=True, static_shape=True)
+        return block
+
+    if kind.startswith("rms_norm"):
+        rows, dim = shape["rows"], shape["dim"]
+
+        class RMSNorm(gluon.HybridBlock):
+            def __init__(self):
+                super().__init__()
+                self.gamma = self.params.get("gamma", shape=(dim,), init="ones")
+
+            def hybrid_forward(self, F, x, gamma):
+                scale = F.rsqrt(F.mean(F.square(x), axis=-1, keepdims=True) + 1e-5)
+                return F.broadcast_mul(F.broadcast_mul(x, scale), gamma)
+
+        block, x = hybridised(RMSNorm()), rand(rows, dim)
+        return (lambda: block(x)), [x] if not bwd or shape["input_grad"] else [], {
+            "op": "x * rsqrt(mean(x^2) + eps) * gamma from operators (MXNet has no RMSNorm)", "block": "hybridised"}
+    if kind.startswith("rotary"):
+        b, t, h, kv, s = shape["batch"], shape["steps"], shape["heads"], shape["kv_heads"], shape["head_size"]
+        angle = np.outer(np.arange(t), 10000.0 ** (-np.arange(0, s, 2) / s))
+        table = np.concatenate([angle, angle], axis=-1)
+        cos, sin = (nd.array(f(table)[None, None], ctx=ctx, dtype=dtype) for f in (np.cos, np.sin))
+        q, k = rand(b, h, t, s), rand(b, kv, t, s)
+
+        def rotate(u):
+            half = nd.concat(-nd.slice_axis(u, axis=-1, begin=s // 2, end=s),
+                             nd.slice_axis(u, axis=-1, begin=0, end=s // 2), dim=-1)
+            return nd.broadcast_mul(u, cos) + nd.broadcast_mul(half, sin)
+
+        return (lambda: nd.concat(rotate(q).reshape(-1), rotate(k).reshape(-1), dim=0)), [q, k], {
+            "op": "x * cos + rotate_half(x) * sin from operators, on q and k"}
+    if kind.startswith("swiglu"):
+        rows, dim, hidden = shape["rows"], shape["dim"], shape["hidden"]
+
+        class SwiGLU(gluon.HybridBlock):
+            def __init__(self):
+                super().__init__()
+                self.gate = gluon.nn.Dense(hidden, use_bias=False, flatten=False, in_units=dim)
+                self.up = gluon.nn.Dense(hidden, use_bias=False, flatten=False, in_units=dim)
+                self.down = gluon.nn.Dense(dim, use_bias=False, flatten=False, in_units=hidden)
+
+            def hybrid_forward(self, F, x):
+                g = self.gate(x)
+                return self.down(g * F.sigmoid(g) * self.up(x))
+
+        block, x = hybridised(SwiGLU()), rand(rows, dim)
+        return (lambda: block(x)), [x] if not bwd or shape["input_grad"] else [], {
+            "op": "down(silu(gate(x)) * up(x)), gluon.nn.Dense without bias, silu as x * sigmoid(x)",
+            "block": "hybridised"}
+    if kind.startswith("grouped_attention"):
+        b, h, kv, t, s = shape["batch"], shape["heads"], shape["kv_heads"], shape["steps"], shape["head_size"]
+        mask = nd.array(np.triu(np.full((t, t), -np.inf if shape["causal"] else 0.0, dtype=np.float32), k=1)[None],
+                        ctx=ctx, dtype=dtype)
+
+        class GroupedAttention(gluon.HybridBlock):
+            def hybrid_forward(self, F, q, k, v, mask):
+                k, v = (F.repeat(u, repeats=h // kv, axis=1).reshape((-3, 0, 0)) for u in (k, v))
+                scores = F.batch_dot(q.reshape((-3, 0, 0)), k, transpose_b=True) / float(np.sqrt(s))
+                p = F.softmax(F.broadcast_add(scores, mask), axis=-1)
+                return F.batch_dot(p, v).reshape((-4, b, h, 0, 0))
+
+        block = GroupedAttention()
+        block.hybridize(static_alloc=True, static_shape=True)
+        q, k, v = rand(b, h, t, s), rand(b, kv, t, s), rand(b, kv, t, s)
+        return (lambda: block(q, k, v, mask)), [q, k, v], {
+            "op": "repeat of the key/value heads, batch_dot, causal mask, softmax, batch_dot", "block": "hybridised"}
+    if kind.startswith("moe_router"):
+        rows, dim, experts, top = shape["rows"], shape["dim"], shape["experts"], shape["top_k"]
+        x, weight = rand(rows, dim), nd.random.normal(shape=(experts, dim), ctx=ctx)
+        weight.attach_grad()
+        lower = nd.array(np.tril(np.ones((experts, experts), dtype=np.float32), k=-1)[None], ctx=ctx)
+
+        def route():
+            p = nd.softmax(nd.dot(nd.amp_cast(x, dtype="float32"), weight, transpose_b=True), axis=-1)
+            return _chosen_weights(nd, p, lower, top)
+
+        return route, [x, weight], {
+            "op": "float32 dot, softmax, the top-k by each expert's rank among the token's (comparisons: a "
+                  "hybridised graph has no data-dependent shapes), renormalised over the chosen"}
+    tokens, dim, hidden, experts, top = (shape["tokens"], shape["dim"], shape["hidden"], shape["experts"],
+                                         shape["top_k"])
+    chosen = (np.arange(tokens)[:, None] * top + np.arange(top)[None, :]) % experts
+    share = np.zeros((tokens, experts), dtype=np.float32)
+    np.put_along_axis(share, chosen, 1.0 / top, axis=1)
+    x = rand(tokens, dim)
+    gate, up, down = rand(experts, hidden, dim), rand(experts, hidden, dim), rand(experts, dim, hidden)
+    weights = nd.array(share, ctx=ctx, dtype=dtype)  # (N, E): 1/k for the chosen experts, 0 elsewhere
+
+    def experts_forward():  # dense dispatch: every expert on every token, weighted by 0 where not chosen
+        g = nd.dot(x, gate.reshape((-3, 0)), transpose_b=True)
+        h = g * nd.sigmoid(g) * nd.dot(x, up.reshape((-3, 0)), transpose_b=True)  # (N, E*hidden)
+        h = nd.transpose(h.reshape((0, experts, hidden)), axes=(1, 0, 2))  # (E, N, hidden)
+        y = nd.batch_dot(h, down, transpose_b=True)  # (E, N, D)
+        return nd.sum(nd.broadcast_mul(y, nd.expand_dims(nd.transpose(weights), axis=2)), axis=0)
+
+    return experts_forward, [x, gate, up, down, weights], {
+        "op": "dense dispatch: every expert's SwiGLU on every token (dot over the stacked weights, batch_dot), "
+              "the outputs weighted (0 where not chosen) and summed: E/k times the chosen work, as MXNet has no "
+              "grouped product and a hybridised graph no data-dependent shapes",
+        "routing": "token t to experts (t*k + j) mod E, weights 1/k"}
+
+
+def _chosen_weights(nd, p, lower, top: int):
+    """(N, E) weights: p renormalised over each token's top-k experts (rank below k, ties to the lower
+    expert), 0 elsewhere."""
+    row, col = nd.expand_dims(p, axis=2), nd.expand_dims(p, axis=1)
+    rank = nd.sum(nd.broadcast_greater(col, row) + nd.broadcast_mul(nd.broadcast_equal(col, row), lower), axis=2)
+    picked = p * (rank < top)
+    return nd.broadcast_div(picked, nd.sum(picked, axis=1, keepdims=True))

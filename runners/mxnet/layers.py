@@ -250,4 +250,9 @@ LAYERS = LayerTable("mxnet", {
     "lm_head": Layer(transformer.build_lm_head, transformer.lm_head_weights),
     "segment_embedding": Layer(transformer.build_segment_embedding, transformer.table_weight),
     "pretraining_heads": Layer(transformer.build_pretraining_heads, transformer.pretraining_heads_weights),
+    "rms_norm": Layer(transformer.build_rms_norm, transformer.rms_norm_weights),
+    "grouped_attention": Layer(transformer.build_grouped_attention, transformer.grouped_attention_weights),
+    "swiglu": Layer(transformer.build_swiglu, transformer.swiglu_weights),
+    "moe": Layer(transformer.build_moe, transformer.moe_weights),
+    "llama_block": Layer(transformer.build_llama_block, transformer.llama_block_weights),
 })

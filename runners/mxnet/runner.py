@@ -104,6 +104,19 @@ import os
 from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, Kernel, Prepared
 from runners.common.protocol import Skip
 from runners.mxnet.attention import attention_record
+
+# What MXNet 1.9 has no operator for, and what each is composed of (transformer.py)
+LLAMA_COMPOSITION = ("composed from MXNet's operators, which have no RMSNorm, rotary, SiLU or grouped attention: "
+                     "RMSNorm as square, mean, rsqrt and two broadcast products; rotary as slices, a concat and "
+                     "broadcast products with (1, 1, T, S) cos and sin constants; SiLU as x * sigmoid(x); grouped "
+                     "attention as separate Dense q, k, v, the key/value heads repeated per group, batch_dot, "
+                     "softmax and batch_dot (its fused interleaved operators take equal q, k and v heads)")
+MOE_COMPOSITION = ("dense dispatch: the router in float32 (float64 in a check) by dot and softmax, the top-k by each "
+                   "expert's rank among the token's (comparisons: ties to the lower expert), then every expert on "
+                   "every token (E/k times the chosen experts' products: a hybridised graph has no data-dependent "
+                   "shapes and MXNet no grouped product) summed with the renormalised weights, 0 for the experts not "
+                   "chosen; the load-balancing loss's gradient through the custom operator "
+                   "dlbench_add_auxiliary_loss; capacity factors refused")
 from runners.mxnet.framework import has_attention, load_mxnet, mxnet_loaded
 from runners.mxnet.precision import (AMP_TARGET, FLOAT64_CPU, FLOAT64_CUDA, ReducedPrecisionUnsupported, amp_fp32_ops,
                                      amp_init, amp_settings, dtype_name, float32_math, float32_math_env,
@@ -323,6 +336,11 @@ class MXNetRunner:
                     "fused RNN operator, cuDNN in float64"
         if cuda:
             settings["cudnn_autotune"] = os.environ.get("MXNET_CUDNN_AUTOTUNE_DEFAULT", "1")
+        llama_types = {"rms_norm", "grouped_attention", "swiglu", "moe", "llama_block"}
+        if any(l["type"] in llama_types for l in network["layers"]):
+            settings["llama_layers"] = LLAMA_COMPOSITION
+            if any(l["type"] == "moe" or (l["type"] == "llama_block" and l["moe"]) for l in network["layers"]):
+                settings["moe"] = MOE_COMPOSITION
 
         inp = network["input"]
         if request.get("inputs"):

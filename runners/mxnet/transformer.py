@@ -12,6 +12,8 @@ import functools
 import math
 from typing import NamedTuple
 
+from runners.common import rotary
+from runners.common.contract import Skip
 from runners.mxnet.framework import framework_message, gluon_nn, load_mxnet
 
 
@@ -228,10 +230,197 @@ def transformer_classes() -> dict:
             masked = F.take(h, positions, axis=1)  # (B, M, D)
             return self.decoder(self.transform_ln(self.gelu(self.transform(masked)))), next_sentence
 
+    class RMSNorm(mx.gluon.HybridBlock):
+        """gamma * x / sqrt(mean(x^2) + eps) over the last axis, composed from MXNet's operators (it
+        has no RMSNorm operator): square, mean, rsqrt, two broadcast products."""
+
+        def __init__(self, dim: int, eps: float, **kwargs):
+            super().__init__(**kwargs)
+            self.eps = eps
+            with self.name_scope():
+                self.gamma = self.params.get("gamma", shape=(dim,), init=mx.init.One())
+
+        def hybrid_forward(self, F, x, gamma):
+            scale = F.rsqrt(F.mean(F.square(x), axis=-1, keepdims=True) + self.eps)
+            return F.broadcast_mul(F.broadcast_mul(x, scale), gamma)
+
+    class GroupedAttention(mx.gluon.HybridBlock):
+        """Grouped-query attention with rotary position embedding, composed from MXNet's operators (its
+        fused self-attention operators take one interleaved q/k/v projection of equal heads, which
+        grouped heads are not): q, k and v as Dense without bias, q and k rotated (rotate_half) by cos
+        and sin tables (runners/common/rotary.py's, constants of the graph), the key/value heads
+        repeated per query group (F.repeat, HuggingFace's repeat_kv), the scores by batch_dot
+        (contrib.div_sqrt_dim on q), the causal mask added, softmax, batch_dot with v, the out Dense."""
+
+        def __init__(self, spec: dict, steps: int, float64: bool, **kwargs):
+            super().__init__(**kwargs)
+            dim = spec["in_shape"][-1]
+            self.heads, self.kv_heads, self.size = spec["heads"], spec["kv_heads"], spec["head_size"]
+            self.causal = spec["causal"]
+            with self.name_scope():
+                self.q = nn.Dense(self.heads * self.size, flatten=False, use_bias=False, in_units=dim)
+                self.k = nn.Dense(self.kv_heads * self.size, flatten=False, use_bias=False, in_units=dim)
+                self.v = nn.Dense(self.kv_heads * self.size, flatten=False, use_bias=False, in_units=dim)
+                self.out = nn.Dense(dim, flatten=False, use_bias=False, in_units=self.heads * self.size)
+                cos, sin = rotary.layer_tables(spec, steps)
+                # (1, 1, T, S) in the network's dtype (float64 exact in a float64 check; a float32
+                # network's operators take no float64 operand)
+                tables = "float64" if float64 else "float32"
+                self.cos = self.params.get_constant("cos", mx.nd.array(cos[None, None], dtype=tables))
+                self.sin = self.params.get_constant("sin", mx.nd.array(sin[None, None], dtype=tables))
+                mask = np.triu(np.full((steps, steps), -np.inf, dtype=np.float32), k=1)[None]
+                self.causal_mask = self.params.get_constant("causal_mask", mx.nd.array(mask))
+
+        def _heads(self, F, proj, heads):
+            """(B, T, heads*S) -> (B, heads, T, S)."""
+            return F.transpose(F.reshape(proj, shape=(0, 0, heads, -1)), axes=(0, 2, 1, 3))
+
+        def _rotate(self, F, t, cos, sin):
+            half = self.size // 2
+            rotated = F.concat(-F.slice_axis(t, axis=-1, begin=half, end=None),
+                               F.slice_axis(t, axis=-1, begin=0, end=half), dim=-1)
+            return F.broadcast_add(F.broadcast_mul(t, cos), F.broadcast_mul(rotated, sin))
+
+        def hybrid_forward(self, F, x, cos, sin, causal_mask):
+            q = self._rotate(F, self._heads(F, self.q(x), self.heads), cos, sin)
+            k = self._rotate(F, self._heads(F, self.k(x), self.kv_heads), cos, sin)
+            v = self._heads(F, self.v(x), self.kv_heads)
+            groups = self.heads // self.kv_heads
+            if groups > 1:
+                k, v = F.repeat(k, repeats=groups, axis=1), F.repeat(v, repeats=groups, axis=1)
+            fold = lambda t: F.reshape(t, shape=(-3, 0, 0))  # noqa: E731 - (B, H, T, S) -> (B*H, T, S)
+            scores = F.batch_dot(F.contrib.div_sqrt_dim(fold(q)), fold(k), transpose_b=True)
+            if self.causal:
+                scores = F.broadcast_add(scores, causal_mask)
+            a = F.batch_dot(F.softmax(scores, axis=-1), fold(v))  # (B*H, T, S)
+            a = F.reshape(a, shape=(-4, -1, self.heads, 0, 0))  # (B, H, T, S)
+            return self.out(F.reshape(F.transpose(a, axes=(0, 2, 1, 3)), shape=(0, 0, -1)))
+
+    class SwiGLU(mx.gluon.HybridBlock):
+        """down(silu(gate(x)) * up(x)), Dense without bias; silu as x * sigmoid(x) (MXNet 1.9 has no
+        silu activation)."""
+
+        def __init__(self, dim: int, hidden: int, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.gate = nn.Dense(hidden, flatten=False, use_bias=False, in_units=dim)
+                self.up = nn.Dense(hidden, flatten=False, use_bias=False, in_units=dim)
+                self.down = nn.Dense(dim, flatten=False, use_bias=False, in_units=hidden)
+
+        def hybrid_forward(self, F, x):
+            g = self.gate(x)
+            return self.down(g * F.sigmoid(g) * self.up(x))
+
+    class MixtureOfExperts(mx.gluon.HybridBlock):
+        """E SwiGLU experts (their weights stacked, (E, hidden, D) and (E, D, hidden)) and a linear
+        router, composed from MXNet's operators with static shapes (a hybridised graph has no
+        data-dependent shapes, and MXNet no grouped product): the router's product and softmax in
+        float32 (float64 in a float64 check), the top-k by each expert's rank among the token's
+        (rank_e = #{p_j > p_e} + #{j < e: p_j = p_e}: the tie-break rule itself, by comparisons), the
+        chosen weights renormalised and every other expert's weight 0, then EVERY expert computed on
+        every token (E/k times the work of the chosen ones: dense dispatch) and the outputs summed
+        with those weights. In training the load-balancing loss enters the gradient through the
+        custom operator dlbench_add_auxiliary_loss, times its weight. Capacity factors: not built."""
+
+        def __init__(self, dim: int, hidden: int, routing: dict, float64: bool, **kwargs):
+            super().__init__(**kwargs)
+            experts = routing["experts"]
+            self.experts, self.top_k, self.hidden = experts, routing["top_k"], hidden
+            self.aux_weight = routing["aux_loss_weight"]
+            self.router_dtype = "float64" if float64 else "float32"
+            with self.name_scope():
+                init = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=1)
+                self.router = self.params.get("router", shape=(experts, dim), init=init)
+                self.gate = self.params.get("expert_gate", shape=(experts, hidden, dim), init=init)
+                self.up = self.params.get("expert_up", shape=(experts, hidden, dim), init=init)
+                self.down = self.params.get("expert_down", shape=(experts, dim, hidden), init=init)
+                lower = np.tril(np.ones((experts, experts), dtype=np.float32), k=-1)  # [e, j]: j < e
+                self.lower = self.params.get_constant("lower_index", mx.nd.array(lower[None]))
+
+        def hybrid_forward(self, F, x, router, gate, up, down, lower):
+            tokens = F.reshape(x, shape=(-3, 0))  # (B, T, D) -> (N, D)
+            wide = self.router_dtype
+            p = F.softmax(F.dot(F.cast(tokens, wide), F.cast(router, wide), transpose_b=True), axis=-1)  # (N, E)
+            row, col = F.expand_dims(p, axis=2), F.expand_dims(p, axis=1)  # p_e on axis 1, p_j on axis 2
+            above = F.broadcast_greater(col, row)  # [n, e, j]: p_j > p_e
+            tied = F.broadcast_mul(F.broadcast_equal(col, row), F.cast(lower, wide))
+            rank = F.sum(above + tied, axis=2)  # (N, E)
+            chosen = rank < self.top_k
+            picked = p * chosen
+            weights = F.broadcast_div(picked, F.sum(picked, axis=1, keepdims=True))  # (N, E)
+            flat_gate = F.reshape(gate, shape=(-3, 0))  # (E*H, D)
+            flat_up = F.reshape(up, shape=(-3, 0))
+            g = F.dot(tokens, flat_gate, transpose_b=True)
+            h = g * F.sigmoid(g) * F.dot(tokens, flat_up, transpose_b=True)  # (N, E*H)
+            h = F.transpose(F.reshape(h, shape=(0, self.experts, self.hidden)), axes=(1, 0, 2))  # (E, N, H)
+            y = F.batch_dot(h, down, transpose_b=True)  # (E, N, D)
+            out = F.sum(F.broadcast_mul(y, F.expand_dims(F.transpose(weights), axis=2)), axis=0)  # (N, D)
+            out = F.reshape_like(out, x)
+            # in the graph whatever the mode (a hybridised graph is traced once): forward the identity,
+            # its gradient is training's only
+            if self.aux_weight:
+                fraction = F.mean(chosen, axis=0)  # f_e: each token counted once per chosen expert
+                aux = self.experts * F.sum(fraction * F.mean(p, axis=0)) * self.aux_weight
+                out = F.Custom(out, aux, op_type=ADD_AUXILIARY_LOSS)
+            return out
+
+    class LlamaBlock(mx.gluon.HybridBlock):
+        """x + attn(norm1(x)), then + ffn(norm2(x)), the ffn a SwiGLU or the MixtureOfExperts."""
+
+        def __init__(self, spec: dict, float64: bool, **kwargs):
+            super().__init__(**kwargs)
+            steps, dim = spec["in_shape"]
+            with self.name_scope():
+                self.norm1 = RMSNorm(dim, spec["eps"])
+                self.attn = GroupedAttention({**spec, "causal": True}, steps, float64)
+                self.norm2 = RMSNorm(dim, spec["eps"])
+                self.ffn = (SwiGLU(dim, spec["hidden"]) if spec["moe"] is None
+                            else MixtureOfExperts(dim, spec["hidden"], spec["moe"], float64))
+
+        def hybrid_forward(self, F, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.ffn(self.norm2(x))
+
     return {"PositionEmbedding": PositionEmbedding, "PatchEmbedding": PatchEmbedding, "SelfAttention": SelfAttention,
             "TransformerBlock": TransformerBlock, "TokenPool": TokenPool, "gelu_block": gelu_block,
             "layer_norm_block": layer_norm_block, "SegmentEmbedding": SegmentEmbedding,
-            "PretrainingHeads": PretrainingHeads}
+            "PretrainingHeads": PretrainingHeads, "RMSNorm": RMSNorm, "GroupedAttention": GroupedAttention,
+            "SwiGLU": SwiGLU, "MixtureOfExperts": MixtureOfExperts, "LlamaBlock": LlamaBlock}
+
+
+ADD_AUXILIARY_LOSS = "dlbench_add_auxiliary_loss"
+
+
+@functools.lru_cache(maxsize=None)
+def register_auxiliary_loss() -> None:
+    """The custom operator that adds an auxiliary loss through its gradient (DeepSeek's
+    AddAuxiliaryLoss): forward x unchanged, backward x's gradient and 1 for the loss (inputs x, aux)."""
+    mx = load_mxnet()
+
+    class AddAuxiliaryLoss(mx.operator.CustomOp):
+        def forward(self, is_train, req, in_data, out_data, aux):
+            self.assign(out_data[0], req[0], in_data[0])
+
+        def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+            self.assign(in_grad[0], req[0], out_grad[0])
+            self.assign(in_grad[1], req[1], mx.nd.ones_like(in_data[1]))
+
+    @mx.operator.register(ADD_AUXILIARY_LOSS)
+    class AddAuxiliaryLossProp(mx.operator.CustomOpProp):
+        def __init__(self):
+            super().__init__(need_top_grad=True)
+
+        def list_arguments(self):
+            return ["data", "loss"]
+
+        def infer_shape(self, in_shape):
+            return in_shape, [in_shape[0]], []
+
+        def infer_type(self, in_type):
+            return in_type, [in_type[0]], []
+
+        def create_operator(self, ctx, shapes, dtypes):
+            return AddAuxiliaryLoss()
 
 
 def fused_attention_unavailable(ctx, dtype: str) -> str | None:
@@ -277,6 +466,38 @@ def build_attention(spec, build):
 
 def build_transformer_block(spec, build):
     return build.classes["TransformerBlock"](spec, build.fused_attention, build.float64)
+
+
+def build_rms_norm(spec, build):
+    return build.classes["RMSNorm"](spec["in_shape"][-1], spec["eps"])
+
+
+def build_grouped_attention(spec, build):
+    return build.classes["GroupedAttention"](spec, spec["in_shape"][0], build.float64)
+
+
+def build_swiglu(spec, build):
+    return build.classes["SwiGLU"](spec["in_shape"][-1], spec["hidden"])
+
+
+def _refuse_capacity(routing: dict) -> None:
+    if routing["capacity_factor"] is not None:
+        raise Skip("mxnet runner: an moe with a capacity factor is not built (its dense dispatch computes every "
+                   "expert on every token; dropping choices past a capacity needs a cumulative count it does not "
+                   "compose): dropless only")
+
+
+def build_moe(spec, build):
+    _refuse_capacity(spec)
+    register_auxiliary_loss()
+    return build.classes["MixtureOfExperts"](spec["in_shape"][-1], spec["hidden"], spec, build.float64)
+
+
+def build_llama_block(spec, build):
+    if spec["moe"] is not None:
+        _refuse_capacity(spec["moe"])
+        register_auxiliary_loss()
+    return build.classes["LlamaBlock"](spec, build.float64)
 
 
 def build_token_pool(spec, build):
@@ -391,4 +612,43 @@ def pretraining_heads_weights(prefix: str, layer: dict, block) -> dict:
     if not layer["tied"]:  # tied: the decoder's weight is 000.weight, the embedding's
         out[f"{prefix}.decoder.weight"] = block.decoder.weight
     out[f"{prefix}.decoder.bias"] = block.decoder.bias
+    return out
+
+
+def rms_norm_weights(prefix: str, layer: dict, block) -> dict:
+    return {f"{prefix}.gamma": block.gamma}
+
+
+def _grouped_attention_params(prefix: str, attn) -> dict:
+    return {f"{prefix}.{part}.weight": getattr(attn, part).weight for part in ("q", "k", "v", "out")}
+
+
+def grouped_attention_weights(prefix: str, layer: dict, block) -> dict:
+    return _grouped_attention_params(prefix, block)
+
+
+def _swiglu_params(prefix: str, mlp) -> dict:
+    return {f"{prefix}.{part}.weight": getattr(mlp, part).weight for part in ("gate", "up", "down")}
+
+
+def swiglu_weights(prefix: str, layer: dict, block) -> dict:
+    return _swiglu_params(prefix, block)
+
+
+def _moe_params(prefix: str, moe) -> dict:
+    return {f"{prefix}.router.weight": moe.router, f"{prefix}.experts.gate": moe.gate,
+            f"{prefix}.experts.up": moe.up, f"{prefix}.experts.down": moe.down}
+
+
+def moe_weights(prefix: str, layer: dict, block) -> dict:
+    return _moe_params(prefix, block)
+
+
+def llama_block_weights(prefix: str, layer: dict, block) -> dict:
+    out = {f"{prefix}.norm1.gamma": block.norm1.gamma, **_grouped_attention_params(f"{prefix}.attn", block.attn),
+           f"{prefix}.norm2.gamma": block.norm2.gamma}
+    if layer["moe"] is None:
+        out.update(_swiglu_params(f"{prefix}.mlp", block.ffn))
+    else:
+        out.update(_moe_params(f"{prefix}.moe", block.ffn))
     return out

@@ -30,8 +30,8 @@ def attention_setting(network: dict, per_layer: list, train: bool, jit: bool, cu
     for i, (spec, made) in enumerate(zip(network["layers"], per_layer)):
         if spec["type"] == "attention":
             attentions.append((f"{i:03d}", spec, made[0].mha))
-        elif spec["type"] == "transformer_block":
-            attentions.append((f"{i:03d}", spec, made[0].attn))
+        elif spec["type"] in ("transformer_block", "grouped_attention", "llama_block"):
+            attentions.append((f"{i:03d}", spec, made[0].attn if spec["type"] != "grouped_attention" else made[0]))
     if not attentions:
         return None
     paths, ops_seen, flash_args = {}, {}, {}
@@ -42,10 +42,14 @@ def attention_setting(network: dict, per_layer: list, train: bool, jit: bool, cu
             calls.append(kwargs.get("flash_attention"))
             return real(*args, **kwargs)
 
-        def trace(x, mha=mha, causal=spec["causal"]):
-            return mha(x, x, use_causal_mask=causal, training=train)
+        def trace(x, mha=mha, causal=spec.get("causal", True)):
+            if isinstance(mha, keras.layers.MultiHeadAttention):
+                return mha(x, x, use_causal_mask=causal, training=train)
+            return mha(x)  # a grouped attention (transformer.py): keras.ops.dot_product_attention, no dropout
 
-        with unittest.mock.patch.object(keras_ops, "dot_product_attention", watched):
+        # MultiHeadAttention calls it on keras.src.ops, a grouped attention on keras.ops: both watched
+        with unittest.mock.patch.object(keras_ops, "dot_product_attention", watched), \
+                unittest.mock.patch.object(keras.ops, "dot_product_attention", watched):
             graph = tf.function(trace).get_concrete_function(
                 tf.TensorSpec((1, *spec["in_shape"]), mha.compute_dtype)).graph
         if calls:
@@ -65,7 +69,9 @@ def attention_setting(network: dict, per_layer: list, train: bool, jit: bool, cu
         return next(iter(by_layer.values())) if len(values) == 1 else by_layer
 
     return {
-        "function": "keras.layers.MultiHeadAttention",
+        "function": one_or_each({name: ("keras.layers.MultiHeadAttention" if isinstance(mha, keras.layers.MultiHeadAttention)
+                                        else "keras_hub-style grouped attention (EinsumDense, rotary)")
+                                 for name, _, mha in attentions}),
         "kernel": one_or_each(paths),
         "flash_attention": {
             "argument": one_or_each(flash_args),

@@ -24,10 +24,13 @@ respectively). With one pack the all-reduce starts after the whole backward pass
 defaults the exchange is not hidden at all; the difference of the two medians shows it.
 
 Collectives (suite comm): TF's collective ops themselves (CollectiveReduceV2, CollectiveGatherV2,
-CollectiveBcastSendV2/RecvV2, CollectiveReduceScatterV2), the kernels the strategy's cross-device
-ops call, in the strategy's collective group with its implementation, timeout and a fresh instance
-key per call (as the strategy's own launcher does). Reduce-scatter has an NCCL implementation only:
-on CPU it is reported as not offered.
+CollectiveBcastSendV2/RecvV2, CollectiveReduceScatterV2, CollectiveAllToAllV2), the kernels the
+strategy's cross-device ops call, in the strategy's collective group with its implementation,
+timeout and a fresh instance key per call (as the strategy's own launcher does). Reduce-scatter has
+an NCCL implementation only: on CPU it is reported as not offered. All-to-all: the strategy has no
+method for it (its cross-device ops reduce, gather and broadcast), but TF 2.21's
+CollectiveAllToAllV2 runs in the strategy's group on CPU (TF's own all-to-all over the workers'
+gRPC servers) and GPU (NCCL); the buffer goes in as n rows, row j to rank j.
 """
 
 from __future__ import annotations
@@ -372,6 +375,10 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
                 if op == "reduce_scatter":
                     return raw.CollectiveReduceScatterV2(input=send, instance_key=instance_key, ordering_token=[],
                                                          merge_op="Add", final_op="Id", **common)
+                if op == "all_to_all":  # t[j] to rank j: the buffer as n rows of count/n
+                    rows = tf.reshape(send, [n, -1])
+                    return tf.reshape(raw.CollectiveAllToAllV2(input=rows, instance_key=instance_key,
+                                                               ordering_token=[], **common), [-1])
                 if op == "broadcast":
                     if root:
                         return raw.CollectiveBcastSendV2(input=send, instance_key=instance_key, **common)

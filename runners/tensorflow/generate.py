@@ -13,6 +13,7 @@ jit_compile=True under `compile: compiled` (XLA), as the runner's train and infe
 
 from __future__ import annotations
 
+from runners.common import rotary
 from runners.common.contract import DecoderLayout, Generator
 from runners.tensorflow.framework import load_keras, load_tf
 from runners.tensorflow.precision import precision_scope
@@ -26,7 +27,7 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
     tf, keras = load_tf(), load_keras()
     ops = keras.ops
     network = request["network"]
-    layout = DecoderLayout(network)
+    layout = DecoderLayout(network, llama=True)
     prompt_length, new_tokens = layout.request_lengths(request)
     length = prompt_length + new_tokens
     keras.utils.set_random_seed(request.get("seed", 0))
@@ -34,8 +35,12 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
         # deterministic: dropout left out, so every attention takes keras.ops.dot_product_attention
         _, per_layer, _, permuted = build_network(network, True, precision)
         variables = canonical_variables(network, per_layer, permuted)
-        (embedding,), (position,) = per_layer[layout.embedding], per_layer[layout.position]
+        (embedding,) = per_layer[layout.embedding]
+        position = per_layer[layout.position][0] if layout.position is not None else None  # None: rotary
         blocks = [per_layer[i][0] for i in layout.blocks]
+        if layout.llama:  # the rotary tables for every position a request reaches
+            for block in blocks:
+                block.attn.cos, block.attn.sin = rotary.layer_tables(block.attn.spec, length)
         final_norm = per_layer[layout.norm][0] if layout.norm is not None else None
         (head,) = per_layer[layout.head]
         if request.get("inputs"):
@@ -47,7 +52,10 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
         batch = int(prompt.shape[0])
         compute = tf.as_dtype(blocks[0].compute_dtype)
         first = blocks[0].attn
-        cache_shape = (batch, len(blocks), 2, length, first._num_heads, first._key_dim)
+        if layout.llama:  # a key/value-head cache (keras_hub's Llama)
+            cache_shape = (batch, len(blocks), 2, length, first.spec["kv_heads"], first.spec["head_size"])
+        else:
+            cache_shape = (batch, len(blocks), 2, length, first._num_heads, first._key_dim)
         positions = [tf.constant(i, tf.int32) for i in range(length)]  # one device scalar per position
         rows = ops.arange(length, dtype="int32")  # int32 throughout: under float64 Keras' default ints are int64
 
@@ -63,7 +71,29 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
         out, _ = mha._compute_attention(q, keys, values, attention_mask=mask, training=False)
         return mha._output_dense(out), cache
 
+    def grouped_attention(attn, h, cache, i, index):
+        """keras_hub's Llama attention with its cache: q and k rotated from `index`, k and v into block
+        i's cache rows, keras.ops.dot_product_attention over the cache with the written rows."""
+        q, k, v = attn.project(h, index)
+        update = ops.expand_dims(ops.stack([k, v], axis=1), axis=1)  # (B, 1, 2, T, KV, S)
+        cache = ops.slice_update(cache, [0, i, 0, index, 0, 0], ops.cast(update, cache.dtype))
+        keys, values = cache[:, i, 0], cache[:, i, 1]
+        t = ops.shape(h)[1]
+        mask = rows[None, :] <= (index + ops.arange(t, dtype="int32"))[:, None]  # (T, L)
+        return attn.attend(q, keys, values, causal=False, mask=mask[None, None]), cache
+
+    def llama_forward(tokens, cache, index):
+        x = embedding(tokens)
+        for i, block in enumerate(blocks):
+            a, cache = grouped_attention(block.attn, block.norm1(x), cache, i, index)
+            x = x + a
+            x = x + block.ffn(block.norm2(x))
+        logits = head(final_norm(x[:, -1]))
+        return ops.argmax(logits, axis=-1), logits, cache
+
     def forward(tokens, cache, index):
+        if layout.llama:
+            return llama_forward(tokens, cache, index)
         x = embedding(tokens)
         t = ops.shape(tokens)[1]
         x = x + ops.cast(ops.slice(ops.convert_to_tensor(position.table), [index, 0], [t, ops.shape(x)[-1]]), x.dtype)
@@ -110,9 +140,10 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
         precision=precision,
         generation={"prompt_length": prompt_length, "new_tokens": new_tokens, "batch_size": batch,
                     "decoding": "greedy (argmax)",
-                    "cache": "one tensor (batch, blocks, 2, prompt + new tokens, heads, head size) passed through "
-                             "the step, written with keras.ops.slice_update (keras_hub's GPT2CausalLM and "
-                             "CachedMultiHeadAttention)",
+                    "cache": (f"one tensor (batch, blocks, 2, prompt + new tokens, "
+                              f"{'key/value heads' if layout.llama else 'heads'}, head size) passed through "
+                              "the step, written with keras.ops.slice_update (keras_hub's "
+                              f"{'Llama' if layout.llama else 'GPT2CausalLM and CachedMultiHeadAttention'})"),
                     "attention": "MultiHeadAttention's projections and _compute_attention "
                                  "(keras.ops.dot_product_attention) with a mask of the rows written",
                     "steps": f"tf.function(jit_compile={jit}) prefill and decode step"})

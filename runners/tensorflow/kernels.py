@@ -25,6 +25,18 @@ a tape with the forward. Batch norm is the runner's layer in training (FusedBatc
 statistics assigned), its gradients likewise in a tape with the forward. A dense layer is the
 runner's keras.layers.Dense on a (batch, positions, inputs) sequence or a flat input, its gradients
 likewise in a tape with the forward.
+
+A Llama-style decoder's and a Mixture-of-Experts layer's kernels, under the Keras dtype policy of the
+kernel's precision, each backward in a tape with its forward (the harness takes the forward off):
+keras.layers.RMSNormalization (Keras 3.15); the rotary embedding on q (B, T, H, S) and k (B, T, KV,
+S), `x * cos + rotate_half(x) * sin` (keras_hub's RotaryEmbedding's form: Keras has no layer of
+it); a SwiGLU MLP of three keras.layers.Dense without bias and keras.activations.silu (keras_hub's
+LlamaMLP design); grouped-query attention as keras.layers.GroupQueryAttention's call runs it on
+its projections, the key and value heads repeated H / KV times (`ops.repeat`) then its
+`_compute_attention` (keras.ops.dot_product_attention, causal); the router's float32 product,
+softmax, `tf.math.top_k` (ties to the lower index) and the chosen weights renormalised; the experts
+as a loop over them in the graph, each gathering its tokens (`tf.gather`), its SwiGLU on its slices
+of the stacked weights, and its weighted output added back (`tf.tensor_scatter_nd_add`).
 """
 
 from __future__ import annotations
@@ -34,6 +46,10 @@ from runners.tensorflow.framework import device_of, load_keras, load_tf
 from runners.tensorflow.precision import precision_scope
 from runners.tensorflow.transformer import transformer_classes
 from runners.tensorflow.layers import layer_classes, lstm_layer, padding_plan, set_batch_norm_floor
+
+
+# the kinds of a Llama-style decoder and a Mixture-of-Experts layer (_decoder_kernel)
+DECODER_KINDS = ("rms_norm", "rotary", "swiglu", "grouped_attention", "moe_router", "moe_experts")
 
 
 class GraphKernel(Kernel):
@@ -181,6 +197,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return _pooling_kernel(tf, kind, shape, spec["dtype"], rand, make)
     if kind.startswith("batch_norm"):
         return _batch_norm_kernel(tf, kind, shape, spec["dtype"], rand, make, device_name == "cuda")
+    if kind.startswith(DECODER_KINDS):
+        return _decoder_kernel(tf, kind, shape, spec["dtype"], device, rand, make)
     raise ValueError(f"tensorflow runner: unknown kernel kind {kind!r}")
 
 
@@ -320,6 +338,118 @@ def _transformer_kernel(tf, kind: str, shape: dict, dtype: str, rand, make) -> G
         with tf.GradientTape() as tape:
             tape.watch(inputs)
             out = forward(*inputs)
+        return out, tape.gradient(out, (list(inputs) if input_grad else []) + weights, output_gradients=dy)
+
+    return make(forward_backward, args, includes_forward=True, settings=settings)
+
+
+def _decoder_kernel(tf, kind: str, shape: dict, dtype: str, device: str, rand, make) -> GraphKernel:
+    """RMSNorm, rotary, SwiGLU, grouped attention, the MoE router and its experts (module docstring):
+    the forward, or forward and backward in one tape (the gradients of `inputs` and `weights`)."""
+    keras = load_keras()
+    ops = keras.ops
+    weights: list = []
+    with precision_scope(KERNEL_PRECISION[dtype]), tf.device(device):
+        compute = keras.config.dtype_policy().compute_dtype  # the policy's (float32 for the float32 kernels)
+        if kind.startswith("rms_norm"):
+            rows, dim = shape["rows"], shape["dim"]
+            layer = keras.layers.RMSNormalization(epsilon=1e-5)
+            layer.build((rows, dim))
+            forward, args = layer, (tf.cast(rand(rows, dim), layer.compute_dtype),)
+            weights = list(layer.trainable_variables)
+            input_grad = kind == "rms_norm_fwd" or bool(shape["input_grad"])
+            settings = {"op": "keras.layers.RMSNormalization"}
+        elif kind.startswith("rotary"):
+            b, t, h, kv, s = shape["batch"], shape["steps"], shape["heads"], shape["kv_heads"], shape["head_size"]
+            angle = tf.tensordot(tf.range(t, dtype=tf.float32), 10000.0 ** (-tf.range(0, s, 2, dtype=tf.float32) / s),
+                                 axes=0)
+            cos, sin = (tf.cast(f(tf.concat([angle, angle], -1)), compute)[:, None, :] for f in (tf.cos, tf.sin))
+
+            def rotate(u):
+                return u * cos + tf.concat([-u[..., s // 2:], u[..., :s // 2]], -1) * sin
+
+            def forward(q, k):
+                return rotate(q), rotate(k)
+
+            args, input_grad = (tf.cast(rand(b, t, h, s), compute), tf.cast(rand(b, t, kv, s), compute)), True
+            settings = {"op": "x * cos + rotate_half(x) * sin on q and k (keras_hub's RotaryEmbedding's form)"}
+        elif kind.startswith("swiglu"):
+            rows, dim, hidden = shape["rows"], shape["dim"], shape["hidden"]
+            gate, up = keras.layers.Dense(hidden, use_bias=False), keras.layers.Dense(hidden, use_bias=False)
+            down = keras.layers.Dense(dim, use_bias=False)
+            for layer, width in ((gate, dim), (up, dim), (down, hidden)):
+                layer.build((rows, width))
+                weights += list(layer.trainable_variables)
+
+            def forward(x):
+                return down(keras.activations.silu(gate(x)) * up(x))
+
+            args = (tf.cast(rand(rows, dim), gate.compute_dtype),)
+            input_grad = kind == "swiglu_fwd" or bool(shape["input_grad"])
+            settings = {"op": "down(keras.activations.silu(gate(x)) * up(x)), keras.layers.Dense without bias"}
+        elif kind.startswith("grouped_attention"):
+            b, h, kv, t, s = shape["batch"], shape["heads"], shape["kv_heads"], shape["steps"], shape["head_size"]
+            gqa = keras.layers.GroupQueryAttention(head_dim=s, num_query_heads=h, num_key_value_heads=kv,
+                                                   use_bias=False)
+            gqa.build((b, t, h * s), (b, t, h * s))
+            extra = {"use_causal_mask": True} if shape["causal"] else {}
+
+            def forward(q, k, v):  # as GroupQueryAttention.call after its projections
+                k, v = ops.repeat(k, h // kv, axis=2), ops.repeat(v, h // kv, axis=2)
+                return gqa._compute_attention(q, k, v, attention_mask=None, training=False, **extra)[0]
+
+            args = (tf.cast(rand(b, t, h, s), gqa.compute_dtype), tf.cast(rand(b, t, kv, s), gqa.compute_dtype),
+                    tf.cast(rand(b, t, kv, s), gqa.compute_dtype))
+            input_grad = True
+            settings = {"op": "keras.layers.GroupQueryAttention: ops.repeat of the key/value heads, _compute_attention",
+                        "causal": bool(shape["causal"])}
+        elif kind.startswith("moe_router"):
+            rows, dim, experts, top = shape["rows"], shape["dim"], shape["experts"], shape["top_k"]
+            with tf.device(device):
+                router = tf.Variable(tf.cast(rand(experts, dim), tf.float32))
+            weights = [router]
+
+            def forward(x):
+                p = tf.nn.softmax(tf.matmul(tf.cast(x, tf.float32), router, transpose_b=True), axis=-1)
+                picked = tf.math.top_k(p, top).values
+                return picked / tf.reduce_sum(picked, axis=-1, keepdims=True)
+
+            args, input_grad = (tf.cast(rand(rows, dim), compute),), True
+            settings = {"op": "float32 tf.matmul, tf.nn.softmax, tf.math.top_k, renormalised"}
+        else:
+            tokens, dim, hidden, experts, top = (shape["tokens"], shape["dim"], shape["hidden"], shape["experts"],
+                                                 shape["top_k"])
+            with tf.device(device):
+                gate, up = tf.Variable(rand(experts, hidden, dim)), tf.Variable(rand(experts, hidden, dim))
+                down = tf.Variable(rand(experts, dim, hidden))
+            weights = [gate, up, down]
+            chosen = (tf.range(tokens)[:, None] * top + tf.range(top)[None, :]) % experts
+            share = tf.fill((tokens, top), tf.constant(1.0 / top, dtype=compute))
+            groups = [tf.where(tf.equal(chosen, e)) for e in range(experts)]  # (token, rank) pairs per expert
+
+            def forward(x, share):
+                out = tf.zeros_like(x)
+                for e, pairs in enumerate(groups):
+                    token = pairs[:, :1]
+                    rows = tf.gather_nd(x, token)
+                    g = tf.matmul(rows, tf.cast(gate[e], x.dtype), transpose_b=True)
+                    u = tf.matmul(rows, tf.cast(up[e], x.dtype), transpose_b=True)
+                    y = tf.matmul(keras.activations.silu(g) * u, tf.cast(down[e], x.dtype), transpose_b=True)
+                    out = tf.tensor_scatter_nd_add(out, token, y * tf.gather_nd(share, pairs)[:, None])
+                return out
+
+            args, input_grad = (tf.cast(rand(tokens, dim), compute), share), True
+            settings = {"op": "a loop over the experts: tf.gather_nd, their SwiGLU, tf.tensor_scatter_nd_add",
+                        "routing": "token t to experts (t*k + j) mod E, weights 1/k"}
+    if kind.endswith("_fwd"):
+        return make(forward, args, settings=settings)
+    dy = tf.nest.map_structure(tf.ones_like, forward(*args))
+
+    def forward_backward(*inputs):
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = forward(*inputs)
+        # the output returned too: Grappler would prune a forward no gradient needs
         return out, tape.gradient(out, (list(inputs) if input_grad else []) + weights, output_gradients=dy)
 
     return make(forward_backward, args, includes_forward=True, settings=settings)

@@ -42,10 +42,12 @@ import types
 from runners.common.contract import Layer, LayerTable
 from runners.tensorflow.framework import load_keras, load_tf
 from runners.tensorflow.transformer import (
-    attention_weights, build_attention, build_gelu, build_layer_norm, build_lm_head, build_patch_embedding,
-    build_position_embedding, build_pretraining_heads, build_segment_embedding, build_token_pool,
-    build_transformer_block, layer_norm_weights, lm_head_weights, patch_embedding_weights, position_embedding_weights,
-    pretraining_heads_weights, segment_embedding_weights, transformer_block_weights)
+    attention_weights, build_attention, build_gelu, build_grouped_attention, build_layer_norm, build_llama_block,
+    build_lm_head, build_moe, build_patch_embedding, build_position_embedding, build_pretraining_heads, build_rms_norm,
+    build_segment_embedding, build_swiglu, build_token_pool, build_transformer_block, grouped_attention_weights,
+    layer_norm_weights, llama_block_weights, lm_head_weights, moe_weights, patch_embedding_weights,
+    position_embedding_weights, pretraining_heads_weights, rms_norm_weights, segment_embedding_weights, swiglu_weights,
+    transformer_block_weights)
 
 ELEMENTWISE = ("relu", "sigmoid", "tanh", "dropout")
 
@@ -486,6 +488,11 @@ LAYERS = LayerTable("tensorflow", {
     "lm_head": Layer(build_lm_head, lm_head_weights),
     "segment_embedding": Layer(build_segment_embedding, segment_embedding_weights),
     "pretraining_heads": Layer(build_pretraining_heads, pretraining_heads_weights),
+    "rms_norm": Layer(build_rms_norm, rms_norm_weights),
+    "grouped_attention": Layer(build_grouped_attention, grouped_attention_weights),
+    "swiglu": Layer(build_swiglu, swiglu_weights),
+    "moe": Layer(build_moe, moe_weights),
+    "llama_block": Layer(build_llama_block, llama_block_weights),
 })
 
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import functools
 import types
 
+from runners.common import rotary
+from runners.common import routing as routing_rule
 from runners.tensorflow.framework import load_keras, load_tf
 
 
@@ -282,10 +284,177 @@ def transformer_classes():
         def compute_output_shape(self, s):
             return (s[0], int(self.positions.size), self.vocabulary), (s[0], NEXT_SENTENCE_CLASSES)
 
+    class GroupedAttention(keras.layers.Layer):
+        """Grouped-query attention with rotary position embedding, keras_hub's LlamaAttention's design:
+        q, k and v as EinsumDense kernels (D, heads, S) and (D, KV, S), out (heads, S, D), no bias;
+        q and k rotated (rotate_half) by constant cos and sin tables (runners/common/rotary.py's), the
+        key/value heads repeated per query group (keras.ops.repeat, as keras_hub's Llama does) and the
+        heads in keras.ops.dot_product_attention. In float64 its scale is given as a float64 (its
+        default makes it in float32)."""
+
+        def __init__(self, spec: dict, positions: int, **kwargs):
+            super().__init__(**kwargs)
+            self.spec = spec
+            heads, kv, size, dim = spec["heads"], spec["kv_heads"], spec["head_size"], spec["in_shape"][-1]
+            self.cos, self.sin = rotary.layer_tables(spec, positions)
+            self.q = keras.layers.EinsumDense("btd,dnh->btnh", (None, heads, size), name="q")
+            self.k = keras.layers.EinsumDense("btd,dnh->btnh", (None, kv, size), name="k")
+            self.v = keras.layers.EinsumDense("btd,dnh->btnh", (None, kv, size), name="v")
+            self.out = keras.layers.EinsumDense("btnh,nhd->btd", (None, dim), name="out")
+
+        def build(self, input_shape):
+            s = tuple(input_shape)
+            for dense in (self.q, self.k, self.v):
+                dense.build(s)
+            self.out.build((*s[:-1], self.spec["heads"], self.spec["head_size"]))
+
+        def rotate(self, t, start=0):
+            """t (B, T, heads, S) rotated by positions start .. start + T - 1."""
+            steps, half = tf.shape(t)[1], self.spec["head_size"] // 2
+            cos = tf.constant(self.cos, t.dtype)[start:start + steps][None, :, None, :]
+            sin = tf.constant(self.sin, t.dtype)[start:start + steps][None, :, None, :]
+            return t * cos + tf.concat([-t[..., half:], t[..., :half]], axis=-1) * sin
+
+        def project(self, x, start=0):
+            return self.rotate(self.q(x), start), self.rotate(self.k(x), start), self.v(x)
+
+        def attend(self, q, k, v, causal: bool, mask=None):
+            groups = self.spec["heads"] // self.spec["kv_heads"]
+            if groups > 1:  # keras_hub's repeat of the key/value heads per query group (its backend's own
+                # repeat skips a single key/value head, whose broadcast TensorFlow's einsum refuses)
+                k, v = keras.ops.repeat(k, groups, axis=2), keras.ops.repeat(v, groups, axis=2)
+            scale = numpy.float64(1 / numpy.sqrt(self.spec["head_size"])) if q.dtype == tf.float64 else None
+            a = keras.ops.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal)
+            return self.out(a)
+
+        def call(self, x):
+            return self.attend(*self.project(x), self.spec["causal"])
+
+        def compute_output_shape(self, s):
+            return s
+
+    class SwiGLU(keras.layers.Layer):
+        """keras_hub's Llama feed-forward: a Dense gate with silu, a Dense up (intermediate), their
+        product through a Dense down, no bias."""
+
+        def __init__(self, dim: int, hidden: int, **kwargs):
+            super().__init__(**kwargs)
+            self.hidden = hidden
+            self.gate = keras.layers.Dense(hidden, activation="silu", use_bias=False, name="gate")
+            self.up = keras.layers.Dense(hidden, use_bias=False, name="up")
+            self.down = keras.layers.Dense(dim, use_bias=False, name="down")
+
+        def build(self, input_shape):
+            s = tuple(input_shape)
+            self.gate.build(s)
+            self.up.build(s)
+            self.down.build((*s[:-1], self.hidden))
+
+        def call(self, x):
+            return self.down(self.gate(x) * self.up(x))
+
+        def compute_output_shape(self, s):
+            return s
+
+    @tf.custom_gradient
+    def add_auxiliary_loss(x, aux):
+        """x unchanged; backward, a gradient of 1 for `aux` (DeepSeek's AddAuxiliaryLoss): the loss
+        is minimised with the step's without being added to the value the step reports."""
+        def grad(g):
+            return g, tf.ones_like(aux)
+
+        return tf.identity(x), grad
+
+    class MixtureOfExperts(keras.layers.Layer):
+        """E SwiGLU experts, their weights stacked ((E, hidden, D), (E, D, hidden): the canonical
+        layout) and a linear router (Keras has no MoE layer; keras_hub's Mixtral's design): the
+        router's product and softmax in float32 (its variable not autocast), tf.math.top_k (ties to
+        the lower index, as TensorFlow documents it), the weights renormalised, then a loop over the
+        experts, each computing the tokens routed to it (tf.where, tf.gather) and adding its weighted
+        output back (tf.tensor_scatter_nd_add). A capacity factor drops the choices past each
+        expert's slots (every token's first choice before any second). In training the
+        load-balancing loss enters the gradient through add_auxiliary_loss, times its weight."""
+
+        def __init__(self, dim: int, hidden: int, routing: dict, **kwargs):
+            super().__init__(**kwargs)
+            self.dim, self.hidden, self.routing = dim, hidden, routing
+
+        def build(self, input_shape):
+            e, h, d = self.routing["experts"], self.hidden, self.dim
+            init = keras.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal")
+            self.router = self.add_weight(name="router", shape=(e, d), initializer=init, autocast=False)
+            self.gate = self.add_weight(name="expert_gate", shape=(e, h, d), initializer=init)
+            self.up = self.add_weight(name="expert_up", shape=(e, h, d), initializer=init)
+            self.down = self.add_weight(name="expert_down", shape=(e, d, h), initializer=init)
+
+        def call(self, x, training=None):
+            experts, top_k = self.routing["experts"], self.routing["top_k"]
+            tokens = tf.reshape(x, [-1, self.dim])
+            wide = tf.float64 if tokens.dtype == tf.float64 else tf.float32
+            router = tf.cast(tf.convert_to_tensor(self.router), wide)
+            p = tf.nn.softmax(tf.matmul(tf.cast(tokens, wide), router, transpose_b=True), axis=-1)
+            picked, chosen = tf.math.top_k(p, top_k)
+            weights = picked / tf.reduce_sum(picked, axis=-1, keepdims=True)
+            slots = routing_rule.capacity(self.routing["capacity_factor"], tokens.shape[0], top_k, experts)
+            if slots is not None:
+                onehot = tf.one_hot(tf.reshape(tf.transpose(chosen), [-1]), experts, dtype=tf.int32)
+                position = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=-1) - 1
+                kept = tf.transpose(tf.reshape(position < slots, [top_k, -1]))
+                weights = weights * tf.cast(kept, weights.dtype)
+            gate = tf.convert_to_tensor(self.gate)
+            up = tf.convert_to_tensor(self.up)
+            down = tf.convert_to_tensor(self.down)
+            out = tf.zeros_like(tokens)
+            for e in range(experts):
+                where = tf.where(tf.equal(chosen, e))  # (n_e, 2): token, rank
+                token = where[:, 0]
+                h = tf.gather(tokens, token)
+                y = tf.matmul(tf.nn.silu(tf.matmul(h, gate[e], transpose_b=True)) * tf.matmul(h, up[e], transpose_b=True),
+                              down[e], transpose_b=True)
+                y = y * tf.cast(tf.gather_nd(weights, where), y.dtype)[:, None]
+                out = tf.tensor_scatter_nd_add(out, token[:, None], y)
+            out = tf.reshape(out, tf.shape(x))
+            if training and self.routing["aux_loss_weight"]:
+                fraction = tf.reduce_mean(tf.reduce_sum(tf.one_hot(chosen, experts, dtype=p.dtype), axis=1), axis=0)
+                aux = experts * tf.reduce_sum(fraction * tf.reduce_mean(p, axis=0))
+                out = add_auxiliary_loss(out, aux * self.routing["aux_loss_weight"])
+            return out
+
+        def compute_output_shape(self, s):
+            return s
+
+    class LlamaBlock(keras.layers.Layer):
+        """keras_hub's LlamaTransformerDecoder: x + attn(norm1(x)), then + ffn(norm2(x)), Keras 3's
+        RMSNormalization; the ffn a SwiGLU or the MixtureOfExperts."""
+
+        def __init__(self, spec: dict, positions: int, **kwargs):
+            super().__init__(**kwargs)
+            dim = spec["in_shape"][-1]
+            self.norm1 = keras.layers.RMSNormalization(epsilon=spec["eps"], name="norm1")
+            self.attn = GroupedAttention({**spec, "causal": True}, positions, name="attn")
+            self.norm2 = keras.layers.RMSNormalization(epsilon=spec["eps"], name="norm2")
+            self.ffn = (SwiGLU(dim, spec["hidden"], name="mlp") if spec["moe"] is None
+                        else MixtureOfExperts(dim, spec["hidden"], spec["moe"], name="moe"))
+
+        def build(self, input_shape):
+            s = tuple(input_shape)
+            for layer in (self.norm1, self.attn, self.norm2, self.ffn):
+                layer.build(s)
+
+        def call(self, x, training=None):
+            x = x + self.attn(self.norm1(x))
+            h = self.norm2(x)
+            return x + (self.ffn(h, training=training) if isinstance(self.ffn, MixtureOfExperts) else self.ffn(h))
+
+        def compute_output_shape(self, s):
+            return s
+
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
                                  SelfAttention=SelfAttention, TransformerBlock=TransformerBlock,
                                  ClassTokenPool=ClassTokenPool, TiedLMHead=TiedLMHead,
-                                 SegmentEmbedding=SegmentEmbedding, PretrainingHeads=PretrainingHeads, gelu=gelu)
+                                 SegmentEmbedding=SegmentEmbedding, PretrainingHeads=PretrainingHeads, gelu=gelu,
+                                 GroupedAttention=GroupedAttention, SwiGLU=SwiGLU, MixtureOfExperts=MixtureOfExperts,
+                                 LlamaBlock=LlamaBlock)
 
 
 GELU_APPROXIMATE = {"erf": False, "tanh": True}  # the schema's form -> keras.activations.gelu's `approximate`
@@ -319,6 +488,26 @@ def build_attention(spec, plan):
 
 def build_transformer_block(spec, plan):
     return [transformer_classes().TransformerBlock(spec)]
+
+
+def build_rms_norm(spec, plan):
+    return [load_keras().layers.RMSNormalization(epsilon=spec["eps"])]  # Keras 3.9's; its default eps is 1e-6
+
+
+def build_grouped_attention(spec, plan):
+    return [transformer_classes().GroupedAttention(spec, spec["in_shape"][0])]
+
+
+def build_swiglu(spec, plan):
+    return [transformer_classes().SwiGLU(spec["in_shape"][-1], spec["hidden"])]
+
+
+def build_moe(spec, plan):
+    return [transformer_classes().MixtureOfExperts(spec["in_shape"][-1], spec["hidden"], spec)]
+
+
+def build_llama_block(spec, plan):
+    return [transformer_classes().LlamaBlock(spec, spec["in_shape"][0])]
 
 
 def build_token_pool(spec, plan):
@@ -435,4 +624,54 @@ def pretraining_heads_weights(prefix, spec, made, features_chw) -> dict:
         out[f"{prefix}.decoder.bias"] = (heads.decoder.bias, "same")
     else:
         out.update(dense_entries(f"{prefix}.decoder", heads.decoder, "transposed"))
+    return out
+
+
+def rms_norm_weights(prefix, spec, made, features_chw) -> dict:
+    return {f"{prefix}.gamma": (made[0].scale, "same")}
+
+
+def grouped_attention_entries(prefix: str, attn) -> dict:
+    """The EinsumDense kernels (D, heads, S) of q and (D, KV, S) of k and v, and (heads, S, D) of
+    out, <-> the canonical (H*S, D), (KV*S, D) and (D, H*S) matrices (a transpose and a reshape)."""
+    s = attn.spec
+    dim = s["in_shape"][-1]
+    out = {f"{prefix}.q.weight": (attn.q.kernel, ("heads_in", dim, s["heads"], s["head_size"]))}
+    for part, dense in (("k", attn.k), ("v", attn.v)):
+        out[f"{prefix}.{part}.weight"] = (dense.kernel, ("heads_in", dim, s["kv_heads"], s["head_size"]))
+    out[f"{prefix}.out.weight"] = (attn.out.kernel, ("heads_out", dim, s["heads"], s["head_size"]))
+    return out
+
+
+def grouped_attention_weights(prefix, spec, made, features_chw) -> dict:
+    return grouped_attention_entries(prefix, made[0])
+
+
+def swiglu_entries(prefix: str, mlp) -> dict:
+    return {f"{prefix}.{part}.weight": (getattr(mlp, part).kernel, "transposed") for part in ("gate", "up", "down")}
+
+
+def swiglu_weights(prefix, spec, made, features_chw) -> dict:
+    return swiglu_entries(prefix, made[0])
+
+
+def moe_entries(prefix: str, moe) -> dict:
+    # the router and the stacked experts are kept in the canonical (out, in) layouts
+    return {f"{prefix}.router.weight": (moe.router, "same"), f"{prefix}.experts.gate": (moe.gate, "same"),
+            f"{prefix}.experts.up": (moe.up, "same"), f"{prefix}.experts.down": (moe.down, "same")}
+
+
+def moe_weights(prefix, spec, made, features_chw) -> dict:
+    return moe_entries(prefix, made[0])
+
+
+def llama_block_weights(prefix, spec, made, features_chw) -> dict:
+    block = made[0]
+    out = {f"{prefix}.norm1.gamma": (block.norm1.scale, "same")}
+    out.update(grouped_attention_entries(f"{prefix}.attn", block.attn))
+    out[f"{prefix}.norm2.gamma"] = (block.norm2.scale, "same")
+    if spec["moe"] is None:
+        out.update(swiglu_entries(f"{prefix}.mlp", block.ffn))
+    else:
+        out.update(moe_entries(f"{prefix}.moe", block.ffn))
     return out

@@ -32,8 +32,9 @@ def attention_kernels(model, network: dict, autocast, train: bool) -> dict | Non
 
     attentions = []
     for i, (layer, module) in enumerate(zip(network["layers"], model)):
-        if layer["type"] in ("attention", "transformer_block"):
-            attentions.append((f"{i:03d}", layer["in_shape"], module if layer["type"] == "attention" else module.attn))
+        if layer["type"] in ("attention", "transformer_block", "grouped_attention", "llama_block"):
+            own = layer["type"] in ("attention", "grouped_attention")
+            attentions.append((f"{i:03d}", layer["in_shape"], module if own else module.attn))
     if not attentions:
         return None
 

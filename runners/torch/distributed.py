@@ -2,7 +2,9 @@
 
 Each rank is started by torchrun (runner.toml: [distributed] launch = "torchrun"), which sets
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the process group is gloo on CPU and nccl on CUDA
-(one GPU per local rank). The contract is in runners/common/distributed_harness.py.
+(one GPU per local rank). The contract is in runners/common/distributed_harness.py. Collectives:
+`all_reduce`, `broadcast`, `all_gather_single`, `reduce_scatter_single` and `all_to_all_single`
+(equal blocks), which gloo implements on the CPU (torch 2.13: checked at every smoke size).
 
 Exposed communication: DDP all-reduces gradient buckets while backward is still running, so only
 the part of the exchange that backward does not hide costs time. `step_without_sync` runs the same
@@ -46,6 +48,8 @@ class Collective:
             dist.all_gather_single(self.recv, self.send)
         elif self.op == "reduce_scatter":
             dist.reduce_scatter_single(self.recv, self.send)
+        elif self.op == "all_to_all":  # equal blocks: no split sizes given
+            dist.all_to_all_single(self.recv, self.send)
         else:
             raise ValueError(f"unknown collective {self.op!r}")
 

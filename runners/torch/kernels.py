@@ -20,6 +20,17 @@ the backward the input gradient by autograd.grad. Batch norm as nn.BatchNorm2d (
 flat input) calls it in training, `F.batch_norm(training=True)`, its backward by autograd.grad. A
 dense layer is the runner's nn.Linear on a (batch, positions, inputs) sequence or a flat input, its
 backward autograd.grad of it (the weight, bias and, when asked, input gradients).
+
+A Llama-style decoder's and a Mixture-of-Experts layer's kernels, as HuggingFace's LlamaDecoderLayer
+and MixtralSparseMoeBlock compute them (the torch runner's layers' design), each backward by
+autograd.grad of its forward: `F.rms_norm` (nn.RMSNorm's call); the rotary embedding applied to q
+(B, H, T, S) and k (B, KV, T, S), `t * cos + rotate_half(t) * sin`; a SwiGLU MLP of nn.Linear
+without bias, `down(F.silu(gate(x)) * up(x))`; grouped-query attention as
+`F.scaled_dot_product_attention(..., is_causal, enable_gqa=True)`; the router's float32 product,
+softmax, a stable descending sort for the top-k (ties to the lower expert) and the chosen weights
+renormalised; the experts as a loop over them, each gathering its tokens (`index_select`), its
+SwiGLU by `F.linear` on its slices of the stacked (E, hidden, D) weights, and its weighted output
+added back (`index_add_`).
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ from runners.torch.framework import load_torch
 from runners.torch.layers import lstm_layer
 
 DTYPES = ("float32", "float16", "bfloat16")
+# the kinds of a Llama-style decoder and a Mixture-of-Experts layer (_decoder)
+DECODER_KINDS = ("rms_norm", "rotary", "swiglu", "grouped_attention", "moe_router", "moe_experts")
 
 
 def prepare_kernel(spec: dict, device_name: str) -> Kernel:
@@ -187,6 +200,8 @@ def prepare_kernel(spec: dict, device_name: str) -> Kernel:
         return _pooling(torch, kind, shape, rand, sync, cuda)
     if kind.startswith("batch_norm"):
         return _batch_norm(torch, kind, shape, rand, sync, cuda)
+    if kind.startswith(DECODER_KINDS):
+        return _decoder(torch, kind, shape, rand, sync, device, dtype)
     raise ValueError(f"torch runner: unknown kernel kind {kind!r}")
 
 
@@ -286,3 +301,103 @@ def _sdpa_operator(torch, call) -> str:
         call()
     fused = [name for name in seen if "scaled_dot_product" in name]
     return fused[0] if fused else "+".join(dict.fromkeys(seen))
+
+
+def _decoder(torch, kind: str, shape: dict, rand, sync, device, dtype) -> Kernel:
+    """RMSNorm, rotary, SwiGLU, grouped attention, the MoE router and its experts (module docstring)."""
+    F = torch.nn.functional
+    bwd = kind.endswith("_bwd")
+    if kind.startswith("rms_norm"):
+        rows, dim = shape["rows"], shape["dim"]
+        x = rand(rows, dim, requires_grad=bwd and bool(shape["input_grad"]))
+        gamma = rand(dim, requires_grad=bwd)
+        return _forward_or_grad(torch, lambda: F.rms_norm(x, (dim,), gamma, 1e-5),
+                                ((x,) if bwd and shape["input_grad"] else ()) + (gamma,), bwd, sync,
+                                "F.rms_norm (nn.RMSNorm's)")
+    if kind.startswith("rotary"):
+        b, t, h, kv, s = shape["batch"], shape["steps"], shape["heads"], shape["kv_heads"], shape["head_size"]
+        q, k = rand(b, h, t, s, requires_grad=bwd), rand(b, kv, t, s, requires_grad=bwd)
+        angle = torch.outer(torch.arange(t, dtype=torch.float32),
+                            10000.0 ** (-torch.arange(0, s, 2, dtype=torch.float32) / s)).to(device)
+        cos, sin = (f(torch.cat([angle, angle], dim=-1)).to(q.dtype) for f in (torch.cos, torch.sin))
+
+        def rotate(u):
+            return u * cos + torch.cat([-u[..., s // 2:], u[..., :s // 2]], dim=-1) * sin
+
+        return _forward_or_grad(torch, lambda: (rotate(q), rotate(k)), (q, k), bwd, sync,
+                                "t * cos + rotate_half(t) * sin on q and k (LlamaAttention's)")
+    if kind.startswith("swiglu"):
+        rows, dim, hidden = shape["rows"], shape["dim"], shape["hidden"]
+        nn = torch.nn
+        gate, up, down = (nn.Linear(i, o, bias=False).to(device=device, dtype=dtype)
+                          for i, o in ((dim, hidden), (dim, hidden), (hidden, dim)))
+        x = rand(rows, dim, requires_grad=bwd and bool(shape["input_grad"]))
+        inputs = ((x,) if bwd and shape["input_grad"] else ()) + (gate.weight, up.weight, down.weight)
+        return _forward_or_grad(torch, lambda: down(F.silu(gate(x)) * up(x)), inputs, bwd, sync,
+                                "down(F.silu(gate(x)) * up(x)), nn.Linear without bias (LlamaMLP's)")
+    if kind.startswith("grouped_attention"):
+        b, h, kv, t, s = shape["batch"], shape["heads"], shape["kv_heads"], shape["steps"], shape["head_size"]
+        causal = bool(shape["causal"])
+        q = rand(b, h, t, s, requires_grad=bwd)
+        k, v = rand(b, kv, t, s, requires_grad=bwd), rand(b, kv, t, s, requires_grad=bwd)
+        sdpa = F.scaled_dot_product_attention
+
+        def attend():
+            return sdpa(q, k, v, is_causal=causal, enable_gqa=kv != h)
+
+        kernel = _forward_or_grad(torch, attend, (q, k, v), bwd, sync,
+                                  "F.scaled_dot_product_attention(enable_gqa=True)")
+        kernel.settings["operator"] = _sdpa_operator(torch, attend)
+        return kernel
+    if kind.startswith("moe_router"):
+        rows, dim, experts, top = shape["rows"], shape["dim"], shape["experts"], shape["top_k"]
+        x = rand(rows, dim, requires_grad=bwd)
+        weight = rand(experts, dim, requires_grad=bwd)
+
+        def route():
+            p = torch.softmax(F.linear(x.float(), weight.float()), dim=-1)
+            chosen = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :top]
+            picked = p.gather(1, chosen)
+            return picked / picked.sum(dim=-1, keepdim=True)
+
+        return _forward_or_grad(torch, route, (x, weight), bwd, sync,
+                                "float32 F.linear, softmax, stable sort top-k, renormalised (MixtralSparseMoeBlock's)")
+    tokens, dim, hidden, experts, top = (shape["tokens"], shape["dim"], shape["hidden"], shape["experts"],
+                                         shape["top_k"])
+    x = rand(tokens, dim, requires_grad=bwd)
+    gate, up = rand(experts, hidden, dim, requires_grad=bwd), rand(experts, hidden, dim, requires_grad=bwd)
+    down = rand(experts, dim, hidden, requires_grad=bwd)
+    chosen = ((torch.arange(tokens)[:, None] * top + torch.arange(top)[None, :]) % experts).to(device)
+    weights = torch.full((tokens, top), 1.0 / top, dtype=dtype, device=device, requires_grad=bwd)
+
+    def experts_forward():
+        out = torch.zeros_like(x)
+        for e in range(experts):
+            token, rank = torch.where(chosen == e)
+            if token.numel() == 0:
+                continue
+            h = x.index_select(0, token)
+            y = F.linear(F.silu(F.linear(h, gate[e])) * F.linear(h, up[e]), down[e])
+            out = out.index_add(0, token, y * weights[token, rank, None])
+        return out
+
+    kernel = _forward_or_grad(torch, experts_forward, (x, gate, up, down, weights), bwd, sync,
+                              "a loop over the experts: index_select, F.linear SwiGLU, weighted index_add "
+                              "(MixtralSparseMoeBlock's)")
+    kernel.settings["routing"] = "token t to experts (t*k + j) mod E, weights 1/k"
+    return kernel
+
+
+def _forward_or_grad(torch, forward, inputs: tuple, backward: bool, sync, op: str) -> Kernel:
+    """The forward under no_grad, or autograd.grad of its output(s) for `inputs`, the graph kept."""
+    if not backward:
+        def run():
+            with torch.no_grad():
+                forward()
+
+        return Kernel(run, sync, {"op": op})
+    out = forward()
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = tuple(torch.randn_like(o) for o in outs)
+    return Kernel(lambda: torch.autograd.grad(outs, inputs, grads, retain_graph=True), sync,
+                  {"op": f"autograd.grad of {op}"})

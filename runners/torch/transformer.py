@@ -18,6 +18,8 @@ import collections
 import functools
 import types
 
+from runners.common import rotary
+from runners.common import routing as routing_rule
 from runners.torch.framework import load_torch
 
 @functools.cache
@@ -166,10 +168,167 @@ def transformer_modules():
             masked = h.index_select(1, self.positions)  # (B, M, D)
             return self.decoder(self.transform_ln(self.gelu(self.transform(masked)))), next_sentence
 
+    class GroupedAttention(nn.Module):
+        """Grouped-query attention with rotary position embedding, HuggingFace's LlamaAttention's
+        design: q, k, v and out as nn.Linear without bias, q and k rotated (rotate_half) by the
+        position's cos and sin rows (buffers from runners/common/rotary.py's tables), and the heads
+        in F.scaled_dot_product_attention with enable_gqa=True (each key/value head serving H / KV
+        consecutive query heads, without repeating k and v in memory)."""
+
+        def __init__(self, spec: dict, positions: int):
+            super().__init__()
+            dim = spec["in_shape"][-1]
+            self.heads, self.kv_heads, self.head_size = spec["heads"], spec["kv_heads"], spec["head_size"]
+            self.causal = spec["causal"]
+            self.q = nn.Linear(dim, self.heads * self.head_size, bias=False)
+            self.k = nn.Linear(dim, self.kv_heads * self.head_size, bias=False)
+            self.v = nn.Linear(dim, self.kv_heads * self.head_size, bias=False)
+            self.out = nn.Linear(self.heads * self.head_size, dim, bias=False)
+            cos, sin = rotary.layer_tables(spec, positions)
+            # float64, cast to the computation's dtype where used: a float64 check rotates exactly
+            self.register_buffer("cos", torch.from_numpy(cos), persistent=False)
+            self.register_buffer("sin", torch.from_numpy(sin), persistent=False)
+
+        def rotate(self, t, start: int):
+            """t (B, heads, T, S) rotated by positions start .. start + T - 1."""
+            steps, half = t.shape[2], self.head_size // 2
+            cos = self.cos[start:start + steps].to(t.dtype)
+            sin = self.sin[start:start + steps].to(t.dtype)
+            rotated = torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+            return t * cos + rotated * sin
+
+        def project(self, x, start: int = 0):
+            """(q, k, v), each (B, heads, T, S), q and k rotated from position `start`."""
+            b, t, _ = x.shape
+            q = self.q(x).view(b, t, self.heads, self.head_size).transpose(1, 2)
+            k = self.k(x).view(b, t, self.kv_heads, self.head_size).transpose(1, 2)
+            v = self.v(x).view(b, t, self.kv_heads, self.head_size).transpose(1, 2)
+            return self.rotate(q, start), self.rotate(k, start), v
+
+        def attend(self, q, k, v, causal: bool):
+            b, _, t, _ = q.shape
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=self.kv_heads != self.heads)
+            return self.out(a.transpose(1, 2).reshape(b, t, self.heads * self.head_size))
+
+        def forward(self, x):
+            return self.attend(*self.project(x), self.causal)
+
+    class SwiGLU(nn.Module):
+        """down(silu(gate(x)) * up(x)), nn.Linear without bias (LlamaMLP's design)."""
+
+        def __init__(self, dim: int, hidden: int):
+            super().__init__()
+            self.gate = nn.Linear(dim, hidden, bias=False)
+            self.up = nn.Linear(dim, hidden, bias=False)
+            self.down = nn.Linear(hidden, dim, bias=False)
+
+        def forward(self, x):
+            return self.down(F.silu(self.gate(x)) * self.up(x))
+
+    class AddAuxiliaryLoss(torch.autograd.Function):
+        """x unchanged forward; backward, x's gradient and a gradient of 1 for the auxiliary loss
+        (DeepSeek's AddAuxiliaryLoss): the loss is minimised with the step's without being added to
+        the value the step reports."""
+
+        @staticmethod
+        def forward(ctx, x, aux):
+            ctx.aux_dtype, ctx.aux_device = aux.dtype, aux.device
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, torch.ones((), dtype=ctx.aux_dtype, device=ctx.aux_device)
+
+    class MixtureOfExperts(nn.Module):
+        """E SwiGLU experts (their weights stacked, (E, hidden, D) and (E, D, hidden)) and a linear
+        router, MixtralSparseMoeBlock's design: the router's product and softmax in float32 (autocast
+        off), the top-k by a stable descending sort (ties to the lower expert index, which torch.topk
+        does not promise), the weights renormalised, then a loop over the experts, each computing
+        the tokens routed to it (gathered by index) and adding its weighted output back with
+        index_add_. A capacity factor drops the choices past each expert's slots in priority order
+        (every token's first choice before any second). In training the load-balancing loss enters
+        the backward pass through AddAuxiliaryLoss, times its weight."""
+
+        def __init__(self, dim: int, hidden: int, routing: dict):
+            super().__init__()
+            experts = routing["experts"]
+            self.top_k, self.capacity_factor = routing["top_k"], routing["capacity_factor"]
+            self.aux_weight = routing["aux_loss_weight"]
+            self.router = nn.Linear(dim, experts, bias=False)
+            self.gate = nn.Parameter(torch.empty(experts, hidden, dim))
+            self.up = nn.Parameter(torch.empty(experts, hidden, dim))
+            self.down = nn.Parameter(torch.empty(experts, dim, hidden))
+            for weight in (self.gate, self.up, self.down):  # each expert as nn.Linear initialises its weight
+                for e in range(experts):
+                    nn.init.kaiming_uniform_(weight[e], a=5 ** 0.5)
+
+        def route(self, x):
+            """(probabilities (N, E) float32, experts (N, k), weights (N, k) float32) of tokens x (N, D)."""
+            wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+            with torch.autocast(x.device.type, enabled=False):
+                logits = F.linear(x.to(wide), self.router.weight.to(wide))
+            p = torch.softmax(logits, dim=-1)
+            chosen = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :self.top_k]
+            picked = p.gather(1, chosen)
+            weights = picked / picked.sum(dim=-1, keepdim=True)
+            if self.capacity_factor is not None:
+                weights = weights * self.kept(chosen, p.shape[1])
+            return p, chosen, weights
+
+        def kept(self, chosen, experts: int):
+            """1 for the choices within their expert's slots, 0 for those dropped (N, k)."""
+            tokens = chosen.shape[0]
+            slots = routing_rule.capacity(self.capacity_factor, tokens, self.top_k, experts)
+            onehot = F.one_hot(chosen.t().reshape(-1), experts)  # (k*N, E): rank-major priority order
+            position = (onehot.cumsum(0) * onehot).sum(-1) - 1  # each choice's place in its expert's queue
+            return (position < slots).view(self.top_k, tokens).t().to(torch.float32)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            tokens = x.reshape(-1, d)
+            p, chosen, weights = self.route(tokens)
+            out = torch.zeros_like(tokens)
+            for e in range(self.gate.shape[0]):
+                token, rank = torch.where(chosen == e)
+                if token.numel() == 0:
+                    continue
+                h = tokens.index_select(0, token)
+                y = F.linear(F.silu(F.linear(h, self.gate[e])) * F.linear(h, self.up[e]), self.down[e])
+                out.index_add_(0, token, (y * weights[token, rank, None].to(y.dtype)).to(out.dtype))
+            out = out.view(b, t, d)
+            if self.training and self.aux_weight and torch.is_grad_enabled():
+                experts = p.shape[1]
+                fraction = F.one_hot(chosen, experts).sum(1).to(p.dtype).mean(0)  # f_e
+                aux = experts * (fraction * p.mean(0)).sum()
+                out = AddAuxiliaryLoss.apply(out, aux * self.aux_weight)
+            return out
+
+    class LlamaBlock(nn.Module):
+        """LlamaDecoderLayer's design: x + attn(norm1(x)), then + mlp(norm2(x)) (or moe), nn.RMSNorm."""
+
+        def __init__(self, spec: dict, positions: int):
+            super().__init__()
+            dim = spec["in_shape"][-1]
+            self.norm1 = nn.RMSNorm(dim, eps=spec["eps"])
+            self.attn = GroupedAttention({**spec, "causal": True}, positions)
+            self.norm2 = nn.RMSNorm(dim, eps=spec["eps"])
+            if spec["moe"] is None:
+                self.mlp = SwiGLU(dim, spec["hidden"])
+            else:
+                self.moe = MixtureOfExperts(dim, spec["hidden"], spec["moe"])
+
+        def ffn(self, x):
+            return self.mlp(x) if hasattr(self, "mlp") else self.moe(x)
+
+        def forward(self, x):
+            x = x + self.attn(self.norm1(x))
+            return x + self.ffn(self.norm2(x))
+
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, PatchEmbedding=PatchEmbedding,
                                  SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, TokenPool=TokenPool,
                                  TiedLMHead=TiedLMHead, SegmentEmbedding=SegmentEmbedding,
-                                 PretrainingHeads=PretrainingHeads)
+                                 PretrainingHeads=PretrainingHeads, GroupedAttention=GroupedAttention, SwiGLU=SwiGLU,
+                                 MixtureOfExperts=MixtureOfExperts, LlamaBlock=LlamaBlock)
 
 
 GELU_FORMS = {"erf": "none", "tanh": "tanh"}  # the schema's form -> nn.GELU's `approximate`
@@ -201,6 +360,26 @@ def build_attention(spec: dict):
 
 def build_transformer_block(spec: dict):
     return transformer_modules().TransformerBlock(spec)
+
+
+def build_rms_norm(spec: dict):
+    return load_torch().nn.RMSNorm(spec["in_shape"][-1], eps=spec["eps"])
+
+
+def build_grouped_attention(spec: dict):
+    return transformer_modules().GroupedAttention(spec, spec["in_shape"][0])
+
+
+def build_swiglu(spec: dict):
+    return transformer_modules().SwiGLU(spec["in_shape"][-1], spec["hidden"])
+
+
+def build_moe(spec: dict):
+    return transformer_modules().MixtureOfExperts(spec["in_shape"][-1], spec["hidden"], spec)
+
+
+def build_llama_block(spec: dict):
+    return transformer_modules().LlamaBlock(spec, spec["in_shape"][0])
 
 
 def build_token_pool(spec: dict):
@@ -306,4 +485,44 @@ def pretraining_heads_weights(prefix: str, layer: dict, module) -> dict:
     if not layer["tied"]:  # tied: the decoder's weight is 000.weight
         out[f"{prefix}.decoder.weight"] = module.decoder.weight
     out[f"{prefix}.decoder.bias"] = module.decoder.bias
+    return out
+
+
+def rms_norm_weights(prefix: str, layer: dict, module) -> dict:
+    return {f"{prefix}.gamma": module.weight}
+
+
+def _grouped_attention_tensors(prefix: str, attn) -> dict:
+    return {f"{prefix}.{part}.weight": getattr(attn, part).weight for part in ("q", "k", "v", "out")}
+
+
+def grouped_attention_weights(prefix: str, layer: dict, module) -> dict:
+    return _grouped_attention_tensors(prefix, module)
+
+
+def _swiglu_tensors(prefix: str, mlp) -> dict:
+    return {f"{prefix}.{part}.weight": getattr(mlp, part).weight for part in ("gate", "up", "down")}
+
+
+def swiglu_weights(prefix: str, layer: dict, module) -> dict:
+    return _swiglu_tensors(prefix, module)
+
+
+def _moe_tensors(prefix: str, moe) -> dict:
+    return {f"{prefix}.router.weight": moe.router.weight, f"{prefix}.experts.gate": moe.gate,
+            f"{prefix}.experts.up": moe.up, f"{prefix}.experts.down": moe.down}
+
+
+def moe_weights(prefix: str, layer: dict, module) -> dict:
+    return _moe_tensors(prefix, module)
+
+
+def llama_block_weights(prefix: str, layer: dict, module) -> dict:
+    out = {f"{prefix}.norm1.gamma": module.norm1.weight}
+    out.update(_grouped_attention_tensors(f"{prefix}.attn", module.attn))
+    out[f"{prefix}.norm2.gamma"] = module.norm2.weight
+    if layer["moe"] is None:
+        out.update(_swiglu_tensors(f"{prefix}.mlp", module.mlp))
+    else:
+        out.update(_moe_tensors(f"{prefix}.moe", module.moe))
     return out

@@ -137,6 +137,79 @@ def transformer_block(x, w, p, layer):
     return ln(x + mlp(x), "ln2")
 
 
+def rms_norm(x, gamma, eps):
+    return gamma * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def rotate(t, layer):
+    """t (N, heads, T, S) rotated by position: the halves (i, i + S/2) by angle t * f_i."""
+    steps, size = t.shape[2], t.shape[3]
+    f = layer["rope_theta"] ** (-np.arange(0, size, 2) / size)
+    scaling = layer.get("rope_scaling")
+    if scaling is not None:  # Llama 3's: long wavelengths / factor, short kept, smooth between
+        wavelength = 2 * np.pi / f
+        context, low, high = scaling["original_context"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        smooth = (context / wavelength - low) / (high - low)
+        f = np.where(wavelength > context / low, f / scaling["factor"],
+                     np.where(wavelength < context / high, f, (1 - smooth) * f / scaling["factor"] + smooth * f))
+    angle = np.arange(steps)[:, None] * f[None, :]  # (T, S/2)
+    first, second = t[..., : size // 2], t[..., size // 2:]
+    cos, sin = np.cos(angle), np.sin(angle)
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+def grouped_attention(x, w, p, layer):
+    """Query head h reads key/value head h // (H / KV); q and k rotated; no biases."""
+    n, steps, _ = x.shape
+    heads, kv, size = layer["heads"], layer["kv_heads"], layer["head_size"]
+
+    def project(part, count):
+        return (x @ w[f"{p}.{part}.weight"].T).reshape(n, steps, count, size).transpose(0, 2, 1, 3)
+
+    q, k, v = rotate(project("q", heads), layer), rotate(project("k", kv), layer), project("v", kv)
+    group = np.arange(heads) // (heads // kv)
+    scores = q @ k[:, group].transpose(0, 1, 3, 2) / np.sqrt(size)
+    if layer.get("causal", True):
+        scores = np.where(np.tril(np.ones((steps, steps), dtype=bool)), scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = probs / probs.sum(axis=-1, keepdims=True)
+    a = (probs @ v[:, group]).transpose(0, 2, 1, 3).reshape(n, steps, heads * size)
+    return a @ w[f"{p}.out.weight"].T
+
+
+def swiglu(x, gate, up, down):
+    g = x @ gate.T
+    return (g * _sigmoid(g) * (x @ up.T)) @ down.T
+
+
+def moe(x, w, p, routing):
+    """runners/common/routing.py's rule (the top-k, ties to the lower expert, capacity) on float64
+    router probabilities, then every chosen expert's SwiGLU weighted."""
+    from runners.common import routing as rule
+
+    n, steps, dim = x.shape
+    tokens = x.reshape(-1, dim)
+    logits = tokens @ w[f"{p}.router.weight"].T
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = probs / probs.sum(axis=-1, keepdims=True)
+    slots = rule.capacity(routing["capacity_factor"], tokens.shape[0], routing["top_k"], routing["experts"])
+    chosen, weights = rule.route(probs, routing["top_k"], slots)
+    out = np.zeros_like(tokens)
+    for i in range(tokens.shape[0]):
+        for e, weight in zip(chosen[i], weights[i]):
+            out[i] += weight * swiglu(tokens[i], w[f"{p}.experts.gate"][e], w[f"{p}.experts.up"][e],
+                                      w[f"{p}.experts.down"][e])
+    return out.reshape(n, steps, dim)
+
+
+def llama_block(x, w, p, layer):
+    x = x + grouped_attention(rms_norm(x, w[f"{p}.norm1.gamma"], layer["eps"]), w, f"{p}.attn", layer)
+    h = rms_norm(x, w[f"{p}.norm2.gamma"], layer["eps"])
+    if layer["moe"] is None:
+        return x + swiglu(h, w[f"{p}.mlp.gate.weight"], w[f"{p}.mlp.up.weight"], w[f"{p}.mlp.down.weight"])
+    return x + moe(h, w, f"{p}.moe", layer["moe"])
+
+
 def patch_embedding(x, w, p, layer):
     patch = layer["patch"]
     grid = conv2d(x, w[f"{p}.weight"], w[f"{p}.bias"], (patch, patch), (0, 0))  # (N, dim, h, w)
@@ -217,6 +290,16 @@ def forward(network: dict, weights: dict, x: np.ndarray, side: dict | None = Non
             x, next_sentence = pretraining_heads(x, w, p, layer, network["input"])
             if side is not None:
                 side["next_sentence"] = next_sentence
+        elif t == "rms_norm":
+            x = rms_norm(x, w[f"{p}.gamma"], layer["eps"])
+        elif t == "grouped_attention":
+            x = grouped_attention(x, w, p, layer)
+        elif t == "swiglu":
+            x = swiglu(x, w[f"{p}.gate.weight"], w[f"{p}.up.weight"], w[f"{p}.down.weight"])
+        elif t == "moe":
+            x = moe(x, w, p, layer)
+        elif t == "llama_block":
+            x = llama_block(x, w, p, layer)
         else:
             raise ValueError(t)
     return x

@@ -4,8 +4,10 @@ flags are what the same code sets on a GPU, where JAX, TensorFlow and cuDNN defa
 And every runner times the transformer kernels (batched products, attention's core with and
 without dropout on the probabilities, layer norm, both GELU forms, forward and backward) and the
 pooling kernels (max with padding, average, global average, forward and backward) and a training
-step's batch norm and a dense layer (forward, backward) with the op its network builder calls, at
-the smallest shapes. One worker per framework serves them all."""
+step's batch norm and a dense layer (forward, backward) with the op its network builder calls, and
+a Llama-style decoder's and an MoE layer's kernels (RMSNorm, rotary, SwiGLU, grouped attention, the
+router, the experts) with the framework's own, at the smallest shapes. One worker per framework
+serves them all."""
 
 from __future__ import annotations
 
@@ -77,6 +79,34 @@ DENSE = [KernelSpec.of("dense_fwd", batch=2, positions=3, inputs=6, units=5, bia
          KernelSpec.of("dense_bwd", batch=4, positions=1, inputs=6, units=5, bias=0, input_grad=0)]
 DENSE_OP = {"torch": "nn.Linear", "tensorflow": "keras.layers.Dense", "jax": "flax.linen.Dense",
             "mxnet": "gluon.nn.Dense(flatten=False)"}
+# a Llama-style decoder's and an MoE layer's kernels at the smallest shapes: 2 samples of 4 steps, 4
+# query heads sharing 2 key/value heads of 8, a SwiGLU 16 -> 24, 8 tokens routed to 2 of 4 experts
+LLM_CORE = dict(batch=2, heads=4, kv_heads=2, head_size=8)
+DECODER = [KernelSpec.of("rms_norm_fwd", rows=8, dim=16),
+           KernelSpec.of("rms_norm_bwd", rows=8, dim=16, input_grad=1),
+           KernelSpec.of("rms_norm_bwd", rows=8, dim=16, input_grad=0),
+           KernelSpec.of("rotary_fwd", steps=4, **LLM_CORE),
+           KernelSpec.of("rotary_bwd", steps=4, **LLM_CORE),
+           KernelSpec.of("swiglu_fwd", rows=8, dim=16, hidden=24),
+           KernelSpec.of("swiglu_bwd", rows=8, dim=16, hidden=24, input_grad=1),
+           KernelSpec.of("grouped_attention_fwd", steps=4, causal=1, **LLM_CORE),
+           KernelSpec.of("grouped_attention_bwd", steps=4, causal=1, **LLM_CORE),
+           KernelSpec.of("moe_router_fwd", rows=8, dim=16, experts=4, top_k=2),
+           KernelSpec.of("moe_router_bwd", rows=8, dim=16, experts=4, top_k=2),
+           KernelSpec.of("moe_experts_fwd", tokens=8, dim=16, hidden=24, experts=4, top_k=2),
+           KernelSpec.of("moe_experts_bwd", tokens=8, dim=16, hidden=24, experts=4, top_k=2)]
+# what each framework's kernels name as their op (the users' way: fused where the framework has it)
+DECODER_OP = {
+    "torch": ("F.rms_norm", "rotate_half", "nn.Linear without bias", "enable_gqa", "stable sort top-k",
+              "index_add"),
+    "tensorflow": ("keras.layers.RMSNormalization", "rotate_half", "keras.layers.Dense without bias",
+                   "keras.layers.GroupQueryAttention", "tf.math.top_k", "tf.tensor_scatter_nd_add"),
+    "jax": ("flax.linen.RMSNorm", "rotate_half", "flax.linen.Dense without bias", "jax.nn.dot_product_attention",
+            "lax.top_k", "lax.ragged_dot"),
+    "mxnet": ("rsqrt", "rotate_half", "gluon.nn.Dense without bias", "repeat of the key/value heads",
+              "each expert's rank", "dense dispatch"),
+}
+DECODER_FAMILIES = ("rms_norm", "rotary", "swiglu", "grouped_attention", "moe_router", "moe_experts")
 # the op each network builder runs for attention's core, as the kernel's settings name it
 ATTENTION_OP = {"torch": "scaled_dot_product_attention", "tensorflow": "MultiHeadAttention._compute_attention",
                 "jax": "dot_product_attention", "mxnet": "interleaved_matmul_selfatt_qk/valatt"}
@@ -89,8 +119,8 @@ def kernels_of(framework: str) -> tuple[dict, ...]:
     runner = RunnerRegistry(paths.runners_dir()).get(framework)
     env = VenvBackend(paths.cache_dir()).ensure(runner, "cpu")
     policy = KernelPolicy(warmup_iters=1, min_iters=2, min_time_s=0.0, max_iters=3, repeats=1, cache="warm")
-    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING + BATCH_NORM + DENSE,
-                                                            policy, "cpu", 1),
+    outcome = run_worker(env.python, runner.worker, kernel_request(MATMULS + TRANSFORMER + POOLING + BATCH_NORM + DENSE
+                                                                   + DECODER, policy, "cpu", 1),
                          timeout_s=300)
     assert outcome.status == "ok", outcome.reason or outcome.output_tail
     return tuple(outcome.result["kernels"])
@@ -154,8 +184,22 @@ def test_batch_norm_kernels_are_timed_with_the_networks_own_op_in_training(frame
 
 
 @pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
+def test_decoder_and_moe_kernels_run_with_the_frameworks_own_ops(framework):
+    results = kernels_of(framework)[-len(DECODER):]
+    assert [r["spec"] for r in results] == [s.to_dict() for s in DECODER]
+    for r in results:
+        assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))
+        assert r["median_s"] >= 0 and len(r["times_s"]) >= 2, r
+        family = DECODER_FAMILIES.index(r["spec"]["kind"].rsplit("_", 1)[0])
+        assert DECODER_OP[framework][family] in r["settings"]["op"], r["settings"]
+    if framework == "torch":  # grouped attention in SDPA's CPU flash kernel, no repeated heads
+        attention = [r for r in results if r["spec"]["kind"] == "grouped_attention_fwd"]
+        assert attention[0]["settings"]["operator"] == "_scaled_dot_product_flash_attention_for_cpu"
+
+
+@pytest.mark.parametrize("framework", sorted(IEEE_FLOAT32))
 def test_dense_kernels_are_the_networks_own_layer(framework):
-    results = kernels_of(framework)[-len(DENSE):]
+    results = kernels_of(framework)[-len(DECODER) - len(DENSE):-len(DECODER)]
     assert [r["spec"] for r in results] == [s.to_dict() for s in DENSE]
     for r in results:
         assert r["status"] == "ok", (r["spec"], r.get("reason"), r.get("traceback"))

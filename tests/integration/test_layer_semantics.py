@@ -102,7 +102,25 @@ TINY.update({
         {"type": "embedding", "vocabulary": 11, "dim": 6}, {"type": "segment_embedding", "segments": 3},
         {"type": "pretraining_heads", "gelu": "tanh", "tied": False}]),
 })
-TRANSFORMER_TYPES = {"position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
+# The Llama and MoE types (issue 45): grouped heads (2 of 4, and multi-query), rotary at two thetas
+# and Llama 3's rescaling, SwiGLU, dropless top-2 and top-1 routing, RMSNorm at two eps.
+TINY.update({
+    "llama_gqa_rotary_swiglu": (TOKENS, [
+        {"type": "embedding", "vocabulary": 11, "dim": 8},
+        {"type": "llama_block", "heads": 4, "kv_heads": 2, "hidden": 12, "eps": 1e-5, "rope_theta": 100,
+         "repeat": 2},
+        {"type": "rms_norm", "eps": 1e-5}, {"type": "lm_head", "tied": True}]),
+    "moe_multi_query_rescaled_rotary": (TOKENS, [
+        {"type": "embedding", "vocabulary": 11, "dim": 8},
+        {"type": "grouped_attention", "heads": 2, "kv_heads": 1, "rope_theta": 500000,
+         "rope_scaling": {"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4, "original_context": 4}},
+        {"type": "rms_norm", "eps": 1e-3}, {"type": "swiglu", "hidden": 6},
+        {"type": "llama_block", "heads": 2, "kv_heads": 2, "hidden": 6,
+         "moe": {"experts": 4, "top_k": 2, "aux_loss_coefficient": 0.02}},
+        {"type": "moe", "experts": 3, "top_k": 1, "hidden": 5},
+        {"type": "lm_head", "tied": False}]),
+})
+TRANSFORMER_TYPES = {"rms_norm", "grouped_attention", "swiglu", "moe", "llama_block", "position_embedding", "patch_embedding", "layer_norm", "gelu", "attention", "transformer_block",
                      "token_pool", "lm_head", "segment_embedding", "pretraining_heads"}
 TRANSFORMER_CASES = {kind for kind, (_, layers) in TINY.items() if any(x["type"] in TRANSFORMER_TYPES for x in layers)}
 
@@ -178,3 +196,36 @@ def dense_init_failures(layers: list[dict], arrays: dict) -> list[str]:
         if bias is not None and np.any(bias != 0):
             out.append(f"dense {i:03d}: biases not zero (largest |b| {np.abs(bias).max():.3g})")
     return out
+
+
+def test_every_framework_routes_tied_tokens_to_the_lower_experts(runners, tmp_path):
+    """The tie-break rule (schema.py, moe): with the router's weights zero every expert's probability
+    is exactly 1/E for every token, and every framework must take experts 0 .. k-1 (a top-k that
+    broke ties otherwise, or by position in memory, gives other experts' outputs: far from the
+    numpy reference, which takes the lower ones)."""
+    layers = [{"type": "embedding", "vocabulary": 11, "dim": 8},
+              {"type": "moe", "experts": 4, "top_k": 2, "hidden": 6},
+              {"type": "lm_head", "tied": False}]
+    path = tmp_path / "moe_ties.yaml"
+    path.write_text(yaml.safe_dump({"name": "moe_ties", "input": TOKENS, "layers": layers}))
+    net = load_network(path)
+    weights = random_weights(net.resolved, seed=5)
+    weights["001.router.weight"] = np.zeros_like(weights["001.router.weight"])
+    inputs = make_inputs(net, 4, seed=5)
+    np.savez(tmp_path / "weights.npz", **weights)
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    expected = numpy_reference.forward(net.resolved, weights, inputs["x"])
+    others = dict(weights)  # the same weights routed to experts 2 and 3: what a wrong tie-break gives
+    for part in ("gate", "up", "down"):
+        others[f"001.experts.{part}"] = weights[f"001.experts.{part}"][[2, 3, 0, 1]]
+    assert relative_error(numpy_reference.forward(net.resolved, others, inputs["x"]), expected) > 1e-3
+    failures = []
+    for runner, env in runners:
+        with tempfile.TemporaryDirectory(dir=tmp_path) as work:
+            arrays, reason, status = _probe(runner, env, net, Path(work), "cpu", 600,
+                                            tmp_path / "weights.npz", tmp_path / "inputs.npz", 4)
+        if arrays is None:
+            failures.append(f"{runner.name}: {status}: {reason}")
+        elif relative_error(arrays["logits"], expected) > 1e-9:
+            failures.append(f"{runner.name}: logits error {relative_error(arrays['logits'], expected):.2e}")
+    assert not failures, "\n".join(failures)

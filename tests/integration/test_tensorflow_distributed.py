@@ -106,6 +106,7 @@ def test_collectives_are_correct_at_every_size(tmp_path, tf_runner, suites):
     # TensorFlow's reduce-scatter has an NCCL implementation only: not offered by the CPU ring
     assert scatter.status == "skipped" and "NCCL implementation only" in scatter.reason
     assert all(s.skipped and s.time_s is None for s in scatter.comm.sizes)
+    assert "all_to_all" in by_op  # CollectiveAllToAllV2 runs on the CPU ring's gRPC
     for r in by_op.values():
         assert r.status == "ok", r.reason
         ran = [s for s in r.comm.sizes if not s.skipped]

@@ -65,7 +65,8 @@ def test_ddp_training_and_its_baseline(tmp_path, torch_runner, suites):
 def test_collectives_are_correct_at_every_size(tmp_path, torch_runner, suites):
     _, comm = suites
     records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(torch_runner, comm)
-    assert [r.status for r in records] == ["ok"] * 4, [r.reason for r in records]
+    assert [r.status for r in records] == ["ok"] * 5, [r.reason for r in records]
+    assert records[-1].comm.collective == "all_to_all" and records[-1].comm.bus_factor == 0.5
     for r in records:
         ran = [s for s in r.comm.sizes if not s.skipped]
         assert ran and all(s.correct and s.busbw_gbps > 0 for s in ran)

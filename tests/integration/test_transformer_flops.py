@@ -35,7 +35,8 @@ from dlbench.performance.workload import decompose
 pytestmark = pytest.mark.integration
 
 # network -> the sequence length it is counted at (None: as described)
-NETWORKS = {"transformer_tiny": None, "gpt2_small": 128, "vit_b16": None}
+NETWORKS = {"transformer_tiny": None, "gpt2_small": 128, "vit_b16": None,
+            "llama_tiny": None, "moe_tiny": None, "smollm2_135m": 128}
 
 COUNT = r"""
 import contextlib, json, sys

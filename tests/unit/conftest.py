@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.registry import RunnerRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+BOX = re.compile("[\u2500-\u257f]")  # the frame typer draws around a usage error, wrapped at 80 columns
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +63,24 @@ def project(tmp_path, monkeypatch):
     (root / "runners" / "common").symlink_to(ROOT / "runners" / "common")
     monkeypatch.setenv("DLBENCH_ROOT", str(root))
     return root
+
+
+@pytest.fixture
+def invoke():
+    """`dlbench ARGS...` in this process: (exit status, stdout, stderr on one line), colours removed
+    (and the frame of a usage error, whose lines then read as one)."""
+    from dlbench.cli import app
+
+    def call(*args: str):
+        result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+        return result.exit_code, ANSI.sub("", result.stdout), " ".join(BOX.sub("", ANSI.sub("", result.stderr)).split())
+
+    return call
+
+
+@pytest.fixture
+def cli_env(monkeypatch, tmp_path, project):
+    """The command line on `project` (the fake runner only), in tmp_path, with a cache of its own."""
+    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return project

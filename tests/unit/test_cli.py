@@ -19,11 +19,12 @@ from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+BOX = re.compile("[\u2500-\u257f]")  # the frame typer draws around a usage error, wrapped at 80 columns
 
 
 def invoke(*args: str):
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
+    return result.exit_code, ANSI.sub("", result.stdout), " ".join(BOX.sub("", ANSI.sub("", result.stderr)).split())
 
 
 @pytest.fixture(autouse=True)
@@ -355,7 +356,8 @@ def test_check_at_a_sequence_length_and_says_dropout_is_off(project, tmp_path, m
 def test_check_refuses_an_unknown_precision(project, tmp_path):
     code, _, err = invoke("check", "--framework", "fake", "--env", "current", "--precision", "bf16",
                           "--store", str(tmp_path / "s"))
-    assert code != 0 and "unknown precision 'bf16'" in err and "float64" in err
+    assert code == 2 and ("Invalid value for '--precision': unknown precision 'bf16'; valid precisions: fp32, tf32, "
+                          "amp_bf16, amp_fp16, float64") in err
     assert not (tmp_path / "s" / "checks").exists()
 
 
@@ -405,9 +407,54 @@ def test_compile_default_is_the_runners_own_and_runs_once(project, tmp_path):
     assert [r.workload.compile for r in Store(store).records()] == ["eager"]  # the fake runner's default
 
 
-@pytest.mark.parametrize("option,value", [("--precision", "float32"), ("--precision", "fp32,bf16"),
-                                          ("--compile", "jit"), ("--compile-mode", "reduce-overhead")])
-def test_unknown_precision_or_compile_values_are_refused(project, tmp_path, option, value):
+@pytest.mark.parametrize("option,value,words", [
+    ("--precision", "float32", "Invalid value for '--precision': unknown precision 'float32'; valid precisions: fp32, "
+                               "tf32, amp_bf16, amp_fp16, all"),
+    ("--precision", "fp32,bf16", "Invalid value for '--precision': unknown precision 'bf16'"),
+    ("--compile", "jit", "Invalid value for '--compile': unknown compile mode 'jit'; valid compile modes: eager, "
+                         "compiled, default, all"),
+    ("--compile-mode", "reduce-overhead", "unknown torch.compile mode 'reduce-overhead'"),  # torch's, not an axis
+])
+def test_unknown_precision_or_compile_values_are_refused(project, tmp_path, option, value, words):
     code, _, err = run_fcn(tmp_path / "s", "--repeats", "1", option, value, modes=())
-    assert code != 0 and "unknown" in err and value.split(",")[-1] in err
+    assert code == 2 and words in err
     assert not (tmp_path / "s" / "runs").exists() or not list((tmp_path / "s" / "runs").iterdir())
+
+
+def axis_options():
+    """(command, option, what its values are called) for every option of every command named after a
+    request axis (precision, compile, mode, scenario)."""
+    from runners.common.contract import REQUEST_AXES
+    from typer.main import get_command
+
+    def walk(group, path):
+        for name, command in group.commands.items():
+            if hasattr(command, "commands"):
+                yield from walk(command, [*path, name])
+            else:
+                yield [*path, name], command
+
+    found = []
+    for path, command in walk(get_command(app), []):
+        for param in command.params:
+            if param.name in REQUEST_AXES:
+                found.append((" ".join(path), param.opts[0], REQUEST_AXES[param.name].noun))
+    return found
+
+
+def test_the_axis_options_are_found():
+    assert {(c, o) for c, o, _ in axis_options()} == {
+        ("run", "--mode"), ("run", "--precision"), ("run", "--compile"), ("run", "--scenario"),
+        ("check", "--precision"), ("check", "--mode"), ("predict", "--precision"), ("predict", "--mode"),
+        ("calibrate", "--precision")}
+
+
+@pytest.mark.parametrize("command, option, kind", axis_options())
+def test_every_axis_option_refuses_an_unknown_value_alike(tmp_path, command, option, kind):
+    """Each is typed by its axis (dlbench.axes): the same error, naming the option, the value and
+    the values it takes, before anything runs."""
+    needed = {"run": ["--suite", "fcn"]}.get(command, [])
+    code, out, err = invoke(*command.split(), *needed, option, "fp32,nosuch", "--store", str(tmp_path / "s"))
+    assert code == 2 and out == ""
+    assert f"Invalid value for '{option}': unknown {kind} " in err and f"valid {kind}s: " in err
+    assert not (tmp_path / "s").exists()

@@ -653,7 +653,8 @@ def test_the_layer_table_holds_every_layer_model_of_the_schema_in_its_order():
     assert layers.names() == ("dense", "conv2d", "max_pool", "avg_pool", "global_avg_pool", "batch_norm", "relu",
                               "sigmoid", "tanh", "flatten", "dropout", "embedding", "lstm", "residual",
                               "position_embedding", "patch_embedding", "layer_norm", "gelu", "attention",
-                              "transformer_block", "token_pool", "lm_head", "segment_embedding", "pretraining_heads")
+                              "transformer_block", "token_pool", "lm_head", "segment_embedding", "pretraining_heads",
+                              "rms_norm", "grouped_attention", "swiglu", "moe", "llama_block")
     for name in layers.names():
         assert name in layers.lookup(name).names
 

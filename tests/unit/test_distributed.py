@@ -68,7 +68,7 @@ def test_shipped_distributed_suite_resolves(catalog, profile, device):
 
 def test_shipped_comm_suite_sizes(catalog):
     default = catalog.load_distributed_suite(SUITES / "comm.yaml", "default", "cpu").comm
-    assert default.collectives == ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
+    assert default.collectives == ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
     assert default.sizes[0] == 4 and default.sizes[-1] == 256 * 2**20
     assert all(b == 2 * a for a, b in zip(default.sizes, default.sizes[1:]))
     assert len(default.sizes) == 27
@@ -142,6 +142,10 @@ def test_bus_factors_are_nccl_tests():
     assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
     assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == pytest.approx(0.75)
     assert bus_factor("broadcast", 8) == 1.0
+    # all-to-all: each rank sends (n-1)/n of its buffer, one block per peer (PERFORMANCE.md)
+    assert bus_factor("all_to_all", 2) == 0.5 and bus_factor("all_to_all", 8) == pytest.approx(7 / 8)
+    algbw, busbw = bandwidths(2**20, 0.002, "all_to_all", 4)
+    assert algbw == pytest.approx(2**20 / 0.002) and busbw == pytest.approx(algbw * 0.75)
     algbw, busbw = bandwidths(2**20, 0.001, "all_reduce", 4)
     assert algbw == pytest.approx(2**20 / 0.001) and busbw == pytest.approx(algbw * 1.5)
     with pytest.raises(ValueError):

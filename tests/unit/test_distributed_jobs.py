@@ -20,9 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from typer.testing import CliRunner
 
-from dlbench.cli import app
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.execution.distributed import DistributedOptions, DistributedOrchestrator
 from dlbench.execution.jobs import run_job
@@ -32,7 +30,6 @@ from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
@@ -130,14 +127,14 @@ def test_collectives_one_record_each_with_checked_bandwidths(tmp_path, fake, sui
         assert c.workers == 2 and [s.size_bytes for s in c.sizes] == list(comm.sizes)
         for s in c.sizes:
             if s.skipped:  # 4 B cannot give each of 2 ranks a float32 to gather or scatter
-                assert c.collective in ("all_gather", "reduce_scatter") and s.size_bytes == 4
+                assert c.collective in ("all_gather", "reduce_scatter", "all_to_all") and s.size_bytes == 4
                 continue
             assert s.correct is True and s.iterations == comm.policy.measure_iters
             assert s.algbw_gbps == pytest.approx(s.bytes / s.time_s / 1e9)
             assert s.busbw_gbps == pytest.approx(s.algbw_gbps * c.bus_factor)
         assert r.network.name == c.collective and r.network.definition["sizes_bytes"] == list(comm.sizes)
     assert {r.comm.collective: r.comm.bus_factor for r in records} == {
-        "all_reduce": 1.0, "all_gather": 0.5, "broadcast": 1.0, "reduce_scatter": 0.5}
+        "all_reduce": 1.0, "all_gather": 0.5, "broadcast": 1.0, "reduce_scatter": 0.5, "all_to_all": 0.5}
 
 
 def test_a_wrong_result_fails_that_collectives_record(tmp_path, fake, suites, monkeypatch):
@@ -172,8 +169,26 @@ def test_a_runner_without_a_distributed_part_is_skipped_saying_so(tmp_path, fake
     _, comm = suites
     unported = dataclasses.replace(fake, distributed=None)
     records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(unported, comm)
-    assert len(records) == 4
+    assert len(records) == 5
     assert all(r.status == "skipped" and "[distributed]" in r.reason for r in records)
+
+
+def test_a_collective_the_runner_declares_not_offered_is_skipped_without_asking_a_rank(tmp_path, fake, suites):
+    _, comm = suites
+    declared = dataclasses.replace(fake, distributed=dataclasses.replace(
+        fake.distributed, collectives_not_offered=(("all_to_all", "the fake engine has no all-to-all"),)))
+    records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(declared, comm)
+    by_op = {r.benchmark: r for r in records}
+    skipped = by_op.pop("all_to_all-w2")
+    assert skipped.status == "skipped" and skipped.comm is None and skipped.repeats == []
+    assert skipped.reason == ("fake runner: the fake engine has no all-to-all "
+                              "(runner.toml [distributed.collectives_not_offered])")
+    assert all(r.status == "ok" for r in by_op.values()), [r.reason for r in by_op.values()]
+    # only one collective, and that one not offered: no job at all
+    alone = dataclasses.replace(comm, collectives=("all_to_all",))
+    (only,) = DistributedOrchestrator(Store(tmp_path / "t"), options(tmp_path)).run_comm(declared, alone)
+    assert only.status == "skipped" and only.repeats == [] and "no all-to-all" in only.reason
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
 
 
 # ------------------------------------------------------------------ jobs that fail
@@ -416,19 +431,7 @@ def test_under_slurm_every_command_is_a_job_step(tmp_path, fake, suites, monkeyp
 
 # ------------------------------------------------------------------ the command line
 
-def invoke(*args: str):
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
-
-
-@pytest.fixture
-def cli_env(monkeypatch, tmp_path, project):
-    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    return project
-
-
-def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
+def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path, invoke):
     store = str(tmp_path / "store")
     code, out, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current",
                             "--profile", "smoke", "--benchmark", "fcn5", "--store", store)
@@ -460,15 +463,15 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path):
     (["--suite", "distributed", "--hosts", "127.0.0.2,127.0.0.2"], "listed twice"),
     (["--suite", "comm", "--benchmark", "alltoall"], "unknown benchmark 'alltoall'"),
 ])
-def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monkeypatch):
-    monkeypatch.setattr("dlbench.cli.distributed.available_cpus", lambda: 2)
+def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monkeypatch, invoke):
+    monkeypatch.setattr("dlbench.workflows.distributed.available_cpus", lambda: 2)
     code, _, err = invoke("run", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), *args)
     assert code == 2 and words in err
     assert not (tmp_path / "s").exists()
 
 
-def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch):
+def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch, invoke):
     suite = tmp_path / "odd.yaml"
     suite.write_text((ROOT / "suites" / "distributed.yaml").read_text().replace("smoke: [32]", "smoke: [33]"))
     code, _, err = invoke("run", "--suite", str(suite), "--framework", "fake", "--env", "current", "--profile", "smoke",
@@ -476,7 +479,7 @@ def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch):
     assert code == 2 and "global batch 33 over 2 workers" in err and "fcn5" in err
 
 
-def test_cli_lists_distributed_suites(cli_env):
+def test_cli_lists_distributed_suites(cli_env, invoke):
     code, out, _ = invoke("list", "--suite", "comm", "--profile", "smoke")
     assert code == 0 and "reduce_scatter" in out and "4 B .. 4 MiB (4 sizes)" in out
     code, out, _ = invoke("list", "--suite", "distributed", "--profile", "smoke")

@@ -81,12 +81,10 @@ def add_option(tree: TreeCopy) -> None:
     """The run option: the request's field and the command's parameter, last in both (the same order)."""
     tree.insert("src/dlbench/workflows/requests.py", "    data: Path | None = None\n",
                 "    layout: list[str] | None = None\n")
-    run_cli = "src/dlbench/cli/run.py"
-    tree.replace(run_cli, "from ..axes import PRECISIONS, Mode, Scenario", "from ..axes import PRECISIONS, REQUEST_AXES, Mode, Scenario")
-    tree.insert(run_cli, 'digits need none.")] = None,\n', (
-        "    layout: Annotated[Optional[list[str]], typer.Option(\n"
-        "        help=f\"{' | '.join(REQUEST_AXES['layout'].axis.names())}: the image tensors' memory layout; a comma \"\n"
-        "             \"list or 'all', repeatable (default: nchw).\")] = None,\n"))
+    tree.insert("src/dlbench/cli/run.py", 'digits need none.")] = None,\n', (
+        "    layout: Annotated[Optional[list[str]], run_axis_option(\n"
+        "        REQUEST_AXES[\"layout\"], help=\"The image tensors' memory layout; a comma list or 'all', repeatable \"\n"
+        "                                    \"(default: nchw).\")] = None,\n"))
 
 
 @pytest.fixture(scope="module")
@@ -238,4 +236,4 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
 def test_run_help_lists_the_option(tree, table_before_the_option):
     done = tree.dlbench("run", "--help")
     assert done.returncode == 0, done.stderr
-    assert "--layout" in done.stdout and "nchw | nhwc" in one_line(done.stdout)
+    assert "--layout" in done.stdout and "nchw|nhwc|all" in one_line(done.stdout)

@@ -16,7 +16,7 @@ from dlbench.definitions.loader import DefinitionError
 from dlbench.execution.kernels import run_kernels
 from dlbench.execution.launcher import WorkerOutcome
 from dlbench.machine import dtype_support
-from dlbench.performance.calibration import CalibrationError, calibration_specs, ceilings, comm_fits, fit_all_reduce
+from dlbench.performance.calibration import CalibrationError, calibration_specs, ceilings, comm_fits, fit_line
 from dlbench.performance.kernel_suite import KernelPolicy, load_kernel_suite
 from dlbench.performance.kernels import KernelSpec
 from dlbench.store.kernels import KernelRecord, KernelResult, KernelStore
@@ -297,15 +297,15 @@ def test_ceilings_are_the_best_framework_and_bandwidth_excludes_dispatch():
 
 def test_all_reduce_line_recovered_from_its_points():
     points = [(float(b), 5e-5 + 2e-9 * b) for b in (4, 64, 1024, 1 << 16, 1 << 20, 1 << 24)]
-    startup, per_byte, r2 = fit_all_reduce(points)
+    startup, per_byte, r2 = fit_line(points)
     assert startup == pytest.approx(5e-5, rel=1e-6) and per_byte == pytest.approx(2e-9, rel=1e-6)
     assert r2 == pytest.approx(1.0)
     # relative residuals: a 10% slow largest size does not wipe out the start-up the small ones show
     noisy = points[:-1] + [(points[-1][0], points[-1][1] * 1.1)]
-    startup, per_byte, _ = fit_all_reduce(noisy)
+    startup, per_byte, _ = fit_line(noisy)
     assert startup == pytest.approx(5e-5, rel=0.05)
     with pytest.raises(CalibrationError, match="two message sizes"):
-        fit_all_reduce([(4.0, 1e-5)])
+        fit_line([(4.0, 1e-5)])
 
 
 def comm_record(framework, workers, line, machine_id="m1", sizes=(4, 4096, 1 << 20), collective="all_reduce",
@@ -333,6 +333,16 @@ def test_all_reduce_fits_from_the_comm_suite_records():
     assert two.points == 3 and two.run_ids == [records[1].run_id]
     only, notes = comm_fits(records, "m1", "cpu", workers=8)
     assert only == [] and "run `dlbench run --suite comm --workers 8` first" in notes[0]
+    # all-to-all records give their own line, beside the all-reduce's, its alpha and beta by pairwise
+    # exchange: startup = (n-1) alpha, per_byte = (n-1)/n beta
+    a2a = [comm_record("torch", 4, (3e-4, 3e-9), collective="all_to_all"),
+           comm_record("torch", 2, (1e-4, 1e-9), collective="all_to_all", machine_id="other")]
+    fits, _ = comm_fits(records + a2a, "m1", "cpu")
+    assert [(f.framework, f.workers, f.collective) for f in fits] == [
+        ("torch", 2, "all_reduce"), ("torch", 4, "all_reduce"), ("torch", 4, "all_to_all")]
+    assert fits[2].startup_s == pytest.approx(3e-4) and fits[2].per_byte_s == pytest.approx(3e-9)
+    assert fits[2].alpha_s == pytest.approx(1e-4) and fits[2].beta_s_per_byte == pytest.approx(4e-9)
+    assert fits[2].run_ids == [a2a[0].run_id] and fits[2].r2 == pytest.approx(1.0)
     # a size whose result was wrong is not fitted
     wrong = comm_record("torch", 2, (1e-4, 1e-9), sizes=(4, 4096, 1 << 20, 1 << 22), wrong_at=1 << 22)
     assert comm_fits([wrong], "m1", "cpu")[0][0].points == 3

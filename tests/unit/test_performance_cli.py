@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from dlbench.cli import app
-from dlbench.cli import performance as performance_cli
 from dlbench.performance.yardstick import YARDSTICK
 from dlbench.reporting.charts import fmt
 from dlbench.store.kernels import KernelStore
 from dlbench.workflows import calibration as calibrate_workflow
+from dlbench.workflows import kernels as kernels_workflow
 from dlbench.store.profiles import ProfileStore
 from dlbench.store.store import Store
 
@@ -35,7 +35,7 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
     # every dtype runs, whatever this CPU has (dtype_support itself is tested on its own)
     every = lambda device: {"float32": None, "float16": None, "bfloat16": None}  # noqa: E731
-    monkeypatch.setattr(performance_cli, "dtype_support_of", every)
+    monkeypatch.setattr(kernels_workflow, "dtype_support_of", every)
     monkeypatch.setattr(calibrate_workflow, "dtype_support_of", every)
     monkeypatch.chdir(tmp_path)
 

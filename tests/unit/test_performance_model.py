@@ -11,9 +11,10 @@ import pytest
 from dlbench.definitions.layers import network_model
 from dlbench.definitions.loader import load_network
 from dlbench.definitions.network import analyse
-from dlbench.performance.communication import AllReduceCost, mgwfbp, schedule, wfbp, without_overlap
+from dlbench.performance.communication import AllReduceCost, AllToAllCost, mgwfbp, schedule, wfbp, without_overlap
 from dlbench.performance.kernels import OP_CLASS, KernelSpec
-from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, gradient_layers,
+from dlbench.performance.model import (DataPath, FrameworkFacts, LayerTimes, PredictionError, collective_cost,
+                                      gradient_layers,
                                       predict, roofline_time)
 from dlbench.performance.workload import decompose, kernel_specs
 from dlbench.store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling
@@ -75,6 +76,53 @@ def test_transformer_kernel_counts_by_hand():
     assert KernelSpec.of("gelu_bwd", elements=100, approximate=0).flops == 1600
     # the harness times a backward that needs its forward both ways: the forward is the same shape
     assert KernelSpec.from_dict(dict(bwd.to_dict(), kind="attention_fwd")) == fwd
+
+
+def test_decoder_and_moe_kernel_counts_by_hand():
+    # RMS norm over 6 rows of 10: 4 FLOPs per element forward, 9 with the input's gradient, 3 without
+    rms = KernelSpec.of("rms_norm_fwd", rows=6, dim=10)
+    assert rms.key == "rms_norm_fwd rows=6 dim=10 float32" and rms.memory_bound
+    assert (rms.flops, rms.bytes) == (240, 4 * (3 * 60 + 10))  # x twice, y; gamma
+    assert (KernelSpec.of("rms_norm_bwd", rows=6, dim=10, input_grad=1).flops,
+            KernelSpec.of("rms_norm_bwd", rows=6, dim=10, input_grad=1).bytes) == (540, 4 * (5 * 60 + 20))
+    assert KernelSpec.of("rms_norm_bwd", "bfloat16", rows=6, dim=10, input_grad=0).bytes == 2 * (3 * 60 + 20)
+    assert KernelSpec.of("rms_norm_bwd", rows=6, dim=10, input_grad=0).flops == 180
+    # rotary on 2 samples x 4 steps of 3 query and 1 key head of 8: 2 * 4 * 4 * 8 = 256 rotated elements
+    rot = KernelSpec.of("rotary_fwd", batch=2, steps=4, heads=3, kv_heads=1, head_size=8)
+    assert (rot.flops, rot.bytes, rot.memory_bound) == (3 * 256, 4 * (2 * 256 + 4 * 8), True)
+    assert KernelSpec.of("rotary_bwd", batch=2, steps=4, heads=3, kv_heads=1, head_size=8).flops == rot.flops
+    # SwiGLU 3 -> 5 -> 3 over 2 rows: three products of 2 * 2 * 3 * 5 = 60, the gate 5 per hidden element
+    mlp = KernelSpec.of("swiglu_fwd", rows=2, dim=3, hidden=5)
+    assert (mlp.flops, mlp.bytes, mlp.memory_bound) == (3 * 60 + 5 * 10, 4 * (2 * 6 + 3 * 15), False)
+    # backward: three weight gradients and the down product's input gradient (+ gate's and up's to x)
+    assert KernelSpec.of("swiglu_bwd", rows=2, dim=3, hidden=5, input_grad=0).flops == 4 * 60 + 10 * 10
+    full = KernelSpec.of("swiglu_bwd", rows=2, dim=3, hidden=5, input_grad=1)
+    assert (full.flops, full.bytes) == (6 * 60 + 10 * 10, 4 * (3 * 6 + 6 * 15))
+    # grouped attention: attention's counts over the 4 query heads; k and v moved for 2 heads only
+    core = dict(batch=1, steps=3, head_size=2, causal=1)
+    gqa = KernelSpec.of("grouped_attention_fwd", heads=4, kv_heads=2, **core)
+    mha = KernelSpec.of("attention_fwd", heads=4, dropout=0, **core)
+    assert gqa.flops == mha.flops == 4 * (2 * (2 * 3 * 3 * 2) + 5 * 3 * 3)
+    assert gqa.bytes == 4 * (2 * 4 * 6 + 2 * 2 * 6) < mha.bytes
+    gqa_bwd = KernelSpec.of("grouped_attention_bwd", heads=4, kv_heads=2, **core)
+    assert gqa_bwd.flops == KernelSpec.of("attention_bwd", heads=4, dropout=0, **core).flops
+    assert gqa_bwd.bytes == 2 * gqa.bytes and OP_CLASS["grouped_attention_bwd"] == "attention"
+    # the router: 3 tokens of 4 over 8 experts, top 2
+    router = KernelSpec.of("moe_router_fwd", rows=3, dim=4, experts=8, top_k=2)
+    assert router.flops == 2 * 3 * 4 * 8 + 5 * 24 + 3 * 2  # logits, softmax, renormalised choices
+    assert router.bytes == 4 * (12 + 32 + 2 * 6)
+    router_bwd = KernelSpec.of("moe_router_bwd", rows=3, dim=4, experts=8, top_k=2)
+    assert (router_bwd.flops, router_bwd.bytes) == (2 * 192 + 5 * 24, 4 * (2 * 12 + 6 + 2 * 32))
+    # the experts: 4 tokens, top 2 of 2 experts: 8 routed rows through a SwiGLU 3 -> 5 -> 3
+    experts = KernelSpec.of("moe_experts_fwd", tokens=4, dim=3, hidden=5, experts=2, top_k=2)
+    routed = KernelSpec.of("swiglu_fwd", rows=8, dim=3, hidden=5)
+    assert experts.flops == routed.flops + 2 * 8 * 3  # and the weighted sum of each token's 2 outputs
+    assert experts.bytes == 4 * (2 * 12 + 3 * 2 * 15 + 2 * 8)
+    experts_bwd = KernelSpec.of("moe_experts_bwd", tokens=4, dim=3, hidden=5, experts=2, top_k=2)
+    assert experts_bwd.flops == KernelSpec.of("swiglu_bwd", rows=8, dim=3, hidden=5, input_grad=1).flops + 48
+    assert {OP_CLASS[k] for k in ("swiglu_fwd", "moe_router_fwd", "moe_experts_bwd")} == {"matmul"}
+    with pytest.raises(ValueError, match="takes rows, dim, experts, top_k"):
+        KernelSpec.of("moe_router_fwd", rows=3, dim=4, experts=8)
 
 
 def test_pooling_kernel_counts_by_hand():
@@ -551,6 +599,41 @@ def test_ring_all_reduce_and_its_inverse():
     assert cost.time(1e6) == pytest.approx(6e-4 + 1.5e-3)
     assert cost.link() == (pytest.approx(1e-4), pytest.approx(1e-9))
     assert AllReduceCost.ring(1, 1, 1).time(1e9) == 0.0
+
+
+def test_pairwise_all_to_all_and_its_inverse():
+    """Each of n ranks sends n-1 messages of B/n: (n-1) alpha + (n-1)/n beta B."""
+    cost = AllToAllCost.pairwise(alpha_s=1e-4, beta_s_per_byte=1e-9, workers=4)
+    assert cost.startup_s == pytest.approx(3e-4)  # (n-1) alpha
+    assert cost.per_byte_s == pytest.approx(0.75e-9)  # (n-1)/n beta: nccl-tests' bus factor
+    assert cost.time(1e6) == pytest.approx(3e-4 + 0.75e-3)
+    assert cost.link() == (pytest.approx(1e-4), pytest.approx(1e-9))
+    assert AllToAllCost.pairwise(1, 1, 1).time(1e9) == 0.0
+    # the same link: an all-to-all of B costs half an all-reduce's per-byte term, n-1 start-ups of its 2(n-1)
+    ring = AllReduceCost.ring(1e-4, 1e-9, 4)
+    assert cost.startup_s == pytest.approx(ring.startup_s / 2) and cost.per_byte_s == pytest.approx(ring.per_byte_s / 2)
+
+
+def test_an_all_to_all_cost_comes_from_its_own_fit_and_is_extrapolated_saying_so():
+    reduce_fit = CommFit(framework="torch", workers=2, startup_s=1e-3, per_byte_s=1e-6, alpha_s=5e-4,
+                         beta_s_per_byte=1e-6, r2=1.0, points=5, min_bytes=4, max_bytes=1 << 20, run_ids=["c"])
+    notes: list[str] = []
+    with pytest.raises(PredictionError, match="no all-to-all fit"):
+        collective_cost(profile(comm=[reduce_fit]), "torch", 2, notes, "all_to_all")
+    a2a = CommFit(framework="torch", workers=2, collective="all_to_all", startup_s=2e-4, per_byte_s=3e-9,
+                  alpha_s=2e-4, beta_s_per_byte=6e-9, r2=0.99, points=5, min_bytes=4, max_bytes=1 << 20,
+                  run_ids=["d"])
+    prof = profile(comm=[reduce_fit, a2a])
+    own = collective_cost(prof, "torch", 2, notes, "all_to_all")
+    assert isinstance(own, AllToAllCost) and (own.startup_s, own.per_byte_s) == (2e-4, 3e-9) and notes == []
+    # the all-reduce a data-parallel prediction takes is still the all-reduce's line
+    assert collective_cost(prof, "torch", 2, notes).startup_s == 1e-3
+    four = collective_cost(prof, "torch", 4, notes, "all_to_all")
+    assert four.startup_s == pytest.approx(3 * 2e-4) and four.per_byte_s == pytest.approx(0.75 * 6e-9)
+    assert "all-to-all for 4 workers extrapolated by pairwise exchange from the 2-worker fit" in notes[-1]
+    # another framework's fit stands in, and the note names it
+    jax = collective_cost(prof, "jax", 2, notes, "all_to_all")
+    assert jax.startup_s == 2e-4 and "no all-to-all fit of jax: torch's (2 workers) used" in notes[-1]
 
 
 def test_three_layers_wfbp_and_mgwfbp_on_paper():

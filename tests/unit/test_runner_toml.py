@@ -37,6 +37,9 @@ def test_every_runner_declares_what_it_runs():
     jax = runners.get("jax")
     assert jax.capabilities.listed(Compile) == {Compile.COMPILED} and jax.default_compile == "compiled"
     assert runners.get("tensorflow").distributed.capabilities.listed(Precision) == {Precision.FP32}
+    # MXNet's kvstore has no all-to-all, said once in its runner.toml; the other engines offer it
+    assert "no all-to-all" in runners.get("mxnet").distributed.not_offered("all_to_all")
+    assert all(runners.get(fw).distributed.not_offered("all_to_all") is None for fw in ("torch", "jax", "tensorflow"))
 
 
 def test_a_runner_refuses_what_it_does_not_list_naming_what_it_runs(tmp_path):
@@ -76,6 +79,12 @@ def test_the_distributed_step_trains_in_fp32_unless_the_runner_says_more(tmp_pat
      "execution.compile", "'eager' is not in [capabilities] compile"),
     (HEAD + CAPABILITIES + '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\nprecisions = ["bf16"]\n',
      "distributed.precisions[0]", "'bf16' is not one of"),
+    (HEAD + CAPABILITIES + '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n'
+     '[distributed.collectives_not_offered]\nalltoall = "no"\n',
+     "distributed.collectives_not_offered.alltoall", "'alltoall' is not one of all_reduce"),
+    (HEAD + CAPABILITIES + '[distributed]\nworker = "distributed_worker.py"\nlaunch = "ranks"\n'
+     '[distributed.collectives_not_offered]\nall_to_all = ""\n',
+     "distributed.collectives_not_offered.all_to_all", "at least 1 character"),
     (HEAD.replace('worker = "worker.py"', 'worker = 3') + CAPABILITIES, "worker", "valid string"),
     ('name = "r"\n' + CAPABILITIES, "import_name", "missing"),
     ('execution = "eager"\n' + HEAD + CAPABILITIES, "execution", "must be a table"),  # a key above the tables

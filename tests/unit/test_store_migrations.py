@@ -209,6 +209,17 @@ def test_the_v15_fixture_says_how_its_container_was_had_and_run(tmp_path):
     assert "container" not in older.environment
 
 
+def test_the_v16_fixture_keeps_its_link_and_older_records_read_with_none(tmp_path):
+    store, paths = store_with(tmp_path, 16)
+    rec = store.read(paths[16])
+    assert rec.benchmark == "fcn5-train-w2@1gbit" and rec.link.asked == "1gbit" and rec.link.rate_bps == 10**9
+    assert rec.link.measured.bandwidth_bps > 0 and rec.link.measured.rtt_s > 0
+    wire = rec.link.wire
+    assert len(wire.sent_per_iter) == 2 and wire.ring_allreduce_bytes == rec.distributed.grad_bytes
+    older = store.read(store_with(tmp_path / "older", 5)[1][5])
+    assert older.link is None
+
+
 def test_older_loadgen_records_read_without_token_latencies(tmp_path):
     store, paths = store_with(tmp_path, 12)
     data = fixture(13)

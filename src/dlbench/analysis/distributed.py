@@ -16,9 +16,11 @@ Collectives (nccl-tests' definitions, https://github.com/NVIDIA/nccl-tests/blob/
 - time: per iteration the slowest rank's, then the median over the measured iterations of every
   repeat (a collective has completed when its last rank has its result);
 - algorithm bandwidth = size / time, size being the largest buffer (distributed.py);
-- bus bandwidth = algorithm bandwidth x factor: all-reduce 2(n-1)/n, all-gather and
-  reduce-scatter (n-1)/n, broadcast 1. It is the rate each rank's busiest link carries with an
-  optimal algorithm, so it can be compared with the hardware's link bandwidth whatever n is.
+- bus bandwidth = algorithm bandwidth x factor: all-reduce 2(n-1)/n, all-gather,
+  reduce-scatter and all-to-all (n-1)/n, broadcast 1 (all-to-all: each rank keeps 1/n of its
+  buffer and sends the other (n-1)/n, one block to each peer). It is the rate each rank's busiest
+  link carries with an optimal algorithm, so it can be compared with the hardware's link bandwidth
+  whatever n is.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def bus_factor(collective: str, workers: int) -> float:
     n = workers
     if collective == "all_reduce":
         return 2 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter"):
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
     if collective == "broadcast":
         return 1.0

@@ -10,13 +10,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..axes import Mode, Precision
 from ..store.store import StoreWriteError
-from ..workflows.checks import CheckRequest, CheckResults
+from ..workflows.checks import CHECK_MODES, CheckRequest, CheckResults
 from ..workflows.checks import check as run_check
 from . import lookup
 from .build_progress import BuildLog
 from .console import err, fail, out
-from .options import DeviceOption, FrameworksOption, StoreOption, TimeoutOption
+from .options import DeviceOption, FrameworksOption, StoreOption, TimeoutOption, axis_option
 from .signals import stops_on_signals
 
 
@@ -29,14 +30,14 @@ def check(
     env: Annotated[str, typer.Option(help="venv | current | docker")] = "venv",
     store: StoreOption = None,
     timeout: TimeoutOption = 900.0,
-    precision: Annotated[Optional[str], typer.Option(
+    precision: Annotated[Optional[Precision], axis_option(Precision,
         help="float64 (where rounding decides no ReLU or max-pool: every tensor gated to 1e-9; the default in "
              "train mode) | fp32 (the default in generate mode) | amp_bf16 | amp_fp16 (each framework's "
              "mixed-precision step against the reference framework's float64 one, to its unit roundoff scaled by "
              "the network's depth)")] = None,
-    mode: Annotated[str, typer.Option(
+    mode: Annotated[Mode, axis_option(Mode, accepted=CHECK_MODES,
         help="train (logits, loss and one SGD-momentum step) | generate (decoder networks: the first step's "
-             "logits and the greedily generated ids, through each framework's key/value cache)")] = "train",
+             "logits and the greedily generated ids, through each framework's key/value cache)")] = Mode.TRAIN,
     sequence_length: Annotated[Optional[int], typer.Option(
         "--sequence-length", min=2,
         help="Check the token networks at this sequence length, or at their own context where that is shorter "
@@ -45,7 +46,7 @@ def check(
 ) -> None:
     """Prove the frameworks build the same networks: shared weights and input, compared outputs and updates."""
     request = CheckRequest(framework=framework, network=network, device=device, env=env, store=store, timeout=timeout,
-                           precision=precision, mode=mode, sequence_length=sequence_length)
+                           precision=precision and precision.value, mode=mode.value, sequence_length=sequence_length)
     events = _CheckEvents(" (generate)" if mode == "generate" else "")
     try:
         checked = lookup.refused(run_check, request, events)

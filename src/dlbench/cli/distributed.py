@@ -1,31 +1,41 @@
-"""`dlbench run --suite distributed|comm`: the multi-worker branch of the run command.
-
-Input is checked here, before anything runs (exit 2 with one message): the options that only the
-single-process suites take, the placement (--workers, --hosts, Slurm), threads per worker against
-the cores, strong scaling's even split of every batch.
-"""
+"""The multi-worker suites (kinds distributed and comm) on the command line: how `dlbench run` shows
+their plan, progress and records (the planning and the jobs are workflows/distributed.py's), the
+tables `results` prints under its own for such records, and `dlbench list` of such a suite."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.progress import Progress
 
-from .. import paths
 from ..definitions.loader import DefinitionError
-from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
 from .build_progress import show_on_progress_bar
-from .console import err, fail, out, progress_bar
-from ..axes import Precision
-from .options import check_choice, listed_choices
-from .signals import interrupted
+from .console import err, fail, out
+
+if TYPE_CHECKING:
+    from ..workflows.distributed import DistributedPlan
 
 
-class _Events:
+def say_plan(plan: DistributedPlan) -> None:
+    """The line before the jobs: what runs where, with how many workers and threads."""
+    placement, data_parallel = plan.options.placement, plan.kind == "distributed"
+    where = ", ".join(f"{h.address} x{h.slots}" for h in placement.hosts)
+    names = ", ".join(r.name for r in plan.runners)
+    err.print(f"dlbench: suite {plan.suite.name} ({plan.kind}), {plan.steps} runs on {plan.options.device} ({names}), "
+              f"{placement.workers} workers ({placement.variant}: {where}), {plan.options.threads} threads per worker"
+              + (f", {plan.options.scaling} scaling" if data_parallel else "") + f", store {plan.store.root}"
+              + (f"; predictions: {plan.predicted_from}" if data_parallel else ""),
+              highlight=False)
+
+
+class ProgressEvents:
+    """workflows/distributed.py's events on `dlbench run`'s progress bar: a job's label and repeat,
+    one line for each run that did not end ok."""
+
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
         self._repeats = 1
@@ -41,6 +51,13 @@ class _Events:
         if index + 2 <= self._repeats and status == "ok":
             self.progress.update(self.task, description=f"{self._label} (job {index + 2}/{self._repeats})")
 
+    def link_ready(self, link, measured):
+        """The shaped link made and measured (--link), before the first job."""
+        self.progress.console.print(
+            f"link {link.spec.asked}: workers in namespaces {link.namespace(0)}..{link.namespace(link.workers - 1)} "
+            f"({link.subnet}); measured {measured.bandwidth_bps / 1e6:,.1f} Mbit/s, round trip "
+            f"{measured.rtt_s * 1e6:,.0f} us", highlight=False)
+
     def run_done(self, label, record):
         self.progress.advance(self.task)
         if record.status != "ok":
@@ -48,91 +65,38 @@ class _Events:
                                         highlight=False, soft_wrap=True)
 
 
-def run_distributed_suite(suite_path: Path, kind: str, names: list[str], registry, *, benchmark, profile: str,
-                          device: str, env: str, threads: int | None, repeats: int | None, store: Path | None,
-                          timeout: float, workers: int, scaling: str | None, hosts: str | None,
-                          precision: list[str] | None, catalog) -> None:
-    from ..definitions.distributed import batches
-    from ..execution.distributed import DistributedOptions, DistributedOrchestrator, planned_runs
-    from ..execution.placement import PlacementError, detect
-    from .distributed_tables import bandwidth_table, training_table
+def show_training(plan: DistributedPlan, records: list) -> None:
+    """Kind distributed: the training table (workers, slowest rank, efficiency, exposed
+    communication); exit 1 where a run did not complete."""
+    from .distributed_tables import training_table
 
-    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
-    if env == "docker":
-        raise fail("--env docker does not run distributed jobs yet; use --env venv or current")
-    if scaling is not None:
-        check_choice("scaling", scaling, ["strong", "weak"])
-    precisions = listed_choices("precision", precision, Precision.runs())
-    try:
-        suite = catalog.load_distributed_suite(suite_path, profile, device)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
-    chosen = list(suite.benchmarks)
-    if benchmark:
-        valid = sorted({b.name for b in chosen} | {b.network.name for b in chosen}) if kind == "distributed" \
-            else list(suite.comm.collectives)
-        for name in benchmark:
-            check_choice("benchmark", name, valid)
-        if kind == "distributed":
-            chosen = [b for b in chosen if b.name in benchmark or b.network.name in benchmark]
-    if precisions is not None:  # each benchmark once per precision asked; a runner's refusal is recorded
-        chosen = [dataclasses.replace(b, precision=p) for b in chosen for p in precisions]
-    comm = suite.comm
-    if comm is not None and benchmark:
-        comm = type(comm)(**{**comm.__dict__, "collectives": tuple(c for c in comm.collectives if c in benchmark)})
-    try:
-        placement = detect(workers, available_cpus(), hosts)
-        per_worker_threads = placement.threads_per_worker(threads)
-    except PlacementError as e:
-        raise fail(str(e)) from None
-    mode_of_scaling = scaling or suite.scaling
-    for b in chosen:
-        for batch in b.batch_sizes:
-            try:
-                batches(batch, placement.workers, mode_of_scaling)
-            except ValueError as e:
-                raise fail(f"{suite_path}: benchmarks: {b.network.name}: {e}") from None
-    runners = [lookup.runner(registry, n) for n in names]
-    # once the options hold (a refused option leaves no store behind), before the first job
-    store = lookup.writable_store(store)
-    remote = any(not h.local for h in placement.hosts)
-    from ..machine import fingerprint
-    from ..performance.runtime import run_predictor
+    out.print(training_table(records, f"dlbench run: {plan.suite.name}"))
+    _show_links(records)
+    _fail_incomplete(records)
 
-    predictor, predicted_from = run_predictor(store, fingerprint()["machine_id"], device, per_worker_threads,
-                                              {r.name: r.model for r in runners})
-    options = DistributedOptions(device=device, env_backend=env, placement=placement, threads=per_worker_threads,
-                                 scaling=mode_of_scaling, timeout_s=timeout, cache=paths.cache_dir(),
-                                 job_root=(store.root / ".jobs") if remote else None, repeats=repeats,
-                                 predictor=predictor if kind == "distributed" else None)
-    total = sum(planned_runs(chosen, comm, placement.workers) for _ in runners)
-    where = ", ".join(f"{h.address} x{h.slots}" for h in placement.hosts)
-    err.print(f"dlbench: suite {suite.name} ({kind}), {total} runs on {device} ({', '.join(names)}), "
-              f"{placement.workers} workers ({placement.variant}: {where}), {per_worker_threads} threads per worker"
-              + (f", {mode_of_scaling} scaling" if kind == "distributed" else "") + f", store {store.root}"
-              + (f"; predictions: {predicted_from}" if kind == "distributed" else ""),
-              highlight=False)
-    records = []
-    try:
-        with progress_bar() as progress:
-            task = progress.add_task("starting", total=total)
-            orch = DistributedOrchestrator(store, options, _Events(progress, task))
-            for runner in runners:
-                if kind == "distributed":
-                    for b in chosen:
-                        records += orch.run_distributed(runner, b)
-                else:
-                    records += orch.run_comm(runner, comm)
-            progress.update(task, description="done")
-    except KeyboardInterrupt as e:
-        interrupted(e, len(records), "runs")
-    lookup.refresh_index(store)
-    if kind == "distributed":
-        out.print(training_table(records, f"dlbench run: {suite.name}"))
-    else:
-        for r in records:
-            out.print(bandwidth_table(r) if r.comm else escape(f"{r.benchmark} {r.framework.get('name')}: "
-                                                              f"{r.status}: {r.reason}"), highlight=False)
+
+def show_collectives(plan: DistributedPlan, records: list) -> None:
+    """Kind comm: each collective's bandwidth against message size (or why it has none); exit 1
+    where a run did not complete."""
+    from .distributed_tables import bandwidth_table
+
+    for r in records:
+        out.print(bandwidth_table(r) if r.comm else escape(f"{r.benchmark} {r.framework.get('name')}: "
+                                                          f"{r.status}: {r.reason}"), highlight=False)
+    _show_links(records)
+    _fail_incomplete(records)
+
+
+def _show_links(records: list) -> None:
+    """The runs on a shaped link (--link): the link as asked and measured, bytes on the wire."""
+    from .distributed_tables import link_table
+
+    linked = [r for r in records if r.link is not None]
+    if linked:
+        out.print(link_table(linked))
+
+
+def _fail_incomplete(records: list) -> None:
     bad = [r for r in records if r.status in ("failed", "timeout")]
     if bad:
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
@@ -158,6 +122,7 @@ def print_distributed_details(store: Store, rows: list[dict]) -> None:
     for r in records:
         if r.comm is not None:
             out.print(bandwidth_table(r))
+    _show_links(records)
 
 
 def list_distributed(path: Path, profile: str, device: str) -> None:

@@ -11,10 +11,11 @@ from ..definitions.catalog import SuiteCatalog
 from ..execution.registry import RunnerRegistry
 from ..store.store import Store, StoreWriteError
 from ..workflows import lookup as found
-from ..workflows.suite_kinds import RequestError
+from ..workflows.requests import RequestError
 from .console import fail
 
 open_store = found.open_store
+refresh_index = found.refresh_index
 catalog = found.catalog
 registry = found.registry
 
@@ -52,18 +53,6 @@ def reports_unsaved_records(command):
             raise fail(str(e), 1) from None
 
     return wrapper
-
-
-def refresh_index(st: Store) -> None:
-    """Bring the row index up to date after writing records, so that the next `results` reads it
-    instead of parsing the new records (or, in a store without an index yet, all of them). The
-    index is a cache: failing to update it here loses nothing, the next read rebuilds it."""
-    from ..store.index import read_rows
-
-    try:
-        read_rows(st)
-    except Exception:  # noqa: BLE001 - a cache update must never fail the command that wrote the records
-        pass
 
 
 def runner(registry: RunnerRegistry, name: str):

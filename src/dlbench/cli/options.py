@@ -1,27 +1,27 @@
 """The options several commands share, declared once (typer `Annotated` aliases; each command gives
-its own default), the values they accept, and the checks of those values (exit 2, one message)."""
+its own default), the values they accept, and the checks of those values (exit 2, one message).
+
+An option that takes an axis's values (precision, compile, mode, scenario) is declared with
+`axis_option`: typed by the axis of dlbench.axes, checked as the command line is parsed, its choices
+in --help, and one error for a value it does not accept, the same for every command:
+`Invalid value for '--precision': unknown precision 'bf16'; valid precisions: fp32, tf32, ...`."""
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional, Sequence
 
 import typer
 
-from ..axes import Mode, Precision
+from ..axes import Axis, RequestAxis
 from ..machine import detect_device
 from ..workflows.lookup import check_choice as choices_checked
 from ..workflows.lookup import listed_choices as listed
-from ..workflows.suite_kinds import RequestError
+from ..workflows.requests import RequestError
 from .console import fail
 
 DEVICES = ("auto", "cpu", "cuda")
-MODES = Mode.names()
 TABLE_OR_JSON = ("table", "json")
-# A timed run's precisions as a typer choice, so that --help lists them: the precision axis less
-# float64, which only `dlbench check` takes (Precision.runs). Its members' values are the axis's.
-RunPrecision = Enum("RunPrecision", [(p.name, p.value) for p in Precision.runs()], type=str)
 
 StoreOption = Annotated[Optional[Path], typer.Option(
     "--store", help="Results store (default: $DLBENCH_STORE, else ./results).")]
@@ -61,3 +61,39 @@ def listed_choices(kind: str, given: list[str] | None, valid: Sequence[str]) -> 
 def resolve_device(device: str) -> str:
     """`--device auto`: cuda where this machine has a usable GPU, else cpu."""
     return detect_device() if device == "auto" else device
+
+
+def axis_option(axis: type[Axis], help: str, *, accepted: Sequence[Axis | str] | None = None, words: Sequence[str] = (),
+                lists: bool = False, kind: str | None = None):
+    """A typer option whose values are `axis`'s members (`accepted`: a subset, default all of them)
+    or one of `words` (`all`, `default`: what the workflow resolves), kept as the plain word.
+    `lists`: repeatable, each value a comma list, the option's value one flat list of them in order
+    (`--precision fp32,amp_bf16 --precision tf32`). `kind` names the values in the error (default
+    the axis's name)."""
+    members = tuple(axis) if accepted is None else tuple(axis(a) for a in accepted)
+    choices = [m.value for m in members] + list(words)
+    kind = kind or axis.axis_name()
+
+    def parse(given):
+        if given is None:
+            return None
+        names = [n.strip() for n in str(given).split(",") if n.strip()] if lists else [str(given)]
+        for name in names or [""]:
+            if name not in choices:
+                raise typer.BadParameter(f"unknown {kind} {name!r}; valid {kind}s: {', '.join(choices)}")
+        values = [name if name in words else axis(name) for name in names]
+        return values if lists else values[0]
+
+    def flat(value):
+        return None if value is None else [v for given in value for v in given]
+
+    metavar = "|".join(choices) + (",..." if lists else "")
+    return typer.Option(help=help, parser=parse, metavar=metavar, **({"callback": flat} if lists else {}))
+
+
+def run_axis_option(spec: RequestAxis, help: str):
+    """`dlbench run`'s option of a request axis (REQUEST_AXES): the values a run may ask for, comma
+    lists, repeatable, `all` (every one of them) and, where the axis has a runner default,
+    `default`; an unknown value named with the axis's noun."""
+    words = ("default", "all") if spec.runner_default else ("all",)
+    return axis_option(spec.axis, help, accepted=spec.axis.runs(), words=words, lists=True, kind=spec.noun)

@@ -1,6 +1,7 @@
-"""The kernels suite and the machine profile: `dlbench run --suite kernels`, `dlbench kernels` and
-`dlbench calibrate`. Input is checked before anything runs (exit 2, one message naming what is
-wrong); the model itself is src/dlbench/performance/, `dlbench predict` is prediction.py."""
+"""The kernels suite and the machine profile on the command line: how `dlbench run --suite kernels`
+shows its plan, progress and records (the planning and the runs are workflows/kernels.py's),
+`dlbench kernels` and `dlbench calibrate` (workflows/calibration.py). The model itself is
+src/dlbench/performance/, `dlbench predict` is prediction.py."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.markup import escape
+from rich.progress import Progress
 from rich.table import Table
 
+from ..axes import KERNEL_DTYPE, Precision
 from ..definitions.loader import DefinitionError
-from ..machine import available_cpus, fingerprint
 from ..performance.probes import BUDGET_S
 from ..store.store import Store
-from ..workflows.calibration import CalibrateRequest, CalibrationFailed, dtype_support_of, execute_kernel_runs
+from ..workflows.calibration import CalibrateRequest, CalibrationFailed
 from ..workflows.calibration import calibrate as workflows_calibrate
-from ..workflows.suite_kinds import RequestError
+from ..workflows.requests import RequestError
 from . import lookup
 from .build_progress import show_on_progress_bar
 from .console import err, fail, out, progress_bar
@@ -30,33 +32,47 @@ from .options import (
     StoreOption,
     ThreadsOption,
     TimeoutOption,
-    check_choice,
+    axis_option,
     check_format,
 )
 from .signals import interrupted, stops_on_signals
 
 if TYPE_CHECKING:
     # imported where used: the kernel runs, stores and the model are for these commands only
-    from ..execution.kernels import PlannedKernelRun
     from ..store.kernels import KernelRecord
     from ..store.profiles import MachineProfile
+    from ..workflows.kernels import KernelPlan
 
 RICH_ROWS_MAX = 150  # more kernels than this: one summary row per run instead
 
 
-def _machine_profile(store: Store, device: str, threads: int | None) -> MachineProfile | None:
-    from ..store.profiles import ProfileError, ProfileStore
+class KernelRunEvents:
+    """Kernel runs' events (workflows/calibration.py execute_kernel_runs) on a progress bar: each run's
+    label and kernels, one line for each run that did not end ok."""
 
-    try:
-        return ProfileStore(store).latest_matching(fingerprint()["machine_id"], device, threads)
-    except ProfileError as e:
-        err.print(f"[yellow]note[/]: {escape(str(e))}; fractions of the ceiling are left empty", highlight=False)
-        return None
+    def __init__(self, progress: Progress, task):
+        self.progress, self.task = progress, task
+
+    def kernel_runs_planned(self, count: int):
+        pass  # the bar was made for them
+
+    def environment(self, framework, progress):
+        show_on_progress_bar(self.progress, self.task, progress)
+
+    def kernel_run_started(self, label: str, kernels: int):
+        self.progress.update(self.task, description=escape(f"{label} ({kernels} kernels)"))
+
+    def kernel_run_done(self, label: str, record):
+        self.progress.advance(self.task)
+        if record.status != "ok":
+            self.progress.console.print(f"[yellow]{record.status}[/]: {escape(label)}: {escape(str(record.reason))}",
+                                        highlight=False, soft_wrap=True)
 
 
 class _KernelProgress:
-    """The kernel runs' progress (workflows/calibration.py's events): a progress bar for each batch of
-    runs, from kernel_runs_planned to its last run's end; `close` ends one cut short."""
+    """calibrate's kernel runs (workflows/calibration.py's events), batch after batch: a progress bar
+    for each batch of runs, from kernel_runs_planned to its last run's end; `close` ends one cut
+    short."""
 
     def __init__(self):
         self.done, self._bar, self._left = 0, None, 0
@@ -64,31 +80,28 @@ class _KernelProgress:
     def kernel_runs_planned(self, count: int):
         self.close()
         self._bar = progress_bar()
-        self.progress = self._bar.__enter__()
-        self.task, self._left = self.progress.add_task("starting", total=count), count
+        progress = self._bar.__enter__()
+        self._on_bar, self._left = KernelRunEvents(progress, progress.add_task("starting", total=count)), count
         if not count:
             self.close()
 
     def environment(self, framework, progress):
         if self._bar:
-            show_on_progress_bar(self.progress, self.task, progress)
+            self._on_bar.environment(framework, progress)
 
     def kernel_run_started(self, label: str, kernels: int):
-        self.progress.update(self.task, description=escape(f"{label} ({kernels} kernels)"))
+        self._on_bar.kernel_run_started(label, kernels)
 
     def kernel_run_done(self, label: str, record):
         self.done += 1
         self._left -= 1
-        self.progress.advance(self.task)
-        if record.status != "ok":
-            self.progress.console.print(f"[yellow]{record.status}[/]: {escape(label)}: {escape(str(record.reason))}",
-                                        highlight=False, soft_wrap=True)
+        self._on_bar.kernel_run_done(label, record)
         if not self._left:
-            self.progress.update(self.task, description="done")
+            self._on_bar.progress.update(self._on_bar.task, description="done")
             self.close()
 
     def note(self, line: str):
-        (self.progress.console if self._bar else err).print(escape(line), highlight=False, soft_wrap=True)
+        (self._on_bar.progress.console if self._bar else err).print(escape(line), highlight=False, soft_wrap=True)
 
     def close(self):
         if self._bar:
@@ -179,58 +192,28 @@ def list_kernels(path: Path, profile: str, device: str) -> None:
 
 # ---------------------------------------------------------------------------------------- run
 
-def run_kernel_suite(suite_path: Path, names: list[str], registry, *, benchmark, profile: str, device: str,
-                     env: str, threads: int | None, repeats: int | None, store: Store, timeout: float,
-                     catalog) -> None:
-    """`dlbench run --suite kernels`: each framework times the suite's kernels; one kernel record per run."""
-    from ..execution.kernels import plan_kernel_runs
-    from ..performance.kernel_suite import KernelBenchmark, load_kernel_suite
-
-    # the options this kind does not honour were refused before (workflows/suite_kinds.py)
-    if env == "docker":
-        raise fail("--env docker does not run the kernels suite yet; use --env venv or current")
-    try:
-        suite = load_kernel_suite(suite_path, catalog, profile, device)
-    except DefinitionError as e:
-        raise fail(str(e)) from None
-    chosen = list(suite.benchmarks)
-    if benchmark:
-        valid = [b.name for b in suite.benchmarks]
-        for name in benchmark:
-            check_choice("benchmark", name, valid)
-        chosen = [b for b in chosen if b.name in benchmark]
-    if repeats:
-        chosen = [KernelBenchmark(b.suite, b.name, b.specs, b.profile, b.policy.model_copy(update={"repeats": repeats}),
-                                  b.source) for b in chosen]
-    threads = threads or available_cpus()
-    runners = [lookup.runner(registry, n) for n in names]
-    runs = plan_kernel_runs(runners, chosen)
-    support = dtype_support_of(device)
-    machine_profile = _machine_profile(store, device, threads)
-    kernels = sum(len(b.specs) for b in chosen)
-    err.print(f"dlbench: suite {suite.name} (kernels), {len(runs)} runs ({kernels} kernels each framework) on "
-              f"{device} ({', '.join(names)}), {threads} threads, store {store.root}", highlight=False)
-    for dtype, why in support.items():
+def say_kernel_plan(plan: KernelPlan) -> None:
+    """The lines before the kernel runs: what the plan could not find, what runs where, and each dtype
+    the device does not compute in."""
+    for note in plan.notes:
+        err.print(f"[yellow]note[/]: {escape(note)}", highlight=False)
+    err.print(f"dlbench: suite {plan.suite.name} (kernels), {len(plan.runs)} runs ({plan.kernels} kernels each "
+              f"framework) on {plan.device} ({', '.join(r.name for r in plan.runners)}), {plan.threads} threads, "
+              f"store {plan.store.root}", highlight=False)
+    for dtype, why in plan.support.items():
         if why:
-            fate = "measured as the frameworks emulate it" if device == "cpu" else "skipped"
-            err.print(f"[yellow]{dtype}[/]: {fate} on this {device}: {escape(why)}", highlight=False)
-    records = _execute(runs, store, device, env, threads, timeout, support, machine_profile)
+            fate = "measured as the frameworks emulate it" if plan.device == "cpu" else "skipped"
+            err.print(f"[yellow]{dtype}[/]: {fate} on this {plan.device}: {escape(why)}", highlight=False)
+
+
+def show_kernel_results(plan: KernelPlan, records: list[KernelRecord]) -> None:
+    """The kernels' table and why kernels were skipped or failed; exit 1 where a run or a kernel did
+    not complete."""
     out.print(kernel_table(records, "dlbench run: kernels"))
     _print_skips(records)
     bad = [r for r in records if r.status in ("failed", "timeout") or any(k.status == "failed" for k in r.kernels)]
     if bad:
         raise fail(f"{len(bad)} of {len(records)} kernel runs did not complete; see the reasons above", 1)
-
-
-def _execute(runs: list[PlannedKernelRun], store: Store, device: str, env: str, threads: int, timeout: float,
-             support: dict, machine_profile: MachineProfile | None) -> list[KernelRecord]:
-    events = _KernelProgress()
-    try:
-        return execute_kernel_runs(runs, store, device, env, threads, timeout, support, machine_profile, events)
-    except KeyboardInterrupt as e:
-        interrupted(e, events.done, "kernel runs")
-    finally:
-        events.close()
 
 
 # ---------------------------------------------------------------------------------------- kernels
@@ -299,17 +282,18 @@ def _with_ceilings(store: Store, record: KernelRecord) -> KernelRecord:
 def calibrate(
     framework: Annotated[list[str], typer.Option(help="Frameworks to measure the ceilings with; 'all' or a comma list.")] = ["all"],
     workers: Annotated[Optional[int], typer.Option(min=2, help=(
-        "Fit the all-reduce of only this many workers from the comm suite's records (default: every "
-        "worker count found).")) ] = None,
+        "Fit the all-reduce and all-to-all lines of only this many workers from the comm suite's records "
+        "(default: every worker count found).")) ] = None,
     full: Annotated[bool, typer.Option("--full", help=(
         "Also time every layer shape of the kernels suite's layer_shapes benchmarks at the default profile "
         "(what `run --suite kernels` times; many minutes per framework): predictions then come from measured "
         "shapes.")) ] = False,
     suite: Annotated[Optional[list[str]], typer.Option(help=(
         "With --full: time the layer shapes of these suites only (cnn, fcn, rnn, transformer). Repeatable.")) ] = None,
-    precision: Annotated[Optional[list[str]], typer.Option(help=(
-        "With --full: time the layer shapes of these precisions only (fp32, amp_bf16, amp_fp16; default: every "
-        "one the device computes in). Repeatable.")) ] = None,
+    precision: Annotated[Optional[list[Precision]], axis_option(
+        Precision, accepted=list(KERNEL_DTYPE), lists=True, help=(
+            "With --full: time the layer shapes of these precisions only (default: every one the device computes "
+            "in); a comma list, repeatable."))] = None,
     quick: Annotated[bool, typer.Option("--quick", help=(
         "Seconds, for tests: short ceilings and one probe per operation class from the smoke profile's shapes.")) ] = False,
     budget: Annotated[float, typer.Option(min=1.0, metavar="SECONDS", help=(
@@ -322,7 +306,8 @@ def calibrate(
     store: StoreOption = None,
 ) -> None:
     """Measure this machine's ceilings and each operation class's efficiency, gather its kernel times and
-    all-reduce fits: a new machine profile."""
+    all-reduce and all-to-all fits: a new machine profile."""
+    precision = [p.value for p in precision] if precision else None  # the axis's members: plain names
     request = CalibrateRequest(framework=framework, workers=workers, full=full, suite=suite, precision=precision,
                                quick=quick, budget=budget, device=device, env=env, threads=threads, timeout=timeout,
                                store=store)
@@ -414,7 +399,8 @@ def _print_profile(p: MachineProfile, path: Path) -> None:
                   " / ".join(f"{seconds * 1e3:,.2f}" for seconds in y.median_s.values()) + " ms",
                   escape(f"{fw}: median of {y.workers} workers, slowest {y.slowest:.2f}x, fastest {y.fastest:.2f}x"))
     for c in p.comm:
-        t.add_row(f"all-reduce, {c.workers} workers", f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
+        t.add_row(f"{c.collective.replace('_', '-')}, {c.workers} workers",
+                  f"{c.startup_s * 1e6:,.1f} µs + {c.per_byte_s * 1e9:.3f} ns/B",
                   escape(f"{c.framework}: α {c.alpha_s * 1e6:.1f} µs, β {c.beta_s_per_byte * 1e9:.3f} ns/B, "
                          f"R² {c.r2:.3f}, {c.points} sizes"))
     t.caption = f"stored as {path}"

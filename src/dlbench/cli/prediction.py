@@ -15,12 +15,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..axes import Mode, Precision
 from ..store.store import Store
-from ..workflows.prediction import MachineComparison, PredictionAccuracy, PredictRequest, SinglePrediction
+from ..workflows.prediction import (
+    PREDICTED_MODES,
+    MachineComparison,
+    PredictionAccuracy,
+    PredictRequest,
+    SinglePrediction,
+)
 from ..workflows.prediction import predict as run_predict
 from . import lookup
 from .console import err, fail, out
-from .options import FormatOption, RunPrecision, StoreOption, check_format
+from .options import FormatOption, StoreOption, axis_option, check_format
 
 
 def predict(
@@ -29,7 +36,7 @@ def predict(
         "Whose measured kernel times and step kind to use; with --suite, 'all' (the default) or a comma list: "
         "each framework ranked with the machines.")) ] = None,
     batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size (per worker).")] = None,
-    mode: Annotated[str, typer.Option(help="train | infer")] = "train",
+    mode: Annotated[Mode, axis_option(Mode, accepted=PREDICTED_MODES, help="What the network is timed at.")] = Mode.TRAIN,
     workers: Annotated[Optional[list[int]], typer.Option(min=1, help=(
         "Synchronous data-parallel workers (default 1); with --suite, repeatable: each count compared.")) ] = None,
     machine: Annotated[Optional[list[str]], typer.Option(help=(
@@ -43,7 +50,8 @@ def predict(
     schedule: Annotated[Optional[str], typer.Option(help=(
         "Gradient communication: none | wfbp | mgwfbp (default: the framework's engine, "
         "as its runners/FW/runner.toml [model] states it).")) ] = None,
-    precision: Annotated[RunPrecision, typer.Option(help="The precision the network runs at.")] = RunPrecision.FP32,
+    precision: Annotated[Precision, axis_option(Precision, accepted=Precision.runs(),
+                                                help="The precision the network runs at.")] = Precision.FP32,
     threads: Annotated[Optional[int], typer.Option(min=1, help="Threads the run would use (a note if the profile's differ).")] = None,
     io_bandwidth: Annotated[Optional[float], typer.Option("--io-bandwidth", metavar="GBPS", help=(
         "Read the data at this many GB/s (default: synthetic data already in memory); with --accuracy, the "
@@ -65,7 +73,7 @@ def predict(
     check_format(format)
     if runs and not accuracy:
         raise fail("--recompute and --runs go with --accuracy")
-    request = PredictRequest(network=network, framework=framework, batch=batch, mode=mode, workers=workers,
+    request = PredictRequest(network=network, framework=framework, batch=batch, mode=mode.value, workers=workers,
                              machine=machine, efficiency=efficiency, schedule=schedule, precision=precision.value,
                              threads=threads, io_bandwidth=io_bandwidth, accuracy=accuracy, recompute=recompute,
                              suite=suite, store=store)

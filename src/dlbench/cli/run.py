@@ -1,29 +1,29 @@
-"""`dlbench run`: the command line of workflows/run.py. It parses the options into a RunRequest,
-refuses what the suite's kind does not honour (workflows/suite_kinds.py), and for suites of kind
-benchmark has the workflow plan and execute the runs and renders them (progress, tables); suites of
-kind distributed and comm go on to distributed.py, kernels to performance.py, convergence to
-convergence.py."""
+"""`dlbench run`: the command line of workflows/suite_kinds.py. It parses the options into a
+RunRequest, has the workflow plan it (the suite's kind refuses the options it does not honour, its
+planner checks the rest) and execute it, and shows it: the same steps for every kind of suite,
+through DISPLAYS, each kind's header, progress and tables (kind benchmark here; distributed and comm
+in distributed.py, kernels in performance.py, convergence in convergence.py). An interrupt ends
+every kind alike, saying how many complete records the store holds."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
-from ..axes import PRECISIONS, Mode, Scenario
-from ..definitions.suite import PROFILES
-from ..execution.backends import BACKENDS
+from ..axes import REQUEST_AXES, Mode
 from ..store.checks import worst_error
 from ..store.rows import run_row
+from ..execution.links import LinkError
 from ..workflows.requests import RunRequest
-from ..workflows.run import execute_run, plan_run, resolved_device, suite_kind_of
-from . import lookup, tables
+from ..workflows.suite_kinds import execute_run, plan_run
+from . import convergence, distributed, lookup, performance, tables
 from .console import err, fail, out, progress_bar
 from .options import (
     DeviceOption,
@@ -32,12 +32,14 @@ from .options import (
     StoreOption,
     ThreadsOption,
     TimeoutOption,
-    check_choice,
+    axis_option,
+    run_axis_option,
 )
 from .signals import interrupted, stops_on_signals
 
 if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun
+    from ..workflows.run import BenchmarkPlan
 
 
 @stops_on_signals
@@ -46,9 +48,9 @@ def run(
     suite: Annotated[str, typer.Option(help="Suite name (fcn, cnn, rnn), 'all', or path to a suite file.")],
     framework: FrameworksOption = ["all"],
     benchmark: Annotated[Optional[list[str]], typer.Option(help="Only these benchmarks (or networks); repeatable.")] = None,
-    mode: Annotated[Optional[list[Mode]], typer.Option(
-        help="What to time (generate: decoder networks, a prompt, then new tokens with a key/value cache); "
-             "repeatable (default: the profile's choice, which is train only for smoke).")] = None,
+    mode: Annotated[Optional[list[Mode]], axis_option(Mode, lists=True, help=(
+        "What to time (generate: decoder networks, a prompt, then new tokens with a key/value cache); a comma "
+        "list, repeatable (default: the profile's choice, which is train only for smoke)."))] = None,
     profile: ProfileOption = "default",
     device: DeviceOption = "auto",
     env: Annotated[str, typer.Option(help="venv (built and cached by dlbench) | current (this interpreter) | "
@@ -73,17 +75,18 @@ def run(
     hosts: Annotated[Optional[str], typer.Option(
         help="Suites distributed and comm: spread the workers over these hosts (comma list; default: this "
              "machine, or the Slurm allocation inside one).")] = None,
-    precision: Annotated[Optional[list[str]], typer.Option(
-        help=f"{' | '.join(PRECISIONS)}; a comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
-    compile: Annotated[Optional[list[str]], typer.Option(
-        "--compile", help="eager | compiled | default (the framework's own); a comma list or 'all' (eager and "
-                          "compiled, run side by side), repeatable (default: each benchmark's, default).")] = None,
+    precision: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["precision"], help="A comma list or 'all', repeatable (default: each benchmark's, fp32).")] = None,
+    compile: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["compile"], help="default: the framework's own; a comma list or 'all' (eager and compiled, run "
+                                      "side by side), repeatable (default: each benchmark's, default).")] = None,
     compile_mode: Annotated[str, typer.Option(
         "--compile-mode", help="torch.compile's mode for compiled runs: default | max-autotune.")] = "default",
-    scenario: Annotated[Optional[list[str]], typer.Option(
-        help=f"MLPerf LoadGen scenarios for infer mode: {' | '.join(Scenario.names())}; a comma list or 'all', repeatable "
-             "(default: none, the harness's back-to-back batches); generate mode: server, with time to first token "
-             "and per output token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
+    scenario: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["scenario"],
+        help="MLPerf LoadGen scenarios for infer mode; a comma list or 'all', repeatable (default: none, the "
+             "harness's back-to-back batches); generate mode: server, with time to first token and per output "
+             "token bounds. LoadGen's settings: the profile's `loadgen`.")] = None,
     no_check: Annotated[bool, typer.Option(
         "--no-check", help="Do not make the equivalence checks this run lacks before timing (records then carry "
                            "a stored check's status, or unchecked).")] = False,
@@ -101,32 +104,46 @@ def run(
     data: Annotated[Optional[Path], typer.Option(
         "--data", metavar="DIR", help="Convergence suites: the folder of a task's dataset files (MNIST or "
                                       "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
+    link: Annotated[Optional[str], typer.Option(
+        "--link", metavar="RATE[,DELAY]", help=(
+            "Suites distributed and comm: each worker in a network namespace of its own, joined to the others by "
+            "a link shaped to RATE (100mbit, 1gbit, 10gbit...) and DELAY per direction (50us, 1ms; needs the "
+            "kernel's netem), measured before the jobs; needs root. Records say the link as asked and as "
+            "measured, and the bytes on the wire per iteration."))] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
-    given["mode"] = [m.value for m in mode] if mode else None  # typer's Enum members: plain names from here on
+    given = {name: [str(v) for v in value] if isinstance(value, list) else value  # the axes' members: plain names
+             for name, value in given.items()}
     request = RunRequest(**{f.name: given[f.name] for f in dataclasses.fields(RunRequest)})
-    catalog = lookup.catalog()  # one per command: each suite and network file parsed once
-    kind = lookup.refused(suite_kind_of, request, catalog)
-    if kind != "benchmark":
-        _run_other_kind(request, kind, catalog)
-        return
-    plan = lookup.refused(plan_run, request, catalog)
+    plan = lookup.refused(plan_run, request, lookup.catalog())  # one catalog: each suite file parsed once
+    display = DISPLAYS[plan.kind]
+    display.header(plan)
+    records: list = []
+    try:
+        with progress_bar() as progress:
+            task = progress.add_task("starting", total=plan.steps)
+            execute_run(plan, display.events(progress, task), records)
+            progress.update(task, description="done")
+    except KeyboardInterrupt as e:
+        interrupted(e, len(records), display.what, display.cut(plan, len(records)))
+    except LinkError as e:  # --link: the link could not be made or measured (nothing ran on it)
+        raise fail(str(e)) from None
+    display.results(plan, records)
+
+
+def _say_plan(plan: BenchmarkPlan) -> None:
     options = plan.options
     err.print(f"dlbench: suite {', '.join(s.name for s in plan.suites)}, {len(plan.runs)} runs on {options.device} "
               f"({', '.join(r.name for r in plan.runners)}), {options.threads} threads, store {plan.store.root}; "
               f"predictions: {plan.predicted_from}", highlight=False)
-    if no_telemetry:
+    if plan.request.no_telemetry:
         err.print("contention: not measured (--no-telemetry): no repeat is marked or replaced", highlight=False)
-    records: list = []
-    try:
-        with progress_bar() as progress:
-            task = progress.add_task("starting", total=len(plan.runs))
-            execute_run(plan, _ProgressEvents(progress, task), functools.partial(_say_checks, progress), records)
-            progress.update(task, description="done")
-    except KeyboardInterrupt as e:
-        interrupted(e, len(records), "runs", _label(plan.runs[len(records)]) if len(records) < len(plan.runs) else None)
-    lookup.refresh_index(plan.store)
+
+
+def _show_results(plan: BenchmarkPlan, records: list) -> None:
+    """The runs' table (and generation's), LoadGen's, the contended and unstable runs; exit 1 where
+    a run did not complete."""
     timed = [r for r in records if r.workload.scenario is None]
     if timed or not records:
         out.print(_summary_table(timed), width=min(out.width, tables.WIDTH))
@@ -150,30 +167,9 @@ def run(
         raise fail(f"{len(bad)} of {len(records)} runs did not complete; see the reasons above and `dlbench results`", 1)
 
 
-def _run_other_kind(request: RunRequest, kind: str, catalog) -> None:
-    """The suites of kinds distributed, comm, kernels and convergence: each kind's own command-line
-    branch (the options it does not honour were refused already, from workflows/suite_kinds.py)."""
-    from .convergence import run_convergence_suite
-    from .distributed import run_distributed_suite
-    from .performance import run_kernel_suite
-
-    r = request
-    check_choice("profile", r.profile, list(PROFILES))
-    check_choice("environment backend", r.env, list(BACKENDS))
-    registry = lookup.registry()
-    names = lookup.framework_names(registry, r.framework)
-    suite_path = catalog.suite_path(r.suite)
-    device = lookup.refused(resolved_device, r.device)
-    common = dict(benchmark=r.benchmark, profile=r.profile, device=device, env=r.env, threads=r.threads,
-                  repeats=r.repeats, timeout=r.timeout, catalog=catalog)
-    if kind == "kernels":
-        run_kernel_suite(suite_path, names, registry, store=lookup.writable_store(r.store), **common)
-    elif kind == "convergence":
-        run_convergence_suite(suite_path, names, registry, store=lookup.writable_store(r.store), data=r.data,
-                              precision=r.precision, **common)
-    else:
-        run_distributed_suite(suite_path, kind, names, registry, store=r.store, workers=r.workers or 2,
-                              scaling=r.scaling, hosts=r.hosts, precision=r.precision, **common)
+def _cut(plan: BenchmarkPlan, done: int) -> str | None:
+    """The run an interrupt cut short: the next after the `done` recorded."""
+    return _label(plan.runs[done]) if done < len(plan.runs) else None
 
 
 def _say_checks(progress: Progress, made, seconds: float) -> None:
@@ -224,6 +220,9 @@ def _label(run: PlannedRun) -> str:
 class _ProgressEvents:
     def __init__(self, progress: Progress, task):
         self.progress, self.task = progress, task
+
+    def checks_made(self, made, seconds: float):
+        _say_checks(self.progress, made, seconds)
 
     def environment(self, framework, progress):
         from .build_progress import show_on_progress_bar
@@ -280,3 +279,28 @@ def _summary_table(records) -> Table:
     rows = [run_row(r) for r in records]
     styles = {r.run_id: {"ok": "green", "skipped": "yellow"}.get(r.status, "red") for r in records}
     return tables.rich_table(rows, tables.RUN_COLUMNS, "dlbench run", styles)
+
+
+@dataclass(frozen=True)
+class SuiteDisplay:
+    """How `dlbench run` shows a plan of one suite kind (workflows/suite_kinds.py SUITE_KIND_TABLE):
+    `header(plan)` before it runs, `events(progress, task)` its executor's progress on the bar,
+    `results(plan, records)` the tables after (and exit 1 where records did not complete); `what`
+    its records are called when an interrupt counts them, `cut(plan, done)` the one an interrupt cut
+    short where the plan knows (None: it does not say)."""
+
+    what: str
+    header: Callable[..., None]
+    events: Callable[[Progress, object], object]
+    results: Callable[..., None]
+    cut: Callable[..., str | None] = lambda plan, done: None
+
+
+DISPLAYS: dict[str, SuiteDisplay] = {
+    "benchmark": SuiteDisplay("runs", _say_plan, _ProgressEvents, _show_results, _cut),
+    "distributed": SuiteDisplay("runs", distributed.say_plan, distributed.ProgressEvents, distributed.show_training),
+    "comm": SuiteDisplay("runs", distributed.say_plan, distributed.ProgressEvents, distributed.show_collectives),
+    "kernels": SuiteDisplay("kernel runs", performance.say_kernel_plan, performance.KernelRunEvents,
+                            performance.show_kernel_results),
+    "convergence": SuiteDisplay("runs", convergence.say_plan, convergence.ProgressEvents, convergence.show_results),
+}

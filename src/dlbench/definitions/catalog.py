@@ -140,6 +140,8 @@ class SuiteCatalog:
                 if name in seen:
                     raise DefinitionError(path, f"benchmarks[{i}]", f"benchmark {name} is defined twice")
                 seen.add(name)
+            if device not in entry.devices:
+                continue  # validated with the others, planned on its devices only
             if modes is not None:
                 chosen = [m for m in entry.modes if m in modes]
             elif policy.modes_per_network:

@@ -2,8 +2,8 @@
 
 - distributed: synchronous data-parallel training of the suite's networks; every worker holds the
   whole network and a share of the batch, and the gradients are all-reduced every iteration.
-- comm: the collectives beneath it (all-reduce, all-gather, broadcast, reduce-scatter) over a range
-  of message sizes.
+- comm: the collectives beneath it (all-reduce, all-gather, broadcast, reduce-scatter) and the one
+  beneath expert parallelism (all-to-all) over a range of message sizes.
 
 Both measure a fixed number of iterations per profile (`policy`), unlike the single-process suites'
 adaptive warm-up: every rank of a job must run the same number of collective steps, and letting
@@ -12,7 +12,8 @@ enters (agreeing on it would take an extra collective inside the measured loop).
 
 Sizes follow the nccl-tests convention: the size of a collective is the bytes of its largest
 buffer, i.e. the message for all-reduce and broadcast, the gathered output for all-gather, the
-input that is reduced and scattered for reduce-scatter.
+input that is reduced and scattered for reduce-scatter, each rank's send buffer (n blocks, one per
+rank, and as large as its receive buffer) for all-to-all.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .schema import Int, _Strict
 from .suite import (MAX_ITERS, MAX_REPEATS, BatchList, Device, Hyperparameters, LearningRate, Momentum, PerDevice,
                     Precision)
 
-Collective = Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
+Collective = Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all"]
 Scaling = Literal["strong", "weak"]
 DTYPE_BYTES = {"float32": 4}
 MessageBytes = Int(1, 1 << 40)  # a collective's message: up to 1 TiB

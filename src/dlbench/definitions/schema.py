@@ -64,6 +64,45 @@ Transformers (sequences are (T, D): T tokens of width D, no batch axis):
 - segment_embedding: y = x + S[s_t], the segment row of each position (BERT's token types).
 - pretraining_heads: BERT's pooler, next-sentence and masked-LM heads (PretrainingHeads below), on
   a masked_tokens input (MaskedTokenInput below), trained with `masked_lm_and_next_sentence`.
+
+Llama-architecture and Mixture-of-Experts decoders (issue 45; the conventions HuggingFace's
+LlamaForCausalLM and MixtralForCausalLM compute):
+- rms_norm: over the last axis, y = gamma * x / sqrt(mean(x^2) + eps), no shift, no mean subtracted.
+- rotary position embedding (a part of grouped_attention and llama_block, on queries and keys, not
+  on values): per head of size S (even), frequencies f_i = theta^(-2i/S), i = 0 .. S/2 - 1 (with
+  `rope_scaling`, Llama 3's rescaling of them: wavelengths 2 pi / f_i above original_context /
+  low_freq_factor divided by `factor`, below original_context / high_freq_factor kept, between
+  interpolated smoothly); at position t, angle a_{t,i} = t f_i, and
+  q'[i] = q[i] cos a_{t,i} - q[i + S/2] sin a_{t,i}, q'[i + S/2] = q[i + S/2] cos a_{t,i} + q[i] sin a_{t,i}
+  (the halves rotated, HuggingFace's rotate_half; not interleaved pairs). Positions count from 0 at
+  the first token (in generation, from the prompt's first).
+- grouped_attention: H query heads and KV key/value heads (KV divides H) of size S: q = x Wq^T (H*S),
+  k = x Wk^T and v = x Wv^T (KV*S each), no biases; rotary on q and k; query head h attends with
+  key/value head h // (H / KV) (each key/value head serves H / KV consecutive query heads); per
+  head p = softmax(q k^T / sqrt(S)), causal as `attention`'s; out = concat(p v) Wo^T (D). KV = H is
+  multi-head attention, KV = 1 multi-query.
+- swiglu: y = W_down (silu(W_gate x) * (W_up x)), silu(z) = z sigmoid(z), no biases; gate and up
+  (hidden, D), down (D, hidden).
+- moe: E experts, each a swiglu of `hidden`, and a linear router W_r (E, D), no bias. Per token, the
+  router probabilities p = softmax(x W_r^T) over the experts, computed in float32 whatever the
+  precision (mixed precision rounds x, never the router's product or softmax); the k experts of
+  the largest p, ties broken towards the lower expert index (so every framework routes a token
+  to the same experts; `top_k`); their weights w = p_e / sum of the chosen p (renormalised); y =
+  sum over the chosen e of w_e expert_e(x). `capacity_factor` null is dropless (every choice is
+  computed); a factor c gives each expert C = ceil(c * N * k / E) slots per batch of N tokens, filled
+  in priority order, every token's first choice (in token order, the batch flattened sample-major)
+  before any second choice and so on; a choice past its expert's C slots is dropped (contributes 0,
+  the other weights are not renormalised again). The load-balancing loss (Switch Transformer's, as
+  Mixtral's): aux = E * sum_e f_e P_e over the N tokens of the batch, f_e the fraction of tokens
+  whose k choices include e (so sum_e f_e = k) and P_e the mean of p_e; training minimises
+  cross-entropy + `aux_loss_coefficient` * aux, the aux of a llama_block's repeated blocks averaged
+  over them (HuggingFace's mean over the layers). The loss a run reports is the cross-entropy: the
+  auxiliary term enters the step through its gradient only (DeepSeek's AddAuxiliaryLoss), in
+  every runner.
+- llama_block: x = x + attn(rms_norm1(x)); x = x + ffn(rms_norm2(x)), attn a causal
+  grouped_attention with rotary, ffn a swiglu of `hidden` or, with `moe`, an moe of E experts of
+  `hidden` each; both norms with the block's eps. `repeat` blocks in sequence, each with its own
+  weights.
 """
 
 from __future__ import annotations
@@ -349,6 +388,84 @@ class PretrainingHeads(_Strict):
     gelu: Literal["erf", "tanh"]
     eps: Eps = 1e-12
     tied: Bool = True
+
+
+class RMSNorm(_Strict):
+    type: Literal["rms_norm"]
+    eps: Eps = 1e-6
+
+
+Theta = Real(gt=1, le=1e12)
+
+
+class RopeScaling(_Strict):
+    """Llama 3's rescaling of the rotary frequencies (HuggingFace's rope_type "llama3")."""
+
+    factor: Real(ge=1, le=1024)
+    low_freq_factor: Real(gt=0, le=1024)
+    high_freq_factor: Real(gt=0, le=1024)
+    original_context: Int(1, MAX_SEQUENCE)
+
+    @field_validator("high_freq_factor")
+    @classmethod
+    def _above_low(cls, v, info):
+        low = info.data.get("low_freq_factor")
+        if low is not None and v <= low:
+            raise ValueError(f"high_freq_factor must be above low_freq_factor ({low}), got {v}")
+        return v
+
+
+class GroupedAttention(_Strict):
+    type: Literal["grouped_attention"]
+    heads: Width
+    kv_heads: Width
+    head_size: Width | None = None  # D / heads; resolved to the number
+    causal: Bool = True
+    rope_theta: Theta = 10000.0
+    rope_scaling: RopeScaling | None = None
+
+
+class SwiGLU(_Strict):
+    type: Literal["swiglu"]
+    hidden: Width
+
+
+class Routing(_Strict):
+    """An moe's router: its experts, how many each token takes, their capacity and the load loss."""
+
+    experts: Int(2, 4096)
+    top_k: Int(1, 4096)
+    capacity_factor: Real(gt=0, le=1024) | None = None  # None: dropless
+    aux_loss_coefficient: Real(ge=0, le=1) = 0.01
+
+    @field_validator("top_k")
+    @classmethod
+    def _within_experts(cls, v, info):
+        experts = info.data.get("experts")
+        if experts is not None and v > experts:
+            raise ValueError(f"top_k {v} is more than the {experts} experts")
+        return v
+
+
+class MixtureOfExperts(Routing):
+    type: Literal["moe"]
+    hidden: Width
+
+
+class LlamaBlock(_Strict):
+    """`repeat` blocks of one kind; the resolved network has one entry per block, each with every
+    field but `repeat` and its head size filled in."""
+
+    type: Literal["llama_block"]
+    heads: Width
+    kv_heads: Width
+    head_size: Width | None = None
+    hidden: Width  # the SwiGLU's hidden width (each expert's, with moe)
+    eps: Eps = 1e-5
+    rope_theta: Theta = 10000.0
+    rope_scaling: RopeScaling | None = None
+    moe: Routing | None = None
+    repeat: Repeat = 1
 
 
 class TensorInput(_Strict):

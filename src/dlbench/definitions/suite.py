@@ -195,6 +195,9 @@ class BenchmarkEntry(_Strict):
     compile: Compile | Annotated[list[Compile], Field(min_length=1)] = "default"
     learning_rate: LearningRate | None = None
     momentum: Momentum | None = None
+    # the devices the benchmark is planned on: a network too large for a CPU's memory or time (a
+    # billion-parameter decoder) lists [cuda], and is left out of the suite on a CPU, in every profile
+    devices: Annotated[list[Device], Field(min_length=1)] = ["cpu", "cuda"]
 
 
 class SuiteFile(_Strict):

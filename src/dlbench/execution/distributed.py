@@ -7,6 +7,13 @@
   the baseline's run id and says it was run in the same invocation.
 - comm: per framework, one job (per repeat) runs every collective over every size; it gives one
   record per collective (benchmark `<collective>-w<N>`), failed when any size's result is wrong.
+  A collective the runner declares its engine does not offer (runner.toml
+  [distributed.collectives_not_offered]) is left out of the job and recorded as skipped, with why.
+
+On a shaped link (`--link`, links.py: DistributedOptions.link), each job's ranks run in the link's
+namespaces and the hub-side counters are sampled while it runs (wire.py); its records carry `link`
+(as asked, as measured before the jobs, bytes on the wire per iteration) and benchmark names with
+the link (`fcn5-train-w2@1gbit`); the one-worker baseline runs on loopback, having no peer.
 
 A runner whose runner.toml has no [distributed] section has not been ported: its runs are recorded
 as skipped, saying so. Nothing here imports a framework: jobs.py starts the ranks, launch_styles.py
@@ -33,6 +40,8 @@ from ..store.record import (
     CommInfo,
     CommSize,
     DistributedInfo,
+    LinkInfo,
+    LinkMeasurement,
     NetworkInfo,
     Prediction,
     Record,
@@ -40,6 +49,7 @@ from ..store.record import (
     RepeatPolicy,
     Scaling,
     Settings,
+    WireBytes,
     Workload,
     new_run_id,
 )
@@ -49,8 +59,10 @@ from .environments import BuildProgress, Environment, EnvironmentBuildError
 from .interrupts import temporary_folder
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
+from .links import Link, LinkError, describe_shaping
 from .placement import Placement, free_port, free_ports
 from .registry import DISTRIBUTED_AXES, RunnerInfo
+from .wire import Measured, WireCounters, ring_allreduce_bytes
 
 NOT_SAMPLED = {"enabled": False, "reason": "telemetry is not sampled for distributed jobs yet"}
 EXPOSED_METHOD = "median step minus median step without the gradient exchange (slowest rank each)"
@@ -70,6 +82,8 @@ class DistributedOptions:
     seed: int = 0
     # the performance model's prediction of a training run, kept in its record (performance/runtime.py)
     predictor: Callable[..., dict | None] | None = None
+    link: Link | None = None  # the shaped link the jobs' ranks run on (the placement's namespaces)
+    link_measured: Measured | None = None  # its socket test, made before the first job
 
 
 class DistributedEvents(Protocol):
@@ -124,11 +138,33 @@ class DistributedOrchestrator:
             request_path.write_text(json.dumps({"protocol": PROTOCOL_VERSION, **request}))
             layout = JobLayout(python=env.python, worker=runner.distributed.worker.resolve(), request=request_path,
                                job_dir=job_dir, placement=placement, threads=self.options.threads,
-                               coordinator_port=free_port(), worker_ports=tuple(free_ports(placement.workers)))
+                               coordinator_port=free_port(), worker_ports=tuple(free_ports(placement.workers)),
+                               extra_env=self._layout_env(placement))
             specs = STYLES[runner.distributed.launch](layout)
             cwd = runner.distributed.worker.resolve().parent
-            return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
-                           placement.workers, self.options.timeout_s, cwd, request=request)
+
+            def start() -> JobOutcome:
+                return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
+                               placement.workers, self.options.timeout_s, cwd, request=request)
+
+            link = self.options.link
+            if link is None or placement.hosts[0].namespace is None:
+                return start()
+            with WireCounters(link) as counters:
+                outcome = start()
+            window = (outcome.results.get(0) or {}).get("window_monotonic_ns")
+            if outcome.status == "ok" and window:
+                try:
+                    outcome.wire_sent = counters.sent_between(*window)
+                except LinkError as e:
+                    outcome.wire_reason = str(e)
+            return outcome
+
+    def _layout_env(self, placement: Placement) -> dict[str, str]:
+        """What every process of a job on the link is told beyond the placement: gloo's interface."""
+        if self.options.link is None or placement.hosts[0].namespace is None:
+            return {}
+        return {"GLOO_SOCKET_IFNAME": self.options.link.interface}
 
     def _common(self, runner: RunnerInfo) -> tuple[Environment | None, str, str | None, dict]:
         """(environment, status, reason, env_info) before any job runs."""
@@ -171,6 +207,7 @@ class DistributedOrchestrator:
         else:  # the runner says it cannot: no environment built, no job started
             env, status, reason, env_info = None, "skipped", refusal, {"backend": o.env_backend}
         repeats: list[Repeat] = []
+        repeats_outcomes: list[JobOutcome] = []
         rank0: dict = {}
         tail = ""
         if env is not None:
@@ -181,6 +218,7 @@ class DistributedOrchestrator:
             }
             for index in range(repeats_asked):
                 outcome = self.job(runner, env, request, placement)
+                repeats_outcomes.append(outcome)
                 rank0 = outcome.results.get(0) or rank0
                 repeats.append(_train_repeat(index, outcome, n))
                 self.events.repeat_done(label, index, outcome.status)
@@ -197,11 +235,15 @@ class DistributedOrchestrator:
         )
         if summary is not None:
             _training_figures(info, repeats)
-        record = self._record(runner, started, b.suite, f"{b.name}-w{n}", NetworkInfo.of(b.network, b.network_file), Workload(
+        on_link = o.link is not None and placement.hosts[0].namespace is not None
+        record = self._record(runner, started, b.suite, self._name(f"{b.name}-w{n}", placement),
+                              NetworkInfo.of(b.network, b.network_file), Workload(
             mode="train", batch_size=global_batch, **_axes(b), compile=runner.default_compile,
             learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
+        if on_link:
+            record.link = self._link_info(_wire(repeats_outcomes, n, info.grad_bytes))
         record.prediction = Prediction.model_validate(prediction) if prediction else None
         record.equivalence = CheckStore(self.store.root).status(
             b.network.name, b.network.definition_hash, runner.name, record.framework.get("version"))
@@ -218,11 +260,15 @@ class DistributedOrchestrator:
         repeats_asked = o.repeats or comm.policy.repeats
         started = datetime.now(timezone.utc)
         self.events.run_started(label, repeats_asked)
-        env, status, reason, env_info = self._common(runner)
+        not_offered = {c: why for c in comm.collectives if runner.distributed
+                       and (why := runner.distributed.not_offered(c))}
+        offered = [c for c in comm.collectives if c not in not_offered]
+        env, status, reason, env_info = self._common(runner) if offered else (
+            None, "skipped", None, {"backend": o.env_backend})
         outcomes: list[JobOutcome] = []
         if env is not None:
             request = {"action": "collectives", "device": o.device, "threads": o.threads, "seed": o.seed,
-                       "collectives": list(comm.collectives), "sizes": list(comm.sizes), "dtype": comm.dtype,
+                       "collectives": offered, "sizes": list(comm.sizes), "dtype": comm.dtype,
                        "policy": comm.policy.model_dump()}
             for index in range(repeats_asked):
                 outcome = self.job(runner, env, request, o.placement)
@@ -235,11 +281,15 @@ class DistributedOrchestrator:
         records = []
         for collective in comm.collectives:
             repeats = [Repeat(index=i, status=oc.status, reason=oc.reason, wall_s=oc.wall_s)
-                       for i, oc in enumerate(outcomes)]
-            info = _comm_info(collective, comm, n, outcomes) if status == "ok" else None
+                       for i, oc in enumerate(outcomes)] if collective in offered else []
             op_status, op_reason = status, reason
+            info = _comm_info(collective, comm, n, outcomes) if status == "ok" and collective in offered else None
             wrong = [s for s in (info.sizes if info else []) if s.correct is False]
-            if info and info.sizes and all(s.skipped for s in info.sizes):
+            if collective in not_offered:  # declared: no rank was asked
+                op_status = "skipped"
+                op_reason = (f"{runner.name} runner: {not_offered[collective]} "
+                             "(runner.toml [distributed.collectives_not_offered])")
+            elif info and info.sizes and all(s.skipped for s in info.sizes):
                 # the engine offers no such collective here (or no size can be split over the ranks)
                 op_status = "skipped"
                 op_reason = "; ".join(dict.fromkeys(s.skipped for s in info.sizes))
@@ -252,8 +302,9 @@ class DistributedOrchestrator:
                 name=collective, file=comm.suite_file,
                 hash=hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest(),
                 params_described=0, flops_per_sample=0, definition=definition)
-            tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "")
-            record = self._record(runner, started, comm.suite, f"{collective}-w{n}", network, Workload(
+            tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "") if collective in offered else ""
+            record = self._record(runner, started, comm.suite, self._name(f"{collective}-w{n}", o.placement),
+                                  network, Workload(
                 mode="collective", batch_size=1, precision=comm.dtype, learning_rate=0.0, momentum=0.0,
                 device=o.device), env_info, rank0, comm.profile, repeats_asked, comm.policy.model_dump(),
                 repeats, None, op_status, op_reason, tail if op_status != "ok" else "")
@@ -262,6 +313,9 @@ class DistributedOrchestrator:
                 launch=runner.distributed.launch if runner.distributed else "none",
                 backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads)
             record.comm = info
+            if o.link is not None:
+                record.link = self._link_info("bytes on the wire are counted for training runs only: a comm job "
+                                              "runs every collective and size in one window")
             record.equivalence = {"status": "unchecked",
                                   "reason": "a collective's result is checked at every size (comm.sizes[].correct)"}
             self.store.write(record)
@@ -270,6 +324,22 @@ class DistributedOrchestrator:
         return records
 
     # ------------------------------------------------------------------ records
+
+    def _name(self, benchmark: str, placement: Placement) -> str:
+        """A job on a shaped link is another benchmark than the same job on loopback: its name says
+        the link, so its runs never pool or pair with the others'."""
+        if self.options.link is None or placement.hosts[0].namespace is None:
+            return benchmark
+        return f"{benchmark}@{self.options.link.spec.label}"
+
+    def _link_info(self, wire: WireBytes | str | None) -> LinkInfo:
+        link, measured = self.options.link, self.options.link_measured
+        return LinkInfo(
+            asked=link.spec.asked, rate_bps=link.spec.rate_bps, delay_s=link.spec.delay_s,
+            shaping=describe_shaping(link.spec), subnet=str(link.subnet),
+            measured=LinkMeasurement(**vars(measured)) if measured else None,
+            wire=wire if isinstance(wire, WireBytes) else None,
+            wire_reason=wire if isinstance(wire, str) else None)
 
     def _record(self, runner, started, suite, benchmark, network, workload, env_info, rank0, profile, repeats_asked,
                 policy, repeats, summary, status, reason, tail) -> Record:
@@ -301,6 +371,25 @@ def _train_repeat(index: int, outcome: JobOutcome, workers: int) -> Repeat:
         ranks=[{"rank": i, "host": r.get("host"), "first_iter_s": r.get("first_iter_s"), "iter_s": r.get("iter_s"),
                 "local_iter_s": r.get("local_iter_s")} for i, r in enumerate(ranks)],
     )
+
+
+def _wire(outcomes: list[JobOutcome], workers: int, grad_bytes: int | None) -> WireBytes | str | None:
+    """Bytes on the wire per measured iteration, per worker, the median over the ok repeats; or why
+    there are none (a repeat whose counters could not be read); None when no repeat completed."""
+    good = [oc for oc in outcomes if oc.status == "ok"]
+    if not good:
+        return None
+    missing = next((oc.wire_reason or "no measured window" for oc in good if oc.wire_sent is None), None)
+    if missing:
+        return missing
+    per_iter = [[sent / len(oc.results[0]["iter_s"]) for sent in oc.wire_sent] for oc in good]
+    sent = [statistics.median(rep[w] for rep in per_iter) for w in range(workers)]
+    return WireBytes(
+        sent_per_iter=sent, mean_per_worker=statistics.fmean(sent),
+        ring_allreduce_bytes=ring_allreduce_bytes(grad_bytes, workers) if grad_bytes else None,
+        iterations=sum(len(oc.results[0]["iter_s"]) for oc in good),
+        source=("frame bytes each worker's hub-side veth port received, sampled every 10 ms on the monotonic "
+                "clock and interpolated at rank 0's measured window, divided by its iterations"))
 
 
 def _training_figures(info: DistributedInfo, repeats: list[Repeat]) -> None:

@@ -16,6 +16,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from ..axes import REQUEST_AXES, Axis, Compile, RequestAxis
+from ..definitions.distributed import Collective
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
 from ..performance.model import EPILOGUES, STEPS, FrameworkFacts
@@ -93,6 +94,10 @@ CapabilitiesSection = create_model(
 class _DistributedLaunchSection(_Section):
     worker: str
     launch: Literal[LAUNCH_STYLES]
+    # collectives the engine does not offer at all, each with why: the comm suite records them as
+    # skipped, no rank asked (one the engine offers on some devices only is the rank's
+    # `collective_unavailable`)
+    collectives_not_offered: dict[Collective, Annotated[str, Field(min_length=1)]] = {}
 
 
 # The same for the runner's data-parallel step (REQUEST_AXES' distributed capabilities).
@@ -186,6 +191,11 @@ class DistributedLaunch:
     worker: Path  # the rank's entry point (runners/common/distributed_harness.py)
     launch: str  # one of LAUNCH_STYLES
     capabilities: Capabilities  # what its data-parallel step trains in, per axis ([distributed])
+    # collective -> why the engine offers none (runner.toml [distributed.collectives_not_offered])
+    collectives_not_offered: tuple[tuple[str, str], ...] = ()
+
+    def not_offered(self, collective: str) -> str | None:
+        return dict(self.collectives_not_offered).get(collective)
 
 
 @dataclass(frozen=True)
@@ -227,6 +237,7 @@ def _message(error: dict[str, Any]) -> str:
 
 
 def _field(loc: tuple) -> str:
+    loc = tuple(part for part in loc if part != "[key]")  # a table's key that is wrong: the key's own name
     return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else str(part))
                    for i, part in enumerate(loc))
 
@@ -263,7 +274,8 @@ def _load(folder: Path) -> RunnerInfo:
     distributed = None
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
-                                        toml.distributed.launch, Capabilities.of_distributed(toml.distributed))
+                                        toml.distributed.launch, Capabilities.of_distributed(toml.distributed),
+                                        tuple(toml.distributed.collectives_not_offered.items()))
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "

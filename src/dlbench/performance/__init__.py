@@ -6,7 +6,7 @@ that the `kernels` suite measures); `kernel_suite` reads a `kind: kernels` suite
 kernels each benchmark times; `workload` breaks a resolved network into forward, backward and
 update work per layer; `communication` is the α–β cost of ring all-reduce with the wait-free
 (WFBP) and merged-gradient (MG-WFBP) schedules; `model` puts them together with a machine profile
-(store/profiles.py: measured ceilings, kernel times and all-reduce fits) into a per-phase
+(store/profiles.py: measured ceilings, kernel times and all-reduce and all-to-all fits) into a per-phase
 prediction; `calibration` makes a profile from measurements; `runtime` is the prediction each run
 record keeps; `accuracy` compares stored predictions with what the runs measured.
 """

@@ -10,12 +10,14 @@ Ceilings, over every framework at hand (the machine's, not one framework's):
   where the work is at least half the relu's time (where the call dominates, the difference of two
   noisy times says nothing; the model then interpolates from the sizes it has, or uses the copy's).
 
-All-reduce: for each framework and worker count, the comm records' (bytes, median time) of every
-size whose result was correct, fitted by linear least squares to t = startup + per_byte · bytes with
-both terms non-negative (`scipy.optimize.lsq_linear`). Sizes span 4 B to 256 MiB, so the residuals
-are relative (each row divided by its time): plain least squares would fit the largest sizes only
-and leave the start-up, which decides small messages, to chance. The link's α and β follow from
-the ring model (communication.AllReduceCost.link). R² is that of the times themselves.
+All-reduce and all-to-all (communication.COSTS): for each collective, framework and worker count,
+the comm records' (bytes, median time) of every size whose result was correct, fitted by linear
+least squares to t = startup + per_byte · bytes with both terms non-negative
+(`scipy.optimize.lsq_linear`). Sizes span 4 B to 256 MiB, so the residuals are relative (each row
+divided by its time): plain least squares would fit the largest sizes only and leave the start-up,
+which decides small messages, to chance. The link's α and β follow from the collective's model
+(communication.AllReduceCost.link: the ring's 2(n−1) messages of M/n; AllToAllCost.link: n−1
+messages of B/n). R² is that of the times themselves.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 
 from ..store.profiles import BandwidthPoint, CommFit, KernelTime, MachineProfile, MatmulCeiling, Yardstick
 from . import yardstick
-from .communication import AllReduceCost
+from .communication import COSTS
 from .kernel_suite import KernelBenchmark, KernelPolicy
 from .kernels import KernelSpec
 
@@ -91,13 +93,13 @@ def kernel_times(latest: dict[str, dict[str, tuple[float, str, str]]]) -> dict[s
             for fw, times in latest.items()}
 
 
-def fit_all_reduce(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float, float]:
     """(startup_s, per_byte_s, r2) of t = startup + per_byte * bytes, relative least squares, both >= 0."""
     from scipy.optimize import lsq_linear
 
     pts = [(b, t) for b, t in points if t and t > 0]
     if len(pts) < 2 or len({b for b, _ in pts}) < 2:
-        raise CalibrationError(f"an all-reduce line needs at least two message sizes with a time; got {len(pts)}")
+        raise CalibrationError(f"a collective's line needs at least two message sizes with a time; got {len(pts)}")
     sizes = np.array([b for b, _ in pts], dtype=float)
     times = np.array([t for _, t in pts], dtype=float)
     a = np.column_stack([np.ones_like(sizes), sizes]) / times[:, None]
@@ -111,32 +113,34 @@ def fit_all_reduce(points: list[tuple[float, float]]) -> tuple[float, float, flo
 
 
 def comm_fits(records, machine_id: str, device: str, workers: int | None = None) -> tuple[list[CommFit], list[str]]:
-    """All-reduce fits per framework and worker count from the store's comm records of this machine
-    (the latest record of each framework and worker count), and notes on what was left out."""
-    latest: dict[tuple[str, int], object] = {}
+    """The fits of every collective of communication.COSTS (all-reduce, all-to-all) per framework and
+    worker count from the store's comm records of this machine (the latest record of each
+    collective, framework and worker count), and notes on what was left out."""
+    latest: dict[tuple[str, int, str], object] = {}
     for r in records:  # oldest first: the latest of each wins
         comm = getattr(r, "comm", None)
-        if (comm is None or comm.collective != "all_reduce" or r.status != "ok"
+        if (comm is None or comm.collective not in COSTS or r.status != "ok"
                 or r.machine.get("machine_id") != machine_id or r.workload.device != device):
             continue
         if workers is not None and comm.workers != workers:
             continue
-        latest[(str(r.framework.get("name")), comm.workers)] = r
+        latest[(str(r.framework.get("name")), comm.workers, comm.collective)] = r
     fits, notes = [], []
-    for (framework, n), r in sorted(latest.items()):
+    order = list(COSTS)
+    for (framework, n, collective), r in sorted(latest.items(), key=lambda kv: (*kv[0][:2], order.index(kv[0][2]))):
         points = [(float(s.bytes or s.size_bytes), s.time_s) for s in r.comm.sizes
                   if s.time_s is not None and s.correct is not False and not s.skipped]
         try:
-            startup, per_byte, r2 = fit_all_reduce(points)
+            startup, per_byte, r2 = fit_line(points)
         except CalibrationError as e:
-            notes.append(f"{framework}, {n} workers (run {r.run_id}): {e}")
+            notes.append(f"{framework} {collective}, {n} workers (run {r.run_id}): {e}")
             continue
-        alpha, beta = AllReduceCost(n, startup, per_byte).link() if n > 1 else (0.0, 0.0)
-        fits.append(CommFit(framework=framework, workers=n, startup_s=startup, per_byte_s=per_byte, alpha_s=alpha,
-                            beta_s_per_byte=beta, r2=r2, points=len(points),
+        alpha, beta = COSTS[collective](n, startup, per_byte).link() if n > 1 else (0.0, 0.0)
+        fits.append(CommFit(framework=framework, workers=n, collective=collective, startup_s=startup,
+                            per_byte_s=per_byte, alpha_s=alpha, beta_s_per_byte=beta, r2=r2, points=len(points),
                             min_bytes=int(min(b for b, _ in points)), max_bytes=int(max(b for b, _ in points)),
                             run_ids=[r.run_id]))
-    if workers is not None and not latest:
+    if workers is not None and not any(c == "all_reduce" for _, _, c in latest):
         notes.append(f"no all-reduce records for {workers} workers of this machine in the store: "
                      f"run `dlbench run --suite comm --workers {workers}` first")
     return fits, notes

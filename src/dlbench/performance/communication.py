@@ -21,6 +21,13 @@ message's start-up, the all-reduce's intercept). A merge sets p[l−1] += p[l], 
 t_c[l−1] = t_c(p[l−1]) and recomputes τ_c.
 
 Without overlap (`none`), all gradients go in one all-reduce after the backward.
+
+All-to-all (expert parallelism's dispatch and combine): every rank holds B bytes in n blocks and
+sends block j to rank j. Pairwise exchange sends the n−1 foreign blocks, one message of B/n bytes
+to each peer, so one all-to-all costs (n−1)·α + (n−1)/n·β·B: a line in B as well
+(`AllToAllCost`), fitted from the comm suite's all-to-all records the same way, whose (α, β)
+follow by `link`. The per-byte term is nccl-tests' bus bandwidth for all-to-all (algorithm
+bandwidth × (n−1)/n): 1/β is the bus bandwidth the line predicts for large buffers.
 """
 
 from __future__ import annotations
@@ -53,6 +60,36 @@ class AllReduceCost:
         """(α, β) of the link, the inverse of `ring`: what a fitted all-reduce line implies."""
         steps = 2 * (self.workers - 1)
         return self.startup_s / steps, self.per_byte_s * self.workers / steps
+
+
+@dataclass(frozen=True)
+class AllToAllCost:
+    """Time of one all-to-all of `nbytes` (each rank's send buffer) among `workers`:
+    startup_s + per_byte_s * nbytes."""
+
+    workers: int
+    startup_s: float
+    per_byte_s: float
+
+    def time(self, nbytes: float) -> float:
+        return self.startup_s + self.per_byte_s * nbytes
+
+    @classmethod
+    def pairwise(cls, alpha_s: float, beta_s_per_byte: float, workers: int) -> AllToAllCost:
+        """n−1 messages of nbytes/n, one to each peer, from a link's α and β."""
+        if workers < 2:
+            return cls(workers, 0.0, 0.0)
+        messages = workers - 1
+        return cls(workers, messages * alpha_s, messages / workers * beta_s_per_byte)
+
+    def link(self) -> tuple[float, float]:
+        """(α, β) of the link, the inverse of `pairwise`: what a fitted all-to-all line implies."""
+        messages = self.workers - 1
+        return self.startup_s / messages, self.per_byte_s * self.workers / messages
+
+
+# the α–β cost model of each collective the comm suite's records are fitted for
+COSTS = {"all_reduce": AllReduceCost, "all_to_all": AllToAllCost}
 
 
 @dataclass

@@ -15,7 +15,7 @@ so a datasheet prediction takes exactly the measured path with other numbers in 
   on one PCIe host), the ring all-reduce t = 2(n−1)·α + 2(n−1)/n·β·bytes with α the assumed step
   latency and β = 1 / (one direction of the GPU's links × the `all_reduce` efficiency): half the
   both-directions total of its GPU link (NVSwitch, a mesh) or, without one, of its host link.
-  More workers than one node holds are refused (model.all_reduce_cost): no datasheet gives the
+  More workers than one node holds are refused (model.collective_cost): no datasheet gives the
   network between nodes.
 
 Nothing here is measured, and the profile says so: `source` "datasheet", its ref `datasheet:<name>`,

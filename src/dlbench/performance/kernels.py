@@ -100,6 +100,56 @@ Kinds, and what is counted (a multiply-add is 2 FLOPs, as in definitions/analysi
 - pool2d_bwd (same): the input gradient (max: dy routed to each window's maximum; average: dy
   spread evenly over the window): one FLOP per input element; dy read, dx cleared then written
   (dx counted twice), as definitions/layers/pooling.py counts it.
+- rms_norm_fwd (rows, dim): RMS normalisation of `rows` vectors of `dim` with gamma, no shift (the
+  framework's own: F.rms_norm, keras' RMSNormalization, flax nn.RMSNorm, MXNet composed from its
+  operators): 4 FLOPs per element (definitions/layers/rms_norm.py: square, sum, normalise, scale);
+  x read twice (the mean square, then the scaling), y written, gamma read.
+- rms_norm_bwd (rows, dim, input_grad): the gradient of gamma and, when `input_grad`, of x: with
+  dx 9 FLOPs per element (x-hat, dgamma's product and sum; dy times gamma, its dot with x, and
+  dx = r (g - x-hat mean(g x-hat))), x and dy read twice and dx written; without dx 3 FLOPs (x-hat,
+  dgamma's product and sum), x twice (the row statistic recomputed) and dy once; gamma read, its
+  gradient written.
+- rotary_fwd (batch, steps, heads, kv_heads, head_size): the rotary position embedding of the
+  queries (B, T, H, S) and keys (B, T, KV, S) of a grouped attention, as the runner's attention
+  applies it (x cos + rotate_half(x) sin, Llama's half-split pairs): 3 FLOPs per element
+  (definitions/layers/rotary.py); q and k read and written, the cos and sin tables (T x S/2 each)
+  read. rotary_bwd (same): the rotation by the negated angle on dq' and dk': the same counts.
+- swiglu_fwd (rows, dim, hidden): a SwiGLU MLP, down(silu(gate x) * up x), no biases, on `rows`
+  token vectors, as the runner's layer runs it: the three products (2·dim·hidden each per row) and
+  the gate (5 FLOPs per hidden element: definitions/layers/swiglu.py); x and the three weights read,
+  y written (the hidden activations are the kernel's own, as attention's scores are).
+- swiglu_bwd (rows, dim, hidden, input_grad): its gradients: the three weight gradients, the down
+  product's input gradient (the hidden one), the gate's gradient (10 FLOPs per hidden element) and,
+  when `input_grad`, the gate's and up's input gradients (2·dim·hidden per row each); x, dy and the
+  weights read, their gradients (and dx) written.
+- grouped_attention_fwd (batch, heads, kv_heads, steps, head_size, causal): grouped-query
+  attention's core, H query heads sharing KV key/value heads (H / KV queries read each), on
+  q (B, H, T, S) and k, v (B, KV, T, S), as the framework's attention call computes it (torch's
+  F.scaled_dot_product_attention with enable_gqa, jax.nn.dot_product_attention, Keras' and
+  MXNet's repeating the key/value heads first where their call has no groups): attention_fwd's
+  counts over the H query heads (the whole T x T, a causal mask not counted); q, k, v read and the
+  output written once. grouped_attention_bwd (same): attention_bwd's counts; q, k, v, o, do read,
+  dq, dk, dv written.
+- moe_router_fwd (rows, dim, experts, top_k): an MoE layer's router on `rows` tokens: the logits of
+  a linear layer without bias (2·dim·E per row), their softmax (5 FLOPs per logit), the top-k and
+  the chosen weights renormalised to sum to 1 (1 FLOP per choice); x and the router's weight read,
+  the k weights and expert indices written (the indices counted at the element size).
+- moe_router_bwd (rows, dim, experts, top_k): its backward from the chosen weights' gradient: through
+  the renormalisation and the softmax to the logits (5 FLOPs per logit), the router's weight
+  gradient and the input gradient (2·dim·E per row each); x, the weights' gradient and the router's
+  weight read, its gradient and dx written.
+- moe_experts_fwd (tokens, dim, hidden, experts, top_k): the experts' products of an MoE layer: each
+  token's k choices (fixed, balanced: token t goes to experts (t·k + j) mod E, j < k, so each expert
+  holds tokens·k/E rows, with weights that sum to 1), the tokens gathered into their experts'
+  groups, every expert's SwiGLU over its group (a grouped matrix product per weight; as the runner
+  does it: a loop over the experts, one grouped product, or MXNet's dense dispatch of every token
+  to every expert, E/k times this work), and each token's k outputs weighted and
+  summed back: swiglu_fwd's counts over tokens·k rows and 2 FLOPs per chosen output element; x,
+  the E experts' weights and the choices read, y written.
+- moe_experts_bwd (tokens, dim, hidden, experts, top_k): its backward: swiglu_bwd's counts over
+  tokens·k rows with the input gradient, and the choices' weight gradients (a dot of dy with each
+  chosen output, 2 FLOPs per element); x, dy, the weights and choices read, the weights' gradients,
+  dx and the choices' gradients written.
 - sgd_momentum (elements): one SGD-with-momentum update of a parameter of `elements` values, the
   framework's optimiser as the runners use it: m = momentum m + g, w = w - lr m: 4 FLOPs; w, g, m
   read and w, m written.
@@ -140,22 +190,40 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "gelu_bwd": ("elements", "approximate"),
     "pool2d_fwd": ("batch", "channels", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw", "op"),
     "pool2d_bwd": ("batch", "channels", "height", "width", "kh", "kw", "sh", "sw", "ph", "pw", "op"),
+    "rms_norm_fwd": ("rows", "dim"),
+    "rms_norm_bwd": ("rows", "dim", "input_grad"),
+    "rotary_fwd": ("batch", "steps", "heads", "kv_heads", "head_size"),
+    "rotary_bwd": ("batch", "steps", "heads", "kv_heads", "head_size"),
+    "swiglu_fwd": ("rows", "dim", "hidden"),
+    "swiglu_bwd": ("rows", "dim", "hidden", "input_grad"),
+    "grouped_attention_fwd": ("batch", "heads", "kv_heads", "steps", "head_size", "causal"),
+    "grouped_attention_bwd": ("batch", "heads", "kv_heads", "steps", "head_size", "causal"),
+    "moe_router_fwd": ("rows", "dim", "experts", "top_k"),
+    "moe_router_bwd": ("rows", "dim", "experts", "top_k"),
+    "moe_experts_fwd": ("tokens", "dim", "hidden", "experts", "top_k"),
+    "moe_experts_bwd": ("tokens", "dim", "hidden", "experts", "top_k"),
 }
 SOFTMAX_FLOPS = 5  # per attention score (definitions/layers/attention.py)
 LAYER_NORM_FLOPS = {"layer_norm_fwd": 5, "layer_norm_bwd": 8}  # per element (definitions/layers/layer_norm.py)
 BATCH_NORM_FLOPS = {"batch_norm_fwd": 5, "batch_norm_bwd": 8}  # per element, as a layer norm's
 GELU_FLOPS = {"gelu_fwd": 8, "gelu_bwd": 16}  # per element (definitions/layers/gelu.py)
+RMS_NORM_FLOPS = {"rms_norm_fwd": 4, "rms_norm_bwd": 9}  # per element (definitions/layers/rms_norm.py)
+ROTARY_FLOPS = 3  # per rotated element of q and k (definitions/layers/rotary.py)
+SWIGLU_GATE_FLOPS = {"swiglu_fwd": 5, "swiglu_bwd": 10}  # per hidden element (definitions/layers/swiglu.py)
 POOL_OPS = ("max", "avg", "global")  # a pool2d kernel's `op`, by its value (definitions/layers/pooling.py)
 # Kinds whose ceiling is memory bandwidth (achieved bytes/s); the others are compared in FLOP/s.
 MEMORY_KINDS = ("transpose", "copy", "relu", "softmax_xent_fwd", "softmax_xent_bwd", "sgd_momentum",
                 "layer_norm_fwd", "layer_norm_bwd", "batch_norm_fwd", "batch_norm_bwd", "gelu_fwd", "gelu_bwd",
-                "pool2d_fwd", "pool2d_bwd")
+                "pool2d_fwd", "pool2d_bwd", "rms_norm_fwd", "rms_norm_bwd", "rotary_fwd", "rotary_bwd")
 # The operation class of each kind whose work runs on the matrix units (definitions/machines.py
 # OP_CLASSES): a datasheet profile divides its FLOPs by the peak times that class's efficiency. Every
 # other kind, and work that is no kernel, is "elementwise" (memory-bound).
 OP_CLASS = {"matmul": "matmul", "dense_fwd": "matmul", "dense_bwd": "matmul", "batched_matmul": "matmul",
             "lstm_step_fwd": "matmul", "lstm_step_bwd": "matmul", "lstm_layer_fwd": "matmul", "lstm_layer_bwd": "matmul",
-            "conv2d_fwd": "convolution", "conv2d_bwd": "convolution", "attention_fwd": "attention", "attention_bwd": "attention"}
+            "conv2d_fwd": "convolution", "conv2d_bwd": "convolution", "attention_fwd": "attention", "attention_bwd": "attention",
+            "swiglu_fwd": "matmul", "swiglu_bwd": "matmul", "moe_router_fwd": "matmul", "moe_router_bwd": "matmul",
+            "moe_experts_fwd": "matmul", "moe_experts_bwd": "matmul",
+            "grouped_attention_fwd": "attention", "grouped_attention_bwd": "attention"}
 
 
 @dataclass(frozen=True)
@@ -238,10 +306,27 @@ class KernelSpec:
             return 4 * self["elements"]
         if k == "batched_matmul":
             return 2 * self["batch"] * self["m"] * self["n"] * self["k"]
-        if k.startswith("attention"):
+        if k.startswith("attention") or k.startswith("grouped_attention"):
             scores = self["batch"] * self["heads"] * self["steps"] * self["steps"]
-            products = 2 * 2 * scores * self["head_size"]  # two products of 2·T·T·S per head
-            return (products if k == "attention_fwd" else 2 * products) + SOFTMAX_FLOPS * scores
+            products = 2 * 2 * scores * self["head_size"]  # two products of 2·T·T·S per (query) head
+            return (products if k.endswith("_fwd") else 2 * products) + SOFTMAX_FLOPS * scores
+        if k.startswith("rms_norm"):
+            per_element = 3 if k == "rms_norm_bwd" and not self["input_grad"] else RMS_NORM_FLOPS[k]
+            return per_element * self["rows"] * self["dim"]
+        if k.startswith("rotary"):
+            return ROTARY_FLOPS * self._rotated()
+        if k.startswith("swiglu"):
+            return self._swiglu_flops(k, self["rows"], bool(k == "swiglu_fwd" or self["input_grad"]))
+        if k.startswith("moe_router"):
+            rows, logits = self["rows"], self["rows"] * self["experts"]
+            products = 2 * rows * self["dim"] * self["experts"]
+            if k == "moe_router_fwd":
+                return products + SOFTMAX_FLOPS * logits + rows * self["top_k"]
+            return 2 * products + SOFTMAX_FLOPS * logits
+        if k.startswith("moe_experts"):
+            routed = self["tokens"] * self["top_k"]
+            kind = "swiglu_fwd" if k == "moe_experts_fwd" else "swiglu_bwd"
+            return self._swiglu_flops(kind, routed, True) + 2 * routed * self["dim"]
         if k.startswith("layer_norm"):
             if k == "layer_norm_bwd" and not self["input_grad"]:
                 return 4 * self["rows"] * self["dim"]
@@ -302,6 +387,34 @@ class KernelSpec:
         if k.startswith("attention"):
             tensor = self["batch"] * self["heads"] * self["steps"] * self["head_size"]
             return s * tensor * (4 if k == "attention_fwd" else 8)  # q, k, v, o (, do; dq, dk, dv)
+        if k.startswith("grouped_attention"):
+            per_head = self["batch"] * self["steps"] * self["head_size"]
+            queries, keys = per_head * self["heads"], per_head * self["kv_heads"]
+            if k == "grouped_attention_fwd":
+                return s * (2 * queries + 2 * keys)  # q, o; k, v
+            return s * (4 * queries + 4 * keys)  # q, o, do, dq; k, v, dk, dv
+        if k.startswith("rms_norm"):
+            n, d = self["rows"] * self["dim"], self["dim"]
+            if k == "rms_norm_fwd":
+                return s * (3 * n + d)
+            return s * ((5 if self["input_grad"] else 3) * n + 2 * d)  # gamma read, its gradient written
+        if k.startswith("rotary"):
+            return s * (2 * self._rotated() + self["steps"] * self["head_size"])  # q, k in and out; cos, sin
+        if k.startswith("swiglu"):
+            rows, d, h = self["rows"], self["dim"], self["hidden"]
+            if k == "swiglu_fwd":
+                return s * (2 * rows * d + 3 * d * h)  # x, y; gate, up, down
+            return s * (2 * rows * d + 6 * d * h + (rows * d if self["input_grad"] else 0))  # x, dy; W, dW (, dx)
+        if k.startswith("moe_router"):
+            rows, d, e, top = self["rows"], self["dim"], self["experts"], self["top_k"]
+            if k == "moe_router_fwd":
+                return s * (rows * d + e * d + 2 * rows * top)  # x, W; weights and indices
+            return s * (2 * rows * d + rows * top + 2 * e * d)  # x, dx; the weights' gradient; W, dW
+        if k.startswith("moe_experts"):
+            t, d, h, e, top = self["tokens"], self["dim"], self["hidden"], self["experts"], self["top_k"]
+            if k == "moe_experts_fwd":
+                return s * (2 * t * d + 3 * e * d * h + 2 * t * top)  # x, y; the experts; the choices
+            return s * (3 * t * d + 6 * e * d * h + 3 * t * top)  # x, dy, dx; W, dW; choices, their gradient
         if k.startswith("layer_norm"):
             n, d = self["rows"] * self["dim"], self["dim"]
             if k == "layer_norm_fwd":
@@ -334,6 +447,20 @@ class KernelSpec:
         weights = 4 * h * (i + h) + 4 * h
         states = b * (i + 2 * h + 4 * h + 2 * h)  # x, h and c in; gates; h' and c' out
         return s * (weights + states) * (1 if k == "lstm_step_fwd" else 2)
+
+    def _rotated(self) -> int:
+        """A rotary kernel's rotated elements: every query and key head's T x S."""
+        return self["batch"] * self["steps"] * (self["heads"] + self["kv_heads"]) * self["head_size"]
+
+    def _swiglu_flops(self, kind: str, rows: int, input_grad: bool) -> int:
+        """A SwiGLU MLP's FLOPs over `rows` token vectors (swiglu_fwd / swiglu_bwd's counts)."""
+        product = 2 * rows * self["dim"] * self["hidden"]
+        gate = SWIGLU_GATE_FLOPS[kind] * rows * self["hidden"]
+        if kind == "swiglu_fwd":
+            return 3 * product + gate
+        # three weight gradients, the down product's input gradient (to the hidden), the gate's and up's
+        # input gradients (to x) when asked
+        return (4 + (2 if input_grad else 0)) * product + gate
 
     def achieved(self, seconds: float) -> float:
         """FLOP/s, or bytes/s for the memory-bound kinds."""

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from ..store.profiles import MachineProfile
 from .class_efficiency import (ClassFit, ClassPoint, efficiency_class, fit_class, fitted, operand_elements,
                                output_elements)
-from .communication import SCHEDULES, AllReduceCost, Schedule, schedule
+from .communication import COSTS, SCHEDULES, AllReduceCost, AllToAllCost, Schedule, schedule
 from .kernels import OP_CLASS, KernelSpec
 from .workload import ELEMENT_BYTES, Op, Workload
 
@@ -406,7 +406,7 @@ def predict(workload: Workload, framework: str, profile: MachineProfile, workers
     if workers > 1:
         if workload.mode != "train":
             raise PredictionError("only training exchanges gradients: --workers needs --mode train")
-        cost = all_reduce_cost(profile, framework, workers, notes)
+        cost = collective_cost(profile, framework, workers, notes)
         kind = schedule_kind or facts.schedule
         t_b, p = gradient_layers(layers)
         sched = schedule(kind, t_b, p, cost)
@@ -456,21 +456,29 @@ def datasheet_note(profile: MachineProfile) -> str:
             "not a measurement")
 
 
-def all_reduce_cost(profile: MachineProfile, framework: str, workers: int, notes: list[str]) -> AllReduceCost:
-    fit = profile.comm_fit(framework, workers)
-    if profile.source == "datasheet" and (fit is None or fit.workers != workers):
-        most = max((c.workers for c in profile.comm), default=1)
+def collective_cost(profile: MachineProfile, framework: str, workers: int, notes: list[str],
+                    collective: str = "all_reduce") -> AllReduceCost | AllToAllCost:
+    """The α–β line of one collective (communication.COSTS) among `workers`: the framework's own fit
+    for that count, else another fit's (α, β) extrapolated by the collective's model."""
+    words = collective.replace("_", "-")
+    model = COSTS[collective]
+    fit = profile.comm_fit(framework, workers, collective)
+    fits = [c for c in profile.comm if c.collective == collective]
+    if profile.source == "datasheet" and fits and (fit is None or fit.workers != workers):
+        most = max((c.workers for c in fits), default=1)
         raise PredictionError(f"{profile.ref} describes one node of up to {most} GPUs; {workers} workers would need "
                               "the network between nodes, which no datasheet file gives")
     if fit is None:
-        others = sorted({c.framework for c in profile.comm})
-        if not others:
-            raise PredictionError(f"profile {profile.ref} has no all-reduce fit: run the comm suite with "
+        if not fits:
+            raise PredictionError(f"profile {profile.ref} has no {words} fit: run the comm suite with "
                                   f"--workers {workers}, then `dlbench calibrate --workers {workers}`")
-        fit = min((c for c in profile.comm), key=lambda c: abs(c.workers - workers))
-        notes.append(f"no all-reduce fit of {framework}: {fit.framework}'s ({fit.workers} workers) used")
+        fit = min(fits, key=lambda c: abs(c.workers - workers))
+        notes.append(f"no {words} fit of {framework}: {fit.framework}'s ({fit.workers} workers) used")
     if fit.workers == workers:
-        return AllReduceCost(workers, fit.startup_s, fit.per_byte_s)
-    notes.append(f"all-reduce for {workers} workers extrapolated by the ring model from the "
+        return model(workers, fit.startup_s, fit.per_byte_s)
+    how = "the ring model" if collective == "all_reduce" else "pairwise exchange"
+    notes.append(f"{words} for {workers} workers extrapolated by {how} from the "
                  f"{fit.workers}-worker fit (α {fit.alpha_s * 1e6:.1f} µs, β {fit.beta_s_per_byte * 1e9:.3f} ns/B)")
-    return AllReduceCost.ring(fit.alpha_s, fit.beta_s_per_byte, workers)
+    if collective == "all_reduce":
+        return AllReduceCost.ring(fit.alpha_s, fit.beta_s_per_byte, workers)
+    return AllToAllCost.pairwise(fit.alpha_s, fit.beta_s_per_byte, workers)

@@ -88,14 +88,15 @@ class Yardstick(_Model):
 
 
 class CommFit(_Model):
-    """All-reduce time = startup_s + per_byte_s * bytes, fitted for `workers` (linear regression)."""
+    """A collective's time = startup_s + per_byte_s * bytes, fitted for `workers` (linear regression):
+    all_reduce (bytes: the message), all_to_all (bytes: each rank's send buffer)."""
 
     framework: str
     workers: int
     collective: str = "all_reduce"
     startup_s: float
     per_byte_s: float
-    alpha_s: float  # the link's α and β under the ring model (communication.AllReduceCost.link)
+    alpha_s: float  # the link's α and β under the collective's model (communication.COSTS[collective].link)
     beta_s_per_byte: float
     r2: float
     points: int
@@ -158,9 +159,9 @@ class MachineProfile(_Model):
                 return lo.bytes_per_s + w * (hi.bytes_per_s - lo.bytes_per_s)
         return points[-1].bytes_per_s
 
-    def comm_fit(self, framework: str, workers: int) -> CommFit | None:
-        """The framework's own fit for `workers`, else its fit for the nearest worker count."""
-        own = [c for c in self.comm if c.framework == framework]
+    def comm_fit(self, framework: str, workers: int, collective: str = "all_reduce") -> CommFit | None:
+        """The framework's own fit of `collective` for `workers`, else its fit for the nearest worker count."""
+        own = [c for c in self.comm if c.framework == framework and c.collective == collective]
         exact = [c for c in own if c.workers == workers]
         if exact:
             return exact[0]

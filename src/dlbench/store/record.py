@@ -126,6 +126,16 @@ records step by step and refuse newer ones):
     user, memory limit, GPUs) and `stop` (how it is stopped). Older records have none (a docker
     record before 15 has only image, image_id, dockerfile and gpus) (a free-form dict: the model's
     defaults: no migration).
+  16 (2026-12-07) shaped links (`dlbench run --link RATE[,DELAY]`, issue 44): `link` (LinkInfo) on
+    the records of a job whose workers ran in network namespaces joined by a shaped link: the link
+    as asked (`asked`, `rate_bps`, `delay_s`), how it was shaped (`shaping`: the qdiscs), its
+    `subnet`, the link as measured before the jobs (`measured`: one TCP stream's bandwidth and the
+    median one-byte round trip between two workers' namespaces) and, for training, the bytes on the
+    wire per measured iteration read from the hub-side veth counters (`wire`: per worker, with the
+    ring all-reduce's analytical 2(n-1)/n x gradient bytes beside). Its benchmark names carry the
+    link (`fcn5-train-w2@1gbit`), so runs on different links never pool or pair. Older records
+    read with none (None) (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
@@ -139,7 +149,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..axes import Scenario
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
@@ -358,7 +368,7 @@ class CommSize(_Model):
 
 
 class CommInfo(_Model):
-    collective: Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter"]
+    collective: Literal["all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all"]
     dtype: str
     workers: Int64
     bus_factor: float
@@ -517,6 +527,38 @@ class ConvergenceInfo(_Model):
     reason: str | None = None
 
 
+class LinkMeasurement(_Model):
+    """The link as it performed before the jobs (execution/wire.py's socket test)."""
+
+    bandwidth_bps: float  # one TCP stream worker 0 -> worker 1, payload bits over the receiver's time
+    rtt_s: float  # median round trip of a one-byte TCP echo between them
+    seconds: float  # how long the stream was received
+    method: str
+
+
+class WireBytes(_Model):
+    """Bytes on the wire per measured iteration of a training job, from the interface counters."""
+
+    sent_per_iter: list[float]  # per worker (rank order): frame bytes its interface sent, median over repeats
+    mean_per_worker: float  # their mean
+    ring_allreduce_bytes: float | None = None  # 2(n-1)/n x the gradient bytes: a ring all-reduce's per worker
+    iterations: Int64  # measured iterations the figures come from, over the repeats
+    source: str
+
+
+class LinkInfo(_Model):
+    """The shaped link a multi-worker job ran on (schema 16)."""
+
+    asked: str  # as given to --link: "1gbit", "10gbit,50us"
+    rate_bps: Int64
+    delay_s: float = 0.0  # added by each worker's egress (a round trip crosses two)
+    shaping: str  # the qdiscs on each worker's egress
+    subnet: str  # the workers' addresses, inside their namespaces only
+    measured: LinkMeasurement | None = None
+    wire: WireBytes | None = None  # training runs
+    wire_reason: str | None = None  # why a training run has no `wire`
+
+
 class Record(_Model):
     schema_version: Int64 = SCHEMA_VERSION
     run_id: RunId
@@ -546,3 +588,4 @@ class Record(_Model):
     loadgen: LoadGenInfo | None = None  # MLPerf LoadGen scenario runs (schema 9)
     generation: GenerationSummary | None = None  # mode generate (schema 10)
     convergence: ConvergenceInfo | None = None  # time to accuracy (schema 11)
+    link: LinkInfo | None = None  # a job on a shaped link (schema 16)

@@ -1,6 +1,6 @@
 """`calibrate`: this machine's ceilings, each operation class's efficiency (class probes), its kernel
-times and all-reduce fits, as a new machine profile in the store; printing nothing. The command line
-(cli/performance.py) renders the profile it returns.
+times and all-reduce and all-to-all fits, as a new machine profile in the store; printing nothing.
+The command line (cli/performance.py) renders the profile it returns.
 
     from dlbench.workflows import CalibrateRequest, calibrate
     result = calibrate(CalibrateRequest(framework=["torch"], quick=True))
@@ -24,9 +24,9 @@ from ..machine import available_cpus, dlbench_provenance, dtype_support, fingerp
 from ..performance.probes import BUDGET_S
 from ..store.store import Store
 from . import lookup
-from .lookup import check_choice
-from .run import resolved_device
-from .suite_kinds import RequestError
+from .events import Silent
+from .lookup import check_choice, resolved_device
+from .requests import RequestError
 
 if TYPE_CHECKING:
     from ..execution.kernels import PlannedKernelRun
@@ -72,11 +72,6 @@ class CalibrationFailed(RuntimeError):
     """No framework could measure the ceilings; nothing was stored (the reasons went to events.note)."""
 
 
-class _Silent:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 def dtype_support_of(device: str) -> dict:
     """dtype -> None (the device computes in it) or why not."""
     return dtype_support(device, capability=gpu_capability() if device == "cuda" else None)
@@ -84,19 +79,21 @@ def dtype_support_of(device: str) -> dict:
 
 def execute_kernel_runs(runs: list[PlannedKernelRun], store: Store, device: str, env: str, threads: int,
                         timeout: float, support: dict, machine_profile: MachineProfile | None,
-                        events=None) -> list[KernelRecord]:
-    """Each kernel run in turn, its record written to the store's kernels as it ends."""
+                        events=None, records: list[KernelRecord] | None = None) -> list[KernelRecord]:
+    """Each kernel run in turn, its record written to the store's kernels as it ends. `records`: the
+    list the records are appended to as they are written (a caller interrupted midway keeps what
+    completed)."""
     from ..execution.kernels import execute_kernel_run
     from ..execution.orchestrator import Orchestrator, RunOptions
     from ..store.kernels import KernelStore
 
-    events = events or _Silent()
+    events = events or Silent()
     kernel_store = KernelStore(store)
     options = RunOptions(device=device, env_backend=env, threads=threads, repeats=None, timeout_s=timeout,
                          cache=paths.cache_dir(), telemetry=None)
     orch = Orchestrator(store, options, events)
     events.kernel_runs_planned(len(runs))
-    records: list[KernelRecord] = []
+    records = [] if records is None else records
     for run in runs:
         label = f"{run.runner.name} {run.benchmark.name}"
         events.kernel_run_started(label, len(run.benchmark.specs))
@@ -118,7 +115,7 @@ def calibrate(request: CalibrateRequest, events=None) -> Calibration:
     from ..store.store import Unreadable
 
     r = request
-    events = events or _Silent()
+    events = events or Silent()
     check_choice("environment backend", r.env, list(BACKENDS))
     if r.full and r.quick:
         raise RequestError("--full and --quick exclude each other")

@@ -21,9 +21,9 @@ from ..execution.backends import BACKENDS, backend
 from ..execution.environments import EnvironmentBuildError
 from ..store.store import StoreWriteError
 from . import lookup
-from .lookup import check_choice
-from .run import DEVICES, resolved_device
-from .suite_kinds import RequestError
+from .events import Silent
+from .lookup import DEVICES, check_choice, resolved_device
+from .requests import RequestError
 
 CHECK_MODES = ("train", "generate")
 
@@ -77,17 +77,12 @@ class CheckResults:
         return sum(not r.ok for n in self.networks for r in n.results)
 
 
-class _Silent:
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
 def check(request: CheckRequest, events=None) -> CheckResults:
     """Check what `request` asks (see CheckRequest); RequestError for bad input, before any environment is built."""
     from ..execution.equivalence import GENERATION_PRECISIONS, PRECISIONS
 
     r = request
-    events = events or _Silent()
+    events = events or Silent()
     check_choice("device", r.device, DEVICES)
     check_choice("mode", r.mode, list(CHECK_MODES))
     precision = r.precision

@@ -1,5 +1,5 @@
 """What the workflows look up by name: the suites (one catalog per request), the runners, the
-results store; an unknown or invalid name is one RequestError listing the valid ones."""
+device, the results store; an unknown or invalid name is one RequestError listing the valid ones."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from typing import Sequence
 from .. import paths
 from ..definitions.catalog import SuiteCatalog
 from ..definitions.loader import DefinitionError
+from ..definitions.suite import PROFILES
+from ..execution.backends import BACKENDS
 from ..execution.registry import RunnerInfo, RunnerRegistry
+from ..machine import detect_device
 from ..store.store import Store, StoreError
-from .suite_kinds import RequestError
+from .requests import RequestError, RunRequest
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def check_choice(kind: str, value: str, choices: Sequence[str]) -> None:
@@ -54,6 +59,21 @@ def framework_names(registry: RunnerRegistry, given: list[str]) -> list[str]:
     if not names:
         raise RequestError(f"no framework given; valid frameworks: {', '.join(registry.names() + ['all'])}")
     return names
+
+
+def resolved_device(device: str) -> str:
+    """`auto`: cuda where this machine has a usable GPU, else cpu."""
+    check_choice("device", device, DEVICES)
+    return detect_device() if device == "auto" else device
+
+
+def runs_on(request: RunRequest) -> tuple[RunnerRegistry, list[str]]:
+    """The names every suite kind checks first, in this order: the profile, the environment backend
+    and the frameworks (the registry and the frameworks' names, deduplicated)."""
+    check_choice("profile", request.profile, list(PROFILES))
+    check_choice("environment backend", request.env, list(BACKENDS))
+    found = registry()
+    return found, framework_names(found, request.framework)
 
 
 def open_store(store: Path | None) -> Store:
@@ -109,3 +129,15 @@ def load_suites(suites: SuiteCatalog, suite: str, profile: str, device: str,
         except DefinitionError as e:
             raise RequestError(str(e)) from None
     return out
+
+
+def refresh_index(st: Store) -> None:
+    """Bring the row index up to date after writing records, so that the next `results` reads it
+    instead of parsing the new records (or, in a store without an index yet, all of them). The
+    index is a cache: failing to update it here loses nothing, the next read rebuilds it."""
+    from ..store.index import read_rows
+
+    try:
+        read_rows(st)
+    except Exception:  # noqa: BLE001 - a cache update must never fail the workflow that wrote the records
+        pass

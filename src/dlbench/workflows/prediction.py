@@ -23,7 +23,7 @@ from ..machine import fingerprint
 from ..store.store import Store
 from . import lookup
 from .lookup import check_choice
-from .suite_kinds import RequestError
+from .requests import RequestError
 
 if TYPE_CHECKING:
     from ..performance.model import Prediction as IterationPrediction

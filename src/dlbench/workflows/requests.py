@@ -1,13 +1,18 @@
 """What the workflows are asked: typed requests, one per workflow, built by the command line from its
-options or by a notebook directly. A field left at its default asks for nothing (the suite's, the
-profile's or the runner's own choice), so an option a suite kind does not honour is refused only when
-it is set (suite_kinds.py)."""
+options or by a notebook directly, and the one error a request that cannot run as asked raises. A
+field left at its default asks for nothing (the suite's, the profile's or the runner's own choice),
+so an option a suite kind does not honour is refused only when it is set (suite_kinds.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+
+
+class RequestError(ValueError):
+    """A request that cannot run as asked (one message naming what and why); nothing was run or
+    written. The command line prints it and exits 2."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,7 @@ class RunRequest:
     replace_contended: int = 3
     quiet_wait: float = 0.0
     data: Path | None = None
+    link: str | None = None
 
     def given(self) -> dict[str, object]:
         """The fields set away from their defaults: what this request asks for beyond the defaults."""

@@ -1,12 +1,14 @@
-"""`run_suite`: a suite of single-process benchmarks (kind benchmark) on some frameworks, every run
-recorded in the store; checked whole before anything runs, reported through an events object,
-printing nothing. The command line (cli/run.py) renders what it returns.
+"""The suite kind `benchmark` (suites of single-process benchmarks): its planner and its executor,
+the entry of workflows/suite_kinds.py's table that `run_suite` and `dlbench run` dispatch through.
+
+`plan_benchmarks(request, catalog)` makes every check (the store opened; RequestError for bad input,
+nothing run or written) and returns the plan; `execute_benchmarks(plan, events)` runs it, every run
+recorded in the store, reporting through the events object and printing nothing. Both are called
+through suite_kinds.py's `plan_run` and `execute_run`, which first refuse the options this kind does
+not honour:
 
     from dlbench.workflows import RunRequest, run_suite
     records = run_suite(RunRequest(suite="fcn", framework=["torch"], profile="smoke"))
-
-Two steps for a caller that shows the plan before running it: `plan_run(request)` (every check,
-the store opened; RequestError for bad input, nothing run or written) then `execute_run(plan, events)`.
 """
 
 from __future__ import annotations
@@ -15,32 +17,30 @@ import dataclasses
 import itertools
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .. import paths
 from ..axes import SERIES_AXES, Mode, RequestAxis, Scenario
 from ..definitions.catalog import SuiteCatalog
-from ..definitions.suite import PROFILES, Benchmark, Suite
-from ..execution.backends import BACKENDS
+from ..definitions.suite import Benchmark, Suite
 from ..execution.registry import RunnerInfo, RunnerRegistry
-from ..machine import available_cpus, detect_device, fingerprint, gpus
+from ..machine import available_cpus, fingerprint, gpus
 from ..store.store import Store
 from ..telemetry import TelemetryConfig
 from . import lookup
+from .events import Silent
 from .lookup import check_choice, listed_choices
-from .requests import RunRequest
-from .suite_kinds import RequestError, refuse_options_not_honoured
+from .requests import RequestError, RunRequest
 
 if TYPE_CHECKING:
     from ..execution.orchestrator import PlannedRun, RunOptions
     from ..store.record import Record
 
-DEVICES = ("auto", "cpu", "cuda")
 TORCH_COMPILE_MODES = ("default", "max-autotune")
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class BenchmarkPlan:
     """A checked request of kind benchmark: what will run, where, and how it is predicted."""
 
     request: RunRequest
@@ -51,44 +51,34 @@ class RunPlan:
     options: RunOptions
     store: Store
     predicted_from: str  # where the predictions come from, or why there are none
+    kind = "benchmark"
+
+    @property
+    def steps(self) -> int:
+        """The steps of its progress (events.run_done): one per run."""
+        return len(self.runs)
 
 
-def resolved_device(device: str) -> str:
-    """`auto`: cuda where this machine has a usable GPU, else cpu."""
-    check_choice("device", device, DEVICES)
-    return detect_device() if device == "auto" else device
-
-
-def suite_kind_of(request: RunRequest, suites: SuiteCatalog) -> str:
-    """The kind of the request's suite ('all' is every suite of kind benchmark); RequestError for an
-    option the kind does not honour."""
-    path = suites.suite_path(request.suite) if request.suite != "all" else None
-    kind = lookup.suite_kind(suites, path) if path is not None else "benchmark"
-    refuse_options_not_honoured(request, kind, path.stem if path is not None else request.suite)
-    return kind
-
-
-def plan_run(request: RunRequest, suites: SuiteCatalog | None = None) -> RunPlan:
+def plan_benchmarks(request: RunRequest, suites: SuiteCatalog | None = None) -> BenchmarkPlan:
     """Every check of a request of kind benchmark, the benchmarks chosen and crossed with the axes
     asked for, the runs planned, the store opened (checked writable): RequestError otherwise, with
-    nothing run or written. `suites`: the caller's catalog (one per command), else a fresh one."""
+    nothing run or written. `suites`: the caller's catalog (one per command), else a fresh one.
+    The options the kind does not honour are refused before, by suite_kinds.plan_run."""
     # imported here: the orchestrator brings statistics and scipy, which other commands need not load
     from ..execution.orchestrator import RunOptions, check_repeat_options, plan
     from ..performance.runtime import run_predictor
 
     r = request
     suites = suites or lookup.catalog()
-    check_choice("profile", r.profile, list(PROFILES))
-    check_choice("environment backend", r.env, list(BACKENDS))
-    registry = lookup.registry()
-    names = lookup.framework_names(registry, r.framework)
-    if suite_kind_of(r, suites) != "benchmark":
+    registry, names = lookup.runs_on(r)
+    path = suites.suite_path(r.suite) if r.suite != "all" else None
+    if path is not None and lookup.suite_kind(suites, path) != "benchmark":
         raise RequestError(f"suite {r.suite!r} is not of kind benchmark; run it with `dlbench run`")
     for m in r.mode or []:
         check_choice("mode", m, Mode.names())
     asked = {spec.field: axis_values(spec, getattr(r, spec.field)) for spec in SERIES_AXES}
     check_choice("torch.compile mode", r.compile_mode, TORCH_COMPILE_MODES)
-    device = resolved_device(r.device)
+    device = lookup.resolved_device(r.device)
     loaded = lookup.load_suites(suites, r.suite, r.profile, device, tuple(r.mode) if r.mode else None)
     selected = _chosen(loaded, r, suites, device)
     selected = with_axes(selected, asked)
@@ -112,35 +102,30 @@ def plan_run(request: RunRequest, suites: SuiteCatalog | None = None) -> RunPlan
     predictor, predicted_from = run_predictor(store, fingerprint()["machine_id"], device, options.threads,
                                               {x.name: x.model for x in runners})
     options = dataclasses.replace(options, predictor=predictor)
-    return RunPlan(r, loaded, runners, registry, runs, options, store,
-                   predicted_from if predictor else "none, " + predicted_from)
+    return BenchmarkPlan(r, loaded, runners, registry, runs, options, store,
+                         predicted_from if predictor else "none, " + predicted_from)
 
 
-def execute_run(plan: RunPlan, events=None, on_checks: Callable | None = None,
-                records: list[Record] | None = None) -> list[Record]:
+def execute_benchmarks(plan: BenchmarkPlan, events=None, records: list[Record] | None = None) -> list[Record]:
     """Make the equivalence checks the plan lacks (unless the request says no_check), then every
-    run, each recorded in the store as it ends. `events`: the orchestrator's progress events
-    (environment, check_started, run_started, repeat_done, run_done; None: none);
-    `on_checks(made, seconds)`: the checks made and their cost. `records`: the list the records are
-    appended to as they are written (a caller interrupted midway keeps what completed)."""
+    run, each recorded in the store as it ends; the store's row index brought up to date after the
+    last. `events`: the orchestrator's progress events (environment, check_started, run_started,
+    repeat_done, run_done) and checks_made(made, seconds) (the checks made before timing and their
+    cost); None: none. `records`: the list the records are appended to as they are written (a caller
+    interrupted midway keeps what completed)."""
     from ..execution.orchestrator import Orchestrator
 
+    events = events or Silent()
     records = [] if records is None else records
     orch = Orchestrator(plan.store, plan.options, events)
     if not plan.request.no_check:
         reference = plan.registry.get("torch") if "torch" in plan.registry.names() else None
         made, seconds = orch.check_equivalence(plan.runs, reference)
-        if on_checks is not None:
-            on_checks(made, seconds)
+        events.checks_made(made, seconds)
     for run in plan.runs:
         records.append(orch.execute_one(run))
+    lookup.refresh_index(plan.store)
     return records
-
-
-def run_suite(request: RunRequest, events=None) -> list[Record]:
-    """Run a suite of kind benchmark as `request` asks and return its records (each also in the
-    store). RequestError for bad input, with nothing run or written."""
-    return execute_run(plan_run(request), events)
 
 
 def _chosen(loaded: list[Suite], r: RunRequest, suites: SuiteCatalog, device: str) -> list[Benchmark]:

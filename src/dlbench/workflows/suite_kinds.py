@@ -1,4 +1,18 @@
-"""Which of `dlbench run`'s options each suite kind honours: one table, read before anything runs.
+"""The kinds of suite, one table: for each, which of `dlbench run`'s options it honours, its planner
+and its executor. `plan_run`, `execute_run` and `run_suite` dispatch through it (the command line
+and notebooks alike), so a new kind is one entry here, its workflow module and its display in
+cli/run.py.
+
+    from dlbench.workflows import RunRequest, plan_run, execute_run, run_suite
+    records = run_suite(RunRequest(suite="comm", framework=["torch"], profile="smoke"))
+    plan = plan_run(RunRequest(suite="kernels", framework=["jax"]))   # every check; nothing run or written
+    records = execute_run(plan, events)
+
+A planner takes the request and the command's suite catalog and returns its kind's plan (each has
+`kind`, `store` and `steps`, the units of progress its executor reports) or raises RequestError
+with nothing run or written; an executor takes the plan, an events object (None: none) and the list
+to append each record to as it is written (a caller interrupted midway keeps what completed), and
+returns the records. Each kind's events are named in its executor's docstring.
 
 An option a kind does not honour is refused (RequestError: the option, the suite, its kind, what the
 option is for and which kinds take it), never dropped: `run --suite distributed --precision amp_bf16`
@@ -6,8 +20,8 @@ used to run fp32 and say nothing. An option left at its default asks for nothing
 refused (`--compile-mode default` on a distributed suite changes nothing).
 
 Why each kind honours what it does (an axis's option: the kinds its RequestAxis names):
-  benchmark    every option but --workers, --scaling, --hosts and --data, and every axis of today's:
-               it is the single-process harness those options were written for.
+  benchmark    every option but --workers, --scaling, --hosts, --data and --link, and every axis of
+               today's: it is the single-process harness those options were written for.
   distributed  --precision is passed on in each job's request: torch's data-parallel runner trains
                at every run precision, JAX's at all but amp_fp16, TensorFlow's and MXNet's at fp32
                only. What a runner's step trains in is its runner.toml's [distributed] precisions:
@@ -18,20 +32,33 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                (or not) as its own step does. No --mode, --scenario, adaptive repeats: jobs train
                for a fixed number of iterations. No equivalence check before timing (--no-check),
                no telemetry or contention options: the job launcher samples none.
+               --link: the workers in network namespaces joined by a shaped link
+               (execution/links.py), on this machine (so not with --hosts: refused there).
   comm         as distributed, less --precision (collectives run in the suite's dtype) and
                --scaling (no batch to scale).
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
                no precision, compile, mode, scenario, adaptive repeats, telemetry, placement.
   convergence  trains each task to its target once per seed (--repeats: the seeds): --precision
                (one at a time) and --data (the datasets' folder); nothing else beyond the common ones.
+               No --link: its tasks train on one worker (none of them is distributed yet), so a link
+               would carry nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Union
 
 from ..axes import REQUEST_AXES
-from .requests import RunRequest
+from ..definitions.catalog import SuiteCatalog
+from . import lookup
+from .convergence import ConvergencePlan, execute_convergence_suite, plan_convergence_suite
+from .distributed import DistributedPlan, execute_distributed, plan_distributed
+from .kernels import KernelPlan, execute_kernels, plan_kernels
+from .requests import RequestError, RunRequest
+from .run import BenchmarkPlan, execute_benchmarks, plan_benchmarks
+
+SuitePlan = Union[BenchmarkPlan, DistributedPlan, KernelPlan, ConvergencePlan]
 
 # each of `dlbench run`'s options (its Python name) -> (its flag, what it is for); an axis's option
 # is its RequestAxis' (runners/common/contract.py REQUEST_AXES), and so are the kinds that take it
@@ -59,6 +86,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "compile_mode": ("--compile-mode", "torch.compile's mode for compiled runs"),
     "no_check": ("--no-check", "skipping the equivalence checks made before timing"),
     "data": ("--data", "the folder of a convergence task's dataset files"),
+    "link": ("--link", "a shaped link (rate, delay) between the workers of a multi-worker job"),
     **{field: (spec.flag, spec.purpose) for field, spec in REQUEST_AXES.items()},
 }
 
@@ -69,11 +97,14 @@ COMMON = frozenset({"suite", "framework", "store", "benchmark", "profile", "devi
 @dataclass(frozen=True)
 class SuiteKind:
     """A kind of suite (a suite file's `kind`, definitions/catalog.py SUITE_KINDS): what it runs, in
-    words for an error message, and which of `dlbench run`'s options it honours."""
+    words for an error message, which of `dlbench run`'s options it honours, its planner
+    (request, catalog) -> plan and its executor (plan, events, records) -> records."""
 
     name: str
     runs: str
     options: frozenset[str]  # the options beyond the axes' that it honours
+    plan: Callable[[RunRequest, SuiteCatalog], SuitePlan]
+    execute: Callable[..., list]
 
     @property
     def honours(self) -> frozenset[str]:
@@ -83,19 +114,48 @@ class SuiteKind:
 
 SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("benchmark", "single-process benchmarks",
-              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data"}),
+              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data", "link"},
+              plan_benchmarks,
+              execute_benchmarks),
     SuiteKind("distributed", "data-parallel jobs that train for a fixed number of iterations",
-              COMMON | {"workers", "scaling", "hosts"}),
+              COMMON | {"workers", "scaling", "hosts", "link"}, plan_distributed, execute_distributed),
     SuiteKind("comm", "collectives in the suite's own dtype for a fixed number of iterations",
-              COMMON | {"workers", "hosts"}),
-    SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON),
-    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"}),
+              COMMON | {"workers", "hosts", "link"}, plan_distributed, execute_distributed),
+    SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
+              execute_kernels),
+    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"},
+              plan_convergence_suite, execute_convergence_suite),
 )}
 
 
-class RequestError(ValueError):
-    """A request that cannot run as asked (one message naming what and why); nothing was run or
-    written. The command line prints it and exits 2."""
+def kind_of(request: RunRequest, suites: SuiteCatalog) -> str:
+    """The kind of the request's suite ('all', and a name no suite has, are of kind benchmark, whose
+    planner says which suites there are); RequestError for an option the kind does not honour."""
+    path = suites.suite_path(request.suite) if request.suite != "all" else None
+    kind = lookup.suite_kind(suites, path) if path is not None else "benchmark"
+    refuse_options_not_honoured(request, kind, path.stem if path is not None else request.suite)
+    return kind
+
+
+def plan_run(request: RunRequest, suites: SuiteCatalog | None = None) -> SuitePlan:
+    """Every check of `request` (an option its suite's kind does not honour first, then its kind's
+    planner): the plan of its kind, or RequestError with nothing run or written. `suites`: the
+    caller's catalog (one per command: each suite file parsed once), else a fresh one."""
+    suites = suites or lookup.catalog()
+    return SUITE_KIND_TABLE[kind_of(request, suites)].plan(request, suites)
+
+
+def execute_run(plan: SuitePlan, events=None, records: list | None = None) -> list:
+    """Run a plan of any kind (its kind's executor): its records, each also in the store. `events`:
+    the progress events of the plan's kind (None: none); `records`: the list the records are
+    appended to as they are written."""
+    return SUITE_KIND_TABLE[plan.kind].execute(plan, events, records)
+
+
+def run_suite(request: RunRequest, events=None) -> list:
+    """Run a suite of any kind as `request` asks and return its records (each also in the store).
+    RequestError for bad input, with nothing run or written."""
+    return execute_run(plan_run(request), events)
 
 
 def refuse_options_not_honoured(request: RunRequest, kind: str, suite: str) -> None:

@@ -22,9 +22,10 @@ from contextlib import contextmanager
 from pydantic import BaseModel
 
 from .. import schema
-from . import (activation, attention, batch_norm, conv2d, dense, dropout, embedding, flatten, gelu, layer_norm,
-               lm_head, lstm, patch_embedding, pooling, position_embedding, pretraining_heads, residual,
-               segment_embedding, token_pool, transformer_block)
+from . import (activation, attention, batch_norm, conv2d, dense, dropout, embedding, flatten, gelu,
+               grouped_attention, layer_norm, llama_block, lm_head, lstm, moe, patch_embedding, pooling,
+               position_embedding, pretraining_heads, residual, rms_norm, segment_embedding, swiglu, token_pool,
+               transformer_block)
 from .base import Inferred, LayerType, ShapeError, Site, Work, resolved_entry
 
 __all__ = ["BUILTIN", "Inferred", "LayerType", "ShapeError", "Site", "Work", "lookup", "names", "network_model",
@@ -54,6 +55,11 @@ BUILTIN: tuple[LayerType, ...] = (
     lm_head.LAYER,
     segment_embedding.LAYER,
     pretraining_heads.LAYER,
+    rms_norm.LAYER,
+    grouped_attention.LAYER,
+    swiglu.LAYER,
+    moe.LAYER,
+    llama_block.LAYER,
 )
 
 _TABLE: dict[str, LayerType] = {}
