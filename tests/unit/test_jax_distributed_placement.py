@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 
-from runners.jax.distributed import _count_all_reduces, cpu_slice, machine_slot, slot_from_env  # noqa: E402
+from runners.jax.distributed import _count_collectives, cpu_slice, machine_slot, slot_from_env  # noqa: E402
 
 
 def test_ranks_of_one_machine_take_consecutive_slots():
@@ -62,5 +62,5 @@ def test_all_reduces_counted_in_compiled_hlo():
   ROOT %psum.7 = f32[64,64]{1,0} all-reduce(%dot), channel_id=3
   %fusion = f32[8]{0} fusion(%all-reduce), kind=kLoop
 """
-    assert _count_all_reduces(hlo) == 3
-    assert _count_all_reduces("  ROOT %add = f32[8]{0} add(%a, %b)") == 0
+    assert _count_collectives(hlo) == 3
+    assert _count_collectives("  ROOT %add = f32[8]{0} add(%a, %b)") == 0

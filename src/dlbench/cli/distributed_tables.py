@@ -21,9 +21,12 @@ def human_bytes(n: int) -> str:
 
 def training_table(records: list[Record], title: str = "distributed training") -> Table:
     t = Table(title=title)
-    for col in ("benchmark", "framework", "workers", "global batch", "status", "ms/iter (slowest)", "ms/iter rank 0",
-                "samples/s", "efficiency", "exposed comm ms", "grad MB/iter", "threads/worker"):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status") else "right")
+    for col in ("benchmark", "framework", "workers", "global batch", "compression", "status", "ms/iter (slowest)",
+                "ms/iter rank 0", "samples/s", "efficiency", "× dense", "exposed comm ms", "grad MB/iter",
+                "sent MB/iter/rank", "threads/worker"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "compression") else "right")
+    dense = {_exchange_key(r): r.summary.median_s for r in records
+             if r.workload.compression == "none" and r.status == "ok" and r.summary}
     for r in records:
         d = r.distributed
         s = r.summary
@@ -33,14 +36,25 @@ def training_table(records: list[Record], title: str = "distributed training") -
         if scaling and scaling.efficiency is not None:
             eff = f"{scaling.efficiency:.2f} ({scaling.mode})"
         t.add_row(escape(r.benchmark), escape(f"{r.framework.get('name')} {r.framework.get('version') or ''}".strip()),
-                  str(d.workers if d else ""), str(r.workload.batch_size), f"[{style}]{r.status}[/]",
+                  str(d.workers if d else ""), str(r.workload.batch_size), escape(r.workload.compression or ""),
+                  f"[{style}]{r.status}[/]",
                   _fmt(s.ms_per_iter if s else None, ".2f"),
                   _fmt(d.rank0_median_s * 1e3 if d and d.rank0_median_s else None, ".2f"),
                   _fmt(s.samples_per_s if s else None, ".1f"), eff,
+                  _fmt(dense[_exchange_key(r)] / s.median_s if s and r.workload.compression not in (None, "none")
+                       and _exchange_key(r) in dense else None, ".2f"),
                   _fmt(d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None, ".2f"),
                   _fmt(d.grad_bytes / 1e6 if d and d.grad_bytes else None, ".2f"),
+                  _fmt(d.exchange.bytes_per_rank / 1e6 if d and d.exchange else None, ".3g"),
                   str(d.threads_per_worker if d else ""))
     return t
+
+
+def _exchange_key(r: Record) -> tuple:
+    """What a compressed run is compared with a dense one on: all but the compression."""
+    d = r.distributed
+    return (r.benchmark, r.framework.get("name"), r.workload.batch_size, r.workload.precision,
+            d.workers if d else None, d.threads_per_worker if d else None)
 
 
 def bandwidth_table(r: Record) -> Table:

@@ -18,6 +18,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..axes import REQUEST_AXES, Mode
+from ..axes import Compression  # its values carry a parameter: checked by the distributed plan
 from ..store.checks import worst_error
 from ..store.rows import run_row
 from ..execution.links import LinkError
@@ -110,6 +111,10 @@ def run(
             "a link shaped to RATE (100mbit, 1gbit, 10gbit...) and DELAY per direction (50us, 1ms; needs the "
             "kernel's netem), measured before the jobs; needs root. Records say the link as asked and as "
             "measured, and the bytes on the wire per iteration."))] = None,
+    compression: Annotated[Optional[list[str]], typer.Option(
+        "--compression", help=f"Suite distributed: how the gradients are exchanged: {' | '.join(Compression.names())} "
+                              "(e.g. powersgd:4, topk:0.01); a comma list or 'all' (none, fp16, bf16, powersgd:4, "
+                              "topk:0.01, gtopk:0.01), repeatable (default: none, dense all-reduce).")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here

@@ -22,6 +22,7 @@ says how, placement.py says where.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -32,14 +33,17 @@ from typing import Callable, Protocol
 
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
-from ..axes import REQUEST_AXES
+from ..axes import REQUEST_AXES, Compression, CompressionMethod
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
+from ..definitions.weights import is_state, weight_shapes
+from ..performance.communication import exchange_bytes
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
 from ..store.record import (
     CommInfo,
     CommSize,
     DistributedInfo,
+    ExchangeInfo,
     LinkInfo,
     LinkMeasurement,
     NetworkInfo,
@@ -107,8 +111,10 @@ def not_ported(runner: RunnerInfo) -> str:
 
 def planned_runs(benchmarks: list[DistributedBenchmark], comm: CommBenchmark | None, workers: int) -> int:
     """Records one framework's share of the plan writes (for progress)."""
-    per_batch = 2 if workers > 1 else 1
-    return sum(per_batch * len(b.batch_sizes) for b in benchmarks) + (len(comm.collectives) if comm else 0)
+    runs = sum(len(b.batch_sizes) for b in benchmarks)
+    if workers > 1:  # one one-worker baseline per network, precision and batch, whatever the compressions
+        runs += len({(b.name, b.precision, batch) for b in benchmarks for batch in b.batch_sizes})
+    return runs + (len(comm.collectives) if comm else 0)
 
 
 def _median(values: list[float]) -> float | None:
@@ -122,6 +128,9 @@ class DistributedOrchestrator:
         self.events = events or SilentDistributedEvents()
         self.environments = Environments(backend(options.env_backend, options.cache), options.device,
                                          self.events.environment)
+        # one-worker baselines run in this invocation, by what they train: the runs of several
+        # compressions of one benchmark share theirs (with one worker nothing is exchanged)
+        self._baselines: dict[tuple, Record] = {}
 
     def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
         return self.environments.get(runner)
@@ -185,9 +194,15 @@ class DistributedOrchestrator:
             per_worker, global_batch = batches(batch, n, o.scaling)
             baseline = None
             if n > 1:
-                # strong: the same global batch on one worker; weak: one worker's batch
-                baseline = self._train_run(runner, benchmark, o.placement.single_worker(), batch, batch, None)
-                records.append(baseline)
+                # strong: the same global batch on one worker; weak: one worker's batch; dense, since
+                # one worker exchanges nothing (a compressor there would only change the training)
+                key = (runner.name, benchmark.name, benchmark.precision, batch, o.threads)
+                baseline = self._baselines.get(key)
+                if baseline is None:
+                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value)
+                    baseline = self._train_run(runner, dense, o.placement.single_worker(), batch, batch, None)
+                    self._baselines[key] = baseline
+                    records.append(baseline)
             records.append(self._train_run(runner, benchmark, o.placement, per_worker, global_batch, baseline))
         return records
 
@@ -195,11 +210,14 @@ class DistributedOrchestrator:
                    global_batch: int, baseline: Record | None) -> Record:
         o = self.options
         n = placement.workers
-        label = f"{runner.name} {b.name} x{n} b={global_batch}"
+        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}")
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
+        # the model's communication term is the dense all-reduce: a compressed run gets no prediction
+        # rather than a dense one (performance/communication.py crossover_bandwidth compares them)
+        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value)
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
-                                 framework=runner.name, workers=n) if o.predictor else None
+                                 framework=runner.name, workers=n) if predictable else None
         self.events.run_started(label, repeats_asked)
         refusal = _data_parallel_refusal(runner, b)
         if refusal is None:
@@ -232,6 +250,7 @@ class DistributedOrchestrator:
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
+            exchange=_exchange(b, n) if n > 1 else None,
         )
         if summary is not None:
             _training_figures(info, repeats)
@@ -471,7 +490,18 @@ def _data_parallel_refusal(runner: RunnerInfo, b: DistributedBenchmark) -> str |
     if runner.distributed is None:
         return None
     for spec in DISTRIBUTED_AXES.values():
-        why = runner.distributed.capabilities.refusal(runner.name, spec.axis(getattr(b, spec.field)))
+        value = spec.axis(getattr(b, spec.field))
+        why = runner.distributed.capabilities.refusal(runner.name, value)
         if why:
-            return why
+            reason = runner.distributed.compression_refusal(value) if isinstance(value, CompressionMethod) else None
+            return f"{why}: {reason}" if reason else why
     return None
+
+
+def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:
+    """The analytical bytes of one iteration's exchange of the network's trainable tensors (their
+    canonical shapes, definitions/weights.py) by the benchmark's compression."""
+    shapes = [shape for name, shape in weight_shapes(b.network.resolved).items() if not is_state(name)]
+    counted = exchange_bytes(Compression.parse(b.compression, who="the distributed benchmark"), shapes, workers)
+    return ExchangeInfo(method=counted.method, payload_bytes=counted.payload, bytes_per_rank=counted.per_rank,
+                        total_bytes=counted.total, rounds=counted.rounds, formula=counted.formula)

@@ -136,6 +136,16 @@ records step by step and refuse newer ones):
     link (`fcn5-train-w2@1gbit`), so runs on different links never pool or pair. Older records
     read with none (None) (the model's
     defaults: no migration).
+  17 (2026-12-07) gradient compression of data-parallel training (`dlbench run --compression`,
+    issue 44): `workload.compression` (none | fp16 | bf16 | powersgd:RANK | topk:DENSITY |
+    gtopk:DENSITY; None where the run is no data-parallel training) pairs runs as the other axes
+    do, and `distributed.exchange` holds the method's analytical bytes of one iteration's exchange
+    (performance/communication.py exchange_bytes: one rank's payload, the mean bytes a rank sends,
+    every rank's together, the rounds on the longest path, the formula). What the runner's hook or
+    step did is in settings.runner.compression. Older data-parallel training records exchanged
+    dense float32 gradients: they read with compression "none" (update_to_17), and with no
+    `distributed.exchange` (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
@@ -149,7 +159,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..axes import Scenario
 
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
@@ -286,6 +296,9 @@ class Workload(_Model):
     device: Literal["cpu", "cuda"]
     # an MLPerf LoadGen scenario (schema 9); None: the harness's back-to-back iterations
     scenario: Literal[SCENARIOS] | None = None
+    # how a data-parallel job exchanged its gradients (schema 17, runners/common/contract.py
+    # Compression: none, fp16, powersgd:4, topk:0.01, ...); None: not data-parallel training
+    compression: str | None = None
 
 
 class Settings(_Model):
@@ -335,6 +348,18 @@ class Scaling(_Model):
     reason: str | None = None  # why there is no efficiency (the baseline failed; this is the baseline)
 
 
+class ExchangeInfo(_Model):
+    """The analytical bytes of one iteration's gradient exchange by the run's compression
+    (performance/communication.py ExchangeBytes), from the network's trainable tensors."""
+
+    method: str  # as workload.compression
+    payload_bytes: Int64  # one rank's message: the all-reduced buffer or its (value, index) pairs
+    bytes_per_rank: float  # mean bytes one rank sends per iteration
+    total_bytes: float  # every rank's together: what the wire carries per iteration
+    rounds: Int64  # messages one after the other on the longest path
+    formula: str
+
+
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
@@ -353,6 +378,7 @@ class DistributedInfo(_Model):
     exposed_comm_method: str | None = None
     local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
     scaling: Scaling | None = None  # training runs
+    exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
 
 
 class CommSize(_Model):

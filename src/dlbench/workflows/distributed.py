@@ -31,7 +31,7 @@ from ..machine import available_cpus, fingerprint
 from ..store.store import Store
 from . import lookup
 from .events import Silent
-from .lookup import check_choice, listed_choices
+from .lookup import check_choice, listed_choices, listed_compressions
 from .requests import RequestError, RunRequest
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class DistributedPlan:
     request: RunRequest
     kind: str  # distributed | comm
     suite: DistributedSuite
-    benchmarks: list[DistributedBenchmark]  # kind distributed: one per (benchmark, precision asked)
+    benchmarks: list[DistributedBenchmark]  # kind distributed: one per (benchmark, precision, compression asked)
     comm: CommBenchmark | None  # kind comm: the collectives asked
     runners: list[RunnerInfo]
     options: DistributedOptions
@@ -81,6 +81,7 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
     if r.scaling is not None:
         check_choice("scaling", r.scaling, list(SCALINGS))
     precisions = listed_choices("precision", r.precision, Precision.runs())
+    compressions = listed_compressions(r.compression)  # RequestError: one that does not parse
     try:
         suite = suites.load_distributed_suite(suite_path, r.profile, device)
     except DefinitionError as e:
@@ -96,6 +97,8 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
             chosen = [b for b in chosen if b.name in r.benchmark or b.network.name in r.benchmark]
     if precisions is not None:  # each benchmark once per precision asked; a runner's refusal is recorded
         chosen = [dataclasses.replace(b, precision=p) for b in chosen for p in precisions]
+    if compressions is not None:  # and once per compression asked, a runner's refusal recorded as well
+        chosen = [dataclasses.replace(b, compression=c) for b in chosen for c in compressions]
     comm = suite.comm
     if comm is not None and r.benchmark:
         comm = dataclasses.replace(comm, collectives=tuple(c for c in comm.collectives if c in r.benchmark))
