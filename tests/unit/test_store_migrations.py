@@ -21,8 +21,7 @@ from dlbench.store.store import Store, StoreError, checksum_of
 from dlbench.store.verify import verify
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "records"
-# 15 is the containers branch's (record.py's history): its fixture comes with it
-VERSIONS = [v for v in range(1, SCHEMA_VERSION + 1) if v != 15]
+VERSIONS = list(range(1, SCHEMA_VERSION + 1))
 
 
 def fixture(version: int) -> dict:
@@ -196,6 +195,18 @@ def test_the_v14_fixture_keeps_each_repeats_yardstick_and_older_records_read_wit
                                          for r in rec.repeats)
     older = store.read(store_with(tmp_path / "older", 12)[1][12])
     assert all(r.yardstick is None for r in older.repeats)
+
+
+def test_the_v15_fixture_says_how_its_container_was_had_and_run(tmp_path):
+    store, paths = store_with(tmp_path, 15)
+    env = store.read(paths[15]).environment
+    facts = env["container"]
+    assert env["backend"] == "docker" and env["image_id"].startswith("sha256:")
+    assert (facts["engine"]["engine"], facts["engine"]["builder"]) == ("docker", "classic")
+    assert facts["base_image"] == "dlbench/base:bookworm-local" and facts["image_size_bytes"] > 0
+    assert facts["run_options"][:3] == ["--init", "--pull", "never"]
+    older = store.read(store_with(tmp_path / "older", 14)[1][14])
+    assert "container" not in older.environment
 
 
 def test_the_v16_fixture_keeps_its_link_and_older_records_read_with_none(tmp_path):

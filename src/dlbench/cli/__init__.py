@@ -19,6 +19,7 @@ parse their options into a request, call the workflow and render what it returns
     check.py        check
     performance.py  kernels, calibrate (workflows/calibration.py) and `run --suite kernels`
     prediction.py   predict (and --accuracy)
+    plan.py         plan: a job trace on a cluster under each scheduling policy (workflows/planning.py)
     info.py         info
     env.py          env list|create|remove
     store.py        store verify|upgrade|merge
@@ -31,7 +32,7 @@ import typer
 from rich.markup import escape
 
 from .console import err
-from . import check, compare, env, info, listing, performance, prediction, report, results, run, schema, store
+from . import check, compare, env, info, listing, performance, plan, prediction, report, results, run, schema, store
 
 app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
@@ -67,6 +68,7 @@ app.command("check")(check.check)
 app.command("kernels")(performance.kernels)
 app.command("calibrate")(performance.calibrate)
 app.command("predict")(prediction.predict)
+app.command("plan")(plan.plan)
 app.command("info")(info.info)
 
 __all__ = ["app"]

@@ -114,8 +114,18 @@ records step by step and refuse newer ones):
     over 16 MiB), so a prediction can be scored against the machine as fast as it was when the run
     ran (`dlbench predict --accuracy`). Older records read with none (None) (the model's
     defaults: no migration).
-  15 reserved for the container facts (branch `containers`); nothing of it here yet: a step that
-    changes nothing.
+  15 (2026-12-07) containers for real (issue 43): a record of the docker backend says how its worker's
+    container was had and run, in `environment.container`: `engine` (the client, its kind and
+    version, the engine behind it and its version, the API: podman-cli or docker-api, the builder:
+    buildx, classic or podman, and the socket), `image_digest` (the registry digest, None for an image
+    only ever built locally: its `environment.image_id` is then its content address),
+    `image_created`, `image_size_bytes`, `base_image` (the Dockerfile's BASE_IMAGE build argument as
+    built: its pinned default or $DLBENCH_BASE_IMAGE) and `base_image_id`, `venv_lock_checked` (the
+    image's packages were checked against the venv's lock when it was built), `run_options` (the
+    engine options every worker container ran with: --init, --pull never, --network none, shm,
+    user, memory limit, GPUs) and `stop` (how it is stopped). Older records have none (a docker
+    record before 15 has only image, image_id, dockerfile and gpus) (a free-form dict: the model's
+    defaults: no migration).
   16 (2026-12-07) shaped links (`dlbench run --link RATE[,DELAY]`, issue 44): `link` (LinkInfo) on
     the records of a job whose workers ran in network namespaces joined by a shaped link: the link
     as asked (`asked`, `rate_bps`, `delay_s`), how it was shaped (`shaping`: the qdiscs), its

@@ -54,13 +54,13 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
 def products(b, layer, name: str, steps: int, dim: int, heads: int, kv_heads: int, size: int,
              input_grad: bool, causal: bool) -> None:
     """One grouped attention's operations at the workload's batch: the projections as dense layers
-    (k and v KV*S wide), the rotation of q and k, and the heads' core as one `attention_fwd` /
-    `attention_bwd` kernel over the H query heads (the key/value heads each read by H / KV of them),
+    (k and v KV*S wide), the rotation of q and k, and the heads' core as one `grouped_attention_fwd` /
+    `grouped_attention_bwd` kernel over the H query heads (the key/value heads each read by H / KV of them),
     its parts where it was not measured as attention.products gives them."""
     rows = b.batch * steps
     scores = b.batch * heads * steps * steps
     pairs = b.batch * heads
-    core = dict(batch=b.batch, heads=heads, steps=steps, head_size=size, causal=int(causal), dropout=0)
+    core = dict(batch=b.batch, heads=heads, kv_heads=kv_heads, steps=steps, head_size=size, causal=int(causal))
 
     def label(what: str) -> str:
         return f"{name} {what}" if name else what
@@ -72,7 +72,7 @@ def products(b, layer, name: str, steps: int, dim: int, heads: int, kv_heads: in
     forward = (b.kernel(label("scores q k^T"), "batched_matmul", batch=pairs, m=steps, n=steps, k=size),
                b.passes(label("softmax"), scores, 2, attention.SOFTMAX_FLOPS),
                b.kernel(label("weighted sum p v"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps))
-    layer.forward.append(b.kernel(label("attention"), "attention_fwd", parts=forward, **core))
+    layer.forward.append(b.kernel(label("attention"), "grouped_attention_fwd", parts=forward, **core))
     dense.products(b, layer, label("out"), steps, heads * size, dim, False, input_grad=True)
     if b.train:
         backward = (b.kernel(label("dp = da v^T"), "batched_matmul", batch=pairs, m=steps, n=steps, k=size),
@@ -80,7 +80,7 @@ def products(b, layer, name: str, steps: int, dim: int, heads: int, kv_heads: in
                     b.passes(label("softmax gradient"), scores, 3, attention.SOFTMAX_FLOPS),
                     b.kernel(label("dq = ds k"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps),
                     b.kernel(label("dk = ds^T q"), "batched_matmul", batch=pairs, m=steps, n=size, k=steps))
-        layer.backward.append(b.kernel(label("attention"), "attention_bwd", parts=backward, **core))
+        layer.backward.append(b.kernel(label("attention"), "grouped_attention_bwd", parts=backward, **core))
         if input_grad:  # the three projections' input gradients meet at x
             layer.backward.append(b.passes(label("q k v gradient sum"), rows * dim, 4, 2))
 
