@@ -169,6 +169,197 @@ class Scenario(Axis):
         return "".join(part.capitalize() for part in self.value.split("_"))
 
 
+class CompressionMethod(Axis):
+    """How a data-parallel job's gradients are exchanged (the method of `Compression`):
+      none      dense all-reduce of the float32 gradients;
+      fp16      the gradients cast to float16 for the all-reduce, back to float32 after;
+      bf16      the same in bfloat16;
+      powersgd  rank-r PowerSGD (Vogels, Karimireddy, Jaggi 2019): each matrix-shaped gradient
+                (a convolution's flattened to out x rest) is sent as its two factors P (n x r) and
+                Q (m x r), one power iteration per step warm-started from the last Q, the part the
+                factors miss kept as error feedback; vectors (biases, norms) all-reduced as they are;
+      topk      each gradient tensor's k = ceil(density x size) largest magnitudes, after adding
+                the residual of what earlier steps did not send (error feedback), all-gathered as
+                (index, value) pairs and summed;
+      gtopk     global top-k (Shi et al. 2019): the local top-k pairs merged up a binomial tree in
+                ceil(log2 P) rounds, keeping the k largest of each merge, and the global k pairs
+                sent back down the tree in as many rounds; what a rank selected but the global set
+                dropped goes back to its residual."""
+
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWERSGD = "powersgd"
+    TOPK = "topk"
+    GTOPK = "gtopk"
+
+    @property
+    def parameter(self) -> str | None:
+        """The name of the method's parameter (`powersgd:RANK`, `topk:DENSITY`), None for none."""
+        return _COMPRESSION_PARAMETER.get(self)
+
+    @classmethod
+    def _missing_(cls, value):
+        """A spelling with its parameter names its method: CompressionMethod("topk:0.01") is TOPK
+        (what runner.toml [distributed] compressions list and a refusal checks)."""
+        if isinstance(value, str) and ":" in value:
+            method = value.partition(":")[0]
+            return next((m for m in cls if m.value == method), None)
+        return None
+
+    @classmethod
+    def axis_name(cls) -> str:
+        return "compression"
+
+    @classmethod
+    def parse(cls, value, who: str, accepted=None) -> "Compression":
+        """The request's whole value, method and parameter (Compression.parse): what a harness hands
+        the runner (typed_request)."""
+        return Compression.parse(value, who, accepted)
+
+
+_COMPRESSION_PARAMETER = {CompressionMethod.POWERSGD: "rank", CompressionMethod.TOPK: "density",
+                          CompressionMethod.GTOPK: "density"}
+
+
+class Compression:
+    """The request's `compression`: a CompressionMethod and its parameter, spelt `method[:value]`
+    (`none`, `fp16`, `bf16`, `powersgd:4`, `topk:0.01`, `gtopk:0.01`). rank is an integer >= 1,
+    density a number in (0, 1]; methods without a parameter take none. A value is immutable,
+    compares and hashes as its spelling, and prints as it (requests and records carry the text)."""
+
+    __slots__ = ("method", "rank", "density")
+
+    def __init__(self, method: CompressionMethod, rank: int | None = None, density: float | None = None):
+        object.__setattr__(self, "method", CompressionMethod(method))
+        object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "density", density)
+        wants = self.method.parameter
+        if (wants == "rank") != (rank is not None) or (wants == "density") != (density is not None):
+            raise ValueError(f"compression {self.method.value} takes {wants or 'no parameter'}")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Compression is immutable")
+
+    @property
+    def value(self) -> str:
+        if self.rank is not None:
+            return f"{self.method.value}:{self.rank}"
+        if self.density is not None:
+            return f"{self.method.value}:{self.density:g}"
+        return self.method.value
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Compression):
+            return self.value == other.value
+        if isinstance(other, str):
+            return self.value == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    @property
+    def dense(self) -> bool:
+        return self.method is CompressionMethod.NONE
+
+    @classmethod
+    def axis_name(cls) -> str:
+        return "compression"
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The spellings, a parameter shown by its name (for help texts and messages)."""
+        return tuple(f"{m.value}:{m.parameter.upper()}" if m.parameter else m.value for m in CompressionMethod)
+
+    @classmethod
+    def every(cls) -> tuple["Compression", ...]:
+        """What `all` means: every method once, at the parameters issue 44 compares (PowerSGD
+        rank 4, top-k and gTop-k density 0.01)."""
+        return tuple(cls.parse(text, who="Compression.every") for text in EVERY_COMPRESSION)
+
+    @classmethod
+    def parse(cls, value, who: str, accepted=None) -> "Compression":
+        """`value` (text, or a Compression) as a Compression, or one ValueError naming `who`, the
+        value and what is accepted (`accepted`: methods, default all)."""
+        if isinstance(value, Compression):
+            text = value.value
+        else:
+            text = str(value).strip()
+        allowed = tuple(CompressionMethod) if accepted is None else tuple(CompressionMethod(a) for a in accepted)
+        method_text, sep, parameter = text.partition(":")
+        spellings = ", ".join(f"{m.value}:{m.parameter.upper()}" if m.parameter else m.value for m in allowed)
+
+        def refuse(why: str) -> ValueError:
+            return ValueError(f"{who}: compression {text!r} {why} ({spellings})")
+
+        try:
+            method = CompressionMethod(method_text)
+        except ValueError:
+            raise refuse("is not one it accepts") from None
+        if method not in allowed:
+            raise refuse("is not one it accepts")
+        if method.parameter is None:
+            if sep:
+                raise refuse(f"takes no parameter after {method.value}")
+            return cls(method)
+        if not parameter:
+            raise refuse(f"needs its {method.parameter}, as {method.value}:{method.parameter.upper()}")
+        if method.parameter == "rank":
+            if not parameter.isdigit() or int(parameter) < 1:
+                raise refuse("needs a rank that is a whole number >= 1")
+            return cls(method, rank=int(parameter))
+        try:
+            density = float(parameter)
+        except ValueError:
+            density = float("nan")
+        if not 0.0 < density <= 1.0:  # NaN fails too
+            raise refuse("needs a density in (0, 1]")
+        return cls(method, density=density)
+
+
+EVERY_COMPRESSION = ("none", "fp16", "bf16", "powersgd:4", "topk:0.01", "gtopk:0.01")
+
+
+def dense_exchange_only(request: dict, runner: str, why: str) -> None:
+    """For a runner whose data-parallel step all-reduces dense float32 gradients only: a Skip when
+    the request asks for a compression (the controller refuses it first, from runner.toml; this
+    guards a hand-made request), never a silent dense run."""
+    compression = request.get("compression")
+    if compression is not None and not Compression.parse(compression, who="the request's 'compression'").dense:
+        raise Skip(f"{runner} data-parallel runner: compression {compression}: {why}")
+
+
+def topk_count(size: int, density: float) -> int:
+    """k of a gradient tensor of `size` elements at `density`: ceil(density x size), at least 1,
+    computed as every runner and the analytical byte count compute it (a float product rounded
+    up, with a tolerance that keeps 0.01 x 100 at 1, not 2)."""
+    product = density * size
+    k = int(product)
+    if product - k > 1e-9 * max(1.0, product):
+        k += 1
+    return max(1, min(size, k))
+
+
+def gtopk_tree(world_size: int) -> tuple[list[list[tuple[int, int]]], list[list[tuple[int, int]]]]:
+    """gTop-k's binomial tree over ranks 0..P-1: (reduce rounds, broadcast rounds), each round a
+    list of (sender, receiver). Reduce round j: every rank r with r mod 2^(j+1) = 2^j sends its
+    pairs to r - 2^j, which merges them with its own; after ceil(log2 P) rounds rank 0 holds the
+    global top-k. Broadcast: the same edges reversed, highest round first."""
+    rounds = []
+    step = 1
+    while step < world_size:
+        rounds.append([(r, r - step) for r in range(world_size) if r % (2 * step) == step])
+        step *= 2
+    return rounds, [[(dst, src) for src, dst in edges] for edges in reversed(rounds)]
+
+
 class RequestAxis:
     """What the code asks of one axis beyond its values: everything the controller and the
     harnesses do with an axis reads it from here (REQUEST_AXES), so that a new axis is its Axis
@@ -242,6 +433,11 @@ REQUEST_AXES = {axis.field: axis for axis in (
     RequestAxis("mode", Mode, "timing training, inference or generation", capability="modes", pairs=False),
     RequestAxis("scenario", Scenario, "MLPerf LoadGen's scenarios for inference", capability="scenarios",
                 unlisted=(), optional=True, own_figures=True),
+    # a data-parallel job's: its runner.toml [distributed] compressions list methods (any parameter
+    # runs); None on every other run
+    RequestAxis("compression", CompressionMethod, "how a data-parallel job exchanges its gradients",
+                capability=None, distributed_capability="compressions", distributed_unlisted=("none",),
+                optional=True, suite_kinds=("distributed",)),
 )}
 
 

@@ -49,7 +49,7 @@ import os
 import re
 import time
 
-from runners.common.contract import DataParallel
+from runners.common.contract import Compression, CompressionMethod, DataParallel, gtopk_tree, topk_count
 from runners.common.protocol import Skip
 from runners.jax.framework import load_jax
 from runners.jax.precision import request_precision
@@ -92,11 +92,18 @@ def cpu_slice(allowed: list[int], threads: int, slot: int) -> list[int]:
     return [allowed[(slot * threads + i) % len(allowed)] for i in range(threads)]
 
 
-def _env_cluster():
+def _env_cluster(env=os.environ):
     """(rank, local_rank, worker addresses) from the variables dlbench sets, before `join`."""
-    rank = int(os.environ.get("RANK", "0"))
-    addresses = tuple(a for a in os.environ.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
-    return rank, int(os.environ.get("LOCAL_RANK", rank)), addresses
+    rank = int(env.get("RANK", "0"))
+    addresses = tuple(a for a in env.get("DLBENCH_WORKER_ADDRESSES", "").split(",") if a)
+    return rank, int(env.get("LOCAL_RANK", rank)), addresses
+
+
+def slot_from_env(env=os.environ) -> int:
+    """This rank's machine slot: as dlbench says (DLBENCH_MACHINE_SLOT: ranks in network namespaces
+    of one machine, --link, have addresses of their own yet share its cores), else by the addresses."""
+    given = env.get("DLBENCH_MACHINE_SLOT")
+    return int(given) if given is not None else machine_slot(*_env_cluster(env))
 
 
 class Collective:
@@ -138,8 +145,7 @@ class JaxDistributedRunner(JaxRunner):
     def configure_threads(self, threads: int | None) -> dict:
         if not threads:
             return super().configure_threads(threads)
-        rank, local_rank, addresses = _env_cluster()
-        slot = machine_slot(rank, local_rank, addresses)
+        slot = slot_from_env()
         allowed = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, cpu_slice(allowed, threads, slot))
         info = super().configure_threads(None)  # records the affinity just set
@@ -257,23 +263,30 @@ class JaxDistributedRunner(JaxRunner):
             return jax.tree.map(lambda a: global_array(sharded, np.expand_dims(a, 0)), tree)
 
         params = replicate(host["params"])
-        stats = per_rank(host.get("batch_stats", {}))
+        exchange = GradientExchange(request.get("compression") or Compression(CompressionMethod.NONE),
+                                    cluster.world_size)
+        # per rank, beside the batch statistics: what the compressor keeps between steps (residuals,
+        # PowerSGD's error and warm-started Q); every rank starts from the same
+        stats = per_rank({"batch_stats": host.get("batch_stats", {}),
+                          "compression": exchange.host_state(host["params"], np.random.default_rng(seed + 2))})
         device_state = DeviceState({"params": params, "batch_stats": stats,
                                        "opt_state": replicate(tm.host_opt_state(host["params"])),
                                        "key": replicate(tm.host_key(seed + 1)),
                                        "x": global_array(sharded, x_np), "y": global_array(sharded, y_np)})
         state = device_state.state
 
-        def make_step(exchange: bool):
-            def local_step(p, stats, opt_state, key, x, y):
-                stats = jax.tree.map(lambda s: s[0], stats)
+        def make_step(exchange_gradients: bool):
+            def local_step(p, rank_state, opt_state, key, x, y):
+                rank_state = jax.tree.map(lambda s: s[0], rank_state)
+                stats, kept = rank_state["batch_stats"], rank_state["compression"]
                 key, sub = jax.random.split(key)
                 sub = jax.random.fold_in(sub, jax.lax.axis_index(AXIS))  # each rank its own dropout mask
                 loss, new_stats, grads = tm.gradients(p, stats, sub, x, y)
-                if exchange:
-                    grads = jax.lax.pmean(grads, AXIS)  # the gradient exchange: all-reduce, / ranks
+                if exchange_gradients:  # the gradient exchange: the averaged gradients, as the method sends them
+                    grads, kept = exchange.exchange(grads, kept)
                 p, opt_state = tm.update(p, grads, opt_state)
-                return p, jax.tree.map(lambda s: s[None], new_stats), opt_state, key, loss[None]
+                rank_state = {"batch_stats": new_stats, "compression": kept}
+                return p, jax.tree.map(lambda s: s[None], rank_state), opt_state, key, loss[None]
 
             spmd = jax.shard_map(local_step, mesh=mesh, check_vma=False,
                                  in_specs=(P(), P(AXIS), P(), P(), P(AXIS), P(AXIS)),
@@ -285,10 +298,10 @@ class JaxDistributedRunner(JaxRunner):
         # compiled here, ahead of the first step, so that the programs' all-reduces can be counted
         synced, unsynced = (make_step(e).lower(*args).compile() for e in (True, False))
         compile_s = time.perf_counter() - t0
-        all_reduces = [_count_all_reduces(c.as_text()) for c in (synced, unsynced)]
-        if cluster.world_size > 1 and (all_reduces[0] == 0 or all_reduces[1] != 0):
-            raise RuntimeError(f"the compiled step has {all_reduces[0]} all-reduce(s) with the gradient exchange "
-                               f"and {all_reduces[1]} without: expected some and none")
+        collectives = [_count_collectives(c.as_text()) for c in (synced, unsynced)]
+        if cluster.world_size > 1 and (collectives[0] == 0 or collectives[1] != 0):
+            raise RuntimeError(f"the compiled step has {collectives[0]} collective(s) with the gradient exchange "
+                               f"and {collectives[1]} without: expected some and none")
         n_params = tm.count_params(params)
         sample = jax.ShapeDtypeStruct((1, *x_np.shape[1:]), x_np.dtype)
         settings = tm.settings(self._device_kind, request, host["params"], host.get("batch_stats", {}), sample)
@@ -297,17 +310,17 @@ class JaxDistributedRunner(JaxRunner):
             "api": "flax.linen + optax.sgd; jax.jit of jax.shard_map over a 1-D 'data' mesh of every rank's device",
             "compiled_step": "one executable per iteration, compiled before the first step",
             "compile_s": round(compile_s, 3),
-            "donated": ["params", "batch_stats", "opt_state", "dropout_key"],
-            "gradient_exchange": "lax.pmean of the gradient tree (XLA all-reduce)",
-            "all_reduce_ops_in_step": all_reduces[0],
+            "donated": ["params", "batch_stats and compression state", "opt_state", "dropout_key"],
+            "gradient_exchange": exchange.describe(),
+            "compression": exchange.settings(),
+            "collective_ops_in_step": collectives[0],
             "batch_norm_statistics": "per rank (not synchronised)",
             "exposed_communication": "median step time minus median step time of the same program without the pmean",
         })
         grad_bytes = int(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(host["params"])))
         return DataParallel(device_state.train_step(synced), device_state.train_step(unsynced),
                             device_state.synchronize, n_params,
-                            tm.output_shape(params, jax.tree.map(lambda s: s[0], host.get("batch_stats", {})), sample),
-                            settings, grad_bytes)
+                            tm.output_shape(params, host.get("batch_stats", {}), sample), settings, grad_bytes)
 
     # ------------------------------------------------------------------ collectives
 
@@ -339,10 +352,189 @@ class JaxDistributedRunner(JaxRunner):
         return Collective(op, fn, lambda a: jax.make_array_from_process_local_data(sharded, a), in_place)
 
 
-def _count_all_reduces(hlo_text: str) -> int:
-    """all-reduce instructions (synchronous or started asynchronously) in a compiled module's HLO:
-    lines `%name = <shape> all-reduce(...)`; a shape may hold `/*index=5*/` comments."""
-    return len(_ALL_REDUCE.findall(hlo_text))
+def _count_collectives(hlo_text: str) -> int:
+    """Cross-rank collectives (all-reduce, all-gather, collective-permute; synchronous or started
+    asynchronously) in a compiled module's HLO: lines `%name = <shape> all-reduce(...)`; a shape
+    may hold `/*index=5*/` comments."""
+    return len(_COLLECTIVE.findall(hlo_text))
 
 
-_ALL_REDUCE = re.compile(r"^\s*(?:ROOT\s+)?%\S+ = .* all-reduce(?:-start)?\(", re.MULTILINE)
+_COLLECTIVE = re.compile(r"^\s*(?:ROOT\s+)?%\S+ = .* (?:all-reduce|all-gather|collective-permute)(?:-start)?\(",
+                         re.MULTILINE)
+
+
+# ------------------------------------------------------------------ gradient compression
+
+
+class GradientExchange:
+    """The request's compression as the data-parallel step's own collectives, traced inside the
+    shard_map (every function here sees one rank's arrays). What a method keeps between steps is
+    per rank (`host_state` builds it, `exchange` threads it through the step):
+      none          lax.pmean of the gradient tree (XLA all-reduce);
+      fp16, bf16    each gradient divided by the ranks, cast, lax.psum'd, cast back;
+      powersgd      per matrix-shaped gradient (viewed as (size / last dim, last dim)) where the
+                    factors are smaller (n m > (n + m) r): M = gradient + error, P = M Q,
+                    P averaged (psum), orthonormalised (QR), Q = M^T P averaged, the gradient
+                    P Q^T, error M - P Q^T, Q kept for the next step; other gradients pmean'd;
+      topk          per gradient, k = ceil(density size) largest |gradient + residual| as (value,
+                    index) pairs, every rank's pairs in one lax.all_gather (the int32 indices
+                    bitcast to float32 words), summed into zeros, divided by the ranks;
+      gtopk         the same local pairs merged up runners.common.contract.gtopk_tree's binomial
+                    tree by lax.ppermute (each merge keeping every gradient's k largest), rank 0's
+                    global pairs sent back down; the residual keeps what a rank selected that the
+                    global set dropped."""
+
+    def __init__(self, compression: Compression, world_size: int):
+        self.compression, self.world_size = compression, world_size
+        self.method = compression.method
+
+    # -- what is kept between steps (numpy, on the host; a list per gradient leaf, in tree order)
+
+    def _compressed(self, shape) -> bool:
+        if len(shape) < 2:
+            return False
+        m = shape[-1]
+        n = int(np_prod(shape)) // m
+        return n * m > (n + m) * self.compression.rank
+
+    def host_state(self, params, rng) -> dict:
+        import numpy as np
+
+        jax = load_jax()
+        leaves = jax.tree.leaves(params)
+        if self.method in (CompressionMethod.TOPK, CompressionMethod.GTOPK):
+            return {"residual": [np.zeros(a.shape, np.float32) for a in leaves]}
+        if self.method is CompressionMethod.POWERSGD:
+            r = self.compression.rank
+            return {"error": [np.zeros(a.shape, np.float32) if self._compressed(a.shape) else None for a in leaves],
+                    "q": [rng.standard_normal((a.shape[-1], r)).astype(np.float32) if self._compressed(a.shape)
+                          else None for a in leaves]}
+        return {}
+
+    def describe(self) -> str:
+        return {
+            CompressionMethod.NONE: "lax.pmean of the gradient tree (XLA all-reduce)",
+            CompressionMethod.FP16: "lax.psum of the float16 gradients / ranks, cast back to float32",
+            CompressionMethod.BF16: "lax.psum of the bfloat16 gradients / ranks, cast back to float32",
+            CompressionMethod.POWERSGD: "PowerSGD: lax.psum of the P factors, then of the Q factors; other "
+                                        "gradients lax.pmean",
+            CompressionMethod.TOPK: "one lax.all_gather of every rank's (value, index) pairs, summed / ranks",
+            CompressionMethod.GTOPK: "gTop-k: lax.ppermute up and down a binomial tree of (value, index) pairs",
+        }[self.method]
+
+    def settings(self) -> dict:
+        out: dict = {"method": str(self.compression)}
+        if self.method is CompressionMethod.POWERSGD:
+            out.update(rank=self.compression.rank, error_feedback=True, warm_start=True,
+                       compressed_when="n m > (n + m) rank, the matrix viewed as (size / last dim, last dim)",
+                       orthogonalisation="jnp.linalg.qr")
+        elif self.method in (CompressionMethod.TOPK, CompressionMethod.GTOPK):
+            out.update(density=self.compression.density, error_feedback=True, selection="per gradient tensor")
+            if self.method is CompressionMethod.GTOPK:
+                out["rounds"] = 2 * len(gtopk_tree(self.world_size)[0])
+        return out
+
+    # -- the exchange, traced inside the shard_map
+
+    def exchange(self, grads, kept):
+        jax = load_jax()
+        import jax.numpy as jnp
+
+        lax, n = jax.lax, self.world_size
+        if self.method is CompressionMethod.NONE:
+            return lax.pmean(grads, AXIS), kept
+        if self.method in (CompressionMethod.FP16, CompressionMethod.BF16):
+            dtype = jnp.float16 if self.method is CompressionMethod.FP16 else jnp.bfloat16
+            return jax.tree.map(lambda g: lax.psum((g / n).astype(dtype), AXIS).astype(g.dtype), grads), kept
+        leaves, tree = jax.tree.flatten(grads)
+        if self.method is CompressionMethod.POWERSGD:
+            out, kept = self._powersgd(leaves, kept)
+        else:
+            out, kept = self._sparse(leaves, kept)
+        return jax.tree.unflatten(tree, out), kept
+
+    def _powersgd(self, leaves, kept):
+        jax = load_jax()
+        import jax.numpy as jnp
+
+        lax, n = jax.lax, self.world_size
+        out, errors, qs = list(leaves), list(kept["error"]), list(kept["q"])
+        matrices = [i for i, q in enumerate(qs) if q is not None]
+        dense = [i for i in range(len(leaves)) if qs[i] is None]
+        if dense:
+            for i, g in zip(dense, lax.pmean([leaves[i] for i in dense], AXIS)):
+                out[i] = g
+        if not matrices:
+            return out, kept
+        m = {i: (leaves[i] + errors[i]).reshape(-1, leaves[i].shape[-1]) for i in matrices}
+        ps = lax.psum([m[i] @ qs[i] for i in matrices], AXIS)  # every P in one all-reduce
+        ps = [jnp.linalg.qr(p / n)[0] for p in ps]
+        new_qs = lax.psum([m[i].T @ p for i, p in zip(matrices, ps)], AXIS)
+        for i, p, q in zip(matrices, ps, new_qs):
+            q = q / n
+            approx = p @ q.T
+            errors[i] = (m[i] - approx).reshape(leaves[i].shape)
+            out[i] = approx.reshape(leaves[i].shape)
+            qs[i] = q
+        return out, {"error": errors, "q": qs}
+
+    def _sparse(self, leaves, kept):
+        jax = load_jax()
+        import jax.numpy as jnp
+
+        lax, n = jax.lax, self.world_size
+        sizes = [int(g.size) for g in leaves]
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        ks = [topk_count(size, self.compression.density) for size in sizes]
+        total = sum(sizes)
+        flat = jnp.concatenate([(g + r).reshape(-1) for g, r in zip(leaves, kept["residual"])])
+
+        def select(vector):
+            """Each gradient's k largest magnitudes of `vector`: (values, flat indices)."""
+            picked = [lax.top_k(jnp.abs(vector[o:o + s]), k)[1] + o for o, s, k in zip(offsets, sizes, ks)]
+            indices = jnp.concatenate(picked).astype(jnp.int32)
+            return vector[indices], indices
+
+        def pack(values, indices):
+            return jnp.concatenate([values, lax.bitcast_convert_type(indices, jnp.float32)])
+
+        def unpack(packet):
+            k = packet.shape[-1] // 2
+            return packet[..., :k], lax.bitcast_convert_type(packet[..., k:], jnp.int32)
+
+        values, indices = select(flat)
+        mine = indices
+        if self.method is CompressionMethod.TOPK:
+            gathered = lax.all_gather(pack(values, indices), AXIS)  # (ranks, 2K)
+            all_values, all_indices = unpack(gathered)
+            summed = jnp.zeros(total, flat.dtype).at[all_indices.reshape(-1)].add(all_values.reshape(-1))
+            residual = flat.at[mine].set(0.0)
+        else:
+            me = lax.axis_index(AXIS)
+            reduce_rounds, broadcast_rounds = gtopk_tree(n)
+            for edges in reduce_rounds:
+                their_values, their_indices = unpack(lax.ppermute(pack(values, indices), AXIS, edges))
+                merged = jnp.zeros(total, flat.dtype).at[indices].add(values).at[their_indices].add(their_values)
+                merged_values, merged_indices = select(merged)
+                receives = jnp.isin(me, jnp.asarray([dst for _, dst in edges]))
+                values = jnp.where(receives, merged_values, values)
+                indices = jnp.where(receives, merged_indices, indices)
+            for edges in broadcast_rounds:
+                their_values, their_indices = unpack(lax.ppermute(pack(values, indices), AXIS, edges))
+                receives = jnp.isin(me, jnp.asarray([dst for _, dst in edges]))
+                values = jnp.where(receives, their_values, values)
+                indices = jnp.where(receives, their_indices, indices)
+            summed = jnp.zeros(total, flat.dtype).at[indices].add(values)
+            sent = jnp.zeros(total, bool).at[mine].set(True) & jnp.zeros(total, bool).at[indices].set(True)
+            residual = jnp.where(sent, 0.0, flat)
+        averaged = summed / n
+        out = [averaged[o:o + s].reshape(g.shape) for o, s, g in zip(offsets, sizes, leaves)]
+        residuals = [residual[o:o + s].reshape(g.shape) for o, s, g in zip(offsets, sizes, leaves)]
+        return out, {"residual": residuals}
+
+
+def np_prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out

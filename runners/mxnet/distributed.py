@@ -44,7 +44,7 @@ from __future__ import annotations
 import gc
 import os
 
-from runners.common.contract import DataParallel
+from runners.common.contract import DataParallel, dense_exchange_only
 from runners.common.protocol import Skip
 from runners.mxnet.framework import load_mxnet
 from runners.mxnet.precision import float32_math, request_precision
@@ -178,6 +178,8 @@ class MXNetDistributedRunner(MXNetRunner):
         mx = load_mxnet()
         import numpy as np
 
+        dense_exchange_only(request, "mxnet", "the kvstore pushes and pulls dense gradients (its own 2-bit "
+                            "quantisation is none of the methods)")
         precision = request_precision(request)  # ValueError: a name no runner accepts
         if precision != "fp32":
             raise Skip(f"precision {precision}: the mxnet data-parallel runner trains in fp32 only "

@@ -217,6 +217,8 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
         import numpy as np
 
+        contract.dense_exchange_only(request, "tensorflow", "the strategy's all-reduce has no compression "
+                                     "(CommunicationOptions offer none)")
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = cluster.device == "cuda"

@@ -10,10 +10,14 @@ from runners.common.contract import (
     REQUEST_AXES,
     Axis,
     Compile,
+    Compression,
+    CompressionMethod,
     Mode,
     Precision,
     RequestAxis,
     Scenario,
+    gtopk_tree,
+    topk_count,
 )
 
 # The dtype of the kernels whose measured ceiling stands for a run of each precision (calibrate's
@@ -33,4 +37,4 @@ OTHER_AXES = tuple(spec for spec in SERIES_AXES if spec.field not in ("precision
 
 __all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
            "KERNEL_PRECISION", "REQUEST_AXES", "RequestAxis", "PAIRING_AXES",
-           "SERIES_AXES", "OTHER_AXES"]
+           "SERIES_AXES", "OTHER_AXES", "Compression", "CompressionMethod", "topk_count", "gtopk_tree"]

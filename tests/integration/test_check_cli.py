@@ -19,7 +19,10 @@ DLBENCH = [sys.executable, "-m", "dlbench.cli"]
 # take minutes per framework on CI's two cores: transformer_tiny and the layer-semantics cases cover
 # their layer types here; they are checked by `dlbench check --network gpt2_small --network bert_base
 # --network vit_b16` by hand (issue 17's note has the tables).
-CHECKED_BY_HAND = {"gpt2_small", "bert_base", "vit_b16"}
+# The published decoders of the llm suite likewise (134 million to 47 billion parameters; two are
+# GPU-only): llama_tiny and moe_tiny cover their layer types here, smollm2_135m was checked by hand at
+# 16 tokens (docs/measurements/2026-12-07-llm.md).
+CHECKED_BY_HAND = {"gpt2_small", "bert_base", "vit_b16", "smollm2_135m", "llama32_1b", "mixtral_8x7b"}
 # Each runner's own integration test checks these seed networks against torch (test_<fw>_runner.py's
 # NETWORKS), in float64 too: here, through the CLI on every framework at once, the rest are checked
 # (the seed suite's smallest network, alexnet_r, among them), which took 7 of CI's 45 minutes with all.

@@ -95,7 +95,8 @@ def _network(name: str, steps: int | None, tmp_path: Path):
 def _analysis_products(resolved: dict) -> tuple[int, int]:
     """(every product's FLOPs, attention's batched products') of one sample's forward pass."""
     ops = [op for layer in decompose(resolved, 1, "infer").layers for op in layer.forward]
-    attention = sum(part.flops for op in ops if op.kernel is not None and op.kernel.kind == "attention_fwd"
+    attention = sum(part.flops for op in ops if op.kernel is not None
+                    and op.kernel.kind in ("attention_fwd", "grouped_attention_fwd")
                     for part in op.parts if part.kernel is not None and part.kernel.kind == "batched_matmul")
     kernels = sum(op.flops for op in ops if op.kernel is not None and op.kernel.kind in ("matmul", "conv2d_fwd"))
     return kernels + attention, attention

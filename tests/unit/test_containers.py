@@ -1,15 +1,18 @@
-"""The docker backend against a fake engine (tests/fixtures/fake_docker.py stands in for the `docker`
-client: there is no Docker engine here). What is tested is what dlbench sends to the engine and what
-it does with the answers: tags, builds, the `docker run` command, timeouts, exit statuses, listing."""
+"""The docker backend against a fake engine (tests/fixtures/fake_docker.py stands in for the client, with
+the output formats recorded from real engines in tests/fixtures/engines/; tests/integration/
+test_container_engine.py runs a real one). What is tested is what dlbench sends to the engine and what
+it does with the answers: tags, builds, the `run` command, timeouts, exit statuses, listing."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
 import signal
+import socket
 import stat
 import sys
 import time
@@ -22,7 +25,6 @@ from typer.testing import CliRunner
 from dlbench.cli import app
 from dlbench.execution.containers import (
     STOP_GRACE_S,
-    ContainerSpec,
     DockerBackend,
     gpu_request,
     image_key,
@@ -30,6 +32,7 @@ from dlbench.execution.containers import (
     parse_tag,
 )
 from dlbench.execution.backends import backend
+from dlbench.execution.container_engine import socket_problem
 from dlbench.execution.environments import EnvironmentBuildError
 from dlbench.execution.interrupts import Interrupted, deliver_signals
 from dlbench.execution.launcher import run_worker
@@ -39,7 +42,8 @@ from dlbench.store.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_DOCKER = ROOT / "tests" / "fixtures" / "fake_docker.py"
-DOCKERFILE = "FROM python:3.11.15-slim-bookworm\nCOPY requirements.txt /opt/dlbench/requirements.txt\n"
+BASE = "python:3.11.15-slim-bookworm"
+DOCKERFILE = f"ARG BASE_IMAGE={BASE}\nFROM ${{BASE_IMAGE}}\nCOPY requirements.txt /opt/dlbench/requirements.txt\n"
 
 
 class Engine:
@@ -57,8 +61,12 @@ class Engine:
         path = self.state / "images.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
+    def containers(self) -> dict[str, dict]:
+        folder = self.state / "containers"
+        return {p.stem: json.loads(p.read_text()) for p in folder.glob("*.json")} if folder.is_dir() else {}
+
     def running(self) -> list[str]:
-        return [p.stem for p in (self.state / "containers").glob("*.pid")] if (self.state / "containers").is_dir() else []
+        return [name for name, state in self.containers().items() if state["Running"]]
 
 
 @pytest.fixture
@@ -73,14 +81,18 @@ def engine(tmp_path, monkeypatch) -> Engine:
     monkeypatch.setenv("FAKE_DOCKER_PYTHON", sys.executable)
     monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
-    for knob in ("FAKE_DOCKER_DAEMON_DOWN", "FAKE_DOCKER_BUILD_FAIL", "FAKE_DOCKER_NO_GPU_RUNTIME",
-                 "DLBENCH_FAKE_BEHAVIOUR", "CUDA_VISIBLE_DEVICES"):
+    monkeypatch.setenv("FAKE_DOCKER_BASES", BASE)
+    for knob in ("FAKE_DOCKER_DAEMON_DOWN", "FAKE_DOCKER_BUILD_FAIL", "FAKE_DOCKER_NO_GPU_RUNTIME", "FAKE_DOCKER_OOM",
+                 "FAKE_DOCKER_KIND", "FAKE_DOCKER_BUILDX", "DLBENCH_FAKE_BEHAVIOUR", "CUDA_VISIBLE_DEVICES",
+                 "DLBENCH_BASE_IMAGE", "DLBENCH_CONTAINER_MEMORY", "DOCKER_HOST"):
         monkeypatch.delenv(knob, raising=False)
     yield Engine(state)
     # a test that failed may have left a fake container running: end its process group
-    for pidfile in (state / "containers").glob("*.pid"):
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+    for container in (state / "containers").glob("*.json"):
+        with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
+            pid = json.loads(container.read_text())["Pid"]
+            if pid:
+                os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -119,23 +131,26 @@ def test_the_tag_is_a_hash_of_dockerfile_requirements_and_flavour(tmp_path):
     dockerfile, requirements = tmp_path / "cpu.Dockerfile", tmp_path / "requirements.txt"
     dockerfile.write_text(DOCKERFILE)
     requirements.write_text("torch==2.13.0\n")
-    key = image_key(dockerfile, requirements, "cpu")
-    assert re.fullmatch(r"[0-9a-f]{16}", key) and key == image_key(dockerfile, requirements, "cpu")
-    assert image_key(dockerfile, requirements, "cuda") != key
+    key = image_key(dockerfile, requirements, "cpu", BASE)
+    assert re.fullmatch(r"[0-9a-f]{16}", key) and key == image_key(dockerfile, requirements, "cpu", BASE)
+    assert image_key(dockerfile, requirements, "cuda", BASE) != key
+    assert image_key(dockerfile, requirements, "cpu", "dlbench/base:bookworm-local") != key  # the base is part of it
     requirements.write_text("torch==2.13.1\n")
-    changed_requirements = image_key(dockerfile, requirements, "cpu")
+    changed_requirements = image_key(dockerfile, requirements, "cpu", BASE)
     dockerfile.write_text(DOCKERFILE + "ENV X=1\n")
-    assert len({key, changed_requirements, image_key(dockerfile, requirements, "cpu")}) == 3
+    assert len({key, changed_requirements, image_key(dockerfile, requirements, "cpu", BASE)}) == 3
     assert image_tag("torch", "cpu", key) == f"dlbench/torch:cpu-{key}"
-    assert parse_tag("dlbench/torch", f"cpu-{key}") == ("torch", "cpu", key)
-    assert parse_tag("python", "3.11.15-slim-bookworm") is None
+    assert parse_tag(f"dlbench/torch:cpu-{key}") == ("torch", "cpu", key)
+    assert parse_tag(f"localhost/dlbench/torch:cpu-{key}") == ("torch", "cpu", key)  # podman's tags
+    assert parse_tag("python:3.11.15-slim-bookworm") is None
+    assert parse_tag("registry.example.com:5000/dlbench/torch:cpu-0123") == ("torch", "cpu", "0123")
 
 
 def test_the_runner_tag_follows_its_files(runner, docker, docker_project):
     tag, dockerfile, requirements = docker.image_for(runner, "cpu")
     assert dockerfile == docker_project / "docker" / "fake" / "cpu.Dockerfile"
     assert requirements == runner.requirements_for("cpu")
-    assert tag == image_tag("fake", "cpu", image_key(dockerfile, requirements, "cpu"))
+    assert tag == image_tag("fake", "cpu", image_key(dockerfile, requirements, "cpu", BASE))
     dockerfile.write_text(DOCKERFILE + "# edited\n")
     assert docker.image_for(runner, "cpu")[0] != tag
 
@@ -151,14 +166,21 @@ def test_builds_the_image_when_missing_and_reuses_it(runner, docker, engine):
     build = builds[0]
     assert option_values(build, "--tag") == [tag]
     assert option_values(build, "--file") == [str(docker.docker_dir / "fake" / "cpu.Dockerfile")]
-    assert option_values(build, "--progress") == ["plain"]
+    assert "--progress" not in build  # the docker CLI without buildx: the classic builder has no such flag
+    assert option_values(build, "--build-arg") == [f"BASE_IMAGE={BASE}"]
+    assert option_values(build, "--network") == ["none"]  # a CPU image builds offline
     assert set(option_values(build, "--label")) == {"org.dlbench.framework=fake", "org.dlbench.flavour=cpu",
-                                                     f"org.dlbench.key={tag.rsplit('-', 1)[1]}"}
-    # the context is the runner's requirements file and nothing else: one source for the versions
+                                                     f"org.dlbench.key={tag.rsplit('-', 1)[1]}",
+                                                     f"org.dlbench.base={BASE}",
+                                                     f"org.dlbench.base-id={engine.images()[BASE]['id']}"}
+    # the context is the runner's requirements file and its wheelhouse (none: the fake needs no package)
     assert engine.images()[tag]["context"] == {"requirements.txt": runner.requirements_for("cpu").read_text()}
+    # the base image's Python was asked what wheels it takes, before the build
+    platform_probe = engine.calls("run")[0]
+    assert platform_probe[-3] == BASE and "--network" in platform_probe
     # progress reached the caller: the build's step, docker's own lines, then built
-    assert [p.step for p in lines if p.starts_step] == ["building image", "built"]
-    assert any("load build definition" in p.output for p in lines if p.output)
+    assert [p.step for p in lines if p.starts_step] == ["building image", "verifying", "built"]
+    assert any("Successfully built" in p.output for p in lines if p.output)
     assert {(p.framework, p.flavour, p.where) for p in lines} == {("fake", "cpu", tag)}
     assert env.backend == "docker" and env.key == tag and env.container.image == tag
     assert env.container.image_id == engine.images()[tag]["id"]
@@ -167,12 +189,18 @@ def test_builds_the_image_when_missing_and_reuses_it(runner, docker, engine):
     assert any(p.startswith("pydantic==") for p in env.packages)
     described = env.describe()
     assert described["image"] == tag and described["dockerfile"] == "docker/fake/cpu.Dockerfile"
+    # the record's container facts (schema 15): engine, base image as built, how workers are run
+    facts = described["container"]
+    assert (facts["engine"]["engine"], facts["engine"]["builder"]) == ("docker", "classic")
+    assert facts["base_image"] == BASE and facts["base_image_id"] == engine.images()[BASE]["id"]
+    assert facts["image_digest"] is None and facts["image_size_bytes"] == 1_234_000_000
+    assert facts["run_options"][:3] == ["--init", "--pull", "never"] and "--memory" not in facts["run_options"]
 
     lines.clear()
     again = docker.ensure(runner, "cpu", lines.append)
     assert len(engine.calls("build")) == 1  # found, not rebuilt, and it says so
     assert [(p.step, p.where) for p in lines] == [("cached", tag)]
-    assert len(engine.calls("run")) == 1  # the probe is cached per image id
+    assert len(engine.calls("run")) == 2  # the base's platform and the image's lock; the probe is cached per image id
     assert again.container.image_id == env.container.image_id
 
 
@@ -191,10 +219,32 @@ def test_a_failed_build_says_why_and_leaves_no_image(runner, docker, engine, mon
     with pytest.raises(EnvironmentBuildError) as e:
         docker.ensure(runner, "cpu")
     message = str(e.value)
-    assert "building the fake (cpu) image" in message and "did not complete successfully" in message
+    assert "building the fake (cpu) image" in message and "returned a non-zero code" in message
+    assert re.search(r"the engine.s data root \S+ has [\d,]+ MiB free", message)  # room on the disk, said in numbers
     log = Path(re.search(r"log: (\S+)", message).group(1))
-    assert log.is_file() and "--progress plain" in log.read_text()
+    assert log.is_file() and f"--build-arg BASE_IMAGE={BASE}" in log.read_text()
     assert engine.images() == {}
+
+
+def test_a_build_the_disk_has_no_room_for_is_refused_before_it_starts(runner, docker, engine, monkeypatch):
+    import shutil as real_shutil
+
+    from dlbench.execution import containers
+
+    made = docker._wheelhouse
+
+    def with_wheels(*args, **kwargs):  # the fake needs no package: give its wheelhouse 8 MiB of wheels
+        context = made(*args, **kwargs)
+        (context / "wheelhouse" / "big-1.0-py3-none-any.whl").write_bytes(b"\0" * 8 * 2**20)
+        return context
+
+    monkeypatch.setattr(docker, "_wheelhouse", with_wheels)
+    monkeypatch.setattr(containers.shutil, "disk_usage",
+                        lambda path: real_shutil._ntuple_diskusage(100 * 2**20, 90 * 2**20, 10 * 2**20))
+    with pytest.raises(EnvironmentBuildError, match=r"not enough disk for the image: the engine's data root \S+ has "
+                                                    r"10 MiB free, and a build of 8 MiB of wheels needs about 32 MiB"):
+        docker.ensure(runner, "cpu")
+    assert engine.calls("build") == []
 
 
 def test_a_runner_without_a_dockerfile_is_refused_by_path(runner, docker, docker_project, engine):
@@ -206,12 +256,34 @@ def test_a_runner_without_a_dockerfile_is_refused_by_path(runner, docker, docker
 
 def test_no_client_and_no_daemon_are_clear_errors(runner, docker_project, engine, tmp_path, monkeypatch):
     monkeypatch.setenv("DLBENCH_DOCKER", str(tmp_path / "no-such-docker"))
-    with pytest.raises(EnvironmentBuildError, match="no docker client"):
+    with pytest.raises(EnvironmentBuildError, match="no container engine client .*no-such-docker"):
         backend("docker", tmp_path / "cache").ensure(runner, "cpu")
     monkeypatch.setenv("DLBENCH_DOCKER", str(tmp_path / "bin" / "docker"))
     monkeypatch.setenv("FAKE_DOCKER_DAEMON_DOWN", "1")
-    with pytest.raises(EnvironmentBuildError, match="Cannot connect to the Docker daemon"):
+    # the client reaches no server: the reason is the socket's, found by connecting to it here
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no.sock")
+    with pytest.raises(EnvironmentBuildError, match=f"reaches no engine at unix://{tmp_path}/no.sock: there is no socket"):
         backend("docker", tmp_path / "cache").ensure(runner, "cpu")
+    with socket.socket(socket.AF_UNIX) as bound:  # a socket nobody listens on: the engine has stopped
+        bound.bind(str(tmp_path / "stopped.sock"))
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/stopped.sock")
+        with pytest.raises(EnvironmentBuildError, match="nothing answers on .*stopped.sock .connection refused"):
+            backend("docker", tmp_path / "cache").ensure(runner, "cpu")
+    assert engine.calls("build") == []
+
+
+def test_permission_denied_on_the_socket_is_named(tmp_path, monkeypatch):
+    # root passes any socket's permissions, so the refusal is the kernel's errno, handed in
+    path = tmp_path / "docker.sock"
+    path.touch()
+
+    def refuse(self, address):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    problem = socket_problem(f"unix://{path}")
+    assert problem.startswith(f"permission denied on {path}: this user may not use the engine (add it to the group")
+    assert socket_problem("tcp://10.0.0.1:2376") is None  # not a socket here: the client's business
 
 
 # ---- the docker run command ----------------------------------------------------------------------
@@ -222,7 +294,9 @@ def test_the_run_command(runner, docker, docker_project, tmp_path):
     worker = runner.worker.resolve()
     argv = env.container.run_command("dlbench-fake-1", env.python, worker, ["req.json", "res.json"], exchange,
                                      {"OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1"}, (shared,))
-    assert argv[:4] == [os.environ["DLBENCH_DOCKER"], "run", "--rm", "--name"] and argv[4] == "dlbench-fake-1"
+    assert argv[:4] == [os.environ["DLBENCH_DOCKER"], "run", "--name", "dlbench-fake-1"]
+    assert "--rm" not in argv  # removed after its state (exit status, OOM) has been read
+    assert "--init" in argv and option_values(argv, "--pull") == ["never"]
     assert option_values(argv, "--network") == ["none"]
     assert option_values(argv, "--user") == [f"{os.getuid()}:{os.getgid()}"]
     assert {"OMP_NUM_THREADS=2", "PYTHONUNBUFFERED=1", "HOME=/tmp"} <= set(option_values(argv, "--env"))
@@ -367,20 +441,72 @@ def test_exit_statuses_read_as_on_the_host(runner, docker, engine, suite, monkey
     assert outcome.status == "failed" and reason in outcome.reason
 
 
+def test_the_engine_s_oom_kill_is_named(runner, docker, engine, suite, monkeypatch):
+    monkeypatch.setenv("DLBENCH_CONTAINER_MEMORY", "64m")
+    env = docker.ensure(runner, "cpu")
+    assert env.container.run_options()[-4:] == ["--memory", "64m", "--memory-swap", "64m"]
+    monkeypatch.setenv("FAKE_DOCKER_OOM", "1")
+    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.1")
+    outcome = run_worker(env.python, runner.worker, request_for(runner, suite), 60, container=env.container)
+    assert outcome.status == "failed"
+    assert outcome.reason == "the engine killed the container for exceeding its memory limit of 64m (OOMKilled)"
+    assert engine.containers() == {}  # read, then removed
+
+
+def test_an_image_removed_mid_run_is_named(runner, docker, engine, suite):
+    env = docker.ensure(runner, "cpu")
+    images = engine.images()
+    del images[env.container.image]
+    (engine.state / "images.json").write_text(json.dumps(images))
+    outcome = run_worker(env.python, runner.worker, request_for(runner, suite), 60, container=env.container)
+    assert outcome.status == "failed"
+    assert outcome.reason.startswith(f"the image {env.container.image} ({env.container.image_id}) is no longer in "
+                                     "the engine: it was removed while dlbench ran; `dlbench env create fake --env docker`")
+
+
+def test_a_base_image_of_ones_own_is_a_build_argument(runner, docker, engine, monkeypatch):
+    default_tag = docker.image_for(runner, "cpu")[0]
+    monkeypatch.setenv("DLBENCH_BASE_IMAGE", "dlbench/base:bookworm-local")
+    tag = docker.image_for(runner, "cpu")[0]
+    assert tag != default_tag  # another base is another image
+    with pytest.raises(EnvironmentBuildError, match=r"(?s)the base image dlbench/base:bookworm-local did not run "
+                                                    r"python3 .*sets \$DLBENCH_BASE_IMAGE to a local image"):
+        docker.ensure(runner, "cpu")  # the engine has no such image and no registry to pull it from
+    assert engine.calls("build") == []
+    monkeypatch.setenv("FAKE_DOCKER_BASES", f"{BASE},dlbench/base:bookworm-local")
+    env = docker.ensure(runner, "cpu")
+    assert option_values(engine.calls("build")[0], "--build-arg") == ["BASE_IMAGE=dlbench/base:bookworm-local"]
+    assert env.describe()["container"]["base_image"] == "dlbench/base:bookworm-local"
+
+
+@pytest.mark.parametrize("kind", ["podman", "podman-socket"])
+def test_podman_its_cli_and_its_socket(runner, docker, engine, suite, monkeypatch, kind):
+    monkeypatch.setenv("FAKE_DOCKER_KIND", kind)
+    env = docker.ensure(runner, "cpu")
+    assert env.describe()["container"]["engine"]["engine"] == "podman"
+    assert env.container.image_id.startswith("sha256:")  # podman's CLI prints ids without the prefix
+    assert docker.list()[0]["tag"] == env.container.image  # podman's localhost/ tags are dlbench's
+    again = docker.ensure(runner, "cpu")  # found, not rebuilt
+    assert len(engine.calls("build")) == 1 and again.container.image_id == env.container.image_id
+    outcome = run_worker(env.python, runner.worker, request_for(runner, suite), 60, container=env.container)
+    assert outcome.status == "ok", outcome.reason
+
+
 def test_an_engine_failure_is_named(runner, docker, engine, suite, monkeypatch):
     env = docker.ensure(runner, "cuda")
     monkeypatch.setenv("FAKE_DOCKER_NO_GPU_RUNTIME", "1")
     outcome = run_worker(env.python, runner.worker, request_for(runner, suite, "cuda"), 60, container=env.container)
     assert outcome.status == "failed"
-    assert outcome.reason.startswith("docker could not start the container: ")
+    assert outcome.reason.startswith("the container engine (docker) could not start the container: ")
     assert "could not select device driver" in outcome.reason
 
 
-def test_describe_exit():
-    assert ContainerSpec.describe_exit(0) == (0, None)
-    assert ContainerSpec.describe_exit(137) == (-9, None)
-    assert ContainerSpec.describe_exit(125)[1] == "docker could not start the container"
-    assert "could not be run" in ContainerSpec.describe_exit(127)[1]
+def test_exit_readings(runner, docker, engine):
+    spec = docker.ensure(runner, "cpu").container
+    assert spec.finish("gone", 0).returncode == 0 and spec.finish("gone", 0).engine_failure is None
+    assert spec.finish("gone", 137).returncode == -9 and spec.finish("gone", 137).engine_failure is None
+    assert spec.finish("gone", 125).engine_failure == "the container engine (docker) could not start the container"
+    assert "could not be run" in spec.finish("gone", 127).engine_failure
 
 
 def test_orchestrated_runs_record_the_image(runner, docker_project, engine, suite, tmp_path):
@@ -419,7 +545,7 @@ def test_env_create_list_remove(docker_project, engine, tmp_path):
 
     created = cli.invoke(app, ["env", "create", "fake", "--env", "docker", "--device", "cpu"])
     assert created.exit_code == 0, created.output
-    tag = next(iter(engine.images()))
+    tag = next(t for t in engine.images() if t.startswith("dlbench/"))
     assert tag in created.output
     # an image of an older Dockerfile is shown as stale
     images = engine.images()
@@ -431,7 +557,7 @@ def test_env_create_list_remove(docker_project, engine, tmp_path):
     assert re.search(r"stale .*dlbench/fake:cpu-0123456789abcdef", listed.output)
 
     removed = cli.invoke(app, ["env", "remove", "fake", "--env", "docker"])
-    assert removed.exit_code == 0 and engine.images() == {}
+    assert removed.exit_code == 0 and list(engine.images()) == [BASE]
     assert ["image", "rm", tag] in engine.calls("image")
 
 

@@ -1,5 +1,6 @@
 """The Dockerfiles of the docker backend: one per runner and flavour, each installing the requirements
-file it is given (the runner's), base images pinned and consistent with the pins, all lint clean."""
+file it is given (the runner's) from the wheelhouse beside it and nothing else, the base image a build
+argument whose default is pinned and consistent with the pins, all lint clean."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dlbench.execution.containers import dockerfile_path
+from dlbench.execution.containers import INSTALL_STAGE_LABEL, default_base_image, dockerfile_path
 from dlbench.execution.registry import FLAVOURS, RunnerRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,9 @@ def tool(name: str) -> str:
 
 
 def base_images(path: Path) -> list[str]:
-    return re.findall(r"^FROM\s+(\S+)", path.read_text(), re.MULTILINE)
+    """The images the Dockerfile's stages start from, the BASE_IMAGE argument read as its default."""
+    return [default_base_image(path) if image == "${BASE_IMAGE}" else image
+            for image in re.findall(r"^FROM\s+(\S+)", path.read_text(), re.MULTILINE)]
 
 
 def pin(requirements: Path, name: str) -> str:
@@ -54,8 +57,23 @@ def test_the_image_installs_the_requirements_it_is_given(path):
     # runner's file, so an image cannot pin versions of its own
     text = path.read_text()
     assert "COPY requirements.txt /opt/dlbench/requirements.txt" in text
-    assert re.search(r"pip install [^\n]*(\\\n[^\n]*)*-r /opt/dlbench/requirements\.txt", text)
+    assert "COPY wheelhouse /opt/dlbench/wheelhouse" in text
+    install = re.search(r"pip install [^\n]*(\\\n[^\n]*)*-r /opt/dlbench/requirements\.txt", text)
+    assert install and "--no-index" in install.group(0) and "--find-links /opt/dlbench/wheelhouse" in install.group(0)
     assert not re.search(r"pip install [^\n]*==", text)  # no version written here
+    assert "index-url" not in text.lower()  # no index of its own: the host's pip configuration decides
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_base_is_a_build_argument_and_the_wheels_stay_out_of_the_image(path):
+    text = path.read_text()
+    stages = re.findall(r"^FROM\s+(.+)$", text, re.MULTILINE)
+    assert stages == ["${BASE_IMAGE} AS install", "${BASE_IMAGE}"]  # both stages on the chosen base
+    install_stage, final_stage = text.split("\nFROM ${BASE_IMAGE}\n")
+    assert f"LABEL {INSTALL_STAGE_LABEL}" in install_stage  # dlbench removes that stage's image after the build
+    assert "wheelhouse" not in final_stage  # the final image takes the venv, not the wheels
+    assert "COPY --from=install /opt/dlbench/venv /opt/dlbench/venv" in final_stage
+    assert "ENV PATH=/opt/dlbench/venv/bin:$PATH" in final_stage
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -63,8 +81,9 @@ def test_base_images_are_pinned(path):
     for image in base_images(path):
         name, _, tag = image.partition(":")
         assert tag and tag != "latest" and re.search(r"\d+\.\d+", tag), f"{path}: {image} is not pinned by a version tag"
-    if path.name == "cpu.Dockerfile":
-        assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm", base_images(path)[0])
+    if path.name == "cpu.Dockerfile":  # mxnet's needs the full image's OpenMP runtime (libgomp)
+        slim = "" if path.parent.name == "mxnet" else "-slim"
+        assert re.fullmatch(rf"python:3\.11\.\d+{slim}-bookworm", base_images(path)[0])
 
 
 def test_cuda_bases_match_the_pinned_releases():
@@ -72,7 +91,7 @@ def test_cuda_bases_match_the_pinned_releases():
     torch = pin(RUNNERS.get("torch").requirements_for("cuda"), "torch")
     assert base_images(dockerfile_path(DOCKER, "torch", "cuda"))[0].startswith(f"pytorch/pytorch:{torch}-cuda")
     tensorflow = pin(RUNNERS.get("tensorflow").requirements_for("cuda"), "tensorflow")
-    assert base_images(dockerfile_path(DOCKER, "tensorflow", "cuda")) == [f"tensorflow/tensorflow:{tensorflow}-gpu"]
+    assert set(base_images(dockerfile_path(DOCKER, "tensorflow", "cuda"))) == {f"tensorflow/tensorflow:{tensorflow}-gpu"}
     # mxnet-cuNNN is built for CUDA N.N and does not bundle it: the base image must be that CUDA
     mxnet = re.search(r"^mxnet-cu(\d+)(\d)==", RUNNERS.get("mxnet").requirements_for("cuda").read_text(), re.MULTILINE)
     assert base_images(dockerfile_path(DOCKER, "mxnet", "cuda"))[0].startswith(

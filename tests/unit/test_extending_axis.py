@@ -74,7 +74,8 @@ def add_axis_but_not_its_option(tree: TreeCopy) -> None:
         f"\n  {NEW_VERSION} (2026-12-07) `workload.layout` (nchw | nhwc): the image tensors' layout the run asked\n"
         "    for. Older records read with none (None: each framework's own then) (the model's defaults: no\n"
         "    migration)."), before=True)
-    tree.replace("src/dlbench/store/migrations.py", f", {SCHEMA_VERSION})\n", f", {SCHEMA_VERSION}, {NEW_VERSION})\n")
+    tree.replace("src/dlbench/store/migrations.py", "MODEL_DEFAULTS_SUFFICE = (5, ",
+                 f"MODEL_DEFAULTS_SUFFICE = (5, {NEW_VERSION}, ")
 
 
 def add_option(tree: TreeCopy) -> None:
@@ -214,13 +215,13 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
         "print(record_identity(r)['layout'], SeriesKey.of(r).layout, SeriesKey.of(r).fields()['layout'], "
         "run_row(r)['layout'])\n"
         "v = run_view(r)\n"
-        "print(v.entry_key[-1], v.series_key[-1], v.variant)\n", str(store))
+        "print(v.entry_key[-2], v.series_key[-2], v.variant)\n", str(store))  # [-1]: compression, None here
     assert keyed.returncode == 0, keyed.stderr
     assert keyed.stdout.splitlines() == [
         "('suite', 'benchmark', 'batch_size', 'device', 'precision', 'compile', 'layout', 'framework', 'machine', "
-        "'scenario')",
+        "'scenario', 'compression')",
         "nchw nchw nchw nchw",
-        "nchw nchw ('fp32', 'eager', 'nchw')",
+        "nchw nchw ('fp32', 'eager', 'nchw', None)",
     ]
 
     # the record's new version: its schema exported and its fixture added, as "Add a record field" says

@@ -59,7 +59,8 @@ def tree(tmp_path_factory) -> TreeCopy:
         f"\n  {NEW_VERSION} (2026-12-07) `label`: a free-text label the run was given. Older records read with\n"
         "    none (None) (the model's defaults: no migration)."), before=True)
     # the new version only adds a field with a default: a version-only step
-    copy.replace("src/dlbench/store/migrations.py", f", {SCHEMA_VERSION})\n", f", {SCHEMA_VERSION}, {NEW_VERSION})\n")
+    copy.replace("src/dlbench/store/migrations.py", "MODEL_DEFAULTS_SUFFICE = (5, ",
+                 f"MODEL_DEFAULTS_SUFFICE = (5, {NEW_VERSION}, ")
     rows = "src/dlbench/store/rows.py"
     copy.insert(rows, '"machine", "equivalence", "reason", "stability_reason",', ' "label",')
     copy.insert(rows, '        "stability_reason": s.stability.reason if s and s.stability else None,\n',

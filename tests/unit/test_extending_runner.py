@@ -96,13 +96,22 @@ class ToyRunner(FakeRunner):
 '''
 REQUIREMENTS = "# nothing: the toy framework uses the standard library only\n"
 DOCKERFILE = '''\
-# Toy, {flavour} flavour. The build context holds one file, requirements.txt: dlbench copies
-# runners/toy/requirements-{flavour}.txt there, the same pins the venv backend installs.
-FROM python:3.11.15-slim-bookworm
+# Toy, {flavour} flavour. The build context holds requirements.txt (dlbench copies
+# runners/toy/requirements-{flavour}.txt there, the same pins the venv backend installs) and
+# wheelhouse/, the wheels they resolve to; the base image is a build argument.
+ARG BASE_IMAGE=python:3.11.15-slim-bookworm
 
+FROM ${{BASE_IMAGE}} AS install
+LABEL org.dlbench.stage=install
 COPY requirements.txt /opt/dlbench/requirements.txt
-RUN python3 -m pip install --no-cache-dir --disable-pip-version-check \\
-        -r /opt/dlbench/requirements.txt
+COPY wheelhouse /opt/dlbench/wheelhouse
+RUN python3 -m venv /opt/dlbench/venv \\
+    && /opt/dlbench/venv/bin/python3 -m pip install --no-cache-dir --disable-pip-version-check --no-index \\
+        --find-links /opt/dlbench/wheelhouse -r /opt/dlbench/requirements.txt
+
+FROM ${{BASE_IMAGE}}
+COPY --from=install /opt/dlbench/venv /opt/dlbench/venv
+ENV PATH=/opt/dlbench/venv/bin:$PATH
 '''
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 
-from runners.jax.distributed import _count_all_reduces, cpu_slice, machine_slot  # noqa: E402
+from runners.jax.distributed import _count_collectives, cpu_slice, machine_slot, slot_from_env  # noqa: E402
 
 
 def test_ranks_of_one_machine_take_consecutive_slots():
@@ -25,6 +25,19 @@ def test_loopback_hosts_are_one_machine():
 def test_ranks_of_other_hosts_do_not_count():
     hosts = ("node1:5001", "node1:5002", "node2:5003", "node2:5004")
     assert [machine_slot(r, r % 2, hosts) for r in range(4)] == [0, 1, 0, 1]
+
+
+def test_ranks_on_a_shaped_link_take_the_slot_dlbench_gives():
+    # --link: each rank in a namespace of this machine, at an address of its own, LOCAL_RANK 0
+    from dlbench.execution.launch_styles import JobLayout, rank_processes
+    from dlbench.execution.placement import namespace_placement
+
+    placement = namespace_placement(["10.9.9.1", "10.9.9.2"], ["dlbx-w0", "dlbx-w1"], 2)
+    layout = JobLayout(python="py", worker="w.py", request="r.json", job_dir="j", placement=placement, threads=1,
+                       coordinator_port=5000, worker_ports=(5001, 5002))
+    envs = [spec.env for spec in rank_processes(layout)]
+    assert [slot_from_env(env) for env in envs] == [0, 1]
+    assert [slot_from_env({k: v for k, v in env.items() if k != "DLBENCH_MACHINE_SLOT"}) for env in envs] == [0, 0]
 
 
 def test_without_addresses_the_local_rank_is_the_slot():
@@ -49,5 +62,5 @@ def test_all_reduces_counted_in_compiled_hlo():
   ROOT %psum.7 = f32[64,64]{1,0} all-reduce(%dot), channel_id=3
   %fusion = f32[8]{0} fusion(%all-reduce), kind=kLoop
 """
-    assert _count_all_reduces(hlo) == 3
-    assert _count_all_reduces("  ROOT %add = f32[8]{0} add(%a, %b)") == 0
+    assert _count_collectives(hlo) == 3
+    assert _count_collectives("  ROOT %add = f32[8]{0} add(%a, %b)") == 0

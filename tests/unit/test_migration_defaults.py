@@ -22,16 +22,22 @@ def fixture(version: int) -> dict:
     return data
 
 
+def newest_before(version: int) -> int:
+    """The newest fixture older than `version` (15 is the containers branch's: it brings its own)."""
+    return max(v for v in range(1, version) if (FIXTURES / f"v{v}.json").exists())
+
+
 @pytest.mark.parametrize("version", migrations.MODEL_DEFAULTS_SUFFICE)
 def test_a_version_only_step_changes_nothing_but_the_version(version):
-    before = migrations.upgrade(fixture(version - 1), version - 1)
+    before = migrations.upgrade(fixture(newest_before(version)), version - 1)
     after = migrations.upgrade(copy.deepcopy(before), version)
     assert after == {**before, "schema_version": version}
 
 
 @pytest.mark.parametrize("version", migrations.MODEL_DEFAULTS_SUFFICE)
 def test_a_record_of_the_version_before_reads_at_the_current_schema(version):
-    assert Record.model_validate(migrations.upgrade(fixture(version - 1), SCHEMA_VERSION)).schema_version == SCHEMA_VERSION
+    assert Record.model_validate(migrations.upgrade(fixture(newest_before(version)), SCHEMA_VERSION)).schema_version \
+        == SCHEMA_VERSION
 
 
 def test_every_version_has_a_step_and_the_real_ones_are_functions_of_their_own():

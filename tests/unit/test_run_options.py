@@ -30,8 +30,9 @@ SET = {
     "contention_threshold": ["--contention-threshold", "5"], "replace_contended": ["--replace-contended", "1"],
     "quiet_wait": ["--quiet-wait", "1"], "workers": ["--workers", "2"], "scaling": ["--scaling", "weak"],
     "hosts": ["--hosts", "127.0.0.1"], "compile_mode": ["--compile-mode", "max-autotune"],
-    "no_check": ["--no-check"], "data": ["--data", "."],
+    "no_check": ["--no-check"], "data": ["--data", "."], "link": ["--link", "1gbit"],
     **{field: [spec.flag, spec.axis.runs()[-1].value] for field, spec in REQUEST_AXES.items()},
+    "compression": ["--compression", "fp16"],  # its values carry a parameter (gtopk:0.01): one without
 }
 # the fake runner's steps take half a millisecond
 pytestmark = pytest.mark.usefixtures("fast_fake_runner")

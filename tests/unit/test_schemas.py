@@ -35,6 +35,8 @@ def schema_kind(path: Path) -> str:
         return "efficiency" if path.stem == "efficiency" else "machine"
     if path.stem == "profiles":
         return "profiles"
+    if path.parent.name in ("clusters", "traces"):
+        return path.parent.name[:-1]
     return SUITE_SCHEMAS[SuiteCatalog(SUITES).suite_kind(path)]
 
 

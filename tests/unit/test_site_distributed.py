@@ -64,3 +64,21 @@ def test_a_training_runs_page_shows_the_job_and_its_efficiency(built):
     assert "scaling.efficiency" in html and records["fcn5-train-w1"].run_id in html  # the baseline, named
     assert "exposed_comm_s" in html
     assert all(p.read_text().count("Multi-worker job") == 1 for p in (out / "runs").glob("*.html"))
+
+
+def test_a_run_on_a_shaped_link_shows_the_link_on_its_page(tmp_path):
+    """The v16 fixture: torch's fcn5 on 2 workers over --link 1gbit."""
+    import json
+    import shutil
+
+    fixture = ROOT / "tests" / "fixtures" / "records" / "v16.json"
+    runs = tmp_path / "store" / "runs"
+    runs.mkdir(parents=True)
+    shutil.copy(fixture, runs / fixture.name.replace("v16", json.loads(fixture.read_text())["run_id"]))
+    site.build_site(tmp_path / "store", tmp_path / "out", workers=1)
+    html = (tmp_path / "out" / "runs" / f"{json.loads(fixture.read_text())['run_id']}.html").read_text()
+    link = html[html.index("the shaped link (--link)"):]
+    link = link[:link.index("</table>")]
+    for key in ("asked", "measured.bandwidth_bps", "measured.rtt_s", "wire.sent_per_iter", "wire.ring_allreduce_bytes"):
+        assert f">{key}<" in link, key
+    assert ">1gbit<" in link and ">56823848.0<" in link

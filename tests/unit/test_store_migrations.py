@@ -197,6 +197,29 @@ def test_the_v14_fixture_keeps_each_repeats_yardstick_and_older_records_read_wit
     assert all(r.yardstick is None for r in older.repeats)
 
 
+def test_the_v15_fixture_says_how_its_container_was_had_and_run(tmp_path):
+    store, paths = store_with(tmp_path, 15)
+    env = store.read(paths[15]).environment
+    facts = env["container"]
+    assert env["backend"] == "docker" and env["image_id"].startswith("sha256:")
+    assert (facts["engine"]["engine"], facts["engine"]["builder"]) == ("docker", "classic")
+    assert facts["base_image"] == "dlbench/base:bookworm-local" and facts["image_size_bytes"] > 0
+    assert facts["run_options"][:3] == ["--init", "--pull", "never"]
+    older = store.read(store_with(tmp_path / "older", 14)[1][14])
+    assert "container" not in older.environment
+
+
+def test_the_v16_fixture_keeps_its_link_and_older_records_read_with_none(tmp_path):
+    store, paths = store_with(tmp_path, 16)
+    rec = store.read(paths[16])
+    assert rec.benchmark == "fcn5-train-w2@1gbit" and rec.link.asked == "1gbit" and rec.link.rate_bps == 10**9
+    assert rec.link.measured.bandwidth_bps > 0 and rec.link.measured.rtt_s > 0
+    wire = rec.link.wire
+    assert len(wire.sent_per_iter) == 2 and wire.ring_allreduce_bytes == rec.distributed.grad_bytes
+    older = store.read(store_with(tmp_path / "older", 5)[1][5])
+    assert older.link is None
+
+
 def test_older_loadgen_records_read_without_token_latencies(tmp_path):
     store, paths = store_with(tmp_path, 12)
     data = fixture(13)

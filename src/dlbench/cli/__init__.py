@@ -1,4 +1,5 @@
-"""The dlbench command line (typer): `app`, built from one module per command group. Input is
+"""The dlbench command line (typer): `app`, built from one module per command group; before any command
+it removes the shaped links (`--link`) of a dlbench killed with SIGKILL (execution/links.py). Input is
 validated in those modules or in the workflows they call (dlbench.workflows: `run` and `calibrate`
 parse their options into a request, call the workflow and render what it returns), once; errors exit
 2 with one message (console.fail).
@@ -18,6 +19,7 @@ parse their options into a request, call the workflow and render what it returns
     check.py        check
     performance.py  kernels, calibrate (workflows/calibration.py) and `run --suite kernels`
     prediction.py   predict (and --accuracy)
+    plan.py         plan: a job trace on a cluster under each scheduling policy (workflows/planning.py)
     info.py         info
     env.py          env list|create|remove
     store.py        store verify|upgrade|merge
@@ -27,11 +29,31 @@ parse their options into a request, call the workflow and render what it returns
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
-from . import check, compare, env, info, listing, performance, prediction, report, results, run, schema, store
+from .console import err
+from . import check, compare, env, info, listing, performance, plan, prediction, report, results, run, schema, store
 
 app = typer.Typer(help="Cross-framework deep-learning benchmarks.", no_args_is_help=True,
                   pretty_exceptions_enable=False, add_completion=False)
+
+
+@app.callback()
+def _remove_what_killed_runs_left() -> None:
+    """Before every command: the shaped links (network namespaces) of a dlbench killed with SIGKILL,
+    whose owner is gone, are removed (execution/links.py); a live owner's are left alone."""
+    from ..execution.links import LinkError, sweep_orphans
+
+    try:
+        removed = sweep_orphans()
+    except LinkError as e:
+        err.print(f"[yellow]warning[/]: {escape(str(e))}", highlight=False, soft_wrap=True)
+        return
+    if removed:
+        err.print(f"removed the network namespaces a killed dlbench left: {', '.join(removed)}", highlight=False,
+                  soft_wrap=True)
+
+
 app.add_typer(env.env_app, name="env")
 app.add_typer(store.store_app, name="store")
 app.add_typer(schema.schema_app, name="schema")
@@ -46,6 +68,7 @@ app.command("check")(check.check)
 app.command("kernels")(performance.kernels)
 app.command("calibrate")(performance.calibrate)
 app.command("predict")(prediction.predict)
+app.command("plan")(plan.plan)
 app.command("info")(info.info)
 
 __all__ = ["app"]

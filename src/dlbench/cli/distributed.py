@@ -51,6 +51,13 @@ class ProgressEvents:
         if index + 2 <= self._repeats and status == "ok":
             self.progress.update(self.task, description=f"{self._label} (job {index + 2}/{self._repeats})")
 
+    def link_ready(self, link, measured):
+        """The shaped link made and measured (--link), before the first job."""
+        self.progress.console.print(
+            f"link {link.spec.asked}: workers in namespaces {link.namespace(0)}..{link.namespace(link.workers - 1)} "
+            f"({link.subnet}); measured {measured.bandwidth_bps / 1e6:,.1f} Mbit/s, round trip "
+            f"{measured.rtt_s * 1e6:,.0f} us", highlight=False)
+
     def run_done(self, label, record):
         self.progress.advance(self.task)
         if record.status != "ok":
@@ -64,6 +71,7 @@ def show_training(plan: DistributedPlan, records: list) -> None:
     from .distributed_tables import training_table
 
     out.print(training_table(records, f"dlbench run: {plan.suite.name}"))
+    _show_links(records)
     _fail_incomplete(records)
 
 
@@ -75,7 +83,17 @@ def show_collectives(plan: DistributedPlan, records: list) -> None:
     for r in records:
         out.print(bandwidth_table(r) if r.comm else escape(f"{r.benchmark} {r.framework.get('name')}: "
                                                           f"{r.status}: {r.reason}"), highlight=False)
+    _show_links(records)
     _fail_incomplete(records)
+
+
+def _show_links(records: list) -> None:
+    """The runs on a shaped link (--link): the link as asked and measured, bytes on the wire."""
+    from .distributed_tables import link_table
+
+    linked = [r for r in records if r.link is not None]
+    if linked:
+        out.print(link_table(linked))
 
 
 def _fail_incomplete(records: list) -> None:
@@ -104,6 +122,7 @@ def print_distributed_details(store: Store, rows: list[dict]) -> None:
     for r in records:
         if r.comm is not None:
             out.print(bandwidth_table(r))
+    _show_links(records)
 
 
 def list_distributed(path: Path, profile: str, device: str) -> None:

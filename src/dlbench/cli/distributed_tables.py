@@ -21,9 +21,12 @@ def human_bytes(n: int) -> str:
 
 def training_table(records: list[Record], title: str = "distributed training") -> Table:
     t = Table(title=title)
-    for col in ("benchmark", "framework", "workers", "global batch", "status", "ms/iter (slowest)", "ms/iter rank 0",
-                "samples/s", "efficiency", "exposed comm ms", "grad MB/iter", "threads/worker"):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status") else "right")
+    for col in ("benchmark", "framework", "workers", "global batch", "compression", "status", "ms/iter (slowest)",
+                "ms/iter rank 0", "samples/s", "efficiency", "× dense", "exposed comm ms", "grad MB/iter",
+                "sent MB/iter/rank", "threads/worker"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "compression") else "right")
+    dense = {_exchange_key(r): r.summary.median_s for r in records
+             if r.workload.compression == "none" and r.status == "ok" and r.summary}
     for r in records:
         d = r.distributed
         s = r.summary
@@ -33,14 +36,25 @@ def training_table(records: list[Record], title: str = "distributed training") -
         if scaling and scaling.efficiency is not None:
             eff = f"{scaling.efficiency:.2f} ({scaling.mode})"
         t.add_row(escape(r.benchmark), escape(f"{r.framework.get('name')} {r.framework.get('version') or ''}".strip()),
-                  str(d.workers if d else ""), str(r.workload.batch_size), f"[{style}]{r.status}[/]",
+                  str(d.workers if d else ""), str(r.workload.batch_size), escape(r.workload.compression or ""),
+                  f"[{style}]{r.status}[/]",
                   _fmt(s.ms_per_iter if s else None, ".2f"),
                   _fmt(d.rank0_median_s * 1e3 if d and d.rank0_median_s else None, ".2f"),
                   _fmt(s.samples_per_s if s else None, ".1f"), eff,
+                  _fmt(dense[_exchange_key(r)] / s.median_s if s and r.workload.compression not in (None, "none")
+                       and _exchange_key(r) in dense else None, ".2f"),
                   _fmt(d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None, ".2f"),
                   _fmt(d.grad_bytes / 1e6 if d and d.grad_bytes else None, ".2f"),
+                  _fmt(d.exchange.bytes_per_rank / 1e6 if d and d.exchange else None, ".3g"),
                   str(d.threads_per_worker if d else ""))
     return t
+
+
+def _exchange_key(r: Record) -> tuple:
+    """What a compressed run is compared with a dense one on: all but the compression."""
+    d = r.distributed
+    return (r.benchmark, r.framework.get("name"), r.workload.batch_size, r.workload.precision,
+            d.workers if d else None, d.threads_per_worker if d else None)
 
 
 def bandwidth_table(r: Record) -> Table:
@@ -60,4 +74,22 @@ def bandwidth_table(r: Record) -> Table:
         check = "[green]correct[/]" if s.correct else f"[red]wrong[/]: {escape(str(s.error))}"
         t.add_row(human_bytes(s.size_bytes), str(s.bytes), _fmt(s.time_s * 1e6 if s.time_s else None, ".1f"),
                   _fmt(s.algbw_gbps, ".4g"), _fmt(s.busbw_gbps, ".4g"), check)
+    return t
+
+
+def link_table(records: list[Record]) -> Table:
+    """The runs on a shaped link: the link asked for and as measured, and for training the bytes
+    each worker put on the wire per iteration beside a ring all-reduce's analytical figure."""
+    t = Table(title="shaped link (asked, measured before the jobs; bytes on the wire per iteration)")
+    for col in ("benchmark", "framework", "status", "link", "measured Mbit/s", "rtt us", "ms/iter",
+                "wire MB/iter/worker", "ring MB", "wire/ring"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "link") else "right")
+    for r in records:
+        k, m, w = r.link, r.link.measured, r.link.wire
+        t.add_row(escape(r.benchmark), escape(str(r.framework.get("name"))), r.status, escape(k.asked),
+                  _fmt(m.bandwidth_bps / 1e6 if m else None, ",.1f"), _fmt(m.rtt_s * 1e6 if m else None, ",.0f"),
+                  _fmt(r.summary.ms_per_iter if r.summary else None, ".2f"),
+                  _fmt(w.mean_per_worker / 1e6 if w else None, ".3f"),
+                  _fmt(w.ring_allreduce_bytes / 1e6 if w and w.ring_allreduce_bytes else None, ".3f"),
+                  _fmt(w.mean_per_worker / w.ring_allreduce_bytes if w and w.ring_allreduce_bytes else None, ".3f"))
     return t

@@ -99,18 +99,23 @@ def env_create(
     names = registry.names() if framework == "all" else [framework]
     chosen = backend(env, paths.cache_dir())
     log = BuildLog(err)
+    failed = []
     try:
-        for name in names:
+        for name in names:  # a framework that fails to build does not stop the others
             runner = lookup.runner(registry, name)
             try:
                 built = chosen.ensure(runner, flavour, log)
             except EnvironmentBuildError as e:
-                raise fail(str(e), 1) from None
+                err.print(f"{name} ({flavour}): {escape(str(e))}", highlight=False, soft_wrap=True)
+                failed.append(name)
+                continue
             out.print(f"{name} ({flavour}): {built.path or built.key}", highlight=False)
     finally:  # what was built and what reused, also when a build failed or was interrupted part-way
         summary = log.summary()
         if summary:
             err.print(escape(summary), highlight=False, soft_wrap=True)
+    if failed:
+        raise fail(f"could not build the {env} environment of {', '.join(failed)} ({flavour}); the reasons are above", 1)
 
 
 @env_app.command("remove")

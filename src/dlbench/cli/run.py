@@ -18,8 +18,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from ..axes import REQUEST_AXES, Mode
+from ..axes import Compression  # its values carry a parameter: checked by the distributed plan
 from ..store.checks import worst_error
 from ..store.rows import run_row
+from ..execution.links import LinkError
 from ..workflows.requests import RunRequest
 from ..workflows.suite_kinds import execute_run, plan_run
 from . import convergence, distributed, lookup, performance, tables
@@ -103,6 +105,16 @@ def run(
     data: Annotated[Optional[Path], typer.Option(
         "--data", metavar="DIR", help="Convergence suites: the folder of a task's dataset files (MNIST or "
                                       "Fashion-MNIST IDX, gzipped or not; CIFAR-10 binary); digits need none.")] = None,
+    link: Annotated[Optional[str], typer.Option(
+        "--link", metavar="RATE[,DELAY]", help=(
+            "Suites distributed and comm: each worker in a network namespace of its own, joined to the others by "
+            "a link shaped to RATE (100mbit, 1gbit, 10gbit...) and DELAY per direction (50us, 1ms; needs the "
+            "kernel's netem), measured before the jobs; needs root. Records say the link as asked and as "
+            "measured, and the bytes on the wire per iteration."))] = None,
+    compression: Annotated[Optional[list[str]], typer.Option(
+        "--compression", help=f"Suite distributed: how the gradients are exchanged: {' | '.join(Compression.names())} "
+                              "(e.g. powersgd:4, topk:0.01); a comma list or 'all' (none, fp16, bf16, powersgd:4, "
+                              "topk:0.01, gtopk:0.01), repeatable (default: none, dense all-reduce).")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
@@ -120,6 +132,8 @@ def run(
             progress.update(task, description="done")
     except KeyboardInterrupt as e:
         interrupted(e, len(records), display.what, display.cut(plan, len(records)))
+    except LinkError as e:  # --link: the link could not be made or measured (nothing ran on it)
+        raise fail(str(e)) from None
     display.results(plan, records)
 
 

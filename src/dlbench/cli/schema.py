@@ -36,6 +36,8 @@ KINDS: dict[str, str] = {
     "efficiency": "the datasheet efficiencies (suites/machines/efficiency.yaml)",
     "profiles": "the measurement profiles (suites/profiles.yaml)",
     "record": "a run record file (STORE/runs/<run_id>.json)",
+    "cluster": "a cluster file of `dlbench plan` (suites/clusters/*.yaml)",
+    "trace": "a job trace of `dlbench plan` (suites/traces/*.yaml)",
 }
 
 
@@ -48,13 +50,16 @@ def model_of(kind: str) -> type[BaseModel]:
     from ..definitions.machines import EfficiencyFile, MachineSheet
     from ..definitions.suite import ProfilesFile, SuiteFile
     from ..performance.kernel_suite import KernelSuiteFile
+    from ..planning.cluster import ClusterFile
+    from ..planning.trace import TraceFile
     from ..store.record import Record
 
     models = {"suite": SuiteFile, "distributed-suite": DistributedSuiteFile, "comm-suite": CommSuiteFile,
               "convergence-suite": ConvergenceSuiteFile, "kernels-suite": KernelSuiteFile,
               # over the layer table as it is: the built-in types, and any plug-in registered
               "network": layers.network_model(),
-              "machine": MachineSheet, "efficiency": EfficiencyFile, "profiles": ProfilesFile, "record": Record}
+              "machine": MachineSheet, "efficiency": EfficiencyFile, "profiles": ProfilesFile, "record": Record,
+              "cluster": ClusterFile, "trace": TraceFile}
     assert set(models) == set(KINDS)
     return models[kind]
 

@@ -132,6 +132,7 @@ class DistributedBenchmark:
     profile: str
     policy: FixedIterations
     mode: str = "train"
+    compression: str = "none"  # how the gradients are exchanged (runners/common/contract.py Compression)
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,7 @@ class Benchmark:
     policy: Profile
     compile: str = "default"  # eager | compiled | default (the runner's own; resolved per framework)
     scenario: str | None = None  # a LoadGen scenario (infer mode); None: the harness's back-to-back iterations
+    compression: str | None = None  # a data-parallel job's only (definitions/distributed.py): never asked here
     generation: "Generation | None" = None  # mode generate only
 
 

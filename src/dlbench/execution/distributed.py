@@ -10,6 +10,11 @@
   A collective the runner declares its engine does not offer (runner.toml
   [distributed.collectives_not_offered]) is left out of the job and recorded as skipped, with why.
 
+On a shaped link (`--link`, links.py: DistributedOptions.link), each job's ranks run in the link's
+namespaces and the hub-side counters are sampled while it runs (wire.py); its records carry `link`
+(as asked, as measured before the jobs, bytes on the wire per iteration) and benchmark names with
+the link (`fcn5-train-w2@1gbit`); the one-worker baseline runs on loopback, having no peer.
+
 A runner whose runner.toml has no [distributed] section has not been ported: its runs are recorded
 as skipped, saying so. Nothing here imports a framework: jobs.py starts the ranks, launch_styles.py
 says how, placement.py says where.
@@ -17,6 +22,7 @@ says how, placement.py says where.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -27,14 +33,19 @@ from typing import Callable, Protocol
 
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
-from ..axes import REQUEST_AXES
+from ..axes import REQUEST_AXES, Compression, CompressionMethod
 from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
+from ..definitions.weights import is_state, weight_shapes
+from ..performance.communication import exchange_bytes
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
 from ..store.record import (
     CommInfo,
     CommSize,
     DistributedInfo,
+    ExchangeInfo,
+    LinkInfo,
+    LinkMeasurement,
     NetworkInfo,
     Prediction,
     Record,
@@ -42,6 +53,7 @@ from ..store.record import (
     RepeatPolicy,
     Scaling,
     Settings,
+    WireBytes,
     Workload,
     new_run_id,
 )
@@ -51,8 +63,10 @@ from .environments import BuildProgress, Environment, EnvironmentBuildError
 from .interrupts import temporary_folder
 from .jobs import PROTOCOL_VERSION, JobOutcome, run_job
 from .launch_styles import STYLES, JobLayout
+from .links import Link, LinkError, describe_shaping
 from .placement import Placement, free_port, free_ports
 from .registry import DISTRIBUTED_AXES, RunnerInfo
+from .wire import Measured, WireCounters, ring_allreduce_bytes
 
 NOT_SAMPLED = {"enabled": False, "reason": "telemetry is not sampled for distributed jobs yet"}
 EXPOSED_METHOD = "median step minus median step without the gradient exchange (slowest rank each)"
@@ -72,6 +86,8 @@ class DistributedOptions:
     seed: int = 0
     # the performance model's prediction of a training run, kept in its record (performance/runtime.py)
     predictor: Callable[..., dict | None] | None = None
+    link: Link | None = None  # the shaped link the jobs' ranks run on (the placement's namespaces)
+    link_measured: Measured | None = None  # its socket test, made before the first job
 
 
 class DistributedEvents(Protocol):
@@ -95,8 +111,10 @@ def not_ported(runner: RunnerInfo) -> str:
 
 def planned_runs(benchmarks: list[DistributedBenchmark], comm: CommBenchmark | None, workers: int) -> int:
     """Records one framework's share of the plan writes (for progress)."""
-    per_batch = 2 if workers > 1 else 1
-    return sum(per_batch * len(b.batch_sizes) for b in benchmarks) + (len(comm.collectives) if comm else 0)
+    runs = sum(len(b.batch_sizes) for b in benchmarks)
+    if workers > 1:  # one one-worker baseline per network, precision and batch, whatever the compressions
+        runs += len({(b.name, b.precision, batch) for b in benchmarks for batch in b.batch_sizes})
+    return runs + (len(comm.collectives) if comm else 0)
 
 
 def _median(values: list[float]) -> float | None:
@@ -110,6 +128,9 @@ class DistributedOrchestrator:
         self.events = events or SilentDistributedEvents()
         self.environments = Environments(backend(options.env_backend, options.cache), options.device,
                                          self.events.environment)
+        # one-worker baselines run in this invocation, by what they train: the runs of several
+        # compressions of one benchmark share theirs (with one worker nothing is exchanged)
+        self._baselines: dict[tuple, Record] = {}
 
     def environment(self, runner: RunnerInfo) -> Environment | EnvironmentBuildError:
         return self.environments.get(runner)
@@ -126,11 +147,33 @@ class DistributedOrchestrator:
             request_path.write_text(json.dumps({"protocol": PROTOCOL_VERSION, **request}))
             layout = JobLayout(python=env.python, worker=runner.distributed.worker.resolve(), request=request_path,
                                job_dir=job_dir, placement=placement, threads=self.options.threads,
-                               coordinator_port=free_port(), worker_ports=tuple(free_ports(placement.workers)))
+                               coordinator_port=free_port(), worker_ports=tuple(free_ports(placement.workers)),
+                               extra_env=self._layout_env(placement))
             specs = STYLES[runner.distributed.launch](layout)
             cwd = runner.distributed.worker.resolve().parent
-            return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
-                           placement.workers, self.options.timeout_s, cwd, request=request)
+
+            def start() -> JobOutcome:
+                return run_job(specs, lambda s: placement.command_on(s.host, s.argv, s.env, str(cwd)), job_dir,
+                               placement.workers, self.options.timeout_s, cwd, request=request)
+
+            link = self.options.link
+            if link is None or placement.hosts[0].namespace is None:
+                return start()
+            with WireCounters(link) as counters:
+                outcome = start()
+            window = (outcome.results.get(0) or {}).get("window_monotonic_ns")
+            if outcome.status == "ok" and window:
+                try:
+                    outcome.wire_sent = counters.sent_between(*window)
+                except LinkError as e:
+                    outcome.wire_reason = str(e)
+            return outcome
+
+    def _layout_env(self, placement: Placement) -> dict[str, str]:
+        """What every process of a job on the link is told beyond the placement: gloo's interface."""
+        if self.options.link is None or placement.hosts[0].namespace is None:
+            return {}
+        return {"GLOO_SOCKET_IFNAME": self.options.link.interface}
 
     def _common(self, runner: RunnerInfo) -> tuple[Environment | None, str, str | None, dict]:
         """(environment, status, reason, env_info) before any job runs."""
@@ -151,9 +194,15 @@ class DistributedOrchestrator:
             per_worker, global_batch = batches(batch, n, o.scaling)
             baseline = None
             if n > 1:
-                # strong: the same global batch on one worker; weak: one worker's batch
-                baseline = self._train_run(runner, benchmark, o.placement.single_worker(), batch, batch, None)
-                records.append(baseline)
+                # strong: the same global batch on one worker; weak: one worker's batch; dense, since
+                # one worker exchanges nothing (a compressor there would only change the training)
+                key = (runner.name, benchmark.name, benchmark.precision, batch, o.threads)
+                baseline = self._baselines.get(key)
+                if baseline is None:
+                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value)
+                    baseline = self._train_run(runner, dense, o.placement.single_worker(), batch, batch, None)
+                    self._baselines[key] = baseline
+                    records.append(baseline)
             records.append(self._train_run(runner, benchmark, o.placement, per_worker, global_batch, baseline))
         return records
 
@@ -161,11 +210,14 @@ class DistributedOrchestrator:
                    global_batch: int, baseline: Record | None) -> Record:
         o = self.options
         n = placement.workers
-        label = f"{runner.name} {b.name} x{n} b={global_batch}"
+        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}")
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
+        # the model's communication term is the dense all-reduce: a compressed run gets no prediction
+        # rather than a dense one (performance/communication.py crossover_bandwidth compares them)
+        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value)
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
-                                 framework=runner.name, workers=n) if o.predictor else None
+                                 framework=runner.name, workers=n) if predictable else None
         self.events.run_started(label, repeats_asked)
         refusal = _data_parallel_refusal(runner, b)
         if refusal is None:
@@ -173,6 +225,7 @@ class DistributedOrchestrator:
         else:  # the runner says it cannot: no environment built, no job started
             env, status, reason, env_info = None, "skipped", refusal, {"backend": o.env_backend}
         repeats: list[Repeat] = []
+        repeats_outcomes: list[JobOutcome] = []
         rank0: dict = {}
         tail = ""
         if env is not None:
@@ -183,6 +236,7 @@ class DistributedOrchestrator:
             }
             for index in range(repeats_asked):
                 outcome = self.job(runner, env, request, placement)
+                repeats_outcomes.append(outcome)
                 rank0 = outcome.results.get(0) or rank0
                 repeats.append(_train_repeat(index, outcome, n))
                 self.events.repeat_done(label, index, outcome.status)
@@ -196,14 +250,19 @@ class DistributedOrchestrator:
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
+            exchange=_exchange(b, n) if n > 1 else None,
         )
         if summary is not None:
             _training_figures(info, repeats)
-        record = self._record(runner, started, b.suite, f"{b.name}-w{n}", NetworkInfo.of(b.network, b.network_file), Workload(
+        on_link = o.link is not None and placement.hosts[0].namespace is not None
+        record = self._record(runner, started, b.suite, self._name(f"{b.name}-w{n}", placement),
+                              NetworkInfo.of(b.network, b.network_file), Workload(
             mode="train", batch_size=global_batch, **_axes(b), compile=runner.default_compile,
             learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
+        if on_link:
+            record.link = self._link_info(_wire(repeats_outcomes, n, info.grad_bytes))
         record.prediction = Prediction.model_validate(prediction) if prediction else None
         record.equivalence = CheckStore(self.store.root).status(
             b.network.name, b.network.definition_hash, runner.name, record.framework.get("version"))
@@ -263,7 +322,8 @@ class DistributedOrchestrator:
                 hash=hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest(),
                 params_described=0, flops_per_sample=0, definition=definition)
             tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "") if collective in offered else ""
-            record = self._record(runner, started, comm.suite, f"{collective}-w{n}", network, Workload(
+            record = self._record(runner, started, comm.suite, self._name(f"{collective}-w{n}", o.placement),
+                                  network, Workload(
                 mode="collective", batch_size=1, precision=comm.dtype, learning_rate=0.0, momentum=0.0,
                 device=o.device), env_info, rank0, comm.profile, repeats_asked, comm.policy.model_dump(),
                 repeats, None, op_status, op_reason, tail if op_status != "ok" else "")
@@ -272,6 +332,9 @@ class DistributedOrchestrator:
                 launch=runner.distributed.launch if runner.distributed else "none",
                 backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads)
             record.comm = info
+            if o.link is not None:
+                record.link = self._link_info("bytes on the wire are counted for training runs only: a comm job "
+                                              "runs every collective and size in one window")
             record.equivalence = {"status": "unchecked",
                                   "reason": "a collective's result is checked at every size (comm.sizes[].correct)"}
             self.store.write(record)
@@ -280,6 +343,22 @@ class DistributedOrchestrator:
         return records
 
     # ------------------------------------------------------------------ records
+
+    def _name(self, benchmark: str, placement: Placement) -> str:
+        """A job on a shaped link is another benchmark than the same job on loopback: its name says
+        the link, so its runs never pool or pair with the others'."""
+        if self.options.link is None or placement.hosts[0].namespace is None:
+            return benchmark
+        return f"{benchmark}@{self.options.link.spec.label}"
+
+    def _link_info(self, wire: WireBytes | str | None) -> LinkInfo:
+        link, measured = self.options.link, self.options.link_measured
+        return LinkInfo(
+            asked=link.spec.asked, rate_bps=link.spec.rate_bps, delay_s=link.spec.delay_s,
+            shaping=describe_shaping(link.spec), subnet=str(link.subnet),
+            measured=LinkMeasurement(**vars(measured)) if measured else None,
+            wire=wire if isinstance(wire, WireBytes) else None,
+            wire_reason=wire if isinstance(wire, str) else None)
 
     def _record(self, runner, started, suite, benchmark, network, workload, env_info, rank0, profile, repeats_asked,
                 policy, repeats, summary, status, reason, tail) -> Record:
@@ -311,6 +390,25 @@ def _train_repeat(index: int, outcome: JobOutcome, workers: int) -> Repeat:
         ranks=[{"rank": i, "host": r.get("host"), "first_iter_s": r.get("first_iter_s"), "iter_s": r.get("iter_s"),
                 "local_iter_s": r.get("local_iter_s")} for i, r in enumerate(ranks)],
     )
+
+
+def _wire(outcomes: list[JobOutcome], workers: int, grad_bytes: int | None) -> WireBytes | str | None:
+    """Bytes on the wire per measured iteration, per worker, the median over the ok repeats; or why
+    there are none (a repeat whose counters could not be read); None when no repeat completed."""
+    good = [oc for oc in outcomes if oc.status == "ok"]
+    if not good:
+        return None
+    missing = next((oc.wire_reason or "no measured window" for oc in good if oc.wire_sent is None), None)
+    if missing:
+        return missing
+    per_iter = [[sent / len(oc.results[0]["iter_s"]) for sent in oc.wire_sent] for oc in good]
+    sent = [statistics.median(rep[w] for rep in per_iter) for w in range(workers)]
+    return WireBytes(
+        sent_per_iter=sent, mean_per_worker=statistics.fmean(sent),
+        ring_allreduce_bytes=ring_allreduce_bytes(grad_bytes, workers) if grad_bytes else None,
+        iterations=sum(len(oc.results[0]["iter_s"]) for oc in good),
+        source=("frame bytes each worker's hub-side veth port received, sampled every 10 ms on the monotonic "
+                "clock and interpolated at rank 0's measured window, divided by its iterations"))
 
 
 def _training_figures(info: DistributedInfo, repeats: list[Repeat]) -> None:
@@ -392,7 +490,18 @@ def _data_parallel_refusal(runner: RunnerInfo, b: DistributedBenchmark) -> str |
     if runner.distributed is None:
         return None
     for spec in DISTRIBUTED_AXES.values():
-        why = runner.distributed.capabilities.refusal(runner.name, spec.axis(getattr(b, spec.field)))
+        value = spec.axis(getattr(b, spec.field))
+        why = runner.distributed.capabilities.refusal(runner.name, value)
         if why:
-            return why
+            reason = runner.distributed.compression_refusal(value) if isinstance(value, CompressionMethod) else None
+            return f"{why}: {reason}" if reason else why
     return None
+
+
+def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:
+    """The analytical bytes of one iteration's exchange of the network's trainable tensors (their
+    canonical shapes, definitions/weights.py) by the benchmark's compression."""
+    shapes = [shape for name, shape in weight_shapes(b.network.resolved).items() if not is_state(name)]
+    counted = exchange_bytes(Compression.parse(b.compression, who="the distributed benchmark"), shapes, workers)
+    return ExchangeInfo(method=counted.method, payload_bytes=counted.payload, bytes_per_rank=counted.per_rank,
+                        total_bytes=counted.total, rounds=counted.rounds, formula=counted.formula)

@@ -67,6 +67,9 @@ class JobOutcome:
     output_tail: str
     wall_s: float
     left_behind: list[int] = field(default_factory=list)  # pids alive after teardown (should be none)
+    # on a shaped link: the bytes each worker sent in rank 0's measured window (wire.py), or why not
+    wire_sent: list[float] | None = None
+    wire_reason: str | None = None
 
 
 def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:

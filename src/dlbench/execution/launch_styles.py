@@ -12,7 +12,8 @@ A runner names its style in runner.toml (`[distributed] launch = ...`):
 
 Every rank also gets DLBENCH_WORKER_ADDRESSES ("host:port" per rank, a free port each), the
 thread variables, and, when every host is a loopback address, GLOO_SOCKET_IFNAME=lo (so gloo does
-not look for the peers on an interface that a name lookup of the hostname happens to return).
+not look for the peers on an interface that a name lookup of the hostname happens to return); on a
+shaped link (--link) the interface every namespace names alike, through JobLayout.extra_env.
 A style is a function of a JobLayout to ProcessSpecs; add one here (and to STYLES) for an engine
 that needs other processes (parameter servers, a scheduler).
 """
@@ -85,13 +86,18 @@ def torchrun_processes(layout: JobLayout) -> list[ProcessSpec]:
 
 
 def rank_processes(layout: JobLayout) -> list[ProcessSpec]:
+    """One process per rank. DLBENCH_MACHINE_SLOT: the rank's index among the ranks sharing its
+    machine's cores (every rank of a host started directly, whatever its address or namespace, is on
+    this machine), for runners that pin each rank to its share of them (jax)."""
     p = layout.placement
-    specs, rank = [], 0
+    specs, rank, here = [], 0, 0
     for host in p.hosts:
         for local_rank in range(host.slots):
             env = {**common_env(layout), "RANK": str(rank), "WORLD_SIZE": str(p.workers),
                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots),
-                   "MASTER_ADDR": p.coordinator, "MASTER_PORT": str(layout.coordinator_port)}
+                   "MASTER_ADDR": p.coordinator, "MASTER_PORT": str(layout.coordinator_port),
+                   "DLBENCH_MACHINE_SLOT": str(here if host.local else local_rank)}
+            here += host.local
             argv = [str(layout.python), str(layout.worker), str(layout.request), str(layout.job_dir)]
             specs.append(ProcessSpec(host, argv, env, f"rank {rank} on {host.address}"))
             rank += 1

@@ -205,8 +205,9 @@ def run_worker(python: Path, worker: Path, request: dict, timeout_s: float,
             return WorkerOutcome("timeout", f"worker exceeded its timeout of {timeout_s:g} s and was killed",
                                  None, tail, None, wall)
         engine_failure = None
-        if container is not None:
-            returncode, engine_failure = container.describe_exit(returncode)
+        if container is not None and name is not None:  # read the finished container, then remove it
+            reading = container.finish(name, returncode)
+            returncode, engine_failure = reading.returncode, reading.engine_failure
         try:
             raw = read_result_bytes(res_path)
         except ResultError as e:

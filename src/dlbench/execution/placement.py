@@ -7,6 +7,9 @@ Three variants, one shape (a list of hosts, each with its number of ranks):
   all reach `lo` on Linux, which is how the multi-host path is tested on one machine) is started
   directly; any other through `ssh -tt` (a terminal, so that the remote processes get SIGHUP when
   dlbench stops the ssh client). Repository and environments must be at the same paths there.
+- link: `--link RATE[,DELAY]` (execution/links.py): one rank per network namespace of this machine,
+  each namespace a "host" at its address on the link, every command started through
+  `ip netns exec <namespace>`; the ranks share this machine's cores as local ones do.
 - slurm: inside an allocation (SLURM_JOB_ID set, `srun` on PATH) and without --hosts: the nodes of
   $SLURM_JOB_NODELIST (expanded by `scontrol show hostnames`), each command started as a job step
   on its node (`srun --nodes 1 --ntasks 1 --nodelist NODE`); srun relays signals to the step.
@@ -43,6 +46,7 @@ class Host:
     slots: int  # ranks on this host
     cpus: int  # cores the ranks on this host share
     local: bool  # started directly (this machine or a loopback address), else through ssh or srun
+    namespace: str | None = None  # the network namespace of this machine its ranks run in (--link)
 
 
 @dataclass(frozen=True)
@@ -90,12 +94,17 @@ class Placement:
         return all(_is_loopback(h.address) for h in self.hosts)
 
     def single_worker(self) -> "Placement":
-        """One rank on the first host, with that host's cores (the scaling baseline)."""
+        """One rank on the first host, with that host's cores (the scaling baseline). On a shaped
+        link, one rank on loopback: it has no peer to talk to, so the link would change nothing."""
         first = self.hosts[0]
+        if first.namespace is not None:
+            return local_placement(1, first.cpus)
         return Placement(self.variant, (Host(first.address, 1, first.cpus, first.local),))
 
     def command_on(self, host: Host, argv: list[str], env: Mapping[str, str], cwd: str) -> list[str]:
         """The local command that runs `argv` with `env` added, in `cwd`, on `host`."""
+        if host.namespace is not None:
+            return ["ip", "netns", "exec", host.namespace, *argv]
         if host.local:
             return argv
         assignments = [f"{k}={v}" for k, v in sorted(env.items())]
@@ -129,6 +138,11 @@ def is_this_machine(address: str) -> bool:
 
 def local_placement(workers: int, cpus: int) -> Placement:
     return Placement("local", (Host("127.0.0.1", workers, cpus, True),))
+
+
+def namespace_placement(addresses: list[str], namespaces: list[str], cpus: int) -> Placement:
+    """One rank per network namespace of this machine, at its address there (a shaped link)."""
+    return Placement("local", tuple(Host(a, 1, cpus, True, ns) for a, ns in zip(addresses, namespaces, strict=True)))
 
 
 def _spread(variant: Variant, names: list[str], workers: int, cpus: int, where: str) -> Placement:

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from ..axes import REQUEST_AXES, Axis, Compile, RequestAxis
+from ..axes import CompressionMethod  # [distributed] compression_refused
 from ..definitions.distributed import Collective
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
@@ -98,6 +99,15 @@ class _DistributedLaunchSection(_Section):
     # skipped, no rank asked (one the engine offers on some devices only is the rank's
     # `collective_unavailable`)
     collectives_not_offered: dict[Collective, Annotated[str, Field(min_length=1)]] = {}
+    # why the data-parallel step leaves out a gradient compression method (the skipped run says it)
+    compression_refused: dict[CompressionMethod, Annotated[str, Field(min_length=1)]] = {}
+
+    @model_validator(mode="after")
+    def _refused_not_run(self):
+        both = [m.value for m in self.compression_refused if m in getattr(self, "compressions", ())]
+        if both:
+            raise ValueError(f"compression_refused gives a reason for {', '.join(both)}, which compressions lists")
+        return self
 
 
 # The same for the runner's data-parallel step (REQUEST_AXES' distributed capabilities).
@@ -193,9 +203,14 @@ class DistributedLaunch:
     capabilities: Capabilities  # what its data-parallel step trains in, per axis ([distributed])
     # collective -> why the engine offers none (runner.toml [distributed.collectives_not_offered])
     collectives_not_offered: tuple[tuple[str, str], ...] = ()
+    compression_refused: tuple[tuple[CompressionMethod, str], ...] = ()  # (method left out, why)
 
     def not_offered(self, collective: str) -> str | None:
         return dict(self.collectives_not_offered).get(collective)
+
+    def compression_refusal(self, method: CompressionMethod) -> str | None:
+        """runner.toml's reason for leaving out `method`, None where it gives none."""
+        return dict(self.compression_refused).get(method)
 
 
 @dataclass(frozen=True)
@@ -275,7 +290,8 @@ def _load(folder: Path) -> RunnerInfo:
     if toml.distributed is not None:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
                                         toml.distributed.launch, Capabilities.of_distributed(toml.distributed),
-                                        tuple(toml.distributed.collectives_not_offered.items()))
+                                        tuple(toml.distributed.collectives_not_offered.items()),
+                                        tuple(toml.distributed.compression_refused.items()))
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..axes import CompressionMethod, topk_count
+
 SCHEDULES = ("none", "wfbp", "mgwfbp")
 
 
@@ -196,3 +198,133 @@ def schedule(kind: str, t_b: list[float], p: list[float], cost: AllReduceCost) -
     if kind == "none":
         return without_overlap(t_b, p, cost)
     raise ValueError(f"unknown schedule {kind!r}; expected one of {', '.join(SCHEDULES)}")
+
+
+# ------------------------------------------------------------------ bytes of a compressed exchange
+
+FLOAT32_BYTES = 4
+HALF_BYTES = 2  # float16, bfloat16
+PAIR_BYTES = 8  # a float32 value and its int32 index
+
+
+@dataclass(frozen=True)
+class ExchangeBytes:
+    """What one iteration's gradient exchange sends, analytically (each rank's payload as the
+    method makes it, then the collective's traffic): `per_rank` the mean bytes a rank sends,
+    `total` every rank's together (what the wire carries), `payload` one rank's message (the
+    all-reduced buffer, or the (value, index) pairs), `rounds` the messages one after the other
+    on the longest path (ring steps, gTop-k's tree rounds), `formula` how it was counted."""
+
+    method: str
+    workers: int
+    payload: int
+    per_rank: float
+    total: float
+    rounds: int
+    formula: str
+
+
+def powersgd_compressed(shape: tuple[int, ...], rank: int) -> bool:
+    """Whether PowerSGD sends this gradient as factors: a matrix (2+ dimensions, viewed as
+    (shape[0], the rest)) whose factors are smaller than it, n m > (n + m) r (torch's
+    min_compression_rate 1; jax's runner views (size / last, last), the same n + m)."""
+    if len(shape) < 2:
+        return False
+    n = shape[0]
+    m = _product(shape) // n
+    return n * m > (n + m) * rank
+
+
+def _product(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out
+
+
+def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int) -> ExchangeBytes:
+    """The analytical bytes of one iteration's exchange of gradients of these `shapes` (float32,
+    one per trainable tensor) among `workers` ranks by `compression` (axes.Compression):
+      none            ring all-reduce of B = 4 Σ size: each rank sends 2(n-1)/n · B;
+      fp16, bf16      the same of B = 2 Σ size;
+      powersgd:r      ring all-reduce of P (n_i x r) and then Q (m_i x r) of each compressed matrix
+                      and of every other gradient as it is: B = 4 (Σ (n_i + m_i) r + Σ size_j);
+      topk:d          ring all-gather of each rank's K = Σ ceil(d size_i) pairs (8 bytes each):
+                      each rank sends (n-1) · 8K;
+      gtopk:d         8K-byte messages up a binomial tree (n-1 of them) and back down (n-1):
+                      2(n-1) · 8K in all, over 2 ceil(log2 n) rounds."""
+    method = compression.method
+    sizes = [_product(s) for s in shapes]
+    n = workers
+    if method in (CompressionMethod.NONE, CompressionMethod.FP16, CompressionMethod.BF16,
+                  CompressionMethod.POWERSGD):
+        if method is CompressionMethod.NONE:
+            payload, what = FLOAT32_BYTES * sum(sizes), "4 Σ size"
+        elif method is CompressionMethod.POWERSGD:
+            r = compression.rank
+            elements = sum((s[0] + size // s[0]) * r if powersgd_compressed(s, r) else size
+                           for s, size in zip(shapes, sizes))
+            payload, what = FLOAT32_BYTES * elements, f"4 (Σ (n_i + m_i) {r} over compressed matrices + Σ size of the rest)"
+        else:
+            payload, what = HALF_BYTES * sum(sizes), "2 Σ size"
+        per_rank = 2 * (n - 1) / n * payload if n > 1 else 0.0
+        return ExchangeBytes(str(compression), n, payload, per_rank, per_rank * n, 2 * (n - 1),
+                             f"ring all-reduce: 2(n-1)/n · B per rank, B = {what}")
+    k = sum(topk_count(size, compression.density) for size in sizes)
+    payload = PAIR_BYTES * k
+    if method is CompressionMethod.TOPK:
+        per_rank = (n - 1) * payload
+        return ExchangeBytes(str(compression), n, payload, float(per_rank), float(per_rank * n), n - 1,
+                             f"ring all-gather of K = Σ ceil({compression.density:g} size) = {k} pairs: "
+                             "(n-1) · 8K per rank")
+    if method is CompressionMethod.GTOPK:
+        total = 2 * (n - 1) * payload
+        depth = (n - 1).bit_length()  # ceil(log2 n)
+        return ExchangeBytes(str(compression), n, payload, total / n, float(total), 2 * depth,
+                             f"binomial tree of K = {k} pairs: n-1 messages of 8K up, n-1 down")
+    raise ValueError(f"no byte count for compression {compression}")
+
+
+@dataclass(frozen=True)
+class ExchangeTime:
+    """The α–β time of one iteration's exchange on the longest path: `messages` start-ups (α each)
+    and `bytes` sent one after the other (β each)."""
+
+    messages: int
+    bytes: float
+
+    def time(self, alpha_s: float, beta_s_per_byte: float) -> float:
+        return self.messages * alpha_s + self.bytes * beta_s_per_byte
+
+
+def exchange_time(counted: ExchangeBytes) -> ExchangeTime:
+    """The longest path of `exchange_bytes`' collective: a ring all-reduce (none, fp16, bf16,
+    powersgd) is 2(n-1) steps of B/n (PowerSGD's two all-reduces, of P and of Q, are counted as
+    one of their summed size: their start-ups are the few its matrices add), a ring all-gather
+    (topk) n-1 steps of 8K, gTop-k's tree 2 ceil(log2 n) rounds of 8K each."""
+    n = counted.workers
+    if n < 2:
+        return ExchangeTime(0, 0.0)
+    method = counted.method.partition(":")[0]
+    if method == CompressionMethod.TOPK.value:
+        return ExchangeTime(n - 1, float((n - 1) * counted.payload))
+    if method == CompressionMethod.GTOPK.value:
+        return ExchangeTime(counted.rounds, float(counted.rounds * counted.payload))
+    return ExchangeTime(2 * (n - 1), 2 * (n - 1) / n * counted.payload)
+
+
+def crossover_bandwidth(method: ExchangeBytes, dense: ExchangeBytes, alpha_s: float, extra_s: float) -> float | None:
+    """The link bandwidth (bytes/s) below which `method` makes an iteration shorter than the dense
+    exchange, both unhidden behind the backward: the method costs `extra_s` more compute per
+    iteration (compressing, selecting, decompressing) and its exchange_time; the link has start-up
+    `alpha_s`. Solves extra + m_m α + b_m β = m_d α + b_d β for β: None where no bandwidth makes
+    the method faster (it sends at least as many bytes on the longest path, or its extra cost is
+    never paid back), math.inf where it is faster at any bandwidth."""
+    m, d = exchange_time(method), exchange_time(dense)
+    saved_bytes = d.bytes - m.bytes
+    fixed = extra_s + (m.messages - d.messages) * alpha_s  # what the method costs beyond the bytes
+    if saved_bytes <= 0:
+        return None if fixed >= 0 else float("inf")
+    if fixed <= 0:
+        return float("inf")
+    return saved_bytes / fixed  # β* = fixed / saved_bytes; below 1/β* the method wins

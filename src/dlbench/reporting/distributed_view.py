@@ -1,5 +1,6 @@
 """A multi-worker run on its run page: how the job was laid out, and for a collective its bus and
-algorithm bandwidth against message size (log2 axis), from the record's `comm` field."""
+algorithm bandwidth against message size (log2 axis), from the record's `comm` field; on a shaped
+link, the link (`link`: as asked, as measured, bytes on the wire per iteration)."""
 
 from __future__ import annotations
 
@@ -34,4 +35,6 @@ def distributed_context(record: Record, flatten) -> dict:
         "bandwidth_chart": bandwidth_chart(record),
         "bandwidth_rows": [s.model_dump() for s in c.sizes] if c else [],
         "bus_factor": c.bus_factor if c else None,
+        # a job on a shaped link (--link): the link as asked and as measured, bytes on the wire
+        "link_rows": flatten(record.link.model_dump(exclude_none=True)) if record.link else [],
     }

@@ -114,6 +114,38 @@ records step by step and refuse newer ones):
     over 16 MiB), so a prediction can be scored against the machine as fast as it was when the run
     ran (`dlbench predict --accuracy`). Older records read with none (None) (the model's
     defaults: no migration).
+  15 (2026-12-07) containers for real (issue 43): a record of the docker backend says how its worker's
+    container was had and run, in `environment.container`: `engine` (the client, its kind and
+    version, the engine behind it and its version, the API: podman-cli or docker-api, the builder:
+    buildx, classic or podman, and the socket), `image_digest` (the registry digest, None for an image
+    only ever built locally: its `environment.image_id` is then its content address),
+    `image_created`, `image_size_bytes`, `base_image` (the Dockerfile's BASE_IMAGE build argument as
+    built: its pinned default or $DLBENCH_BASE_IMAGE) and `base_image_id`, `venv_lock_checked` (the
+    image's packages were checked against the venv's lock when it was built), `run_options` (the
+    engine options every worker container ran with: --init, --pull never, --network none, shm,
+    user, memory limit, GPUs) and `stop` (how it is stopped). Older records have none (a docker
+    record before 15 has only image, image_id, dockerfile and gpus) (a free-form dict: the model's
+    defaults: no migration).
+  16 (2026-12-07) shaped links (`dlbench run --link RATE[,DELAY]`, issue 44): `link` (LinkInfo) on
+    the records of a job whose workers ran in network namespaces joined by a shaped link: the link
+    as asked (`asked`, `rate_bps`, `delay_s`), how it was shaped (`shaping`: the qdiscs), its
+    `subnet`, the link as measured before the jobs (`measured`: one TCP stream's bandwidth and the
+    median one-byte round trip between two workers' namespaces) and, for training, the bytes on the
+    wire per measured iteration read from the hub-side veth counters (`wire`: per worker, with the
+    ring all-reduce's analytical 2(n-1)/n x gradient bytes beside). Its benchmark names carry the
+    link (`fcn5-train-w2@1gbit`), so runs on different links never pool or pair. Older records
+    read with none (None) (the model's
+    defaults: no migration).
+  17 (2026-12-07) gradient compression of data-parallel training (`dlbench run --compression`,
+    issue 44): `workload.compression` (none | fp16 | bf16 | powersgd:RANK | topk:DENSITY |
+    gtopk:DENSITY; None where the run is no data-parallel training) pairs runs as the other axes
+    do, and `distributed.exchange` holds the method's analytical bytes of one iteration's exchange
+    (performance/communication.py exchange_bytes: one rank's payload, the mean bytes a rank sends,
+    every rank's together, the rounds on the longest path, the formula). What the runner's hook or
+    step did is in settings.runner.compression. Older data-parallel training records exchanged
+    dense float32 gradients: they read with compression "none" (update_to_17), and with no
+    `distributed.exchange` (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
@@ -127,7 +159,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..axes import Scenario
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 17
 
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
@@ -264,6 +296,9 @@ class Workload(_Model):
     device: Literal["cpu", "cuda"]
     # an MLPerf LoadGen scenario (schema 9); None: the harness's back-to-back iterations
     scenario: Literal[SCENARIOS] | None = None
+    # how a data-parallel job exchanged its gradients (schema 17, runners/common/contract.py
+    # Compression: none, fp16, powersgd:4, topk:0.01, ...); None: not data-parallel training
+    compression: str | None = None
 
 
 class Settings(_Model):
@@ -313,6 +348,18 @@ class Scaling(_Model):
     reason: str | None = None  # why there is no efficiency (the baseline failed; this is the baseline)
 
 
+class ExchangeInfo(_Model):
+    """The analytical bytes of one iteration's gradient exchange by the run's compression
+    (performance/communication.py ExchangeBytes), from the network's trainable tensors."""
+
+    method: str  # as workload.compression
+    payload_bytes: Int64  # one rank's message: the all-reduced buffer or its (value, index) pairs
+    bytes_per_rank: float  # mean bytes one rank sends per iteration
+    total_bytes: float  # every rank's together: what the wire carries per iteration
+    rounds: Int64  # messages one after the other on the longest path
+    formula: str
+
+
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
@@ -331,6 +378,7 @@ class DistributedInfo(_Model):
     exposed_comm_method: str | None = None
     local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
     scaling: Scaling | None = None  # training runs
+    exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
 
 
 class CommSize(_Model):
@@ -505,6 +553,38 @@ class ConvergenceInfo(_Model):
     reason: str | None = None
 
 
+class LinkMeasurement(_Model):
+    """The link as it performed before the jobs (execution/wire.py's socket test)."""
+
+    bandwidth_bps: float  # one TCP stream worker 0 -> worker 1, payload bits over the receiver's time
+    rtt_s: float  # median round trip of a one-byte TCP echo between them
+    seconds: float  # how long the stream was received
+    method: str
+
+
+class WireBytes(_Model):
+    """Bytes on the wire per measured iteration of a training job, from the interface counters."""
+
+    sent_per_iter: list[float]  # per worker (rank order): frame bytes its interface sent, median over repeats
+    mean_per_worker: float  # their mean
+    ring_allreduce_bytes: float | None = None  # 2(n-1)/n x the gradient bytes: a ring all-reduce's per worker
+    iterations: Int64  # measured iterations the figures come from, over the repeats
+    source: str
+
+
+class LinkInfo(_Model):
+    """The shaped link a multi-worker job ran on (schema 16)."""
+
+    asked: str  # as given to --link: "1gbit", "10gbit,50us"
+    rate_bps: Int64
+    delay_s: float = 0.0  # added by each worker's egress (a round trip crosses two)
+    shaping: str  # the qdiscs on each worker's egress
+    subnet: str  # the workers' addresses, inside their namespaces only
+    measured: LinkMeasurement | None = None
+    wire: WireBytes | None = None  # training runs
+    wire_reason: str | None = None  # why a training run has no `wire`
+
+
 class Record(_Model):
     schema_version: Int64 = SCHEMA_VERSION
     run_id: RunId
@@ -534,3 +614,4 @@ class Record(_Model):
     loadgen: LoadGenInfo | None = None  # MLPerf LoadGen scenario runs (schema 9)
     generation: GenerationSummary | None = None  # mode generate (schema 10)
     convergence: ConvergenceInfo | None = None  # time to accuracy (schema 11)
+    link: LinkInfo | None = None  # a job on a shaped link (schema 16)

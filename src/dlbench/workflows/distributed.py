@@ -4,9 +4,12 @@ through it, refusing first the options these kinds do not honour).
 
 `plan_distributed(request, catalog)` checks what the table cannot: the environment backend, the
 scaling, the precisions, the benchmarks, the placement (--workers, --hosts, Slurm), threads per
-worker against the cores, strong scaling's even split of every batch; then it opens the store
-(RequestError for bad input, nothing run or written). `execute_distributed(plan, events)` runs
-every job, each record written to the store as it ends, printing nothing:
+worker against the cores, strong scaling's even split of every batch, --link (its form, two
+workers at least, this machine, the CPU, root); then it opens the store (RequestError for bad
+input, nothing run or written). `execute_distributed(plan, events)` runs every job, each record
+written to the store as it ends, printing nothing; with --link it first makes the link
+(execution/links.py), measures it (events.link_ready(link, measured)), runs every job on it and
+removes it however the jobs end (LinkError where it cannot be made):
 
     from dlbench.workflows import RunRequest, run_suite
     records = run_suite(RunRequest(suite="comm", framework=["torch"], profile="smoke", workers=2))
@@ -14,6 +17,7 @@ every job, each record written to the store as it ends, printing nothing:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -27,13 +31,14 @@ from ..machine import available_cpus, fingerprint
 from ..store.store import Store
 from . import lookup
 from .events import Silent
-from .lookup import check_choice, listed_choices
+from .lookup import check_choice, listed_choices, listed_compressions
 from .requests import RequestError, RunRequest
 
 if TYPE_CHECKING:
     # imported where used: the job launcher and the model are for these kinds only
     from ..definitions.distributed import CommBenchmark, DistributedBenchmark, DistributedSuite
     from ..execution.distributed import DistributedOptions
+    from ..execution.links import LinkSpec
     from ..store.record import Record
 
 SCALINGS = ("strong", "weak")
@@ -47,13 +52,14 @@ class DistributedPlan:
     request: RunRequest
     kind: str  # distributed | comm
     suite: DistributedSuite
-    benchmarks: list[DistributedBenchmark]  # kind distributed: one per (benchmark, precision asked)
+    benchmarks: list[DistributedBenchmark]  # kind distributed: one per (benchmark, precision, compression asked)
     comm: CommBenchmark | None  # kind comm: the collectives asked
     runners: list[RunnerInfo]
     options: DistributedOptions
     store: Store
     steps: int  # the records the plan writes: its progress (events.run_done)
     predicted_from: str  # kind distributed: where the predictions come from, or why there are none
+    link: LinkSpec | None = None  # --link: the jobs run on a shaped link, made when they start
 
 
 def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) -> DistributedPlan:
@@ -75,6 +81,7 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
     if r.scaling is not None:
         check_choice("scaling", r.scaling, list(SCALINGS))
     precisions = listed_choices("precision", r.precision, Precision.runs())
+    compressions = listed_compressions(r.compression)  # RequestError: one that does not parse
     try:
         suite = suites.load_distributed_suite(suite_path, r.profile, device)
     except DefinitionError as e:
@@ -90,9 +97,12 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
             chosen = [b for b in chosen if b.name in r.benchmark or b.network.name in r.benchmark]
     if precisions is not None:  # each benchmark once per precision asked; a runner's refusal is recorded
         chosen = [dataclasses.replace(b, precision=p) for b in chosen for p in precisions]
+    if compressions is not None:  # and once per compression asked, a runner's refusal recorded as well
+        chosen = [dataclasses.replace(b, compression=c) for b in chosen for c in compressions]
     comm = suite.comm
     if comm is not None and r.benchmark:
         comm = dataclasses.replace(comm, collectives=tuple(c for c in comm.collectives if c in r.benchmark))
+    link = _link_spec(r, device) if r.link is not None else None
     try:
         placement = detect(r.workers or DEFAULT_WORKERS, available_cpus(), r.hosts)
         threads = placement.threads_per_worker(r.threads)
@@ -116,7 +126,30 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
                                  job_root=(store.root / ".jobs") if remote else None, repeats=r.repeats,
                                  predictor=predictor if kind == "distributed" else None)
     steps = sum(planned_runs(chosen, comm, placement.workers) for _ in runners)
-    return DistributedPlan(r, kind, suite, chosen, comm, runners, options, store, steps, predicted_from)
+    return DistributedPlan(r, kind, suite, chosen, comm, runners, options, store, steps, predicted_from, link)
+
+
+def _link_spec(r: RunRequest, device: str) -> LinkSpec:
+    """--link checked before anything runs: its form, two workers at least, this machine, the CPU,
+    root."""
+    from ..execution.links import parse_link, refusal
+
+    try:
+        spec = parse_link(r.link)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    workers = r.workers or DEFAULT_WORKERS
+    if workers < 2:
+        raise RequestError(f"--link {r.link}: a link joins two workers at least (--workers {workers})")
+    if r.hosts is not None:
+        raise RequestError("--link shapes a link between workers on this machine; it does not reach --hosts")
+    if device != "cpu":
+        raise RequestError(f"--link runs CPU jobs only (--device cpu): on {device}, NCCL moves the traffic of ranks "
+                           "on one machine through shared memory and the GPUs' own links, never through the shaped one")
+    why = refusal()
+    if why:
+        raise RequestError(why)
+    return spec
 
 
 def execute_distributed(plan: DistributedPlan, events=None, records: list[Record] | None = None) -> list[Record]:
@@ -126,14 +159,27 @@ def execute_distributed(plan: DistributedPlan, events=None, records: list[Record
     record); None: none. `records`: the list the records are appended to as they are written (a
     caller interrupted midway keeps what completed)."""
     from ..execution.distributed import DistributedOrchestrator
+    from ..execution.links import shaped_link
+    from ..execution.placement import namespace_placement
+    from ..execution.wire import measure
 
     records = [] if records is None else records
-    orch = DistributedOrchestrator(plan.store, plan.options, events or Silent())
-    for runner in plan.runners:
-        if plan.kind == "distributed":
-            for b in plan.benchmarks:
-                records += orch.run_distributed(runner, b)
-        else:
-            records += orch.run_comm(runner, plan.comm)
+    events = events or Silent()
+    with contextlib.ExitStack() as stack:
+        options = plan.options
+        if plan.link is not None:  # removed when the block ends, however it ends
+            link = stack.enter_context(shaped_link(plan.link, options.placement.workers))
+            measured = measure(link)
+            events.link_ready(link, measured)
+            options = dataclasses.replace(options, link=link, link_measured=measured, placement=namespace_placement(
+                [link.address(i) for i in range(link.workers)], [link.namespace(i) for i in range(link.workers)],
+                options.placement.hosts[0].cpus))
+        orch = DistributedOrchestrator(plan.store, options, events)
+        for runner in plan.runners:
+            if plan.kind == "distributed":
+                for b in plan.benchmarks:
+                    records += orch.run_distributed(runner, b)
+            else:
+                records += orch.run_comm(runner, plan.comm)
     lookup.refresh_index(plan.store)
     return records

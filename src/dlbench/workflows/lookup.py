@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import paths
+from ..axes import Compression
 from ..definitions.catalog import SuiteCatalog
 from ..definitions.loader import DefinitionError
 from ..definitions.suite import PROFILES
@@ -36,6 +37,23 @@ def listed_choices(kind: str, given: list[str] | None, valid: Sequence[str]) -> 
     for n in names:
         check_choice(kind, n, [*valid, "all"])
     return list(dict.fromkeys(valid if "all" in names else names))
+
+
+def listed_compressions(given: list[str] | None) -> list[str] | None:
+    """`--compression`'s values (repeatable, comma lists, 'all' = Compression.every()), each
+    parsed (method and parameter) and deduplicated in order, as their spellings; None where the
+    option was not given. A value that does not parse is one RequestError naming the option."""
+    if not given:
+        return None
+    texts = [t.strip() for item in given for t in item.split(",") if t.strip()]
+    chosen: list[str] = []
+    for text in texts:
+        try:
+            values = Compression.every() if text == "all" else (Compression.parse(text, who="--compression"),)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        chosen += [v.value for v in values]
+    return list(dict.fromkeys(chosen))
 
 
 def catalog() -> SuiteCatalog:

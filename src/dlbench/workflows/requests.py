@@ -50,6 +50,8 @@ class RunRequest:
     replace_contended: int = 3
     quiet_wait: float = 0.0
     data: Path | None = None
+    link: str | None = None
+    compression: list[str] | None = None
 
     def given(self) -> dict[str, object]:
         """The fields set away from their defaults: what this request asks for beyond the defaults."""

@@ -20,24 +20,31 @@ used to run fp32 and say nothing. An option left at its default asks for nothing
 refused (`--compile-mode default` on a distributed suite changes nothing).
 
 Why each kind honours what it does (an axis's option: the kinds its RequestAxis names):
-  benchmark    every option but --workers, --scaling, --hosts and --data, and every axis of today's:
-               it is the single-process harness those options were written for.
+  benchmark    every option but --workers, --scaling, --hosts, --data and --link, and every axis of
+               today's: it is the single-process harness those options were written for.
   distributed  --precision is passed on in each job's request: torch's data-parallel runner trains
                at every run precision, JAX's at all but amp_fp16, TensorFlow's and MXNet's at fp32
                only. What a runner's step trains in is its runner.toml's [distributed] precisions:
                another is recorded as a skipped run naming them, before any job starts
                (execution/distributed.py), as a single-process run its [capabilities] exclude is.
                Refusing the option for the whole kind would hide torch's mixed-precision data
-               parallelism; passing it on unchecked ran fp32 silently before. No --compile: the data-parallel request carries none, each runner compiles
+               parallelism; passing it on unchecked ran fp32 silently before. --compression the
+               same way: each job's request says how its gradients are exchanged, and a method
+               a runner's [distributed] compressions leave out is a skipped run giving its reason
+               (compression_refused). No --compile: the data-parallel request carries none, each runner compiles
                (or not) as its own step does. No --mode, --scenario, adaptive repeats: jobs train
                for a fixed number of iterations. No equivalence check before timing (--no-check),
                no telemetry or contention options: the job launcher samples none.
-  comm         as distributed, less --precision (collectives run in the suite's dtype) and
-               --scaling (no batch to scale).
+               --link: the workers in network namespaces joined by a shaped link
+               (execution/links.py), on this machine (so not with --hosts: refused there).
+  comm         as distributed, less --precision (collectives run in the suite's dtype),
+               --compression (no gradients) and --scaling (no batch to scale).
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
                no precision, compile, mode, scenario, adaptive repeats, telemetry, placement.
   convergence  trains each task to its target once per seed (--repeats: the seeds): --precision
                (one at a time) and --data (the datasets' folder); nothing else beyond the common ones.
+               No --link: its tasks train on one worker (none of them is distributed yet), so a link
+               would carry nothing.
 """
 
 from __future__ import annotations
@@ -82,6 +89,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "compile_mode": ("--compile-mode", "torch.compile's mode for compiled runs"),
     "no_check": ("--no-check", "skipping the equivalence checks made before timing"),
     "data": ("--data", "the folder of a convergence task's dataset files"),
+    "link": ("--link", "a shaped link (rate, delay) between the workers of a multi-worker job"),
     **{field: (spec.flag, spec.purpose) for field, spec in REQUEST_AXES.items()},
 }
 
@@ -109,12 +117,13 @@ class SuiteKind:
 
 SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("benchmark", "single-process benchmarks",
-              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data"}, plan_benchmarks,
+              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data", "link"},
+              plan_benchmarks,
               execute_benchmarks),
     SuiteKind("distributed", "data-parallel jobs that train for a fixed number of iterations",
-              COMMON | {"workers", "scaling", "hosts"}, plan_distributed, execute_distributed),
+              COMMON | {"workers", "scaling", "hosts", "link"}, plan_distributed, execute_distributed),
     SuiteKind("comm", "collectives in the suite's own dtype for a fixed number of iterations",
-              COMMON | {"workers", "hosts"}, plan_distributed, execute_distributed),
+              COMMON | {"workers", "hosts", "link"}, plan_distributed, execute_distributed),
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
               execute_kernels),
     SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"},

@@ -31,19 +31,20 @@ def weights(prefix: str, entry: dict) -> dict[str, tuple[int, ...]]:
 
 
 def passes(b, layer, name: str, shape, input_grad: bool) -> None:
-    """The `rms_norm_fwd` / `rms_norm_bwd` kernels (performance/kernels.py), made of, where not
-    measured, their element-wise passes: forward x read twice (the row's mean square, then the
-    scaling) and y written, 3 passes; in training, x and dy read twice (the row reduction, then dx)
+    """The `rms_norm_fwd` kernel over the rows of `shape` (performance/kernels.py counts it), made of,
+    where it was not measured, x read twice (the row's mean square, then the scaling) and y written,
+    3 passes; in training `rms_norm_bwd`, made of x and dy read twice (the row reduction, then dx)
     and dx written, 5 passes, gamma's gradient reduced on the way (without an input gradient: x and
     dy read once, 2)."""
     rows, dim = b.batch * numel(shape[:-1]), shape[-1]
     label = f"{name} rms norm".strip()
-    layer.forward.append(b.kernel(label, "rms_norm_fwd", rows=rows, dim=dim, parts=(
-        b.passes(label, rows * dim, 3, FLOPS_PER_ELEMENT / 3),)))
+    forward = b.passes(label, rows * dim, 3, FLOPS_PER_ELEMENT / 3)
+    layer.forward.append(b.kernel(label, "rms_norm_fwd", parts=(forward,), rows=rows, dim=dim))
     if b.train:
-        gradient = f"{label} gradient" if input_grad else f"{label} parameter gradient"
-        layer.backward.append(b.kernel(gradient, "rms_norm_bwd", rows=rows, dim=dim, input_grad=int(input_grad),
-                                       parts=(b.passes(gradient, rows * dim, 5 if input_grad else 2, 2.0),)))
+        what = f"{label} gradient" if input_grad else f"{label} parameter gradient"
+        backward = b.passes(what, rows * dim, 5 if input_grad else 2, 2.0)
+        layer.backward.append(b.kernel(what, "rms_norm_bwd", parts=(backward,), rows=rows, dim=dim,
+                                       input_grad=int(input_grad)))
 
 
 def work(b, layer, entry: dict, input_grad: bool) -> None:

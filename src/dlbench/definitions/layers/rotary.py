@@ -21,13 +21,13 @@ def flops(steps: int, heads: int, kv_heads: int, size: int) -> int:
 
 
 def passes(b, layer, name: str, steps: int, heads: int, kv_heads: int, size: int) -> None:
-    """The `rotary_fwd` / `rotary_bwd` kernels (performance/kernels.py), made of, where not measured,
-    element-wise passes: q and k read, the cos and sin rows read (once per batch), q' and k' written;
-    backward the same rotation by the negated angle on dq' and dk'."""
+    """The `rotary_fwd` kernel (performance/kernels.py), made of, where it was not measured, q and k
+    read and q' and k' written (2 passes; the cos and sin rows are one set for the batch); backward
+    `rotary_bwd`, the same rotation by the negated angle on dq' and dk'."""
     n = b.batch * steps * (heads + kv_heads) * size
     label = f"{name} rotary".strip()
     shape = dict(batch=b.batch, steps=steps, heads=heads, kv_heads=kv_heads, head_size=size)
     layer.forward.append(b.kernel(label, "rotary_fwd", parts=(b.passes(label, n, 2, FLOPS_PER_ELEMENT),), **shape))
     if b.train:
-        layer.backward.append(b.kernel(f"{label} gradient", "rotary_bwd",
-                                       parts=(b.passes(f"{label} gradient", n, 2, FLOPS_PER_ELEMENT),), **shape))
+        gradient = b.passes(f"{label} gradient", n, 2, FLOPS_PER_ELEMENT)
+        layer.backward.append(b.kernel(f"{label} gradient", "rotary_bwd", parts=(gradient,), **shape))
