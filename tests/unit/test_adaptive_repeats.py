@@ -300,5 +300,6 @@ def test_cli_adaptive_run_shows_interval_stop_and_stability(project, tmp_path, m
     # what the run judged its target on is what the table shows
     assert row["ci_pct"] == pytest.approx(rec.repeat_policy.achieved_reported_ci_pct)
 
-    code, out, _ = invoke("results", "--store", str(store))
+    # --wide: the axis columns (compression among them) leave the default table no room for the header
+    code, out, _ = invoke("results", "--store", str(store), "--wide")
     assert code == 0 and "stability" in out and "unstable" in out
