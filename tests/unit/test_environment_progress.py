@@ -233,4 +233,4 @@ def test_env_create_that_fails_sums_up_and_exits_1(monkeypatch, project, tmp_pat
     result = CliRunner().invoke(app, ["env", "create", "fake", "--device", "cpu"], catch_exceptions=False)
     err = " ".join(ANSI.sub("", result.stderr).split())
     assert result.exit_code == 1 and "fake (cpu): environment build failed after" in err
-    assert "environments: failed: fake (cpu)" in err and "error: building the fake (cpu) environment failed" in err
+    assert "error: could not build the venv environment of fake (cpu); the reasons are above" in err
