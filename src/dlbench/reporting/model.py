@@ -301,7 +301,7 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         profile=r.settings.profile, status=r.status, reason=r.reason,
         equivalence=str(r.equivalence.get("status") or "unchecked"),
         compile=r.workload.compile, compile_requested=r.workload.compile_requested,
-        other_axes=tuple(getattr(r.workload, a.field) for a in OTHER_AXES),
+        other_axes=_set_axes(tuple(getattr(r.workload, a.field) for a in OTHER_AXES)),
         compile_mode=r.workload.compile_mode,
         samples_per_s=s.samples_per_s if s else None, sps_low=low, sps_high=high, ci_level=level, ci_note=how,
         ci_nominal=nominal,
@@ -716,3 +716,12 @@ def build_model(views: list[RunView], problems: list[tuple[str, str]], generated
                      sorted(views, key=lambda v: (v.started_at, v.run_id), reverse=True),
                      boards, pages, history, dict(counts), problems, sorted({v.framework for v in views}),
                      compiles=sorted({v.compile for v in views}, key=lambda c: (COMPILE_ORDER.get(c, 9), c)))
+
+
+def _set_axes(values: tuple) -> tuple:
+    """The values of OTHER_AXES less the trailing unset ones, so a run no other axis applies to keys,
+    anchors and sorts as it did before those axes existed."""
+    values = list(values)
+    while values and values[-1] is None:
+        values.pop()
+    return tuple(values)
