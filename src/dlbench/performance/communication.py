@@ -40,8 +40,8 @@ SCHEDULES = ("none", "wfbp", "mgwfbp")
 
 
 @dataclass(frozen=True)
-class AllReduceCost:
-    """Time of one all-reduce of `nbytes` among `workers`: startup_s + per_byte_s * nbytes."""
+class CollectiveCost:
+    """Time of one collective of `nbytes` among `workers`: startup_s + per_byte_s * nbytes (α-β)."""
 
     workers: int
     startup_s: float
@@ -49,6 +49,11 @@ class AllReduceCost:
 
     def time(self, nbytes: float) -> float:
         return self.startup_s + self.per_byte_s * nbytes
+
+
+@dataclass(frozen=True)
+class AllReduceCost(CollectiveCost):
+    """One all-reduce of `nbytes` among `workers`."""
 
     @classmethod
     def ring(cls, alpha_s: float, beta_s_per_byte: float, workers: int) -> AllReduceCost:
@@ -65,16 +70,8 @@ class AllReduceCost:
 
 
 @dataclass(frozen=True)
-class AllToAllCost:
-    """Time of one all-to-all of `nbytes` (each rank's send buffer) among `workers`:
-    startup_s + per_byte_s * nbytes."""
-
-    workers: int
-    startup_s: float
-    per_byte_s: float
-
-    def time(self, nbytes: float) -> float:
-        return self.startup_s + self.per_byte_s * nbytes
+class AllToAllCost(CollectiveCost):
+    """One all-to-all of `nbytes` (each rank's send buffer) among `workers`."""
 
     @classmethod
     def pairwise(cls, alpha_s: float, beta_s_per_byte: float, workers: int) -> AllToAllCost:
