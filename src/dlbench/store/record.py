@@ -152,7 +152,8 @@ records step by step and refuse newer ones):
     and its cores) on such a job's records; None where every thread had a core of its own. An
     oversubscribed job's iteration times include waiting for a core: only comparisons bound by the
     link (a shaped one, --link) say something. Older records read with None, which is true of them:
-    dlbench refused to oversubscribe before (the model's defaults: no migration).
+    dlbench refused to oversubscribe before (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
