@@ -293,3 +293,32 @@ def test_the_command_line_refuses_before_anything_runs(tmp_path, args, message):
     assert code == 2, err
     assert message in err
     assert not (tmp_path / "s").exists()
+
+
+def _config(tmp_path, *lines: str):
+    import gzip
+
+    path = tmp_path / "config.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def test_netem_is_known_missing_only_from_the_kernels_own_configuration(tmp_path):
+    none = tmp_path / "sys"
+    none.mkdir()
+    assert links.netem_missing(_config(tmp_path, "# CONFIG_NET_SCH_NETEM is not set", "# CONFIG_MODULES is not set"), none)
+    assert links.netem_missing(_config(tmp_path, "CONFIG_NET_SCH_NETEM=m", "# CONFIG_MODULES is not set"), none)
+    assert not links.netem_missing(_config(tmp_path, "CONFIG_NET_SCH_NETEM=y"), none)
+    assert not links.netem_missing(_config(tmp_path, "CONFIG_NET_SCH_NETEM=m", "CONFIG_MODULES=y"), none)
+    assert not links.netem_missing(tmp_path / "absent.gz", none)  # cannot tell: making the link will say
+    (none / "sch_netem").mkdir()
+    assert not links.netem_missing(_config(tmp_path, "# CONFIG_NET_SCH_NETEM is not set"), none)
+
+
+def test_a_delay_without_netem_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(links, "netem_missing", lambda: True)
+    code, err = invoke("run", "--suite", "distributed", "--link", "1gbit,50us", "--framework", "torch", "--profile",
+                       "smoke", "--store", str(tmp_path / "s"))
+    assert code == 2 and "--link 1gbit,50us: this kernel has no netem qdisc" in err and "give a rate only" in err
+    assert not (tmp_path / "s").exists()

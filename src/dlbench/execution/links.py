@@ -44,6 +44,7 @@ Root is needed (namespaces, links, qdiscs); without it `--link` is refused with 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import ipaddress
 import json
 import os
@@ -166,8 +167,27 @@ def run_command(argv: list[str]) -> str:
     return done.stdout
 
 
-def refusal() -> str | None:
-    """Why this process cannot make links (not root, no ip or tc), or None."""
+def netem_missing(config: Path = Path("/proc/config.gz"), sys_module: Path = Path("/sys/module")) -> bool:
+    """Whether the running kernel surely has no netem qdisc: not loaded (no /sys/module/sch_netem)
+    and its build configuration (/proc/config.gz) neither builds it in nor has loadable modules.
+    False where that cannot be told (no config exposed): making the link then says so if it fails."""
+    if (sys_module / "sch_netem").exists():
+        return False
+    try:
+        with gzip.open(config, "rt") as f:
+            options = dict(line.strip().split("=", 1) for line in f if "=" in line and not line.startswith("#"))
+    except OSError:
+        return False
+    return options.get("CONFIG_NET_SCH_NETEM") != "y" and not (
+        options.get("CONFIG_MODULES") == "y" and options.get("CONFIG_NET_SCH_NETEM") == "m")
+
+
+def refusal(spec: LinkSpec | None = None) -> str | None:
+    """Why this process cannot make links (not root, no ip or tc; for `spec` with a delay, a kernel
+    without netem), or None."""
+    if spec is not None and spec.delay_s and netem_missing():
+        return (f"--link {spec.asked}: this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM unset, no loadable "
+                "modules), so a delay cannot be added; give a rate only")
     if os.geteuid() != 0:
         return ("--link needs root: it creates network namespaces, veth pairs, a bridge and tc qdiscs; "
                 "run dlbench as root, or leave out --link")

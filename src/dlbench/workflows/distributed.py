@@ -146,7 +146,7 @@ def _link_spec(r: RunRequest, device: str) -> LinkSpec:
     if device != "cpu":
         raise RequestError(f"--link runs CPU jobs only (--device cpu): on {device}, NCCL moves the traffic of ranks "
                            "on one machine through shared memory and the GPUs' own links, never through the shaped one")
-    why = refusal()
+    why = refusal(spec)
     if why:
         raise RequestError(why)
     return spec
