@@ -8,6 +8,8 @@ anything is predicted (its RequestError: exit 2, one message); this module parse
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import sys
 from typing import Annotated, Optional
 
@@ -157,11 +159,13 @@ def sources_text(shares: dict[str, float], short: bool = False) -> str:
 def _accuracy(result: PredictionAccuracy, *, fmt: str, runs: bool) -> None:
     for u in result.unreadable:
         err.print(f"[red]unreadable[/] {escape(u.reason)}", highlight=False, soft_wrap=True)
-    if not result.runs and not result.data_term:
+    if not result.runs and not result.data_term and not result.link_term:
         raise fail(f"no completed runs{' matching' if result.matching else ''} in {result.store.root}", 1)
     if fmt == "json":
         sys.stdout.write(json.dumps({"groups": result.groups, "runs": result.runs,
-                                     "data_term": [c.to_dict() for c in result.data_term]}, indent=1) + "\n")
+                                     "data_term": [c.to_dict() for c in result.data_term],
+                                     "link_term": [c.to_dict() for c in result.link_term],
+                                     "crossovers": [c.to_dict() for c in result.crossovers]}, indent=1) + "\n")
         return
     if result.runs:
         _accuracy_tables(result.store, result.runs, result.groups, result.profile, runs)
@@ -169,6 +173,60 @@ def _accuracy(result: PredictionAccuracy, *, fmt: str, runs: bool) -> None:
             err.print(f"note: not predicted from {escape(problem)}", highlight=False, soft_wrap=True)
     if result.data_term:
         out.print(data_term_table(result.data_term))
+    if result.link_term:
+        out.print(link_term_table(result.link_term))
+    if result.crossovers:
+        out.print(crossover_table(result.crossovers))
+
+
+def link_term_table(checks) -> Table:
+    """Each training run on a shaped link: its loopback run plus the link's α–β term against its
+    measured iteration (performance/link_term.py), grouped by method."""
+    t = Table(title="communication term on shaped links: loopback iteration + the link's α-β time of the method's "
+                    "exchange, against the measured iteration")
+    columns = ["benchmark", "framework", "compression", "link", "measured Mbit/s", "rtt us", "loopback ms", "wire ms",
+               "predicted ms", "measured ms", "error"]
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "compression", "link") else "right")
+    for c in sorted(checks, key=lambda c: (c.benchmark, c.framework, c.compression, c.bandwidth_bps)):
+        t.add_row(escape(c.benchmark), escape(c.framework), escape(c.compression), escape(c.link),
+                  f"{c.bandwidth_bps / 1e6:,.1f}", f"{c.rtt_s * 1e6:.0f}",
+                  f"{c.loopback_s * 1e3:,.1f}" if c.loopback_s is not None else "",
+                  f"{c.wire_s * 1e3:,.1f}" if c.wire_s is not None else "",
+                  f"{c.predicted_s * 1e3:,.1f}" if c.predicted_s is not None else escape(c.reason or ""),
+                  f"{c.measured_s * 1e3:,.1f}", f"{100 * c.error:+.1f}%" if c.error is not None else "")
+    errors = {}
+    for c in checks:
+        if c.error is not None:
+            errors.setdefault(c.compression, []).append(abs(c.error))
+    t.caption = ("wire: α = half the measured round trip per message on the longest path, β = 8 / the measured "
+                 "bandwidth per byte, bytes from the method's analytical exchange; nothing hidden behind the backward. "
+                 "Median |error| per method: " + ", ".join(f"{m} {100 * statistics.median(e):.1f}% ({len(e)} runs)"
+                                                            for m, e in sorted(errors.items())))
+    return t
+
+
+def crossover_table(crossovers) -> Table:
+    """The bandwidth below which each method beats dense: predicted from the loopback runs and the
+    link's round trip, measured from the link runs' speedups."""
+    t = Table(title="crossover bandwidth: below it the method's iteration is shorter than dense's")
+    for col in ("benchmark", "framework", "workers", "compression", "extra ms (loopback)", "predicted Mbit/s",
+                "measured Mbit/s", "speedup over dense per link (measured Mbit/s)"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "compression") or col.startswith("speedup")
+                     else "right")
+    for c in crossovers:
+        predicted = ("never" if c.predicted_bps is None else "always" if math.isinf(c.predicted_bps)
+                     else f"{c.predicted_bps / 1e6:,.0f}")
+        measured = (f"{c.measured_bps / 1e6:,.0f}" if c.measured_bps is not None
+                    else {"above": f"above {c.speedups[-1][1] / 1e6:,.0f}", "below": f"below {c.speedups[0][1] / 1e6:,.0f}"}
+                    .get(c.measured_side, c.measured_side))
+        t.add_row(escape(c.benchmark), escape(c.framework), str(c.workers), escape(c.compression),
+                  f"{c.extra_s * 1e3:+,.1f}" if c.extra_s is not None else "", predicted, measured,
+                  escape(", ".join(f"{asked} ({bps / 1e6:,.0f}): {s:.2f}x" for asked, bps, s in c.speedups)))
+    t.caption = ("predicted: communication.crossover_bandwidth with the method's extra cost its loopback iteration less "
+                 "dense's; measured: where dense / method crosses 1 between neighbouring links, on a log scale of the "
+                 "measured bandwidth")
+    return t
 
 
 def data_term_table(checks) -> Table:

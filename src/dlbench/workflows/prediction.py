@@ -92,7 +92,10 @@ class PredictionAccuracy:
     groups of them (`groups`), the data term checks of convergence runs; `profile`: the one predicted
     from again (None: each record's stored prediction). `matching`: whether suites or frameworks chose
     the runs (no run at all says so). Files that could not be read are in `unreadable`, datasheets a
-    run could not be predicted from in `problems`."""
+    run could not be predicted from in `problems`. `link_term`: each training run on a shaped link,
+    its loopback run plus the link's α–β term against its measured iteration, and `crossovers` the
+    predicted and measured bandwidth below which a compression beats dense
+    (performance/link_term.py)."""
 
     store: Store
     profile: MachineProfile | None
@@ -102,6 +105,8 @@ class PredictionAccuracy:
     matching: bool
     unreadable: list[Unreadable] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    link_term: list = field(default_factory=list)
+    crossovers: list = field(default_factory=list)
 
 
 PredictResult = Union[SinglePrediction, MachineComparison, PredictionAccuracy]
@@ -258,6 +263,7 @@ def prediction_accuracy(*, store: Store, suites: list[str] | None, frameworks: l
                         io_bandwidth: float | None = None) -> PredictionAccuracy:
     from ..performance.accuracy import accuracy_table_rows, prediction_errors
     from ..performance.data_term import data_term_checks
+    from ..performance.link_term import link_term_checks
 
     unreadable: list = []
     records = [r for r in store.records(unreadable)
@@ -268,11 +274,12 @@ def prediction_accuracy(*, store: Store, suites: list[str] | None, frameworks: l
     rows = prediction_errors(records, profile, facts, datasheets=datasheets, match_datasheet=match,
                              yardsticks=None if profile is not None else _stored_yardsticks(store, records))
     checks = data_term_checks(records, io_bandwidth * 1e9 if io_bandwidth else None)
+    link_term, crossovers = link_term_checks(records)
     problems = sorted({f"{row['datasheet']}: {row['datasheet_problem']}" for row in rows
                        if row.get("datasheet_problem")})
     return PredictionAccuracy(store=store, profile=profile, runs=rows, groups=accuracy_table_rows(rows),
                               data_term=checks, matching=bool(suites or frameworks), unreadable=unreadable,
-                              problems=problems)
+                              problems=problems, link_term=link_term, crossovers=crossovers)
 
 
 def _stored_yardsticks(store: Store, records: list) -> dict:
