@@ -95,17 +95,22 @@ def bandwidth_table(r: Record) -> Table:
 
 def link_table(records: list[Record]) -> Table:
     """The runs on a shaped link: the link asked for and as measured, and for training the bytes
-    each worker put on the wire per iteration beside a ring all-reduce's analytical figure."""
+    each worker put on the wire per iteration beside the analytical figure of its exchange: the
+    compression method's mean bytes per rank (distributed.exchange), else a ring all-reduce's."""
     t = Table(title="shaped link (asked, measured before the jobs; bytes on the wire per iteration)")
-    for col in ("benchmark", "framework", "status", "link", "measured Mbit/s", "rtt us", "ms/iter",
-                "wire MB/iter/worker", "ring MB", "wire/ring"):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "link") else "right")
+    for col in ("benchmark", "framework", "compression", "status", "link", "measured Mbit/s", "rtt us", "ms/iter",
+                "wire MB/iter/worker", "analytical MB", "wire/analytical"):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "compression", "status", "link")
+                     else "right")
     for r in records:
         k, m, w = r.link, r.link.measured, r.link.wire
-        t.add_row(escape(r.benchmark), escape(str(r.framework.get("name"))), r.status, escape(k.asked),
+        exchange = r.distributed.exchange if r.distributed else None
+        analytical = exchange.bytes_per_rank if exchange else w.ring_allreduce_bytes if w else None
+        t.add_row(escape(r.benchmark), escape(str(r.framework.get("name"))), escape(r.workload.compression or ""),
+                  r.status, escape(k.asked),
                   _fmt(m.bandwidth_bps / 1e6 if m else None, ",.1f"), _fmt(m.rtt_s * 1e6 if m else None, ",.0f"),
                   _fmt(r.summary.ms_per_iter if r.summary else None, ".2f"),
                   _fmt(w.mean_per_worker / 1e6 if w else None, ".3f"),
-                  _fmt(w.ring_allreduce_bytes / 1e6 if w and w.ring_allreduce_bytes else None, ".3f"),
-                  _fmt(w.mean_per_worker / w.ring_allreduce_bytes if w and w.ring_allreduce_bytes else None, ".3f"))
+                  _fmt(analytical / 1e6 if analytical else None, ".3f"),
+                  _fmt(w.mean_per_worker / analytical if w and analytical else None, ".3f"))
     return t
