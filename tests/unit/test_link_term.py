@@ -39,8 +39,12 @@ def wire_s(method: str, bps: float) -> float:
     return steps * RTT_S / 2 + nbytes * 8 / bps
 
 
+LOCAL_S = 0.8  # the step without the exchange, both methods
+
+
 def run(template: Record, index: int, method: str, bps: float | None, median_s: float) -> Record:
-    d = template.distributed.model_copy(update={"workers": 2, "exchange": EXCHANGE[method], "oversubscribed": None})
+    d = template.distributed.model_copy(update={"workers": 2, "exchange": EXCHANGE[method], "oversubscribed": None,
+                                                "local_median_s": LOCAL_S})
     link = None
     name = "fcn5-train-w2"
     if bps is not None:
@@ -73,6 +77,9 @@ def test_a_link_run_is_its_loopback_run_plus_the_links_term(template):
     assert dense.predicted_s == pytest.approx(dense.measured_s) and dense.error == pytest.approx(0, abs=1e-12)
     topk = next(c for c in checks if c.compression == "topk:0.01")
     assert topk.wire_s == pytest.approx(20e-6 + 8 * TOPK_PAIRS * 8 / 0.95e9)
+    # overlapped: the collective's loopback CPU work (0.2 s of dense's) and the 0.48 s wire overlap
+    assert dense.overlapped_s == pytest.approx(LOCAL_S + dense.wire_s)
+    assert topk.overlapped_s == 1.3  # top-k's selection, 0.5 s, outlasts its 9.6 ms on the wire
 
 
 def test_a_link_run_without_its_loopback_job_says_why_it_is_not_predicted(template):
@@ -93,6 +100,8 @@ def test_the_crossover_predicted_from_loopback_and_measured_between_rates(templa
     assert crossover.measured_side == "between" and 0.95e9 < crossover.measured_bps < 0.95e10
     # interpolated in 1 / bandwidth, where α-β runs' differences are a line: the model's own crossing
     assert crossover.measured_bps == pytest.approx(crossover.predicted_bps, rel=1e-6)
+    # overlapped: dense's 0.8 s + wire meets top-k's 1.3 s where dense's wire takes 0.5 s
+    assert crossover.overlapped_bps == pytest.approx(8 * DENSE_BYTES / (0.5 - RTT_S), rel=1e-3)
 
 
 def test_a_crossover_beyond_the_rates_measured_says_on_which_side(template):

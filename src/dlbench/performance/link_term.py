@@ -15,6 +15,13 @@ the link's term, with nothing hidden behind the backward:
 
     predicted = t_loopback(method) + exchange_time(method).time(α, β)
 
+and a second form, overlapped, where the loopback run also measured its step without the exchange
+(distributed.local_median_s, `local`): the collective's CPU work on loopback (t_loopback − local,
+compression included) and the wire's time overlap (gloo's ring moves its buffer in chunks, a
+rank reducing one while the next is on the wire), so the slower of the two sets the pace:
+
+    overlapped = local + max(t_loopback − local, wire)  =  max(t_loopback, local + wire)
+
 The loopback run is the nearest in time of the same machine, benchmark, framework, batch,
 precision, workers, threads per worker and compression; a link run without one is not scored and
 says so. So the model is on trial for what the link adds, not for the computation
@@ -23,7 +30,9 @@ says so. So the model is on trial for what the link adds, not for the computatio
 Crossover bandwidth: below it a method's iteration is shorter than dense's. Predicted by
 communication.crossover_bandwidth with the method's extra cost the difference of the two
 loopback iterations (what compressing, selecting and decompressing cost beyond what dense's
-collective costs there) and α from the link runs' round trips; measured from the link runs of
+collective costs there) and α from the link runs' round trips (the additive form); in the
+overlapped form, the bandwidth where the two overlapped predictions meet (found by bisection on
+a log scale of the bandwidth); measured from the link runs of
 both at several rates: the difference dense − method of their iterations at each link's measured
 bandwidth, its zero interpolated between the two rates around it linearly in 1 / bandwidth (the
 α–β form, in which that difference is a line: saved bytes × β less the extra cost).
@@ -55,14 +64,19 @@ class LinkTermCheck:
     loopback_s: float | None  # the same job's median iteration on loopback
     wire_s: float | None  # the link's term: exchange_time(method).time(α, β)
     predicted_s: float | None  # loopback + wire
+    overlapped_s: float | None = None  # max(loopback, local + wire); None: the loopback run has no local step
     reason: str | None = None  # why not predicted
 
     @property
     def error(self) -> float | None:
         return self.predicted_s / self.measured_s - 1 if self.predicted_s is not None else None
 
+    @property
+    def overlapped_error(self) -> float | None:
+        return self.overlapped_s / self.measured_s - 1 if self.overlapped_s is not None else None
+
     def to_dict(self) -> dict:
-        return {**self.__dict__, "error": self.error}
+        return {**self.__dict__, "error": self.error, "overlapped_error": self.overlapped_error}
 
 
 @dataclass(frozen=True)
@@ -74,7 +88,8 @@ class Crossover:
     workers: int
     compression: str
     extra_s: float | None  # the method's loopback iteration less dense's
-    predicted_bps: float | None  # None: never beats dense; inf: always
+    predicted_bps: float | None  # additive form; None: never beats dense; inf: always
+    overlapped_bps: float | None  # overlapped form; None: not bracketed in 1 kbit/s .. 10 Tbit/s, or no local step
     measured_bps: float | None  # None: not bracketed by the rates measured (see measured_side)
     measured_side: str  # "between" | "above" (beats dense at every rate measured) | "below" (at none)
     speedups: list[tuple[str, float, float]]  # (link asked, measured bit/s, dense / method) per rate
@@ -139,7 +154,7 @@ def link_term_checks(records) -> tuple[list[LinkTermCheck], list[Crossover]]:
             continue
         ref = min(refs, key=lambda x: abs((x.started_at - r.started_at).total_seconds()))
         checks.append(LinkTermCheck(**base, loopback_run_id=ref.run_id, loopback_s=ref.summary.median_s, wire_s=wire,
-                                    predicted_s=ref.summary.median_s + wire))
+                                    predicted_s=ref.summary.median_s + wire, overlapped_s=_overlapped(ref, wire)))
         linked.append(r)
     return checks, _crossovers(linked, loopback)
 
@@ -175,13 +190,44 @@ def _crossovers(linked: list, loopback: dict) -> list[Crossover]:
             if not rates:
                 continue
             measured, side = _crossing([(bps, d - m) for _, bps, d, m in rates])
+            alpha = statistics.median(rtts) / 2
             out.append(Crossover(benchmark=key[1], framework=key[2], workers=some.distributed.workers,
                                  compression=method, extra_s=extra,
                                  predicted_bps=None if predicted is None else predicted * 8,
+                                 overlapped_bps=_overlapped_crossing(ref, dense_ref, alpha),
                                  measured_bps=measured, measured_side=side,
                                  speedups=[(asked, bps, d / m) for asked, bps, d, m in rates],
                                  times=[(d, m) for _, _, d, m in rates]))
     return out
+
+
+def _overlapped(ref, wire_s: float) -> float | None:
+    """max(t_loopback, local + wire) of a loopback run that measured its step without the exchange."""
+    local = ref.distributed.local_median_s
+    return max(ref.summary.median_s, local + wire_s) if local is not None else None
+
+
+def _overlapped_crossing(method_ref, dense_ref, alpha_s: float) -> float | None:
+    """The bandwidth (bit/s) where the overlapped predictions of the method and of dense meet, the
+    method ahead below it: bisection of dense − method on log bandwidth over 1 kbit/s .. 10 Tbit/s;
+    None where one run has no local step or the difference does not change sign over that range."""
+    def saved(bps: float) -> float:
+        wire = [exchange_time(_exchange(r)).time(alpha_s, 8 / bps) for r in (dense_ref, method_ref)]
+        d, m = _overlapped(dense_ref, wire[0]), _overlapped(method_ref, wire[1])
+        return d - m
+
+    if dense_ref.distributed.local_median_s is None or method_ref.distributed.local_median_s is None:
+        return None
+    low, high = math.log(1e3), math.log(1e13)
+    if not saved(math.exp(low)) > 0 >= saved(math.exp(high)):
+        return None
+    for _ in range(100):
+        mid = (low + high) / 2
+        if saved(math.exp(mid)) > 0:
+            low = mid
+        else:
+            high = mid
+    return math.exp((low + high) / 2)
 
 
 def _crossing(saved: list[tuple[float, float]]) -> tuple[float | None, str]:
