@@ -85,7 +85,7 @@ def test_a_link_run_is_its_loopback_run_plus_the_links_term(template):
 def test_a_link_run_without_its_loopback_job_says_why_it_is_not_predicted(template):
     lone = run(template, 5, "none", 1e8, 6.0)
     checks, crossovers = link_term_checks([lone])
-    assert checks[0].predicted_s is None and "no run of the same job on loopback" in checks[0].reason
+    assert checks[0].predicted_s is None and "no loopback run of this job" in checks[0].reason
     assert checks[0].wire_s > 4.0 and crossovers == []
 
 

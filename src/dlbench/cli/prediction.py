@@ -241,8 +241,9 @@ def crossover_table(crossovers) -> Table:
                   f"{c.overlapped_bps / 1e6:,.0f}" if c.overlapped_bps is not None else "", measured,
                   escape(", ".join(f"{asked} ({bps / 1e6:,.0f}): {s:.2f}x" for asked, bps, s in c.speedups)))
     t.caption = ("predicted: communication.crossover_bandwidth with the method's extra cost its loopback iteration less "
-                 "dense's (nothing overlapped); overlapped: where the two overlapped predictions meet; measured: where dense / method crosses 1 between neighbouring links, on a log scale of the "
-                 "measured bandwidth")
+                 "dense's (nothing overlapped); overlapped: where the two overlapped predictions meet; measured: where "
+                 "the time the method saves over dense crosses 0 between neighbouring links, interpolated linearly in "
+                 "1 / the measured bandwidth")
     return t
 
 

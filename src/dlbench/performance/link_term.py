@@ -150,7 +150,7 @@ def link_term_checks(records) -> tuple[list[LinkTermCheck], list[Crossover]]:
         wire = _term(r)
         if not refs:
             checks.append(LinkTermCheck(**base, loopback_run_id=None, loopback_s=None, wire_s=wire, predicted_s=None,
-                                        reason="no run of the same job on loopback to take the computation from"))
+                                        reason="no loopback run of this job"))
             continue
         ref = min(refs, key=lambda x: abs((x.started_at - r.started_at).total_seconds()))
         checks.append(LinkTermCheck(**base, loopback_run_id=ref.run_id, loopback_s=ref.summary.median_s, wire_s=wire,
