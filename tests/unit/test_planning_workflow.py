@@ -138,3 +138,18 @@ def test_a_trace_naming_a_type_the_table_lacks_is_refused(tmp_path):
     cluster = write(tmp_path, "c.yaml", "name: x\ntypes:\n  a100: {nodes: 1, price_per_hour: 1}\n")
     with pytest.raises(RequestError, match="a100 not in the throughput table"):
         plan(replace(gavel(policies=["fifo"]), cluster=cluster))
+
+
+def test_a_steady_state_window_measures_only_its_jobs_and_a_window_past_the_trace_is_refused(tmp_path):
+    whole = plan(gavel(policies=["srtf"]))
+    window = plan(gavel(policies=["srtf"], measure=(10, 19)))
+    assert (window.summaries[0].jobs, window.summaries[0].measured) == (10, "jobs 10-19 of the trace")
+    ten = [whole.runs[0].simulation.outcomes[j].jct_s for j in range(10, 20)]
+    assert window.summaries[0].average_jct_s == pytest.approx(sum(ten) / 10)  # the later jobs do not change them
+    code, out, err = invoke("--cluster", ROOT / "suites" / "clusters" / "gavel-36.yaml", "--trace",
+                            GAVEL / "msr_seed0_0e4a51_head40.trace", "--trace-format", "gavel", "--throughputs",
+                            GAVEL / "simulation_throughputs_isolated.json", "--measure-jobs", "30:50")
+    assert code == 2 and "--measure-jobs 30:50: the trace has jobs 0 to" in err
+    code, _, err = invoke("--cluster", ROOT / "suites" / "clusters" / "gavel-36.yaml", "--trace",
+                          GAVEL / "msr_seed0_0e4a51_head40.trace", "--measure-jobs", "9-5")
+    assert code == 2 and "expected FIRST:LAST" in err

@@ -15,6 +15,12 @@ until a job arrives or finishes: the rounds in between pass as they are (and are
 Deterministic per seed: the only chance in it is the agnostic placement's choice among types with
 room (policies.py), drawn from random.Random(seed); everything else is ordered by (time, job index).
 A simulation longer than `max_rounds` rounds stops and says how many jobs were left unfinished.
+
+A steady-state measurement (Gavel's: the average JCT of jobs 4000 to 5000 of a continuous trace)
+names the jobs it `measures`: the simulation stops when they are all done, the jobs after them still
+arriving and competing until then, so that the measured ones see a loaded cluster and not its
+draining tail. The jobs still running then are not counted as unfinished: the summary reports the
+measured ones (planning/metrics.py).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class Simulation:
     lp_solve_s: list[float]
     unfinished: int = 0
     notes: list[str] = field(default_factory=list)
+    measured: list[int] | None = None  # the job indices a steady-state window measures (None: all)
 
 
 class State:
@@ -98,9 +105,10 @@ def check_runnable(ids, workers, speed, capacity) -> None:
 
 def simulate(cluster: Cluster, ids: list[str], arrival: list[float], workers: list[int], weight: list[float],
              iterations: list[float], speed: list[list[float]], policy: Policy, seed: int = 0,
-             max_rounds: int = MAX_ROUNDS) -> Simulation:
+             max_rounds: int = MAX_ROUNDS, measured: list[int] | None = None) -> Simulation:
     """Run `policy` over the jobs (parallel lists; `speed[j][t]`: iterations per second of job j on the
-    cluster's type t, 0 where it cannot run). InfeasibleError when a job can run nowhere."""
+    cluster's type t, 0 where it cannot run). InfeasibleError when a job can run nowhere. `measured`:
+    stop once these jobs (indices) are done."""
     capacity = [t.count for t in cluster.types]
     check_runnable(ids, workers, speed, capacity)
     n, types = len(ids), len(capacity)
@@ -123,6 +131,9 @@ def simulate(cluster: Cluster, ids: list[str], arrival: list[float], workers: li
     has_run = [False] * n
     version = [0] * n  # a job's entries in the heap of finish times are valid while this is unchanged
     finished = 0
+    watched = np.zeros(n, dtype=bool)
+    watched[list(measured) if measured is not None else slice(None)] = True
+    to_watch = int(watched.sum())  # measured jobs not done yet: the simulation's end
     rounds = preemptions = 0
     active_set: set[int] = set()
 
@@ -214,7 +225,7 @@ def simulate(cluster: Cluster, ids: list[str], arrival: list[float], workers: li
     now = 0.0
     heap: list = []  # (finish time, job, its version when pushed)
     changed = True  # an arrival or a finish since the last allocation
-    while finished < n:
+    while to_watch:
         if not active_set:
             now = max(now, arrival[order[pending]])
         if pending < n and arrival[order[pending]] <= now:
@@ -262,17 +273,20 @@ def simulate(cluster: Cluster, ids: list[str], arrival: list[float], workers: li
                 outcomes[j].finish_s = at
                 active_set.discard(j)
                 finished += 1
+                to_watch -= bool(watched[j])
                 note_use(at)
                 now = at
+                if not to_watch:
+                    break
             else:
                 admit(at)
             fill(at, heap)
-        if finished == n:
+        if not to_watch:
             break
         now = end
         if not policy.static:  # what the policy reads next round: service, remaining work, time per type
             account_all(end)
-    unfinished = n - finished
+    unfinished = to_watch
     for j in sorted(active_set):
         if st.running_on[j] >= 0:
             stop(j, now)
@@ -280,5 +294,8 @@ def simulate(cluster: Cluster, ids: list[str], arrival: list[float], workers: li
     for j, o in enumerate(outcomes):
         o.seconds_on = {names[t]: float(held) for t, held in enumerate(received[j]) if held > 0}
     notes = [f"stopped after {max_rounds:,} rounds: {unfinished} job(s) unfinished"] if unfinished else []
+    if measured is not None and finished < n:
+        notes.append(f"stopped when the {len(measured):,} measured jobs were done: {n - finished:,} other job(s) "
+                     "had not arrived or finished (as a steady-state measurement does)")
     return Simulation(policy.name, seed, outcomes, busy, timeline, rounds, preemptions, list(policy.lp_solve_s),
-                      unfinished, notes)
+                      unfinished, notes, None if measured is None else sorted(measured))

@@ -68,6 +68,7 @@ class PlanRequest:
     sacct_type: str | None = None
     max_rounds: int = MAX_ROUNDS
     store: Path | None = None
+    measure: tuple[int, int] | None = None  # jobs first..last (trace order, both included): a steady-state window
 
 
 @dataclass
@@ -319,6 +320,11 @@ def plan(request: PlanRequest) -> PlanResult:
     if pinned is not None and any(j.framework == ANY for j in jobs) and table is None:
         notes.append(f"`framework: any` jobs run in {pinned} under every policy but framework_aware"
                      + ("" if r.framework else " (the single framework fastest over them)"))
+    if r.measure is not None:
+        first, last = r.measure
+        if not 0 <= first <= last < len(jobs):
+            raise RequestError(f"--measure-jobs {first}:{last}: the trace has jobs 0 to {len(jobs) - 1}"
+                               + (" (after the jobs left out: see its notes)" if trace.notes else ""))
     runs = _simulate_all(cluster, matrix, jobs, names, pinned, r)
     result = PlanResult(cluster, trace, jobs, [], runs, pinned, notes=notes)
     for question, changed in questions:
@@ -376,7 +382,8 @@ def _simulate_all(cluster: Cluster, matrix: ThroughputMatrix, jobs: list[Job], n
         speed = vectors[chosen.framework_aware]
         started, cpu = time.perf_counter(), time.process_time()
         try:
-            sim = simulate(cluster, ids, arrival, workers, weight, iterations, speed, chosen, r.seed, r.max_rounds)
+            sim = simulate(cluster, ids, arrival, workers, weight, iterations, speed, chosen, r.seed, r.max_rounds,
+                           None if r.measure is None else list(range(r.measure[0], r.measure[1] + 1)))
         except InfeasibleError as e:
             raise RequestError(f"{chosen.title}: {e}") from None
         seconds = time.perf_counter() - started
