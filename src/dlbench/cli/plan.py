@@ -92,7 +92,7 @@ def _money(value: float) -> str:
 def _summary_table(title: str, runs) -> Table:
     table = Table(title=title)
     for name in ("policy", "done", "avg JCT h", "p99 JCT h", "makespan h", "utilisation", "cost used", "cluster cost",
-                 "ρ med", "ρ max", "preempt", "LP s/solve", "sim s"):
+                 "ρ med", "ρ max", "preempt", "spread", "LP s/solve", "sim s"):
         table.add_column(name, justify="left" if name in ("policy", "utilisation") else "right")
     for r in runs:
         s = r.summary
@@ -100,6 +100,7 @@ def _summary_table(title: str, runs) -> Table:
                       " ".join(f"{k} {100 * v:.0f}%" for k, v in s.utilisation.items()), _money(s.cost_used),
                       _money(s.cost_cluster), f"{s.ftf_median:.2f}" if s.ftf_median is not None else "",
                       f"{s.ftf_max:.2f}" if s.ftf_max is not None else "", str(s.preemptions),
+                      f"{s.spread_starts} ({100 * s.spread_share:.0f}%)",
                       f"{s.lp_solve_mean_s:.3f}" if s.lp_solve_mean_s is not None else "", f"{r.seconds:.2f}")
     return table
 

@@ -5,6 +5,8 @@ finish-time fairness.
 - Makespan: the last finish less the first arrival.
 - Utilisation of a type: the device-seconds jobs held on it (restarts included) over its devices x
   the makespan (x the time simulated, where a bounded simulation stopped with jobs unfinished).
+- Fragmentation: the starts of jobs spread over nodes although each fits one (no node had room:
+  planning/simulator.py), and the share of the device-seconds held that such jobs held.
 - Cost: what the devices jobs held cost at each type's hourly price (`used`), and what the whole
   cluster costs over the makespan (`cluster`), the bill if it is rented for the trace.
 - Finish-time fairness ρ (Mahajan et al., "Themis", NSDI 2020; the form Gavel uses, §4.2): a job's
@@ -49,6 +51,8 @@ class Summary:
     lp_solve_max_s: float | None
     notes: list[str]
     measured: str | None = None  # the window of jobs JCT and ρ are of ("4000-5000"), None: every job
+    spread_starts: int = 0  # starts spread over nodes although the job fits one
+    spread_share: float = 0.0  # of the device-seconds held, those of such jobs
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,7 +86,9 @@ def summarise(sim: Simulation, cluster: Cluster, title: str) -> Summary:
         rounds=sim.rounds, preemptions=sim.preemptions, lp_solves=len(lp),
         lp_solve_mean_s=float(np.mean(lp)) if lp else None, lp_solve_max_s=float(np.max(lp)) if lp else None,
         notes=list(sim.notes),
-        measured=None if sim.measured is None else _span_of(sim.measured))
+        measured=None if sim.measured is None else _span_of(sim.measured),
+        spread_starts=sum(o.spread_starts for o in sim.outcomes),
+        spread_share=sim.spread_device_s / sum(sim.busy_device_s) if sum(sim.busy_device_s) > 0 else 0.0)
 
 
 def _span_of(indices: list[int]) -> str:

@@ -427,8 +427,10 @@ def _simulate_all(cluster: Cluster, matrix: ThroughputMatrix, jobs: list[Job], n
     weight = [j.weight for j in jobs]
     type_index = {t.name: i for i, t in enumerate(cluster.types)}
     runs = []
-    vectors = {aware: throughput_vectors(matrix, jobs, pinned, aware=aware)[0]
-               for aware in {policy(name).framework_aware for name in names} | {True}}
+    both = {aware: throughput_vectors(matrix, jobs, pinned, aware=aware)
+            for aware in {policy(name).framework_aware for name in names} | {True}}
+    vectors = {aware: found[0] for aware, found in both.items()}
+    spread = {aware: found[2] for aware, found in both.items()}  # the same jobs spread over nodes
     # a job's work given as seconds on a type (Slurm's) becomes iterations at its fastest throughput there
     # (a `framework: any` job's best framework and precision; another's own): the same work under every
     # policy and whatever --framework pins
@@ -448,7 +450,8 @@ def _simulate_all(cluster: Cluster, matrix: ThroughputMatrix, jobs: list[Job], n
         started, cpu = time.perf_counter(), time.process_time()
         try:
             sim = simulate(cluster, ids, arrival, workers, weight, iterations, speed, chosen, r.seed, r.max_rounds,
-                           None if r.measure is None else list(range(r.measure[0], r.measure[1] + 1)))
+                           None if r.measure is None else list(range(r.measure[0], r.measure[1] + 1)),
+                           spread[chosen.framework_aware])
         except InfeasibleError as e:
             raise RequestError(f"{chosen.title}: {e}") from None
         seconds = time.perf_counter() - started
