@@ -44,7 +44,7 @@ from __future__ import annotations
 import gc
 import os
 
-from runners.common.contract import DataParallel, dense_exchange_only
+from runners.common.contract import Compression, CompressionMethod, DataParallel
 from runners.common.protocol import Skip
 from runners.mxnet.framework import load_mxnet
 from runners.mxnet.precision import float32_math, request_precision
@@ -117,6 +117,68 @@ class Collective:
         return self.recv.tostype("default").asnumpy().reshape(-1)
 
 
+# Why the runner has no exchange for these methods (runner.toml's compression_refused says the same).
+COMPRESSION_UNAVAILABLE = {
+    CompressionMethod.BF16: "MXNet 1.9's NDArray has no bfloat16 dtype ('bfloat16' is not understood), so the "
+                            "kvstore cannot carry bfloat16 gradients",
+    CompressionMethod.POWERSGD: "the runner has no PowerSGD exchange through the kvstore yet",
+    CompressionMethod.TOPK: "the runner has no top-k exchange through the kvstore yet (the kvstore has no "
+                            "all-gather; only its row-sparse push and pull could carry the pairs)",
+    CompressionMethod.GTOPK: "gTop-k merges pairs between workers up a tree, and ps-lite workers send only to the "
+                             "servers, which sum what they receive: no worker-to-worker message, no merge",
+}
+
+# int keys of the runner's own exchange, clear of the Trainer's (0 .. parameters - 1): a kvstore
+# takes int or str keys, not both
+EXCHANGE_KEY_BASE = 1 << 20
+
+
+class KVStoreExchange:
+    """A compressed exchange through the kvstore, run before trainer.update (which then applies the
+    summed gradients without an exchange of its own), one key per gradient, in the Trainer's order
+    and priorities:
+      fp16  each gradient cast to float16, kv.pushpull of the cast (the servers sum float16), cast
+            back into the gradient;
+      2bit  kv.set_gradient_compression({'type': '2bit', 'threshold': t}) before the keys are made;
+            kv.push of each gradient (the kvstore quantises it to 2-bit codes and keeps the residual
+            on the worker; the servers decode and sum), then kv.pull of the float32 sum into it
+            (MXNet 1.9's dist kvstore refuses pushpull with compression: two calls)."""
+
+    def __init__(self, kv, trainable, compression: Compression):
+        mx = load_mxnet()
+        self.kv, self.method = kv, compression.method
+        self.grads = [p.list_grad()[0] for p in trainable]
+        self.keys = [EXCHANGE_KEY_BASE + i for i in range(len(self.grads))]
+        if self.method is CompressionMethod.FP16:
+            self.buffers = [mx.nd.zeros(g.shape, dtype="float16") for g in self.grads]
+        elif self.method is CompressionMethod.TWO_BIT:
+            kv.set_gradient_compression({"type": "2bit", "threshold": compression.threshold})
+            self.buffers = self.grads
+        else:
+            raise ValueError(f"compression {compression} has no kvstore exchange in this runner")
+        for key, buffer in zip(self.keys, self.buffers):
+            kv.init(key, mx.nd.zeros(buffer.shape, dtype=buffer.dtype))
+
+    def push_pull(self) -> None:
+        nd = load_mxnet().nd
+        for i, (key, g, buffer) in enumerate(zip(self.keys, self.grads, self.buffers)):
+            if self.method is CompressionMethod.FP16:
+                nd.cast(g, dtype="float16", out=buffer)
+                self.kv.pushpull(key, buffer, out=buffer, priority=-i)
+                nd.cast(buffer, dtype="float32", out=g)
+            else:
+                self.kv.push(key, g, priority=-i)
+                self.kv.pull(key, out=g, priority=-i)
+
+    def describe(self) -> str:
+        if self.method is CompressionMethod.FP16:
+            return ("each gradient cast to float16, kv.pushpull of the casts (the servers sum float16), cast back "
+                    "into the gradient, then trainer.update (no exchange of the Trainer's own)")
+        return ("kvstore dist_sync with set_gradient_compression 2bit: kv.push of each gradient (quantised by the "
+                "kvstore to 2-bit codes, 16 values to a float32 word, the residual kept on the worker; the "
+                "servers decode and sum), kv.pull of the float32 sum, then trainer.update")
+
+
 class MXNetDistributedRunner(MXNetRunner):
     def __init__(self):
         self.kv = None
@@ -178,8 +240,10 @@ class MXNetDistributedRunner(MXNetRunner):
         mx = load_mxnet()
         import numpy as np
 
-        dense_exchange_only(request, "mxnet", "the kvstore pushes and pulls dense gradients (its own 2-bit "
-                            "quantisation is none of the methods)")
+        compression = request.get("compression") or Compression(CompressionMethod.NONE)
+        why = COMPRESSION_UNAVAILABLE.get(compression.method)
+        if why:  # runner.toml refuses them first; this guards a hand-made request
+            raise Skip(f"mxnet data-parallel runner: compression {compression}: {why}")
         precision = request_precision(request)  # ValueError: a name no runner accepts
         if precision != "fp32":
             raise Skip(f"precision {precision}: the mxnet data-parallel runner trains in fp32 only "
@@ -211,9 +275,18 @@ class MXNetDistributedRunner(MXNetRunner):
                 _, loss = model(x, y)
             loss.backward()
 
-        def step():
-            forward_backward()
-            trainer.step(world)  # push-pull every gradient (summed over the workers), then / world
+        # one worker: nothing is exchanged (no kvstore), its baseline is dense
+        exchange = KVStoreExchange(self.kv, trainable, compression) if self.kv is not None and not compression.dense \
+            else None
+        if exchange is not None:
+            def step():
+                forward_backward()
+                exchange.push_pull()  # the compressed exchange: the summed gradients in place
+                trainer.update(world)
+        else:
+            def step():
+                forward_backward()
+                trainer.step(world)  # push-pull every gradient (summed over the workers), then / world
 
         def step_without_sync():
             forward_backward()
@@ -228,7 +301,13 @@ class MXNetDistributedRunner(MXNetRunner):
                                  "gradients of the per-worker mean losses",
                     "engine_cpu_worker_threads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
                     "exposed_communication": "median step time minus median step time with trainer.update() "
-                                             "in place of trainer.step() (no allreduce_grads)"}
+                                             "in place of trainer.step() (no allreduce_grads)",
+                    "compression": {"method": str(compression)}}
+        if exchange is not None:
+            settings["compression"]["exchange"] = exchange.describe()
+            if compression.method is CompressionMethod.TWO_BIT:
+                settings["compression"].update(threshold=compression.threshold, error_feedback=True,
+                                               residual="kept by the kvstore on each worker (MXNet's own)")
         return DataParallel(step, step_without_sync, mx.nd.waitall, params, output_shape(net, x), settings,
                             grad_bytes)
 
