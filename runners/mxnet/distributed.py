@@ -20,6 +20,12 @@ weights, the same bytes, with the optimiser on the servers.) trainer.step(world)
 gradient by the number of workers: the mean over the global batch, as DDP. Gradient bytes per
 iteration: the float32 gradients of every trainable parameter, pushed once (and as many pulled).
 
+Gradient compression (the request's `compression`): MXNet's own 2-bit quantisation
+(kv.set_gradient_compression: the worker pushes 2-bit codes and keeps the residual, the servers
+decode and sum, the worker pulls the float32 sum; the dist kvstore refuses it with pushpull, so
+KVStoreExchange pushes and then pulls), and fp16 (float16 casts push-pulled). Both run before
+trainer.update, under keys of their own. The other methods are skipped (COMPRESSION_UNAVAILABLE).
+
 Exposed communication: MXNet's dependency engine issues each gradient's push as soon as backward
 has written it, so the exchange overlaps backward. `step_without_sync` is the same step with
 trainer.update() in place of trainer.step(): Gluon's own split of step() into allreduce_grads()

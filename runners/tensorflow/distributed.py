@@ -17,6 +17,11 @@ Data-parallel step (the custom training loop TF documents for this strategy): in
 pack and reduced by one collective) before the update. Batch-norm running statistics stay local to
 each worker (the strategy does not synchronise them).
 
+Gradient compression (the request's `compression`): TF's CommunicationOptions offer none, so the
+optimizer's `_all_reduce_sum_gradients` runs the runner's GradientExchange instead of its dense
+all-reduce (fp16/bf16 casts all-reduced, PowerSGD's two all-reduces, an all-gather of top-k pairs,
+each with its error feedback in this worker's own variables); gTop-k is skipped (GTOPK_UNAVAILABLE).
+
 Exposed communication: `step_without_sync` is the same compiled step with the exchange left out
 (Keras' `_all_reduce_sum_gradients`, the one place its TF optimizer all-reduces, returns the local
 gradients; the traced graphs are checked to hold one gradient collective per step and none

@@ -66,6 +66,29 @@ def test_dist_sync_training_and_its_baseline(tmp_path, mxnet_runner, suites):
     assert not job_processes(tmp_path)
 
 
+def test_two_bit_compressed_training(tmp_path, mxnet_runner, suites):
+    """MXNet's own 2-bit quantisation through the kvstore (push of the codes, pull of the sum): the
+    run records its compression, the runner's account of it and the analytical bytes."""
+    from dlbench.axes import Compression
+    from dlbench.definitions.weights import is_state, weight_shapes
+    from dlbench.performance.communication import exchange_bytes
+
+    bench, _ = suites
+    brief = dataclasses.replace(bench, compression="2bit:0.5",
+                                policy=bench.policy.model_copy(update={"warmup_iters": 1, "measure_iters": 3}))
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
+        mxnet_runner, brief, local_placement(2, 2), 16, 32, None)
+    assert record.status == "ok", (record.reason, record.output_tail)
+    assert record.workload.compression == "2bit:0.5"
+    settings = record.settings.runner["compression"]
+    assert settings["method"] == "2bit:0.5" and settings["threshold"] == 0.5 and settings["error_feedback"]
+    assert "set_gradient_compression 2bit" in settings["exchange"]
+    shapes = [s for name, s in weight_shapes(bench.network.resolved).items() if not is_state(name)]
+    expected = exchange_bytes(Compression.parse("2bit:0.5", who="test"), shapes, 2)
+    assert record.distributed.exchange.payload_bytes == expected.payload < record.distributed.grad_bytes / 15
+    assert not job_processes(tmp_path)
+
+
 def test_collectives_are_correct_at_every_size(tmp_path, mxnet_runner, suites):
     _, comm = suites
     records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(mxnet_runner, comm)
