@@ -235,7 +235,7 @@ def test_every_shipped_runner_says_why_for_each_method_it_leaves_out():
     assert registry.get("tensorflow").distributed.capabilities.listed(CompressionMethod) == every_collective - {
         CompressionMethod.GTOPK}
     assert registry.get("mxnet").distributed.capabilities.listed(CompressionMethod) == {
-        CompressionMethod.NONE, CompressionMethod.FP16, CompressionMethod.TWO_BIT}
+        CompressionMethod.NONE, CompressionMethod.FP16, CompressionMethod.POWERSGD, CompressionMethod.TWO_BIT}
 
 
 # ------------------------------------------------------------------ the record
