@@ -55,9 +55,9 @@ from runners.tensorflow.runner import TensorFlowRunner, compile_choice
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
-# the collective ops a step's gradient exchange may hold (dense and cast: reduce; PowerSGD: two
-# reduces; top-k: a gather; gTop-k: broadcast sends and receives along its tree)
-GRADIENT_COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2", "CollectiveBcastSendV2", "CollectiveBcastRecvV2")
+# the collective ops a step's gradient exchange may hold (dense and cast: a reduce; PowerSGD: two
+# reduces; top-k: a gather)
+GRADIENT_COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
 
 
 class DataParallel(contract.DataParallel):
