@@ -344,15 +344,6 @@ class Compression:
 EVERY_COMPRESSION = ("none", "fp16", "bf16", "powersgd:4", "topk:0.01", "gtopk:0.01", "2bit:0.5")
 
 
-def dense_exchange_only(request: dict, runner: str, why: str) -> None:
-    """For a runner whose data-parallel step all-reduces dense float32 gradients only: a Skip when
-    the request asks for a compression (the controller refuses it first, from runner.toml; this
-    guards a hand-made request), never a silent dense run."""
-    compression = request.get("compression")
-    if compression is not None and not Compression.parse(compression, who="the request's 'compression'").dense:
-        raise Skip(f"{runner} data-parallel runner: compression {compression}: {why}")
-
-
 def topk_count(size: int, density: float) -> int:
     """k of a gradient tensor of `size` elements at `density`: ceil(density x size), at least 1,
     computed as every runner and the analytical byte count compute it (a float product rounded

@@ -21,8 +21,7 @@ from dlbench.execution.registry import parse_runner_toml
 from dlbench.performance.communication import exchange_bytes, powersgd_compressed
 from dlbench.store import migrations
 from dlbench.store.record import SCHEMA_VERSION, Record
-from runners.common.contract import EVERY_COMPRESSION, dense_exchange_only
-from runners.common.protocol import Skip
+from runners.common.contract import EVERY_COMPRESSION
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
@@ -76,13 +75,6 @@ def test_a_bad_value_is_one_error_naming_who_and_what_is_accepted(text, why):
 def test_a_subset_is_refused_by_the_methods_it_accepts():
     with pytest.raises(ValueError, match=r"'topk:0.1' is not one it accepts \(none, fp16\)"):
         Compression.parse("topk:0.1", who="r", accepted=("none", "fp16"))
-
-
-def test_a_dense_only_runner_skips_a_compressed_request():
-    dense_exchange_only({}, "mxnet", "why")
-    dense_exchange_only({"compression": "none"}, "mxnet", "why")
-    with pytest.raises(Skip, match="mxnet data-parallel runner: compression topk:0.01: the kvstore"):
-        dense_exchange_only({"compression": Compression.parse("topk:0.01", who="x")}, "mxnet", "the kvstore")
 
 
 def test_k_is_the_density_times_the_size_rounded_up():
