@@ -1,6 +1,6 @@
 """Is dlbench's runner as fast as the framework's own model? Runner throughput ÷ reference throughput.
 
-For ResNet-50, LSTM-32 and GPT-2 small training, each framework's dlbench runner (built from the
+For ResNet-50, LSTM-32, GPT-2 small and the llm suite's decoders (llama_tiny, smollm2_135m, moe_tiny) training, each framework's dlbench runner (built from the
 suite's framework-neutral description) is set against that framework's own reference model, written
 the way the framework's model zoo or examples write it (benchmarks/references/<fw>_reference.py):
 
@@ -14,6 +14,12 @@ the way the framework's model zoo or examples write it (benchmarks/references/<f
                 TrainState + optax.sgd(momentum), one jitted step with the state donated
     mxnet       gluon model_zoo resnet50_v1, gluon rnn.LSTM, a Gluon GPT-2 written as GluonNLP's GPT2Model
                 (GluonNLP 0.10 ships none in its package), hybridised with static allocation
+
+The llm suite's decoders: transformers' LlamaForCausalLM / MixtralForCausalLM (torch; the
+transformers of the torch environment), keras_hub's LlamaCausalLM / MixtralCausalLM (tensorflow), a
+flax linen Llama as flax's examples write one (jax; its MoE by jax.lax.ragged_dot) and a Gluon Llama as
+GluonNLP's GPT2Model is written (mxnet), each built from llm_configuration: the suite's description
+read here and passed as JSON (--llm), so that both sides are the same network by construction.
 
 GPT-2 small is built from its configuration only (random initialisation: no weights are downloaded),
 at the suite's sequence length for the profile and device (default CPU: batch 2, 128 tokens; its
@@ -36,7 +42,8 @@ drift hits both alike; the figure is the median of the paired ratios of mean ste
 
     .venv/bin/python benchmarks/fairness.py [--framework all|torch,jax,...] [--network resnet50,lstm32,gpt2_small]
                                             [--rounds 3] [--threads N] [--device cpu|cuda]
-                                            [--batch NETWORK=B] [--sequence gpt2_small=T] [--json FILE]
+                                            [--batch NETWORK=B] [--sequence NETWORK=T] [--json FILE]
+    e.g. --network llama_tiny,moe_tiny,smollm2_135m --sequence smollm2_135m=32
 
 The references differ where the framework's own model differs from the suite (keras' ResNet50 has
 conv biases; gluon's resnet50_v1 strides its first 1x1 convolution, so does a little less work;
