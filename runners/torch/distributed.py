@@ -22,6 +22,7 @@ from runners.common.contract import (
     Compression,
     CompressionMethod,
     DataParallel,
+    Parallelism,
     gtopk_tree,
     topk_count,
 )
@@ -103,6 +104,10 @@ class TorchDistributedRunner(TorchRunner):
         load_torch().distributed.destroy_process_group()
 
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        if request.get("parallelism") == Parallelism.EXPERT:  # its own step: runners/torch/expert_parallel.py
+            from runners.torch.expert_parallel import prepare_expert_parallel
+
+            return prepare_expert_parallel(self.device, request, cluster)
         torch = load_torch()
         network = request["network"]
         device = self.device
@@ -138,13 +143,17 @@ class TorchDistributedRunner(TorchRunner):
         settings["precision_effective"].update(amp)
         settings["compression"] = register_compression(ddp, request.get("compression"), cluster.world_size,
                                                        request.get("seed", 0))
-        step, _ = st.train_step(ddp, x, y, lambda: st.sgd(st.trainable_params(ddp), request), autocast, scaler)
+        seen: dict = {}  # the last step's loss
+        step, _ = st.train_step(ddp, x, y, lambda: st.sgd(st.trainable_params(ddp), request), autocast, scaler,
+                                on_loss=lambda value: seen.update(loss=value))
 
         def step_without_sync():
             with ddp.no_sync():
                 step()
 
-        return DataParallel(step, step_without_sync, synchronizer(device), params, out_shape, settings, grad_bytes)
+        settings["parallelism"] = "data"
+        return DataParallel(step, step_without_sync, synchronizer(device), params, out_shape, settings, grad_bytes,
+                            loss=lambda: float(seen["loss"]))
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         torch = load_torch()

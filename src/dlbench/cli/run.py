@@ -115,6 +115,11 @@ def run(
         "--compression", help=f"Suite distributed: how the gradients are exchanged: {' | '.join(Compression.names())} "
                               "(e.g. powersgd:4, topk:0.01); a comma list or 'all' (none, fp16, bf16, powersgd:4, "
                               "topk:0.01, gtopk:0.01), repeatable (default: none, dense all-reduce).")] = None,
+    parallelism: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["parallelism"],
+        help="Suite distributed: how each training job splits the network over its workers: data (every worker "
+             "the whole network) or expert (a Mixture-of-Experts network's experts sharded over the workers, "
+             "tokens sent to them and back by all-to-all); a comma list or 'all', repeatable (default: data).")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here
