@@ -112,7 +112,7 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
     except PlacementError as e:
         raise RequestError(str(e)) from None
     scaling = r.scaling or suite.scaling
-    _check_expert_parallel(chosen, placement.workers, suite_path)
+    _check_expert_parallel(chosen, placement.workers, suite_path, suite.benchmarks)
     for b in chosen:
         for batch in b.batch_sizes:
             try:
@@ -133,10 +133,12 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
     return DistributedPlan(r, kind, suite, chosen, comm, runners, options, store, steps, predicted_from, link)
 
 
-def _check_expert_parallel(chosen: list[DistributedBenchmark], workers: int, suite_path) -> None:
+def _check_expert_parallel(chosen: list[DistributedBenchmark], workers: int, suite_path,
+                           suite_benchmarks=()) -> None:
     """--parallelism expert asks for something only a network with Mixture-of-Experts layers has,
-    sharded whole over two workers at least: a network without experts, too few workers, or
-    experts that do not split evenly over them are refused before anything runs."""
+    sharded whole over two workers at least: a network without experts, too few workers, experts
+    that do not split evenly over them, or a gradient compression (data parallelism's) with it are
+    refused before anything runs."""
     from ..definitions.distributed import moe_experts
 
     expert = [b for b in chosen if b.parallelism == Parallelism.EXPERT.value]
@@ -147,11 +149,16 @@ def _check_expert_parallel(chosen: list[DistributedBenchmark], workers: int, sui
     for b in expert:
         experts = moe_experts(b.network.resolved)
         if not experts:
-            with_experts = sorted({c.network.name for c in chosen if moe_experts(c.network.resolved)})
+            with_experts = sorted({c.network.name for c in (*chosen, *suite_benchmarks)
+                                   if moe_experts(c.network.resolved)})
             hint = (f"choose {', '.join(with_experts)} with --benchmark" if with_experts
                     else "this suite has none")
             raise RequestError(f"{suite_path}: benchmarks: {b.network.name}: --parallelism expert needs "
                                f"Mixture-of-Experts layers to shard, and {b.network.name} has none ({hint})")
+        if b.compression != "none":
+            raise RequestError(f"--parallelism expert with --compression {b.compression}: an expert-parallel job "
+                               "all-reduces the gradients of the weights it does not shard densely (compression "
+                               "is data parallelism's); ask for the two in separate runs")
         uneven = sorted({e for e in experts if e % workers})
         if uneven:
             raise RequestError(f"{suite_path}: benchmarks: {b.network.name}: --parallelism expert: "
