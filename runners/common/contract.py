@@ -631,8 +631,9 @@ class DataParallel:
     communication is then not measured); loss(): the last step's training loss on this rank (the
     network's loss, the auxiliary load-balancing loss left out), or None where the runner cannot
     read it; all_to_all(): expert parallelism's running totals since the job began, {"seconds":
-    time in the dispatch and combine all-to-alls, forward and backward, "bytes": the bytes this rank
-    sent by them, "calls": how many it made}, or None where the step makes none."""
+    time in the dispatch and combine all-to-alls, forward and backward (None where they cannot be
+    timed apart), "bytes": the bytes this rank sent by them, "calls": how many it made}, or None
+    where the step makes none."""
 
     def __init__(self, step: Callable[[], Any], step_without_sync: Callable[[], Any] | None,
                  synchronize: Callable[[], Any], params: int, output_shape, settings: dict, grad_bytes: int,

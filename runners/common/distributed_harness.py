@@ -107,7 +107,8 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
            "window_monotonic_ns": [window_start, window_end],
            "losses": None if losses[0] is None else losses}
     if before is not None and measure_iters:  # per measured step: what the window's all-to-alls took
-        out["all_to_all"] = {key: (after[key] - before[key]) / measure_iters for key in ("seconds", "bytes", "calls")}
+        out["all_to_all"] = {key: None if after[key] is None else (after[key] - before[key]) / measure_iters
+                             for key in ("seconds", "bytes", "calls")}
     return out
 
 

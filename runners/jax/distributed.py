@@ -49,7 +49,14 @@ import os
 import re
 import time
 
-from runners.common.contract import Compression, CompressionMethod, DataParallel, gtopk_tree, topk_count
+from runners.common.contract import (
+    Compression,
+    CompressionMethod,
+    DataParallel,
+    Parallelism,
+    gtopk_tree,
+    topk_count,
+)
 from runners.common.protocol import Skip
 from runners.jax.framework import load_jax
 from runners.jax.precision import request_precision
@@ -231,6 +238,12 @@ class JaxDistributedRunner(JaxRunner):
     # ------------------------------------------------------------------ data-parallel training
 
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        if request.get("parallelism") == Parallelism.EXPERT:  # its own step: runners/jax/expert_parallel.py
+            from runners.jax.expert_parallel import prepare_expert_parallel
+
+            return prepare_expert_parallel(self, request, cluster)
+        from runners.jax.expert_parallel import local_loss
+
         import numpy as np
 
         jax = load_jax()
@@ -318,9 +331,11 @@ class JaxDistributedRunner(JaxRunner):
             "exposed_communication": "median step time minus median step time of the same program without the pmean",
         })
         grad_bytes = int(sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(host["params"])))
+        settings["parallelism"] = "data"
         return DataParallel(device_state.train_step(synced), device_state.train_step(unsynced),
                             device_state.synchronize, n_params,
-                            tm.output_shape(params, host.get("batch_stats", {}), sample), settings, grad_bytes)
+                            tm.output_shape(params, host.get("batch_stats", {}), sample), settings, grad_bytes,
+                            loss=lambda: local_loss(device_state))
 
     # ------------------------------------------------------------------ collectives
 

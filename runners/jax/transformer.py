@@ -352,11 +352,14 @@ def transformer_modules():
         def __call__(self, x, train: bool):
             routing = self.spec
             experts, top_k = routing["experts"], routing["top_k"]
+            # expert parallelism (runners/jax/expert_parallel.py): this rank's shard of the experts
+            sharded = routing.get("expert_parallel")
+            held = experts // sharded["workers"] if sharded else experts
             lecun = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2, batch_axis=(0,))
             router = self.param("router", lecun, (experts, self.dim))
-            gate = self.param("expert_gate", lecun, (experts, self.hidden, self.dim))
-            up = self.param("expert_up", lecun, (experts, self.hidden, self.dim))
-            down = self.param("expert_down", lecun, (experts, self.dim, self.hidden))
+            gate = self.param("expert_gate", lecun, (held, self.hidden, self.dim))
+            up = self.param("expert_up", lecun, (held, self.hidden, self.dim))
+            down = self.param("expert_down", lecun, (held, self.dim, self.hidden))
             b, t, d = x.shape
             tokens = x.reshape(-1, d)
             wide = jnp.float64 if tokens.dtype == jnp.float64 else jnp.float32
@@ -368,18 +371,24 @@ def transformer_modules():
                 onehot = jax.nn.one_hot(chosen.T.reshape(-1), experts, dtype=jnp.int32)  # rank-major priority
                 position = (jnp.cumsum(onehot, axis=0) * onehot).sum(-1) - 1
                 weights = weights * (position < slots).reshape(top_k, -1).T.astype(weights.dtype)
-            flat = chosen.reshape(-1)
-            order = jnp.argsort(flat, stable=True)
-            token_of = order // top_k
-            rows = jnp.take(tokens, token_of, axis=0)
-            sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
             cast = self.dtype if self.dtype is not None else tokens.dtype
-            rows = rows.astype(cast)
-            h = (jax.nn.silu(jax.lax.ragged_dot(rows, jnp.swapaxes(gate, 1, 2).astype(cast), sizes))
-                 * jax.lax.ragged_dot(rows, jnp.swapaxes(up, 1, 2).astype(cast), sizes))
-            y = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2).astype(cast), sizes)
-            y = y * jnp.take(weights.reshape(-1), order).astype(y.dtype)[:, None]
-            out = jnp.zeros_like(tokens, dtype=y.dtype).at[token_of].add(y).reshape(b, t, d)
+            if sharded:
+                from runners.jax.expert_parallel import dispatch_and_combine
+
+                out = dispatch_and_combine(tokens, chosen, weights, (gate, up, down), experts, sharded, cast)
+                out = out.reshape(b, t, d)
+            else:
+                flat = chosen.reshape(-1)
+                order = jnp.argsort(flat, stable=True)
+                token_of = order // top_k
+                rows = jnp.take(tokens, token_of, axis=0)
+                sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+                rows = rows.astype(cast)
+                h = (jax.nn.silu(jax.lax.ragged_dot(rows, jnp.swapaxes(gate, 1, 2).astype(cast), sizes))
+                     * jax.lax.ragged_dot(rows, jnp.swapaxes(up, 1, 2).astype(cast), sizes))
+                y = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2).astype(cast), sizes)
+                y = y * jnp.take(weights.reshape(-1), order).astype(y.dtype)[:, None]
+                out = jnp.zeros_like(tokens, dtype=y.dtype).at[token_of].add(y).reshape(b, t, d)
             if train and routing["aux_loss_weight"]:
                 fraction = jax.nn.one_hot(chosen, experts, dtype=p.dtype).sum(1).mean(0)
                 aux = experts * jnp.sum(fraction * p.mean(0))

@@ -528,16 +528,18 @@ def _all_to_all(outcomes: list[JobOutcome], workers: int, b: DistributedBenchmar
     if not all(all(ranks) for ranks in figures):
         return None
 
-    def mean(key: str, pool=statistics.fmean) -> float:
+    def mean(key: str, pool=statistics.fmean) -> float | None:
+        if any(rank[key] is None for ranks in figures for rank in ranks):
+            return None
         return statistics.fmean(pool([rank[key] for rank in ranks]) for ranks in figures)
 
     seconds = mean("seconds", max)
     experts = moe_experts(b.network.resolved)
+    said = (rank0.get("settings") or {}).get("expert_parallel", {})
     return AllToAllInfo(
-        experts_per_worker=[e // workers for e in experts],
-        dispatch=(rank0.get("settings") or {}).get("expert_parallel", {}).get("dispatch", "not said by the runner"),
+        experts_per_worker=[e // workers for e in experts], dispatch=said.get("dispatch", "not said by the runner"),
         bytes_per_step=mean("bytes"), calls_per_step=mean("calls"), seconds_per_step=seconds,
-        share=seconds / step_s if step_s else None)
+        share=seconds / step_s if seconds is not None and step_s else None, timing=said.get("all_to_all_timing"))
 
 
 def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:

@@ -74,7 +74,7 @@ PerStep = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 class AllToAllPerStep(_Strict):
     """Expert parallelism's all-to-alls per measured step (distributed_harness.measure_data_parallel)."""
 
-    seconds: PerStep
+    seconds: PerStep | None  # None: not timed apart (inside one compiled program)
     bytes: PerStep
     calls: PerStep
 

@@ -385,8 +385,11 @@ class AllToAllInfo(_Model):
     dispatch: str  # how tokens are sent: dropless, or with a capacity (the runner's words)
     bytes_per_step: float  # mean over the ranks of the bytes a rank sends to the others per step
     calls_per_step: float  # all-to-alls one rank makes per step (counts, dispatch, combine, their backward)
-    seconds_per_step: float  # the slowest rank's mean time in them per step (waiting for peers included)
+    # the slowest rank's mean time in them per step (waiting for peers included); None where the
+    # runner cannot time them apart (inside one compiled program: `timing` says what it measured)
+    seconds_per_step: float | None = None
     share: float | None = None  # seconds_per_step / the slowest rank's median step
+    timing: str | None = None  # how the runner timed them (settings.runner.expert_parallel)
 
 
 class DistributedInfo(_Model):
