@@ -146,7 +146,15 @@ records step by step and refuse newer ones):
     dense float32 gradients: they read with compression "none" (update_to_17), and with no
     `distributed.exchange` (the model's
     defaults: no migration).
-  18-20 are reserved by branches in flight; until they land a record passes them unchanged.
+  18 (2026-12-07) oversubscribed jobs (`dlbench run --oversubscribe`, issue 44): more ranks (times
+    threads per rank) on a machine than it has cores, the kernel time-slicing them.
+    `distributed.oversubscribed` (Oversubscription: the most crowded machine, its ranks' threads
+    and its cores) on such a job's records; None where every thread had a core of its own. An
+    oversubscribed job's iteration times include waiting for a core: only comparisons bound by the
+    link (a shaped one, --link) say something. Older records read with None, which is true of them:
+    dlbench refused to oversubscribe before (the model's
+    defaults: no migration).
+  19-20 are reserved by branches in flight; until they land a record passes them unchanged.
   21 (2026-12-07) expert parallelism (`dlbench run --suite distributed --parallelism expert`, issue
     45): `workload.parallelism` (data | expert; None where the run is no distributed training)
     pairs runs as the other axes do; `distributed.step_losses`, the training loss after the first
@@ -376,6 +384,15 @@ class ExchangeInfo(_Model):
     formula: str
 
 
+class Oversubscription(_Model):
+    """A job whose ranks ran more threads on a machine than it has cores (--oversubscribe): the
+    kernel time-sliced them, so an iteration's time includes waiting for a core."""
+
+    machine: str  # the most crowded machine (placement.py Placement.machines' name)
+    threads: Int64  # its ranks x threads per rank
+    cores: Int64  # the cores they shared
+
+
 class AllToAllInfo(_Model):
     """Expert parallelism's all-to-alls (schema 21): tokens dispatched to the workers holding their
     experts and the experts' outputs combined back, forward and backward. Per measured step, from
@@ -411,6 +428,7 @@ class DistributedInfo(_Model):
     local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
     scaling: Scaling | None = None  # training runs
     exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
+    oversubscribed: Oversubscription | None = None  # --oversubscribe and more threads than cores (schema 18)
     # the loss after the first step and each warm-up step of the first repeat, mean over the ranks (schema 21)
     step_losses: list[float] | None = None
     all_to_all: AllToAllInfo | None = None  # expert-parallel training runs (schema 21)

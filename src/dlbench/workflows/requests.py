@@ -52,6 +52,7 @@ class RunRequest:
     data: Path | None = None
     link: str | None = None
     compression: list[str] | None = None
+    oversubscribe: bool = False
     parallelism: list[str] | None = None
 
     def given(self) -> dict[str, object]:
