@@ -165,7 +165,8 @@ records step by step and refuse newer ones):
     seconds per step in them and their share of the step). `distributed.grad_bytes` and
     `distributed.exchange` of an expert-parallel run count the weights still all-reduced (every one
     but the experts'). Older data-parallel training records read with parallelism "data"
-    (update_to_21) and none of the rest (None).
+    (update_to_21), and with none of the rest (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
