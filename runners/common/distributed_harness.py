@@ -66,9 +66,11 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
                           mark: Callable[[], int] = time.monotonic_ns) -> dict:
     """First iteration apart, a fixed warm-up, then a fixed number of timed iterations, each read
     between two synchronisations. All ranks run the same counts, so the collectives inside step()
-    pair up; a barrier lines the ranks up before the measured window. Then, where the framework can
-    skip the gradient exchange, as many steps without it: the exposed communication time is the
-    difference of the medians (the controller computes it)."""
+    pair up; a barrier lines the ranks up before the measured window. The loss after the first and
+    each warm-up step (where the runner reads it) shows that two ways of training the network train
+    it alike; expert parallelism's all-to-all totals are read around the measured window. Then,
+    where the framework can skip the gradient exchange, as many steps without it: the exposed
+    communication time is the difference of the medians (the controller computes it)."""
 
     def timer(step):
         def timed() -> float:
@@ -78,14 +80,22 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
             return (clock() - t0) / 1e9
         return timed
 
+    loss = dp.loss or (lambda: None)
+    all_to_all = dp.all_to_all or (lambda: None)
     timed = timer(dp.step)
     dp.synchronize()
     first = timed()
-    warm = [timed() for _ in range(warmup_iters)]
+    losses = [loss()]  # read between steps, outside the timed window
+    warm = []
+    for _ in range(warmup_iters):
+        warm.append(timed())
+        losses.append(loss())
     barrier()
+    before = all_to_all()
     window_start = mark()
     times = [timed() for _ in range(measure_iters)]
     window_end = mark()
+    after = all_to_all()
     local = None
     if dp.step_without_sync is not None:
         barrier()
@@ -93,8 +103,13 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
         local_timed()  # the first unsynchronised step may set up hooks or buffers
         local = [local_timed() for _ in range(measure_iters)]
     barrier()
-    return {"first_iter_s": first, "warmup_iter_s": warm, "iter_s": times, "local_iter_s": local,
-            "window_monotonic_ns": [window_start, window_end]}
+    out = {"first_iter_s": first, "warmup_iter_s": warm, "iter_s": times, "local_iter_s": local,
+           "window_monotonic_ns": [window_start, window_end],
+           "losses": None if losses[0] is None else losses}
+    if before is not None and measure_iters:  # per measured step: what the window's all-to-alls took
+        out["all_to_all"] = {key: None if after[key] is None else (after[key] - before[key]) / measure_iters
+                             for key in ("seconds", "bytes", "calls")}
+    return out
 
 
 # ------------------------------------------------------------------ collectives

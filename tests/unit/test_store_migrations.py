@@ -21,7 +21,8 @@ from dlbench.store.store import Store, StoreError, checksum_of
 from dlbench.store.verify import verify
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "records"
-VERSIONS = list(range(1, SCHEMA_VERSION + 1))
+# every version but those reserved by branches in flight (migrations.RESERVED), whose fixtures land with them
+VERSIONS = [v for v in range(1, SCHEMA_VERSION + 1) if v not in migrations.RESERVED]
 
 
 def fixture(version: int) -> dict:
@@ -50,6 +51,7 @@ def test_there_is_a_fixture_of_every_schema_version():
         data = fixture(v)
         assert data["schema_version"] == v
         assert ("checksum" in data) == (v >= 4)
+    assert not any((FIXTURES / f"v{v}.json").exists() for v in migrations.RESERVED)
     assert not (FIXTURES / f"v{SCHEMA_VERSION + 1}.json").exists()
 
 

@@ -33,13 +33,15 @@ from typing import Callable, Protocol
 
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
-from ..axes import REQUEST_AXES, Compression, CompressionMethod
-from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
+from ..axes import REQUEST_AXES, Compression, CompressionMethod, Parallelism
+from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches, moe_experts
+from ..definitions.layers.moe import is_expert_tensor
 from ..definitions.weights import is_state, weight_shapes
 from ..performance.communication import exchange_bytes
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
 from ..store.record import (
+    AllToAllInfo,
     CommInfo,
     CommSize,
     DistributedInfo,
@@ -207,7 +209,8 @@ class DistributedOrchestrator:
                 key = (runner.name, benchmark.name, benchmark.precision, batch, o.threads)
                 baseline = self._baselines.get(key)
                 if baseline is None:
-                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value)
+                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value,
+                                                parallelism=Parallelism.DATA.value)
                     baseline = self._train_run(runner, dense, o.placement.single_worker(), batch, batch, None)
                     self._baselines[key] = baseline
                     records.append(baseline)
@@ -218,12 +221,15 @@ class DistributedOrchestrator:
                    global_batch: int, baseline: Record | None) -> Record:
         o = self.options
         n = placement.workers
-        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}")
+        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}") \
+            + ("" if b.parallelism == Parallelism.DATA.value else f" {b.parallelism}-parallel")
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
         # the model's communication term is the dense all-reduce: a compressed run gets no prediction
         # rather than a dense one (performance/communication.py crossover_bandwidth compares them)
-        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value)
+        # and its network is whole on every worker: an expert-parallel run gets none either
+        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value) \
+            and b.parallelism == Parallelism.DATA.value
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
                                  framework=runner.name, workers=n) if predictable else None
         self.events.run_started(label, repeats_asked)
@@ -262,6 +268,11 @@ class DistributedOrchestrator:
         )
         if summary is not None:
             _training_figures(info, repeats)
+        good = [oc for oc in repeats_outcomes if oc.status == "ok"]
+        if good:
+            info.step_losses = _step_losses(good[0], n)
+            if b.parallelism == Parallelism.EXPERT.value:
+                info.all_to_all = _all_to_all(good, n, b, rank0, info.slowest_median_s)
         on_link = o.link is not None and placement.hosts[0].namespace is not None
         record = self._record(runner, started, b.suite, self._name(f"{b.name}-w{n}", placement),
                               NetworkInfo.of(b.network, b.network_file), Workload(
@@ -502,15 +513,51 @@ def _data_parallel_refusal(runner: RunnerInfo, b: DistributedBenchmark) -> str |
         value = spec.axis(getattr(b, spec.field))
         why = runner.distributed.capabilities.refusal(runner.name, value)
         if why:
-            reason = runner.distributed.compression_refusal(value) if isinstance(value, CompressionMethod) else None
+            reason = runner.distributed.refusal_reason(value)
             return f"{why}: {reason}" if reason else why
     return None
 
 
+def _step_losses(outcome: JobOutcome, workers: int) -> list[float] | None:
+    """The loss after the first step and each warm-up step, the mean over the ranks (each rank's
+    loss is the mean over its own batch, so this is the global batch's); None where a runner does
+    not read its loss."""
+    per_rank = [outcome.results[r].get("losses") for r in range(workers)]
+    if not all(per_rank):
+        return None
+    return [statistics.fmean(step) for step in zip(*per_rank)]
+
+
+def _all_to_all(outcomes: list[JobOutcome], workers: int, b: DistributedBenchmark, rank0: dict,
+                step_s: float | None) -> AllToAllInfo | None:
+    """Expert parallelism's all-to-alls per measured step, from each rank's totals around its
+    measured window (mean over the ok repeats): the bytes a rank sends (mean over the ranks), the
+    calls, and the slowest rank's seconds in them, with their share of the slowest rank's median step."""
+    figures = [[oc.results[r].get("all_to_all") for r in range(workers)] for oc in outcomes]
+    if not all(all(ranks) for ranks in figures):
+        return None
+
+    def mean(key: str, pool=statistics.fmean) -> float | None:
+        if any(rank[key] is None for ranks in figures for rank in ranks):
+            return None
+        return statistics.fmean(pool([rank[key] for rank in ranks]) for ranks in figures)
+
+    seconds = mean("seconds", max)
+    experts = moe_experts(b.network.resolved)
+    said = (rank0.get("settings") or {}).get("expert_parallel", {})
+    return AllToAllInfo(
+        experts_per_worker=[e // workers for e in experts], dispatch=said.get("dispatch", "not said by the runner"),
+        bytes_per_step=mean("bytes"), calls_per_step=mean("calls"), seconds_per_step=seconds,
+        share=seconds / step_s if seconds is not None and step_s else None, timing=said.get("all_to_all_timing"))
+
+
 def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:
     """The analytical bytes of one iteration's exchange of the network's trainable tensors (their
-    canonical shapes, definitions/weights.py) by the benchmark's compression."""
-    shapes = [shape for name, shape in weight_shapes(b.network.resolved).items() if not is_state(name)]
+    canonical shapes, definitions/weights.py) by the benchmark's compression; with expert
+    parallelism, of every tensor but the experts' (sharded, never all-reduced)."""
+    expert = b.parallelism == Parallelism.EXPERT.value
+    shapes = [shape for name, shape in weight_shapes(b.network.resolved).items()
+              if not is_state(name) and not (expert and is_expert_tensor(name))]
     counted = exchange_bytes(Compression.parse(b.compression, who="the distributed benchmark"), shapes, workers)
     return ExchangeInfo(method=counted.method, payload_bytes=counted.payload, bytes_per_rank=counted.per_rank,
                         total_bytes=counted.total, rounds=counted.rounds, formula=counted.formula)

@@ -67,6 +67,18 @@ class CollectiveRow(_Strict):
     error: str | None = None
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+PerStep = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class AllToAllPerStep(_Strict):
+    """Expert parallelism's all-to-alls per measured step (distributed_harness.measure_data_parallel)."""
+
+    seconds: PerStep | None  # None: not timed apart (inside one compiled program)
+    bytes: PerStep
+    calls: PerStep
+
+
 class RankResult(_Strict):
     """rank<R>.json, for both actions (data_parallel, collectives)."""
 
@@ -92,6 +104,8 @@ class RankResult(_Strict):
     iter_s: list[Seconds] = []
     local_iter_s: list[Seconds] | None = None
     window_monotonic_ns: list[Mark] = []
+    losses: list[Finite] | None = None  # the loss after the first and each warm-up step, where read
+    all_to_all: AllToAllPerStep | None = None  # expert parallelism only
     # action collectives
     collectives: dict[str, list[CollectiveRow]] | None = None
 

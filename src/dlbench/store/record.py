@@ -154,6 +154,19 @@ records step by step and refuse newer ones):
     link (a shaped one, --link) say something. Older records read with None, which is true of them:
     dlbench refused to oversubscribe before (the model's
     defaults: no migration).
+  19-20 are reserved by branches in flight; until they land a record passes them unchanged.
+  21 (2026-12-07) expert parallelism (`dlbench run --suite distributed --parallelism expert`, issue
+    45): `workload.parallelism` (data | expert; None where the run is no distributed training)
+    pairs runs as the other axes do; `distributed.step_losses`, the training loss after the first
+    step and each warm-up step of the first repeat, the mean over the ranks (data and expert
+    parallelism of one network from the same weights and data must agree); and for expert
+    parallelism `distributed.all_to_all` (AllToAllInfo: the experts per worker, the bytes a rank
+    sends to the others per step by the dispatch and combine all-to-alls, forward and backward, the
+    seconds per step in them and their share of the step). `distributed.grad_bytes` and
+    `distributed.exchange` of an expert-parallel run count the weights still all-reduced (every one
+    but the experts'). Older data-parallel training records read with parallelism "data"
+    (update_to_21), and with none of the rest (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
@@ -165,10 +178,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..axes import Scenario
+from ..axes import Parallelism, Scenario
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 21
 
+PARALLELISMS = Parallelism.names()  # runners/common/contract.py Parallelism, as a record spells them
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -307,6 +321,9 @@ class Workload(_Model):
     # how a data-parallel job exchanged its gradients (schema 17, runners/common/contract.py
     # Compression: none, fp16, powersgd:4, topk:0.01, 2bit:0.5, ...); None: not data-parallel training
     compression: str | None = None
+    # how a training job of the distributed suite split the network over its workers (schema 21,
+    # runners/common/contract.py Parallelism); None: not distributed training
+    parallelism: Literal[PARALLELISMS] | None = None
 
 
 class Settings(_Model):
@@ -377,6 +394,22 @@ class Oversubscription(_Model):
     cores: Int64  # the cores they shared
 
 
+class AllToAllInfo(_Model):
+    """Expert parallelism's all-to-alls (schema 21): tokens dispatched to the workers holding their
+    experts and the experts' outputs combined back, forward and backward. Per measured step, from
+    each rank's totals around the measured window, pooled over the repeats."""
+
+    experts_per_worker: list[Int64]  # per Mixture-of-Experts layer, in order
+    dispatch: str  # how tokens are sent: dropless, or with a capacity (the runner's words)
+    bytes_per_step: float  # mean over the ranks of the bytes a rank sends to the others per step
+    calls_per_step: float  # all-to-alls one rank makes per step (counts, dispatch, combine, their backward)
+    # the slowest rank's mean time in them per step (waiting for peers included); None where the
+    # runner cannot time them apart (inside one compiled program: `timing` says what it measured)
+    seconds_per_step: float | None = None
+    share: float | None = None  # seconds_per_step / the slowest rank's median step
+    timing: str | None = None  # how the runner timed them (settings.runner.expert_parallel)
+
+
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
@@ -397,6 +430,9 @@ class DistributedInfo(_Model):
     scaling: Scaling | None = None  # training runs
     exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
     oversubscribed: Oversubscription | None = None  # --oversubscribe and more threads than cores (schema 18)
+    # the loss after the first step and each warm-up step of the first repeat, mean over the ranks (schema 21)
+    step_losses: list[float] | None = None
+    all_to_all: AllToAllInfo | None = None  # expert-parallel training runs (schema 21)
 
 
 class CommSize(_Model):

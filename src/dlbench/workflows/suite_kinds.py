@@ -31,7 +31,11 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                parallelism; passing it on unchecked ran fp32 silently before. --compression the
                same way: each job's request says how its gradients are exchanged, and a method
                a runner's [distributed] compressions leave out is a skipped run giving its reason
-               (compression_refused). No --compile: the data-parallel request carries none, each runner compiles
+               (compression_refused). --parallelism too: data, or expert (a network's experts sharded
+               over the workers), whose impossible cases (no experts, one worker, experts that do not
+               split evenly, a compression beside it) the planner refuses (workflows/distributed.py),
+               and which a runner's [distributed] parallelisms may leave out (parallelism_refused).
+               No --compile: the data-parallel request carries none, each runner compiles
                (or not) as its own step does. No --mode, --scenario, adaptive repeats: jobs train
                for a fixed number of iterations. No equivalence check before timing (--no-check),
                no telemetry or contention options: the job launcher samples none.
@@ -40,7 +44,7 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                --oversubscribe: more ranks (x threads) on a machine than it has cores, refused
                without it; the records say so (distributed.oversubscribed), as does the header.
   comm         as distributed, less --precision (collectives run in the suite's dtype),
-               --compression (no gradients) and --scaling (no batch to scale).
+               --compression and --parallelism (no training) and --scaling (no batch to scale).
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
                no precision, compile, mode, scenario, adaptive repeats, telemetry, placement.
   convergence  trains each task to its target once per seed (--repeats: the seeds): --precision
