@@ -322,6 +322,13 @@ class JaxDistributedRunner(JaxRunner):
                             device_state.synchronize, n_params,
                             tm.output_shape(params, host.get("batch_stats", {}), sample), settings, grad_bytes)
 
+    def prepare_distributed_convergence(self, request: dict, cluster):
+        """This rank's trainer of a data-parallel convergence run (convergence.py: the sharded step
+        with the request's compression, each rank its share of every global batch)."""
+        from runners.jax.convergence import prepare_distributed_convergence
+
+        return prepare_distributed_convergence(request, self._mesh, cluster)
+
     # ------------------------------------------------------------------ collectives
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:

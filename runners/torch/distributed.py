@@ -146,6 +146,13 @@ class TorchDistributedRunner(TorchRunner):
 
         return DataParallel(step, step_without_sync, synchronizer(device), params, out_shape, settings, grad_bytes)
 
+    def prepare_distributed_convergence(self, request: dict, cluster):
+        """This rank's trainer of a data-parallel convergence run (convergence.py: DDP with the
+        request's compression hook, each rank its share of every global batch)."""
+        from runners.torch.convergence import prepare_convergence
+
+        return prepare_convergence({**request, "device": str(self.device)}, cluster)
+
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         torch = load_torch()
         send = torch.zeros(send_count, dtype=torch.float32, device=self.device)

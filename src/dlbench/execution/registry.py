@@ -101,6 +101,9 @@ class _DistributedLaunchSection(_Section):
     collectives_not_offered: dict[Collective, Annotated[str, Field(min_length=1)]] = {}
     # why the data-parallel step leaves out a gradient compression method (the skipped run says it)
     compression_refused: dict[CompressionMethod, Annotated[str, Field(min_length=1)]] = {}
+    # why its ranks cannot train a convergence task (the convergence suite with --workers): the
+    # skipped record says it; absent: they can (the rank's prepare_distributed_convergence)
+    convergence_not_offered: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _refused_not_run(self):
@@ -204,6 +207,7 @@ class DistributedLaunch:
     # collective -> why the engine offers none (runner.toml [distributed.collectives_not_offered])
     collectives_not_offered: tuple[tuple[str, str], ...] = ()
     compression_refused: tuple[tuple[CompressionMethod, str], ...] = ()  # (method left out, why)
+    convergence_not_offered: str | None = None  # why its ranks train no convergence task; None: they do
 
     def not_offered(self, collective: str) -> str | None:
         return dict(self.collectives_not_offered).get(collective)
@@ -291,7 +295,8 @@ def _load(folder: Path) -> RunnerInfo:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
                                         toml.distributed.launch, Capabilities.of_distributed(toml.distributed),
                                         tuple(toml.distributed.collectives_not_offered.items()),
-                                        tuple(toml.distributed.compression_refused.items()))
+                                        tuple(toml.distributed.compression_refused.items()),
+                                        toml.distributed.convergence_not_offered)
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "

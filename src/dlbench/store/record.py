@@ -146,6 +146,16 @@ records step by step and refuse newer ones):
     dense float32 gradients: they read with compression "none" (update_to_17), and with no
     `distributed.exchange` (the model's
     defaults: no migration).
+  20 (2026-12-07) time to accuracy of data-parallel training (`dlbench run --suite convergence
+    --workers N [--compression ...] [--link ...]`, issue 44): a convergence record of N > 1
+    workers has `distributed` (workers, placement, launch, backend, per-worker and global batch,
+    the method's analytical `exchange`), `workload.compression`, `link` on a shaped link, and a
+    benchmark name with the workers and link (`digits_cnn-w2@1gbit`); each seeded run's
+    `wire_sent_bytes` (per worker, the frame bytes its link port carried over the whole job,
+    initialisation included) on a link; and `convergence.against_dense` (DenseComparison) on a
+    compressed run: the dense run of the same invocation it is compared with, seed by seed (time
+    to target of each, the speedup, or why there is none: a seed that did not reach the target)
+    and score against score. Older records have none (the model's defaults: no migration).
 """
 
 from __future__ import annotations
@@ -159,7 +169,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..axes import Scenario
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 20
 
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
@@ -524,6 +534,29 @@ class ConvergenceRun(_Model):
     pipeline: dict[str, Any] = {}
     mllog: str | None = None  # the MLLOG file, relative to the store (mllog/<run_id>/seed-<seed>.log)
     mllog_sha256: str | None = None
+    # a data-parallel run on a shaped link: frame bytes each worker's hub-side port received from
+    # it over the whole job (initialisation, training and evaluations), rank order (schema 20)
+    wire_sent_bytes: list[float] = []
+
+
+class SeedAgainstDense(_Model):
+    """One seed of a compressed data-parallel convergence run beside the same seed run dense."""
+
+    seed: Int64
+    dense_s: float | None = None  # the dense run's time to target (None: it did not reach it)
+    time_s: float | None = None  # this run's
+    speedup: float | None = None  # dense_s / time_s; None: reason says why
+    reason: str | None = None
+
+
+class DenseComparison(_Model):
+    """A compressed data-parallel convergence run against the dense one (compression none, same
+    task, framework, workers, link and seeds) run in the same invocation (schema 20)."""
+
+    dense_run_id: str
+    seeds: list[SeedAgainstDense]
+    score_speedup: float | None = None  # the dense score over this score
+    reason: str | None = None  # why there is no score_speedup
 
 
 class ConvergenceInfo(_Model):
@@ -551,6 +584,7 @@ class ConvergenceInfo(_Model):
     epochs_to_target: float | None = None  # mean over the scored runs
     input_bound_share: float | None = None  # mean over the runs that trained
     reason: str | None = None
+    against_dense: DenseComparison | None = None  # a compressed data-parallel run (schema 20)
 
 
 class LinkMeasurement(_Model):
