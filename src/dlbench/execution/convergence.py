@@ -199,7 +199,7 @@ def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: 
         epochs_to_target=(sum(r.epochs_to_target for r in scored) / len(scored)) if scored else None,
         input_bound_share=sum(trained) / len(trained) if trained else None,
         reason=result.reason)
-    if parallel and run.compression != "none" and dense is not None:
+    if parallel and run.compression != "none" and dense is not None and runs:
         info.against_dense = against_dense(info, dense)
     net = task.network
     benchmark = task.name
