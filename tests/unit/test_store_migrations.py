@@ -21,7 +21,9 @@ from dlbench.store.store import Store, StoreError, checksum_of
 from dlbench.store.verify import verify
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "records"
-VERSIONS = list(range(1, SCHEMA_VERSION + 1))
+# every version but those reserved for branches not yet landed (migrations.RESERVED_ELSEWHERE):
+# their fixtures come with them
+VERSIONS = [v for v in range(1, SCHEMA_VERSION + 1) if v not in migrations.RESERVED_ELSEWHERE]
 
 
 def fixture(version: int) -> dict:
