@@ -147,16 +147,16 @@ def _grain():
     return grain
 
 
-def prepare_distributed_convergence(request: dict, mesh, cluster):
+def prepare_distributed_convergence(request: dict, mesh, cluster, exchange, axis: str):
     """This rank's trainer of a data-parallel convergence run over `mesh` (the distributed runner's
-    1-D "data" mesh of every rank's device, jax.distributed joined)."""
+    1-D mesh of every rank's device along `axis`, jax.distributed joined); `exchange`: the request's
+    compression as distributed.py's GradientExchange."""
     import numpy as np
     import optax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from runners.common.contract import Compression, CompressionMethod, Trainer
-    from runners.jax.distributed import AXIS, GradientExchange
+    from runners.common.contract import Trainer
 
     jax = load_jax()
     jnp = jax.numpy
@@ -172,7 +172,7 @@ def prepare_distributed_convergence(request: dict, mesh, cluster):
     network = request["network"]
     shape = network["input"]["shape"]
     sample = (shape[1], shape[2], shape[0]) if tm.images else tuple(shape)  # NHWC for images
-    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
 
     def global_array(sharding, local):
         return jax.make_array_from_process_local_data(sharding, local)
@@ -185,7 +185,6 @@ def prepare_distributed_convergence(request: dict, mesh, cluster):
 
     host = tm.host_variables(sample, np.float32, np.random.default_rng(seed))  # every rank the same
     tx = optax.chain(optax.add_decayed_weights(opt["weight_decay"]), optax.trace(decay=opt["momentum"]))
-    exchange = GradientExchange(request.get("compression") or Compression(CompressionMethod.NONE), world)
     state = {"params": replicate(host["params"]),
              "rank": per_rank({"batch_stats": host.get("batch_stats", {}),
                                "compression": exchange.host_state(host["params"], np.random.default_rng(seed + 2))}),
@@ -196,7 +195,7 @@ def prepare_distributed_convergence(request: dict, mesh, cluster):
     def local_step(p, rank_state, opt_state, key, x, y, lr):
         rank_state = jax.tree.map(lambda a: a[0], rank_state)
         key, sub = jax.random.split(key)
-        sub = jax.random.fold_in(sub, jax.lax.axis_index(AXIS))  # each rank its own dropout mask
+        sub = jax.random.fold_in(sub, jax.lax.axis_index(axis))  # each rank its own dropout mask
         _, new_stats, grads = tm.gradients(p, rank_state["batch_stats"], sub, x, y)
         grads, kept = exchange.exchange(grads, rank_state["compression"])
         updates, opt_state = tx.update(grads, opt_state, p)
@@ -206,17 +205,17 @@ def prepare_distributed_convergence(request: dict, mesh, cluster):
     def local_eval(p, rank_state, x, y, mask):
         out, _ = tm.apply(p, jax.tree.map(lambda a: a[0], rank_state)["batch_stats"], None, x, False)
         correct = jnp.sum((jnp.argmax(logits_of(out), axis=-1) == y) * mask)
-        return jax.lax.psum(correct, AXIS), jax.lax.psum(jnp.sum(mask), AXIS)
+        return jax.lax.psum(correct, axis), jax.lax.psum(jnp.sum(mask), axis)
 
     spec = jax.ShapeDtypeStruct
     step_c = jax.jit(jax.shard_map(local_step, mesh=mesh, check_vma=False,
-                                   in_specs=(P(), P(AXIS), P(), P(), P(AXIS), P(AXIS), P()),
-                                   out_specs=(P(), P(AXIS), P(), P())), donate_argnums=(0, 1, 2, 3)).lower(
+                                   in_specs=(P(), P(axis), P(), P(), P(axis), P(axis), P()),
+                                   out_specs=(P(), P(axis), P(), P())), donate_argnums=(0, 1, 2, 3)).lower(
         state["params"], state["rank"], state["opt"], state["key"],
         spec((batch, *sample), np.float32, sharding=sharded), spec((batch,), np.int32, sharding=sharded),
         spec((), np.float32, sharding=replicated)).compile()
     eval_c = jax.jit(jax.shard_map(local_eval, mesh=mesh, check_vma=False,
-                                   in_specs=(P(), P(AXIS), P(AXIS), P(AXIS), P(AXIS)), out_specs=(P(), P()))).lower(
+                                   in_specs=(P(), P(axis), P(axis), P(axis), P(axis)), out_specs=(P(), P()))).lower(
         state["params"], state["rank"], spec((EVAL_BATCH * world, *sample), np.float32, sharding=sharded),
         spec((EVAL_BATCH * world,), np.int32, sharding=sharded),
         spec((EVAL_BATCH * world,), np.float32, sharding=sharded)).compile()

@@ -327,7 +327,9 @@ class JaxDistributedRunner(JaxRunner):
         with the request's compression, each rank its share of every global batch)."""
         from runners.jax.convergence import prepare_distributed_convergence
 
-        return prepare_distributed_convergence(request, self._mesh, cluster)
+        exchange = GradientExchange(request.get("compression") or Compression(CompressionMethod.NONE),
+                                    cluster.world_size)
+        return prepare_distributed_convergence(request, self._mesh, cluster, exchange, AXIS)
 
     # ------------------------------------------------------------------ collectives
 

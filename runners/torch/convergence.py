@@ -8,7 +8,7 @@ it) and the normalisation, and the loader prefetches (pinned memory on CUDA).
 
 Data-parallel (the convergence suite with --workers; `cluster` given): the model is wrapped in
 DistributedDataParallel with the request's compression as its communication hook (distributed.py
-register_compression, as the distributed suite's runs), every rank draws the same permutation and
+hands that in, as its data-parallel step registers it), every rank draws the same permutation and
 takes its contiguous share of each global batch (so the optimiser sees the task's batch and
 schedule), and each rank evaluates its share of the evaluation split, the counts all-reduced."""
 
@@ -23,9 +23,10 @@ from runners.torch.precision import float32_math, mixed_precision, request_preci
 EVAL_BATCH = 500
 
 
-def prepare_convergence(request: dict, cluster=None):
+def prepare_convergence(request: dict, cluster=None, data_parallel=None):
     """The trainer of one process, or of rank `cluster.rank` of a data-parallel job (cluster:
-    distributed_harness.Cluster; the process group joined)."""
+    distributed_harness.Cluster; the process group joined), `data_parallel(model) -> (module the
+    step calls, its settings)` wrapping the model as distributed.py does (DDP and its hook)."""
     from runners.common.contract import Trainer
 
     torch = load_torch()
@@ -44,14 +45,10 @@ def prepare_convergence(request: dict, cluster=None):
     rank, world = (cluster.rank, cluster.world_size) if cluster is not None else (0, 1)
     trained = model  # what the training step calls: the module, or DDP around it
     if cluster is not None:
-        from runners.torch.distributed import register_compression
-
-        trained = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                            else None, bucket_cap_mb=25)
-        settings["compression"] = register_compression(trained, request.get("compression"), world, request["seed"])
+        trained, wrapped = data_parallel(model)
+        settings.update(wrapped)
         settings["data_parallel"] = {"ranks": world, "rank_batch": request["batch_size"] // world,
-                                     "ddp": {"bucket_cap_mb": 25}, "evaluation": "each rank its share, counts "
-                                     "all-reduced (torch.distributed.all_reduce)"}
+                                     "evaluation": "each rank its share, counts all-reduced (torch.distributed.all_reduce)"}
     in_shape = tuple(network["input"]["shape"])
     images = st.is_images(network)
     workers = request["loader_workers"]

@@ -151,7 +151,16 @@ class TorchDistributedRunner(TorchRunner):
         request's compression hook, each rank its share of every global batch)."""
         from runners.torch.convergence import prepare_convergence
 
-        return prepare_convergence({**request, "device": str(self.device)}, cluster)
+        torch = load_torch()
+        device = self.device
+
+        def data_parallel(model):
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=25)
+            return ddp, {"ddp": {"bucket_cap_mb": 25}, "compression": register_compression(
+                ddp, request.get("compression"), cluster.world_size, request["seed"])}
+
+        return prepare_convergence({**request, "device": str(device)}, cluster, data_parallel)
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         torch = load_torch()
