@@ -146,6 +146,14 @@ records step by step and refuse newer ones):
     dense float32 gradients: they read with compression "none" (update_to_17), and with no
     `distributed.exchange` (the model's
     defaults: no migration).
+  18 (2026-12-07) oversubscribed jobs (`dlbench run --oversubscribe`, issue 44): more ranks (times
+    threads per rank) on a machine than it has cores, the kernel time-slicing them.
+    `distributed.oversubscribed` (Oversubscription: the most crowded machine, its ranks' threads
+    and its cores) on such a job's records; None where every thread had a core of its own. An
+    oversubscribed job's iteration times include waiting for a core: only comparisons bound by the
+    link (a shaped one, --link) say something. Older records read with None, which is true of them:
+    dlbench refused to oversubscribe before (the model's
+    defaults: no migration).
   20 (2026-12-07) time to accuracy of data-parallel training (`dlbench run --suite convergence
     --workers N [--compression ...] [--link ...]`, issue 44): a convergence record of N > 1
     workers has `distributed` (workers, placement, launch, backend, per-worker and global batch,
@@ -370,6 +378,15 @@ class ExchangeInfo(_Model):
     formula: str
 
 
+class Oversubscription(_Model):
+    """A job whose ranks ran more threads on a machine than it has cores (--oversubscribe): the
+    kernel time-sliced them, so an iteration's time includes waiting for a core."""
+
+    machine: str  # the most crowded machine (placement.py Placement.machines' name)
+    threads: Int64  # its ranks x threads per rank
+    cores: Int64  # the cores they shared
+
+
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
@@ -389,6 +406,7 @@ class DistributedInfo(_Model):
     local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
     scaling: Scaling | None = None  # training runs
     exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
+    oversubscribed: Oversubscription | None = None  # --oversubscribe and more threads than cores (schema 18)
 
 
 class CommSize(_Model):
