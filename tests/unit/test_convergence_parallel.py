@@ -75,6 +75,18 @@ def test_a_bad_data_parallel_request_is_one_error_with_nothing_written(tmp_path,
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.usefixtures("cli_env")
+def test_more_workers_than_cores_needs_oversubscribe(tmp_path):
+    from dlbench.machine import available_cpus
+
+    if available_cpus() >= 32:
+        pytest.skip("32 workers fit this machine's cores")
+    with pytest.raises(RequestError, match="32 workers on .* would oversubscribe its .* cores.*--oversubscribe"):
+        plan_run(request(tmp_path, workers=32, threads=1))
+    plan = plan_run(request(tmp_path, workers=32, threads=1, oversubscribe=True))
+    assert plan.workers == 32 and plan.jobs.threads == 1
+
+
 def test_a_runner_without_a_convergence_loop_says_why_before_anything_runs():
     registry = lookup.registry()
     task = SimpleNamespace(name="digits_cnn")

@@ -232,7 +232,7 @@ def _data_parallel_parts(record: Record, orchestrator, run: PlannedConvergenceRu
     """What a data-parallel convergence record has beyond one worker's: its placement and the
     method's analytical bytes per step (`distributed`), the link it ran on (`link`)."""
     from ..store.record import DistributedInfo
-    from .distributed import exchange_info
+    from .distributed import exchange_info, oversubscribed
 
     opts = orchestrator.options
     placement = opts.placement
@@ -243,7 +243,8 @@ def _data_parallel_parts(record: Record, orchestrator, run: PlannedConvergenceRu
         launch=run.runner.distributed.launch if run.runner.distributed else "none",
         backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=opts.threads,
         per_worker_batch=batch // n, global_batch=batch,
-        exchange=exchange_info(run.task.network.resolved, run.compression, n))
+        exchange=exchange_info(run.task.network.resolved, run.compression, n),
+        oversubscribed=oversubscribed(placement, opts.threads))
     if opts.link is not None:
         record.link = orchestrator.link_info(
             "a convergence run's bytes on the wire are per seed (convergence.runs[].wire_sent_bytes: the whole "

@@ -153,7 +153,7 @@ def _data_parallel(r: RunRequest, device: str, tasks: list[ConvergenceTask], sui
     link = _link_spec(r, device) if r.link is not None else None
     try:
         placement = detect(workers, available_cpus())
-        threads = placement.threads_per_worker(r.threads)
+        threads = placement.threads_per_worker(r.threads, oversubscribe=r.oversubscribe)
     except PlacementError as e:
         raise RequestError(str(e)) from None
     jobs = DistributedOptions(device=device, env_backend=r.env, placement=placement, threads=threads,

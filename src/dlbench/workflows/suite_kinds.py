@@ -47,8 +47,9 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                (one at a time) and --data (the datasets' folder). --workers N (N > 1): each seed a
                data-parallel job of N ranks on the task's global batch (workflows/convergence.py),
                with --compression (each method a run beside dense, compared seed by seed) and
-               --link (the ranks on a shaped link), as the distributed kind takes them; both
-               refused on one worker, where nothing is exchanged. No --scaling (the task's batch
+               --link (the ranks on a shaped link) and --oversubscribe (4 workers on this
+               2-core machine), as the distributed kind takes them; the first two refused on
+               one worker, where nothing is exchanged. No --scaling (the task's batch
                and schedule are its definition: always strong), no --hosts (the datasets' folder
                is read on this machine).
 """
@@ -135,7 +136,7 @@ SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
               execute_kernels),
     SuiteKind("convergence", "training each task to its quality target once per seed",
-              COMMON | {"data", "workers", "link"},
+              COMMON | {"data", "workers", "link", "oversubscribe"},
               plan_convergence_suite, execute_convergence_suite),
 )}
 
