@@ -37,6 +37,13 @@ def say_plan(plan: ConvergencePlan) -> None:
     err.print(f"dlbench: suite {plan.suite} (convergence), {len(plan.runs)} runs ({', '.join(t.name for t in plan.tasks)} "
               f"on {names}; {seeds} seeds each{parallel}) on {plan.options.device}, {plan.options.threads} "
               f"threads{' per worker' if plan.jobs is not None else ''}, store {plan.store.root}", highlight=False)
+    crowded = plan.jobs.placement.oversubscription(plan.jobs.threads) if plan.jobs is not None else None
+    if crowded is not None:
+        name, threads, cores = crowded
+        err.print(f"[yellow]oversubscribed[/] (--oversubscribe): {threads} threads of {plan.workers} workers share "
+                  f"the {cores} cores of {escape(name)}; the kernel time-slices the ranks, so times to target include "
+                  "waiting for a core: compare methods on one link with one another, not against fewer workers",
+                  highlight=False, soft_wrap=True)
 
 
 class ProgressEvents:
