@@ -458,11 +458,11 @@ REQUEST_AXES = {axis.field: axis for axis in (
     RequestAxis("mode", Mode, "timing training, inference or generation", capability="modes", pairs=False),
     RequestAxis("scenario", Scenario, "MLPerf LoadGen's scenarios for inference", capability="scenarios",
                 unlisted=(), optional=True, own_figures=True),
-    # a data-parallel job's: its runner.toml [distributed] compressions list methods (any parameter
-    # runs); None on every other run
+    # a data-parallel job's (a distributed suite's, or a convergence suite's with --workers): its
+    # runner.toml [distributed] compressions list methods (any parameter runs); None on every other run
     RequestAxis("compression", CompressionMethod, "how a data-parallel job exchanges its gradients",
                 capability=None, distributed_capability="compressions", distributed_unlisted=("none",),
-                optional=True, suite_kinds=("distributed",)),
+                optional=True, suite_kinds=("distributed", "convergence")),
     # a training job of the distributed suite's: its runner.toml [distributed] parallelisms list
     # what its step splits (data unlisted: every runner's data parallelism); None on every other run
     RequestAxis("parallelism", Parallelism, "how a training job splits the network over its workers",
@@ -694,17 +694,21 @@ class Trainer:
     train_step(batch, lr): one SGD step at this learning rate (it may return before the device is done);
     eval_batches() -> an iterator over the evaluation split; eval_step(batch) -> (correct, count),
       host integers;
-    synchronize(): wait for the device; close(): stop the pipelines' workers.
+    synchronize(): wait for the device; close(): stop the pipelines' workers;
+    across_ranks(correct, count) -> (correct, count) of every rank of a data-parallel run together
+      (each rank evaluates its own share of the split, so that every rank sees the same accuracy
+      and stops at the same epoch); one process: as given.
     """
 
     def __init__(self, attach: Callable, train_batches: Callable, train_step: Callable, eval_batches: Callable,
                  eval_step: Callable, synchronize: Callable, params: int, settings: dict | None = None,
-                 close: Callable[[], Any] | None = None):
+                 close: Callable[[], Any] | None = None, across_ranks: Callable[[int, int], tuple] | None = None):
         self.attach, self.train_batches, self.train_step = attach, train_batches, train_step
         self.eval_batches, self.eval_step, self.synchronize = eval_batches, eval_step, synchronize
         self.params = params
         self.settings = settings or {}
         self.close = close or (lambda: None)
+        self.across_ranks = across_ranks or (lambda correct, count: (correct, count))
 
 
 class Layer:

@@ -214,6 +214,39 @@ def measure_collectives(runner, cluster: Cluster, ops: list[str], sizes: list[in
     return {"collectives": out}
 
 
+# ------------------------------------------------------------------ time to accuracy
+
+class _RankOf:
+    """The runner as runners/common/convergence.py drives it: its trainer is this rank's share of
+    a data-parallel run (the runner's prepare_distributed_convergence)."""
+
+    def __init__(self, runner, cluster: Cluster):
+        self.runner, self.cluster = runner, cluster
+
+    def prepare_convergence(self, request: dict):
+        return self.runner.prepare_distributed_convergence(request, self.cluster)
+
+
+def train_to_target(runner, request: dict, cluster: Cluster) -> dict:
+    """One seeded convergence run of a data-parallel job (the convergence suite with --workers):
+    every rank runs runners/common/convergence.py's loop in lock-step on its share of each global
+    batch; rank 0 writes the MLLOG (the others' would repeat it, event for event)."""
+    from runners.common.convergence import run_convergence
+
+    if not hasattr(runner, "prepare_distributed_convergence"):
+        raise Skip(f"the {runner.name} distributed runner has no data-parallel convergence loop")
+    if request["batch_size"] % cluster.world_size:
+        raise ValueError(f"batch {request['batch_size']} does not split evenly over {cluster.world_size} ranks")
+    if cluster.rank != 0:
+        request = {**request, "mllog": os.devnull}
+    started = time.monotonic_ns()
+    run = run_convergence(_RankOf(runner, cluster), request)
+    # the window the controller reads the link's counters over: the whole run, initialisation included
+    window = [started, time.monotonic_ns()]
+    return {"params": run.pop("params"), "settings": run.pop("settings"), "convergence": run,
+            "window_monotonic_ns": window}
+
+
 # ------------------------------------------------------------------ the rank
 
 def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
@@ -230,15 +263,18 @@ def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
             raise Skip(why_not)
         result["process_group"] = runner.join(cluster)
         joined = True
-        policy = request["policy"]
         if request["action"] == "data_parallel":
+            policy = request["policy"]
             dp = runner.prepare_data_parallel(request, cluster)
             result.update(params=dp.params, output_shape=list(dp.output_shape), settings=dp.settings,
                           grad_bytes=dp.grad_bytes)
             result.update(measure_data_parallel(dp, runner.barrier, policy["warmup_iters"], policy["measure_iters"]))
         elif request["action"] == "collectives":
+            policy = request["policy"]
             result.update(measure_collectives(runner, cluster, request["collectives"], request["sizes"],
                                               policy["warmup_iters"], policy["measure_iters"]))
+        elif request["action"] == "convergence":
+            result.update(train_to_target(runner, request, cluster))
         else:
             raise ValueError(f"unknown action {request['action']!r}")
         result["status"] = "ok"

@@ -333,6 +333,15 @@ class JaxDistributedRunner(JaxRunner):
                             tm.output_shape(params, host.get("batch_stats", {}), sample), settings, grad_bytes,
                             loss=lambda: local_loss(device_state))
 
+    def prepare_distributed_convergence(self, request: dict, cluster):
+        """This rank's trainer of a data-parallel convergence run (convergence.py: the sharded step
+        with the request's compression, each rank its share of every global batch)."""
+        from runners.jax.convergence import prepare_distributed_convergence
+
+        exchange = GradientExchange(request.get("compression") or Compression(CompressionMethod.NONE),
+                                    cluster.world_size)
+        return prepare_distributed_convergence(request, self._mesh, cluster, exchange, AXIS)
+
     # ------------------------------------------------------------------ collectives
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:

@@ -157,6 +157,22 @@ class TorchDistributedRunner(TorchRunner):
         return DataParallel(step, step_without_sync, synchronizer(device), params, out_shape, settings, grad_bytes,
                             loss=lambda: float(seen["loss"]))
 
+    def prepare_distributed_convergence(self, request: dict, cluster):
+        """This rank's trainer of a data-parallel convergence run (convergence.py: DDP with the
+        request's compression hook, each rank its share of every global batch)."""
+        from runners.torch.convergence import prepare_convergence
+
+        torch = load_torch()
+        device = self.device
+
+        def data_parallel(model):
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=25)
+            return ddp, {"ddp": {"bucket_cap_mb": 25}, "compression": register_compression(
+                ddp, request.get("compression"), cluster.world_size, request["seed"])}
+
+        return prepare_convergence({**request, "device": str(device)}, cluster, data_parallel)
+
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         torch = load_torch()
         send = torch.zeros(send_count, dtype=torch.float32, device=self.device)

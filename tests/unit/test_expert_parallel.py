@@ -1,7 +1,7 @@
 """Expert parallelism (issue 45): the `Parallelism` axis, the planner's refusals (a network without
 experts, one worker, experts that do not split evenly, a compression beside it), the bytes still
 all-reduced, the harness's losses and all-to-all figures, runner.toml's [distributed]
-parallelisms and their reasons, the schema-21 migration, and `dlbench run --parallelism` end to
+parallelisms and their reasons, the schema-20 migration, and `dlbench run --parallelism` end to
 end with the fake runner (which trains data-parallel only: an expert-parallel run is recorded
 skipped with its reason). The frameworks' own steps: tests/integration/test_torch_distributed.py."""
 
@@ -163,7 +163,7 @@ def record_of(version: int) -> dict:
 
 
 def test_older_distributed_training_records_read_as_data_parallel():
-    assert SCHEMA_VERSION == 21
+    assert SCHEMA_VERSION == 20
     v5 = Record.model_validate(migrations.upgrade(record_of(5), SCHEMA_VERSION))  # torch fcn5-train-w2
     assert v5.workload.parallelism == "data" and v5.distributed.all_to_all is None
     v14 = Record.model_validate(migrations.upgrade(record_of(14), SCHEMA_VERSION))  # single-process

@@ -15,7 +15,8 @@ parts (framework, threads, settings, process_group) strict JSON the store can ho
 window two marks, the end after the start. An `ok` result of a `data_parallel` request names its
 framework and has its first, measured iterations and window; an `ok` result of a `collectives`
 request has one row per requested size for every requested collective, each skipped (saying why)
-or measured (bytes, iteration times, whether it was correct).
+or measured (bytes, iteration times, whether it was correct); an `ok` result of a `convergence`
+request has its seeded run (worker_result.ConvergenceRun's checks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .worker_result import (
     INT64_MAX,
+    ConvergenceRun,
     PROTOCOL_VERSION,
     Reason,
     Traceback,
@@ -108,6 +110,9 @@ class RankResult(_Strict):
     all_to_all: AllToAllPerStep | None = None  # expert parallelism only
     # action collectives
     collectives: dict[str, list[CollectiveRow]] | None = None
+    # action convergence (the convergence suite with --workers): the seeded run, every rank's the
+    # same loop; window_monotonic_ns spans it
+    convergence: ConvergenceRun | None = None
 
     @field_validator("window_monotonic_ns")
     @classmethod
@@ -139,6 +144,8 @@ class RankResult(_Strict):
                     raise _FieldProblem(field, "an ok result of a data_parallel request has none")
         elif action == "collectives":
             self._all_collectives(request)
+        elif action == "convergence" and self.convergence is None:
+            raise _FieldProblem("convergence", "an ok result of a convergence request has no run")
         return self
 
     def _all_collectives(self, request: dict) -> None:

@@ -103,6 +103,9 @@ class _DistributedLaunchSection(_Section):
     compression_refused: dict[CompressionMethod, Annotated[str, Field(min_length=1)]] = {}
     # why the training step leaves out a parallelism (expert: the skipped run says it)
     parallelism_refused: dict[Parallelism, Annotated[str, Field(min_length=1)]] = {}
+    # why its ranks cannot train a convergence task (the convergence suite with --workers): the
+    # skipped record says it; absent: they can (the rank's prepare_distributed_convergence)
+    convergence_not_offered: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _refused_not_run(self):
@@ -208,6 +211,7 @@ class DistributedLaunch:
     collectives_not_offered: tuple[tuple[str, str], ...] = ()
     compression_refused: tuple[tuple[CompressionMethod, str], ...] = ()  # (method left out, why)
     parallelism_refused: tuple[tuple[Parallelism, str], ...] = ()  # (parallelism left out, why)
+    convergence_not_offered: str | None = None  # why its ranks train no convergence task; None: they do
 
     def not_offered(self, collective: str) -> str | None:
         return dict(self.collectives_not_offered).get(collective)
@@ -297,7 +301,8 @@ def _load(folder: Path) -> RunnerInfo:
                                         toml.distributed.launch, Capabilities.of_distributed(toml.distributed),
                                         tuple(toml.distributed.collectives_not_offered.items()),
                                         tuple(toml.distributed.compression_refused.items()),
-                                        tuple(toml.distributed.parallelism_refused.items()))
+                                        tuple(toml.distributed.parallelism_refused.items()),
+                                        toml.distributed.convergence_not_offered)
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "

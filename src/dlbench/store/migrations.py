@@ -87,8 +87,8 @@ def update_to_17(data: dict) -> dict:
     return data
 
 
-def update_to_21(data: dict) -> dict:
-    """21 added expert parallelism: every older data-parallel training record (a training workload
+def update_to_20(data: dict) -> dict:
+    """20 added expert parallelism: every older data-parallel training record (a training workload
     with a `distributed` part) held the whole network on every worker, so its parallelism is
     "data"; other records have none (None)."""
     workload = data.get("workload")
@@ -102,9 +102,7 @@ def update_to_21(data: dict) -> dict:
 # {}, []; record.py's history says which): a record of the version before reads as one of them
 # with nothing changed but its version number. Each is still a step, so that every version says
 # how a record reaches it.
-MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18)
-# Reserved by branches in flight (record.py's history): until each lands, a record passes it unchanged.
-RESERVED = (19, 20)
+MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19)
 
 
 def _version_only(data: dict) -> dict:
@@ -112,7 +110,7 @@ def _version_only(data: dict) -> dict:
 
 
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 6: update_to_6, 7: update_to_7, 8: update_to_8, 17: update_to_17,
-         21: update_to_21, **dict.fromkeys(MODEL_DEFAULTS_SUFFICE + RESERVED, _version_only)}
+MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19)
 
 
 def upgrade(data: dict, target: int) -> dict:

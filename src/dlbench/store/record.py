@@ -154,8 +154,17 @@ records step by step and refuse newer ones):
     link (a shaped one, --link) say something. Older records read with None, which is true of them:
     dlbench refused to oversubscribe before (the model's
     defaults: no migration).
-  19-20 are reserved by branches in flight; until they land a record passes them unchanged.
-  21 (2026-12-07) expert parallelism (`dlbench run --suite distributed --parallelism expert`, issue
+  19 (2026-12-07) time to accuracy of data-parallel training (`dlbench run --suite convergence
+    --workers N [--compression ...] [--link ...]`, issue 44): a convergence record of N > 1
+    workers has `distributed` (workers, placement, launch, backend, per-worker and global batch,
+    the method's analytical `exchange`), `workload.compression`, `link` on a shaped link, and a
+    benchmark name with the workers and link (`digits_cnn-w2@1gbit`); each seeded run's
+    `wire_sent_bytes` (per worker, the frame bytes its link port carried over the whole job,
+    initialisation included) on a link; and `convergence.against_dense` (DenseComparison) on a
+    compressed run: the dense run of the same invocation it is compared with, seed by seed (time
+    to target of each, the speedup, or why there is none: a seed that did not reach the target)
+    and score against score. Older records have none (the model's defaults: no migration).
+  20 (2026-12-07) expert parallelism (`dlbench run --suite distributed --parallelism expert`, issue
     45): `workload.parallelism` (data | expert; None where the run is no distributed training)
     pairs runs as the other axes do; `distributed.step_losses`, the training loss after the first
     step and each warm-up step of the first repeat, the mean over the ranks (data and expert
@@ -165,7 +174,7 @@ records step by step and refuse newer ones):
     seconds per step in them and their share of the step). `distributed.grad_bytes` and
     `distributed.exchange` of an expert-parallel run count the weights still all-reduced (every one
     but the experts'). Older data-parallel training records read with parallelism "data"
-    (update_to_21), and with none of the rest (the model's
+    (update_to_20), and with none of the rest (the model's
     defaults: no migration).
 """
 
@@ -180,7 +189,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..axes import Parallelism, Scenario
 
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 20
 
 PARALLELISMS = Parallelism.names()  # runners/common/contract.py Parallelism, as a record spells them
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
@@ -321,7 +330,7 @@ class Workload(_Model):
     # how a data-parallel job exchanged its gradients (schema 17, runners/common/contract.py
     # Compression: none, fp16, powersgd:4, topk:0.01, 2bit:0.5, ...); None: not data-parallel training
     compression: str | None = None
-    # how a training job of the distributed suite split the network over its workers (schema 21,
+    # how a training job of the distributed suite split the network over its workers (schema 20,
     # runners/common/contract.py Parallelism); None: not distributed training
     parallelism: Literal[PARALLELISMS] | None = None
 
@@ -395,7 +404,7 @@ class Oversubscription(_Model):
 
 
 class AllToAllInfo(_Model):
-    """Expert parallelism's all-to-alls (schema 21): tokens dispatched to the workers holding their
+    """Expert parallelism's all-to-alls (schema 20): tokens dispatched to the workers holding their
     experts and the experts' outputs combined back, forward and backward. Per measured step, from
     each rank's totals around the measured window, pooled over the repeats."""
 
@@ -430,9 +439,9 @@ class DistributedInfo(_Model):
     scaling: Scaling | None = None  # training runs
     exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
     oversubscribed: Oversubscription | None = None  # --oversubscribe and more threads than cores (schema 18)
-    # the loss after the first step and each warm-up step of the first repeat, mean over the ranks (schema 21)
+    # the loss after the first step and each warm-up step of the first repeat, mean over the ranks (schema 20)
     step_losses: list[float] | None = None
-    all_to_all: AllToAllInfo | None = None  # expert-parallel training runs (schema 21)
+    all_to_all: AllToAllInfo | None = None  # expert-parallel training runs (schema 20)
 
 
 class CommSize(_Model):
@@ -578,6 +587,29 @@ class ConvergenceRun(_Model):
     pipeline: dict[str, Any] = {}
     mllog: str | None = None  # the MLLOG file, relative to the store (mllog/<run_id>/seed-<seed>.log)
     mllog_sha256: str | None = None
+    # a data-parallel run on a shaped link: frame bytes each worker's hub-side port received from
+    # it over the whole job (initialisation, training and evaluations), rank order (schema 19)
+    wire_sent_bytes: list[float] = []
+
+
+class SeedAgainstDense(_Model):
+    """One seed of a compressed data-parallel convergence run beside the same seed run dense."""
+
+    seed: Int64
+    dense_s: float | None = None  # the dense run's time to target (None: it did not reach it)
+    time_s: float | None = None  # this run's
+    speedup: float | None = None  # dense_s / time_s; None: reason says why
+    reason: str | None = None
+
+
+class DenseComparison(_Model):
+    """A compressed data-parallel convergence run against the dense one (compression none, same
+    task, framework, workers, link and seeds) run in the same invocation (schema 19)."""
+
+    dense_run_id: str
+    seeds: list[SeedAgainstDense]
+    score_speedup: float | None = None  # the dense score over this score
+    reason: str | None = None  # why there is no score_speedup
 
 
 class ConvergenceInfo(_Model):
@@ -605,6 +637,7 @@ class ConvergenceInfo(_Model):
     epochs_to_target: float | None = None  # mean over the scored runs
     input_bound_share: float | None = None  # mean over the runs that trained
     reason: str | None = None
+    against_dense: DenseComparison | None = None  # a compressed data-parallel run (schema 19)
 
 
 class LinkMeasurement(_Model):

@@ -48,9 +48,14 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
                no precision, compile, mode, scenario, adaptive repeats, telemetry, placement.
   convergence  trains each task to its target once per seed (--repeats: the seeds): --precision
-               (one at a time) and --data (the datasets' folder); nothing else beyond the common ones.
-               No --link: its tasks train on one worker (none of them is distributed yet), so a link
-               would carry nothing.
+               (one at a time) and --data (the datasets' folder). --workers N (N > 1): each seed a
+               data-parallel job of N ranks on the task's global batch (workflows/convergence.py),
+               with --compression (each method a run beside dense, compared seed by seed) and
+               --link (the ranks on a shaped link) and --oversubscribe (4 workers on this
+               2-core machine), as the distributed kind takes them; the first two refused on
+               one worker, where nothing is exchanged. No --scaling (the task's batch
+               and schedule are its definition: always strong), no --hosts (the datasets' folder
+               is read on this machine).
 """
 
 from __future__ import annotations
@@ -134,7 +139,8 @@ SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
               COMMON | {"workers", "hosts", "link", "oversubscribe"}, plan_distributed, execute_distributed),
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
               execute_kernels),
-    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"},
+    SuiteKind("convergence", "training each task to its quality target once per seed",
+              COMMON | {"data", "workers", "link", "oversubscribe"},
               plan_convergence_suite, execute_convergence_suite),
 )}
 
