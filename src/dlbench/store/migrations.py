@@ -110,7 +110,7 @@ def _version_only(data: dict) -> dict:
 
 
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 6: update_to_6, 7: update_to_7, 8: update_to_8, 17: update_to_17,
-MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19)
+         20: update_to_20, **dict.fromkeys(MODEL_DEFAULTS_SUFFICE, _version_only)}
 
 
 def upgrade(data: dict, target: int) -> dict:
