@@ -169,6 +169,23 @@ class Scenario(Axis):
         return "".join(part.capitalize() for part in self.value.split("_"))
 
 
+class Parallelism(Axis):
+    """How a training job of the distributed suite splits the network over its workers:
+      data    every worker holds the whole network and trains on its share of the batch; the
+              gradients of every weight are averaged over the workers (all-reduce);
+      expert  the experts of each Mixture-of-Experts block are sharded over the workers (E / W
+              whole experts each, worker w holding experts w*E/W ... (w+1)*E/W - 1); every
+              other weight is held by every worker as in data parallelism, its gradients
+              averaged by all-reduce. Each worker routes its own tokens, sends every token to the
+              worker holding each expert it chose (all-to-all), and the experts' outputs come back
+              to the token's worker by a second all-to-all (combine); backward runs the two in
+              reverse. An expert's gradient is the sum over every worker's tokens, divided by the
+              workers as data parallelism's average is, so the two train the same network alike."""
+
+    DATA = "data"
+    EXPERT = "expert"
+
+
 class CompressionMethod(Axis):
     """How a data-parallel job's gradients are exchanged (the method of `Compression`):
       none      dense all-reduce of the float32 gradients;
@@ -441,10 +458,15 @@ REQUEST_AXES = {axis.field: axis for axis in (
     RequestAxis("mode", Mode, "timing training, inference or generation", capability="modes", pairs=False),
     RequestAxis("scenario", Scenario, "MLPerf LoadGen's scenarios for inference", capability="scenarios",
                 unlisted=(), optional=True, own_figures=True),
-    # a data-parallel job's: its runner.toml [distributed] compressions list methods (any parameter
-    # runs); None on every other run
+    # a data-parallel job's (a distributed suite's, or a convergence suite's with --workers): its
+    # runner.toml [distributed] compressions list methods (any parameter runs); None on every other run
     RequestAxis("compression", CompressionMethod, "how a data-parallel job exchanges its gradients",
                 capability=None, distributed_capability="compressions", distributed_unlisted=("none",),
+                optional=True, suite_kinds=("distributed", "convergence")),
+    # a training job of the distributed suite's: its runner.toml [distributed] parallelisms list
+    # what its step splits (data unlisted: every runner's data parallelism); None on every other run
+    RequestAxis("parallelism", Parallelism, "how a training job splits the network over its workers",
+                capability=None, distributed_capability="parallelisms", distributed_unlisted=("data",),
                 optional=True, suite_kinds=("distributed",)),
 )}
 
@@ -614,10 +636,16 @@ class DataParallel:
     params, output_shape, settings as Prepared; grad_bytes: gradient bytes exchanged per iteration;
     step(): one step, the gradient exchange included; synchronize(); step_without_sync: the same step
     without the exchange, or None where the framework cannot leave it out (the exposed
-    communication is then not measured)."""
+    communication is then not measured); loss(): the last step's training loss on this rank (the
+    network's loss, the auxiliary load-balancing loss left out), or None where the runner cannot
+    read it; all_to_all(): expert parallelism's running totals since the job began, {"seconds":
+    time in the dispatch and combine all-to-alls, forward and backward (None where they cannot be
+    timed apart), "bytes": the bytes this rank sent by them, "calls": how many it made}, or None
+    where the step makes none."""
 
     def __init__(self, step: Callable[[], Any], step_without_sync: Callable[[], Any] | None,
-                 synchronize: Callable[[], Any], params: int, output_shape, settings: dict, grad_bytes: int):
+                 synchronize: Callable[[], Any], params: int, output_shape, settings: dict, grad_bytes: int,
+                 loss: Callable[[], float] | None = None, all_to_all: Callable[[], dict] | None = None):
         self.step = step
         self.step_without_sync = step_without_sync
         self.synchronize = synchronize
@@ -625,6 +653,8 @@ class DataParallel:
         self.output_shape = output_shape
         self.settings = settings
         self.grad_bytes = grad_bytes
+        self.loss = loss
+        self.all_to_all = all_to_all
 
 
 @runtime_checkable
@@ -664,17 +694,21 @@ class Trainer:
     train_step(batch, lr): one SGD step at this learning rate (it may return before the device is done);
     eval_batches() -> an iterator over the evaluation split; eval_step(batch) -> (correct, count),
       host integers;
-    synchronize(): wait for the device; close(): stop the pipelines' workers.
+    synchronize(): wait for the device; close(): stop the pipelines' workers;
+    across_ranks(correct, count) -> (correct, count) of every rank of a data-parallel run together
+      (each rank evaluates its own share of the split, so that every rank sees the same accuracy
+      and stops at the same epoch); one process: as given.
     """
 
     def __init__(self, attach: Callable, train_batches: Callable, train_step: Callable, eval_batches: Callable,
                  eval_step: Callable, synchronize: Callable, params: int, settings: dict | None = None,
-                 close: Callable[[], Any] | None = None):
+                 close: Callable[[], Any] | None = None, across_ranks: Callable[[int, int], tuple] | None = None):
         self.attach, self.train_batches, self.train_step = attach, train_batches, train_step
         self.eval_batches, self.eval_step, self.synchronize = eval_batches, eval_step, synchronize
         self.params = params
         self.settings = settings or {}
         self.close = close or (lambda: None)
+        self.across_ranks = across_ranks or (lambda correct, count: (correct, count))
 
 
 class Layer:

@@ -26,6 +26,15 @@ from runners.common.datasets import evict_from_page_cache, read_split
 from runners.common.mllog import MLLogger
 
 
+def rank_share(total: int, rank: int, world: int) -> slice:
+    """Rank `rank`'s contiguous share of `total` items among `world` ranks of a data-parallel run
+    (the first `total % world` ranks one more): of each global training batch, which the controller
+    checks divides evenly, and of the evaluation split."""
+    base, extra = divmod(total, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
 def learning_rate(step: int, steps_per_epoch: int, optimizer: dict, max_epochs: int) -> float:
     """The rate of training step `step` (0-based over the run): linear warm-up, then the decay
     (definitions/convergence.py: Optimizer says the same)."""
@@ -140,6 +149,7 @@ def _run(runner, request, dataset, folder, log: MLLogger, clock) -> dict:
             for b in trainer.eval_batches():
                 c, n = trainer.eval_step(b)
                 correct, count = correct + int(c), count + int(n)
+            correct, count = trainer.across_ranks(correct, count)
             accuracy = correct / count
             log.event("eval_accuracy", accuracy, {"epoch_num": epoch})
             log.end("eval_stop", metadata={"epoch_num": epoch})

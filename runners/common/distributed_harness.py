@@ -66,9 +66,11 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
                           mark: Callable[[], int] = time.monotonic_ns) -> dict:
     """First iteration apart, a fixed warm-up, then a fixed number of timed iterations, each read
     between two synchronisations. All ranks run the same counts, so the collectives inside step()
-    pair up; a barrier lines the ranks up before the measured window. Then, where the framework can
-    skip the gradient exchange, as many steps without it: the exposed communication time is the
-    difference of the medians (the controller computes it)."""
+    pair up; a barrier lines the ranks up before the measured window. The loss after the first and
+    each warm-up step (where the runner reads it) shows that two ways of training the network train
+    it alike; expert parallelism's all-to-all totals are read around the measured window. Then,
+    where the framework can skip the gradient exchange, as many steps without it: the exposed
+    communication time is the difference of the medians (the controller computes it)."""
 
     def timer(step):
         def timed() -> float:
@@ -78,14 +80,22 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
             return (clock() - t0) / 1e9
         return timed
 
+    loss = dp.loss or (lambda: None)
+    all_to_all = dp.all_to_all or (lambda: None)
     timed = timer(dp.step)
     dp.synchronize()
     first = timed()
-    warm = [timed() for _ in range(warmup_iters)]
+    losses = [loss()]  # read between steps, outside the timed window
+    warm = []
+    for _ in range(warmup_iters):
+        warm.append(timed())
+        losses.append(loss())
     barrier()
+    before = all_to_all()
     window_start = mark()
     times = [timed() for _ in range(measure_iters)]
     window_end = mark()
+    after = all_to_all()
     local = None
     if dp.step_without_sync is not None:
         barrier()
@@ -93,8 +103,13 @@ def measure_data_parallel(dp, barrier: Callable[[], None], warmup_iters: int, me
         local_timed()  # the first unsynchronised step may set up hooks or buffers
         local = [local_timed() for _ in range(measure_iters)]
     barrier()
-    return {"first_iter_s": first, "warmup_iter_s": warm, "iter_s": times, "local_iter_s": local,
-            "window_monotonic_ns": [window_start, window_end]}
+    out = {"first_iter_s": first, "warmup_iter_s": warm, "iter_s": times, "local_iter_s": local,
+           "window_monotonic_ns": [window_start, window_end],
+           "losses": None if losses[0] is None else losses}
+    if before is not None and measure_iters:  # per measured step: what the window's all-to-alls took
+        out["all_to_all"] = {key: None if after[key] is None else (after[key] - before[key]) / measure_iters
+                             for key in ("seconds", "bytes", "calls")}
+    return out
 
 
 # ------------------------------------------------------------------ collectives
@@ -199,6 +214,39 @@ def measure_collectives(runner, cluster: Cluster, ops: list[str], sizes: list[in
     return {"collectives": out}
 
 
+# ------------------------------------------------------------------ time to accuracy
+
+class _RankOf:
+    """The runner as runners/common/convergence.py drives it: its trainer is this rank's share of
+    a data-parallel run (the runner's prepare_distributed_convergence)."""
+
+    def __init__(self, runner, cluster: Cluster):
+        self.runner, self.cluster = runner, cluster
+
+    def prepare_convergence(self, request: dict):
+        return self.runner.prepare_distributed_convergence(request, self.cluster)
+
+
+def train_to_target(runner, request: dict, cluster: Cluster) -> dict:
+    """One seeded convergence run of a data-parallel job (the convergence suite with --workers):
+    every rank runs runners/common/convergence.py's loop in lock-step on its share of each global
+    batch; rank 0 writes the MLLOG (the others' would repeat it, event for event)."""
+    from runners.common.convergence import run_convergence
+
+    if not hasattr(runner, "prepare_distributed_convergence"):
+        raise Skip(f"the {runner.name} distributed runner has no data-parallel convergence loop")
+    if request["batch_size"] % cluster.world_size:
+        raise ValueError(f"batch {request['batch_size']} does not split evenly over {cluster.world_size} ranks")
+    if cluster.rank != 0:
+        request = {**request, "mllog": os.devnull}
+    started = time.monotonic_ns()
+    run = run_convergence(_RankOf(runner, cluster), request)
+    # the window the controller reads the link's counters over: the whole run, initialisation included
+    window = [started, time.monotonic_ns()]
+    return {"params": run.pop("params"), "settings": run.pop("settings"), "convergence": run,
+            "window_monotonic_ns": window}
+
+
 # ------------------------------------------------------------------ the rank
 
 def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
@@ -215,15 +263,18 @@ def run_request(runner, request: dict, cluster: Cluster) -> tuple[dict, bool]:
             raise Skip(why_not)
         result["process_group"] = runner.join(cluster)
         joined = True
-        policy = request["policy"]
         if request["action"] == "data_parallel":
+            policy = request["policy"]
             dp = runner.prepare_data_parallel(request, cluster)
             result.update(params=dp.params, output_shape=list(dp.output_shape), settings=dp.settings,
                           grad_bytes=dp.grad_bytes)
             result.update(measure_data_parallel(dp, runner.barrier, policy["warmup_iters"], policy["measure_iters"]))
         elif request["action"] == "collectives":
+            policy = request["policy"]
             result.update(measure_collectives(runner, cluster, request["collectives"], request["sizes"],
                                               policy["warmup_iters"], policy["measure_iters"]))
+        elif request["action"] == "convergence":
+            result.update(train_to_target(runner, request, cluster))
         else:
             raise ValueError(f"unknown action {request['action']!r}")
         result["status"] = "ok"

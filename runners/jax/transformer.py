@@ -352,11 +352,14 @@ def transformer_modules():
         def __call__(self, x, train: bool):
             routing = self.spec
             experts, top_k = routing["experts"], routing["top_k"]
+            # expert parallelism (dispatch_and_combine below; distributed.py): this rank's shard of the experts
+            sharded = routing.get("expert_parallel")
+            held = experts // sharded["workers"] if sharded else experts
             lecun = nn.initializers.lecun_normal(in_axis=-1, out_axis=-2, batch_axis=(0,))
             router = self.param("router", lecun, (experts, self.dim))
-            gate = self.param("expert_gate", lecun, (experts, self.hidden, self.dim))
-            up = self.param("expert_up", lecun, (experts, self.hidden, self.dim))
-            down = self.param("expert_down", lecun, (experts, self.dim, self.hidden))
+            gate = self.param("expert_gate", lecun, (held, self.hidden, self.dim))
+            up = self.param("expert_up", lecun, (held, self.hidden, self.dim))
+            down = self.param("expert_down", lecun, (held, self.dim, self.hidden))
             b, t, d = x.shape
             tokens = x.reshape(-1, d)
             wide = jnp.float64 if tokens.dtype == jnp.float64 else jnp.float32
@@ -368,18 +371,22 @@ def transformer_modules():
                 onehot = jax.nn.one_hot(chosen.T.reshape(-1), experts, dtype=jnp.int32)  # rank-major priority
                 position = (jnp.cumsum(onehot, axis=0) * onehot).sum(-1) - 1
                 weights = weights * (position < slots).reshape(top_k, -1).T.astype(weights.dtype)
-            flat = chosen.reshape(-1)
-            order = jnp.argsort(flat, stable=True)
-            token_of = order // top_k
-            rows = jnp.take(tokens, token_of, axis=0)
-            sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
             cast = self.dtype if self.dtype is not None else tokens.dtype
-            rows = rows.astype(cast)
-            h = (jax.nn.silu(jax.lax.ragged_dot(rows, jnp.swapaxes(gate, 1, 2).astype(cast), sizes))
-                 * jax.lax.ragged_dot(rows, jnp.swapaxes(up, 1, 2).astype(cast), sizes))
-            y = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2).astype(cast), sizes)
-            y = y * jnp.take(weights.reshape(-1), order).astype(y.dtype)[:, None]
-            out = jnp.zeros_like(tokens, dtype=y.dtype).at[token_of].add(y).reshape(b, t, d)
+            if sharded:
+                out = dispatch_and_combine(tokens, chosen, weights, (gate, up, down), experts, sharded, cast)
+                out = out.reshape(b, t, d)
+            else:
+                flat = chosen.reshape(-1)
+                order = jnp.argsort(flat, stable=True)
+                token_of = order // top_k
+                rows = jnp.take(tokens, token_of, axis=0)
+                sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+                rows = rows.astype(cast)
+                h = (jax.nn.silu(jax.lax.ragged_dot(rows, jnp.swapaxes(gate, 1, 2).astype(cast), sizes))
+                     * jax.lax.ragged_dot(rows, jnp.swapaxes(up, 1, 2).astype(cast), sizes))
+                y = jax.lax.ragged_dot(h, jnp.swapaxes(down, 1, 2).astype(cast), sizes)
+                y = y * jnp.take(weights.reshape(-1), order).astype(y.dtype)[:, None]
+                out = jnp.zeros_like(tokens, dtype=y.dtype).at[token_of].add(y).reshape(b, t, d)
             if train and routing["aux_loss_weight"]:
                 fraction = jax.nn.one_hot(chosen, experts, dtype=p.dtype).sum(1).mean(0)
                 aux = experts * jnp.sum(fraction * p.mean(0))
@@ -457,6 +464,65 @@ def build_rms_norm(x, spec, at):
 def build_grouped_attention(x, spec, at):
     return transformer_modules().GroupedAttention(spec, spec["in_shape"][0], at.how.get("attention_implementation"),
                                                   at.dtype, at.how["attention_function"], name=at.name)(x)
+
+
+# ------------------------------------------------------------------ expert parallelism
+
+
+def dispatch_and_combine(tokens, chosen, weights, experts_held, experts: int, sharded: dict, cast):
+    """Expert parallelism's block (distributed.py prepare_expert_parallel says how the step uses it):
+    the output (N, D) for this rank's tokens (N, D), their experts `chosen` (N, k) and weights
+    (N, k), the experts held here (gate, up, down: (E/W, ...)); sharded: {"axis", "workers",
+    "exchange"} (exchange False: the identity in place of each all-to-all, for step_without_sync).
+
+    The (token, choice) pairs sorted by expert, each pair's row written into the slot of a send
+    buffer of W blocks, block j for rank j, each block C = N x min(k, E/W) rows (the most one
+    rank's N tokens can send another: every token choosing up to k distinct experts among its
+    E/W), so the dispatch is dropless with static shapes, padded to that worst case;
+    `lax.all_to_all` (tiled) sends block j to rank j, with the local expert id of every row (E/W
+    marking padding) beside it; the rows are grouped by local expert and multiplied by
+    `lax.ragged_dot` (the padding a group of its own, against zero weights); the outputs go back
+    by the reverse all-to-all and are added to their tokens, weighted. Autodiff transposes each
+    all-to-all: the backward sends the gradients back the same way."""
+    jax = load_jax()
+    jnp = jax.numpy
+    lax = jax.lax
+    gate, up, down = experts_held
+    n, d = tokens.shape
+    top_k = chosen.shape[1]
+    workers, axis = sharded["workers"], sharded["axis"]
+    held = experts // workers
+    slots = n * min(top_k, held)  # rows one rank may send another, at most
+
+    def all_to_all(buffer):
+        if not sharded["exchange"]:
+            return buffer
+        return lax.all_to_all(buffer, axis, split_axis=0, concat_axis=0, tiled=True)
+
+    flat = chosen.reshape(-1)
+    order = jnp.argsort(flat, stable=True)  # the pairs grouped by expert, so by rank too
+    expert = flat[order]
+    token_of = order // top_k
+    rank = expert // held
+    per_rank = jnp.bincount(rank, length=workers)
+    first = jnp.cumsum(per_rank) - per_rank
+    slot = rank * slots + (jnp.arange(flat.shape[0]) - first[rank])
+    send = jnp.zeros((workers * slots, d), cast).at[slot].set(jnp.take(tokens, token_of, axis=0).astype(cast))
+    send_expert = jnp.full((workers * slots,), held, jnp.int32).at[slot].set((expert % held).astype(jnp.int32))
+    rows, row_expert = all_to_all(send), all_to_all(send_expert)
+    grouped = jnp.argsort(row_expert, stable=True)
+    sizes = jnp.bincount(row_expert, length=held + 1).astype(jnp.int32)  # the last group: padding
+
+    def padded(w):  # (E/W, a, b) -> (E/W + 1, b, a): ragged_dot's layout, a zero expert for the padding
+        w = jnp.swapaxes(w, 1, 2).astype(cast)
+        return jnp.concatenate([w, jnp.zeros((1, *w.shape[1:]), w.dtype)])
+
+    x = rows[grouped]
+    h = jax.nn.silu(lax.ragged_dot(x, padded(gate), sizes)) * lax.ragged_dot(x, padded(up), sizes)
+    y = jnp.zeros_like(x).at[grouped].set(lax.ragged_dot(h, padded(down), sizes))
+    back = all_to_all(y)[slot]
+    back = back * jnp.take(weights.reshape(-1), order).astype(back.dtype)[:, None]
+    return jnp.zeros((n, d), back.dtype).at[token_of].add(back)
 
 
 def build_swiglu(x, spec, at):

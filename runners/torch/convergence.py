@@ -4,10 +4,17 @@ takes as canonical), and the data through torch.utils.data.DataLoader with worke
 torch user feeds a model: the sampler hands each worker a whole batch of indices (one shuffled
 permutation per epoch from a seeded torch.Generator), the worker applies the task's augmentation
 (datasets.crop_flip, seeded per epoch and batch so that it does not depend on which worker took
-it) and the normalisation, and the loader prefetches (pinned memory on CUDA)."""
+it) and the normalisation, and the loader prefetches (pinned memory on CUDA).
+
+Data-parallel (the convergence suite with --workers; `cluster` given): the model is wrapped in
+DistributedDataParallel with the request's compression as its communication hook (distributed.py
+hands that in, as its data-parallel step registers it), every rank draws the same permutation and
+takes its contiguous share of each global batch (so the optimiser sees the task's batch and
+schedule), and each rank evaluates its share of the evaluation split, the counts all-reduced."""
 
 from __future__ import annotations
 
+from runners.common.convergence import rank_share
 from runners.common.datasets import crop_flip, normalise
 from runners.torch import step as st
 from runners.torch.framework import load_torch, synchronizer
@@ -16,7 +23,10 @@ from runners.torch.precision import float32_math, mixed_precision, request_preci
 EVAL_BATCH = 500
 
 
-def prepare_convergence(request: dict):
+def prepare_convergence(request: dict, cluster=None, data_parallel=None):
+    """The trainer of one process, or of rank `cluster.rank` of a data-parallel job (cluster:
+    distributed_harness.Cluster; the process group joined), `data_parallel(model) -> (module the
+    step calls, its settings)` wrapping the model as distributed.py does (DDP and its hook)."""
     from runners.common.contract import Trainer
 
     torch = load_torch()
@@ -32,6 +42,13 @@ def prepare_convergence(request: dict):
     optimizer = torch.optim.SGD(st.trainable_params(model), lr=opt_spec["learning_rate"],
                                 momentum=opt_spec["momentum"], weight_decay=opt_spec["weight_decay"])
     settings["optimizer"] = "torch.optim.SGD(momentum, weight_decay)"
+    rank, world = (cluster.rank, cluster.world_size) if cluster is not None else (0, 1)
+    trained = model  # what the training step calls: the module, or DDP around it
+    if cluster is not None:
+        trained, wrapped = data_parallel(model)
+        settings.update(wrapped)
+        settings["data_parallel"] = {"ranks": world, "rank_batch": request["batch_size"] // world,
+                                     "evaluation": "each rank its share, counts all-reduced (torch.distributed.all_reduce)"}
     in_shape = tuple(network["input"]["shape"])
     images = st.is_images(network)
     workers = request["loader_workers"]
@@ -70,8 +87,9 @@ def prepare_convergence(request: dict):
         def __iter__(self):
             if self.shuffle:
                 order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 100_003 + self.epoch))
+                share = rank_share(self.batch, rank, world)  # every rank the same order, its part of each batch
                 for k in range(self.n // self.batch):
-                    yield self.epoch, k, order[k * self.batch:(k + 1) * self.batch].numpy()
+                    yield self.epoch, k, order[k * self.batch:(k + 1) * self.batch][share].numpy()
             else:
                 for k, start in enumerate(range(0, self.n, self.batch)):
                     yield 0, k, torch.arange(start, min(start + self.batch, self.n)).numpy()
@@ -87,6 +105,9 @@ def prepare_convergence(request: dict):
             persistent_workers=workers > 0, pin_memory=cuda, prefetch_factor=2 if workers else None)
 
     def attach(train, evaluation, seed):
+        if world > 1:  # this rank's share of the evaluation split
+            share = rank_share(len(evaluation[1]), rank, world)
+            evaluation = (evaluation[0][share], evaluation[1][share])
         state["train_sampler"], state["train"] = loader(*train, request["batch_size"], True, seed)
         _, state["eval"] = loader(*evaluation, EVAL_BATCH, False, seed)
         return {"pipeline": "torch.utils.data.DataLoader", "workers": workers, "prefetch_factor": 2 if workers else None,
@@ -111,7 +132,7 @@ def prepare_convergence(request: dict):
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
         with autocast():
-            value = st.loss(model(x), y)
+            value = st.loss(trained(x), y)
         if scaler is None:
             value.backward()
             optimizer.step()
@@ -134,6 +155,13 @@ def prepare_convergence(request: dict):
         for name in ("train", "eval"):
             state.pop(name, None)  # persistent workers end with their loader
 
+    def across_ranks(correct, count):
+        if world == 1:
+            return correct, count
+        total = torch.tensor([correct, count], dtype=torch.int64, device=device)
+        torch.distributed.all_reduce(total)
+        return int(total[0]), int(total[1])
+
     params = sum(p.numel() for p in st.trainable_params(model))
     return Trainer(attach, train_batches, train_step, eval_batches, eval_step, synchronizer(device), params,
-                   settings, close)
+                   settings, close, across_ranks)

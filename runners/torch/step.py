@@ -127,9 +127,10 @@ def sgd(params, request: dict):
     return load_torch().optim.SGD(params, lr=request["learning_rate"], momentum=request["momentum"])
 
 
-def train_step(model, x, y, make_optimizer, autocast, scaler):
+def train_step(model, x, y, make_optimizer, autocast, scaler, on_loss=None):
     """(step, reset_optimizer): one training iteration (zero_grad, forward, loss, backward, update,
-    through the GradScaler where there is one) and a fresh optimiser (zero momentum) for it."""
+    through the GradScaler where there is one) and a fresh optimiser (zero momentum) for it.
+    `on_loss`: called with each step's loss tensor (detached), where the caller reads it."""
     opt = make_optimizer()
 
     def step():
@@ -137,6 +138,8 @@ def train_step(model, x, y, make_optimizer, autocast, scaler):
         with autocast():
             out = model(x)
             value = loss(out, y)
+        if on_loss is not None:
+            on_loss(value.detach())
         if scaler is None:
             value.backward()
             opt.step()

@@ -328,7 +328,7 @@ def transformer_modules():
                                  SelfAttention=SelfAttention, TransformerBlock=TransformerBlock, TokenPool=TokenPool,
                                  TiedLMHead=TiedLMHead, SegmentEmbedding=SegmentEmbedding,
                                  PretrainingHeads=PretrainingHeads, GroupedAttention=GroupedAttention, SwiGLU=SwiGLU,
-                                 MixtureOfExperts=MixtureOfExperts, LlamaBlock=LlamaBlock)
+                                 MixtureOfExperts=MixtureOfExperts, AddAuxiliaryLoss=AddAuxiliaryLoss, LlamaBlock=LlamaBlock)
 
 
 GELU_FORMS = {"erf": "none", "tanh": "tanh"}  # the schema's form -> nn.GELU's `approximate`

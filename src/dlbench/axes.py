@@ -13,6 +13,7 @@ from runners.common.contract import (
     Compression,
     CompressionMethod,
     Mode,
+    Parallelism,
     Precision,
     RequestAxis,
     Scenario,
@@ -37,4 +38,4 @@ OTHER_AXES = tuple(spec for spec in SERIES_AXES if spec.field not in ("precision
 
 __all__ = ["KERNEL_DTYPE", "Axis", "Precision", "Compile", "Mode", "Scenario", "PRECISIONS", "CHECK_PRECISION", "COMPILE_MODES",
            "KERNEL_PRECISION", "REQUEST_AXES", "RequestAxis", "PAIRING_AXES",
-           "SERIES_AXES", "OTHER_AXES", "Compression", "CompressionMethod", "topk_count", "gtopk_tree"]
+           "SERIES_AXES", "OTHER_AXES", "Compression", "CompressionMethod", "Parallelism", "topk_count", "gtopk_tree"]

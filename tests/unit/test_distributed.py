@@ -57,8 +57,8 @@ def test_shipped_distributed_suites_are_listed_apart(catalog):
 def test_shipped_distributed_suite_resolves(catalog, profile, device):
     suite = catalog.load_distributed_suite(SUITES / "distributed.yaml", profile, device)
     names = [b.name for b in suite.benchmarks]
-    assert names == (["fcn5-train", "lstm32-train"] if profile == "smoke" else
-                     ["fcn5-train", "resnet56-train", "lstm32-train", "resnet50-train"])
+    assert names == (["fcn5-train", "lstm32-train", "moe_tiny-train"] if profile == "smoke" else
+                     ["fcn5-train", "resnet56-train", "lstm32-train", "resnet50-train", "moe_tiny-train"])
     assert suite.kind == "distributed" and suite.scaling == "strong"
     for b in suite.benchmarks:
         assert b.policy.measure_iters >= 5 and b.batch_sizes

@@ -219,7 +219,7 @@ def test_a_run_records_the_layout_and_skips_one_its_runner_does_not_list(tree, t
     assert keyed.returncode == 0, keyed.stderr
     assert keyed.stdout.splitlines() == [
         "('suite', 'benchmark', 'batch_size', 'device', 'precision', 'compile', 'layout', 'framework', 'machine', "
-        "'scenario', 'compression')",
+        "'scenario', 'compression', 'parallelism')",
         "nchw nchw nchw nchw",
         "nchw nchw ('fp32', 'eager', 'nchw')",
     ]

@@ -357,9 +357,9 @@ def test_store_upgrade_command_reports_what_it_could_not_read(tmp_path):
 
 
 def test_verify_names_files_beside_the_records_that_no_record_lists(tmp_path):
-    # v11's MLLOG files and v13's LoadGen logs are listed by their records: not reported; a LoadGen
-    # folder left by a run that died before its record was written is, without failing verify
-    store, _ = store_with(tmp_path, 11, 13)
+    # v11's and v19's MLLOG files and v13's LoadGen logs are listed by their records: not reported; a
+    # LoadGen folder left by a run that died before its record was written is, without failing verify
+    store, _ = store_with(tmp_path, 11, 13, 19)
     orphan = store.root / "loadgen" / "20260101T000000Z-0123456789ab" / "offline" / "mlperf_log_summary.txt"
     orphan.parent.mkdir(parents=True)
     orphan.write_text("left by a run that died\n")

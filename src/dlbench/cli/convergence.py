@@ -29,9 +29,21 @@ def say_plan(plan: ConvergencePlan) -> None:
     """The line before the runs: the tasks, frameworks, seeds, device, threads and store."""
     names = ", ".join(r.name for r in plan.runners)
     seeds = len(plan.tasks[0].seeds) if plan.tasks else 0
+    parallel = ""
+    if plan.jobs is not None:
+        methods = list(dict.fromkeys(r.compression for r in plan.runs))
+        parallel = (f"; data-parallel on {plan.workers} workers, {', '.join(methods)}"
+                    + (f", link {plan.link.asked}" if plan.link is not None else ""))
     err.print(f"dlbench: suite {plan.suite} (convergence), {len(plan.runs)} runs ({', '.join(t.name for t in plan.tasks)} "
-              f"on {names}; {seeds} seeds each) on {plan.options.device}, {plan.options.threads} "
-              f"threads, store {plan.store.root}", highlight=False)
+              f"on {names}; {seeds} seeds each{parallel}) on {plan.options.device}, {plan.options.threads} "
+              f"threads{' per worker' if plan.jobs is not None else ''}, store {plan.store.root}", highlight=False)
+    crowded = plan.jobs.placement.oversubscription(plan.jobs.threads) if plan.jobs is not None else None
+    if crowded is not None:
+        name, threads, cores = crowded
+        err.print(f"[yellow]oversubscribed[/] (--oversubscribe): {threads} threads of {plan.workers} workers share "
+                  f"the {cores} cores of {escape(name)}; the kernel time-slices the ranks, so times to target include "
+                  "waiting for a core: compare methods on one link with one another, not against fewer workers",
+                  highlight=False, soft_wrap=True)
 
 
 class ProgressEvents:
@@ -45,15 +57,22 @@ class ProgressEvents:
         show_on_progress_bar(self.progress, self.bar, progress)
 
     def seed_started(self, run, seed, index):
-        self.progress.update(self.bar, description=escape(f"{run.runner.name} {run.task.name} seed {seed} "
+        self.progress.update(self.bar, description=escape(f"{run.label} seed {seed} "
                                                           f"({index + 1}/{len(run.task.seeds)})"))
+
+    def link_ready(self, link, measured):
+        """The shaped link made and measured (--link with --workers), before the first job."""
+        self.progress.console.print(
+            f"link {link.spec.asked}: workers in namespaces {link.namespace(0)}..{link.namespace(link.workers - 1)} "
+            f"({link.subnet}); measured {measured.bandwidth_bps / 1e6:,.1f} Mbit/s, round trip "
+            f"{measured.rtt_s * 1e6:,.0f} us", highlight=False)
 
     def seed_done(self, run, seed_run):
         self.progress.advance(self.bar)
 
     def run_done(self, run, record):
         if record.status != "ok":
-            self.progress.console.print(f"[yellow]{record.status}[/]: {escape(run.runner.name)} {escape(run.task.name)}: "
+            self.progress.console.print(f"[yellow]{record.status}[/]: {escape(run.label)}: "
                                         f"{escape(str(record.reason))}", highlight=False, soft_wrap=True)
 
 
@@ -95,27 +114,51 @@ def sparkline(values: list[float], low: float | None = None, high: float | None 
 
 def convergence_table(records, title: str) -> Table:
     table = Table(title=title)
-    for col, justify in (("framework", "left"), ("task", "left"), ("status", "left"), ("time to target", "right"),
-                         ("epochs", "right"), ("reached", "right"), ("init s", "right"), ("input-bound", "right"),
-                         ("accuracy by epoch (median run)", "left")):
+    shown = [r for r in records if r.convergence is not None]
+    # data-parallel runs (schema 19): their workers, link and compression, and the speedup over dense
+    parallel = any(r.distributed is not None for r in shown)
+    columns = [("framework", "left"), ("task", "left")]
+    if parallel:
+        columns += [("workers", "right"), ("link", "left"), ("compression", "left")]
+    columns += [("status", "left"), ("time to target", "right")]
+    if parallel:
+        columns += [("vs dense", "right")]
+    columns += [("epochs", "right"), ("reached", "right"), ("init s", "right"), ("input-bound", "right"),
+                ("accuracy by epoch (median run)", "left")]
+    for col, justify in columns:
         table.add_column(col, justify=justify)
-    for r in records:
+    for r in shown:
         c = r.convergence
-        if c is None:
-            continue
         run = median_run(c)
         curve = [e["accuracy"] for e in run.evals] if run else []
         inits = [x.init_s for x in c.runs if x.init_s is not None]
         last = f" {curve[-1]:.3f}" if curve else ""
+        cells = [escape(str(r.framework.get("name"))), escape(c.task)]
+        if parallel:
+            cells += [str(r.distributed.workers) if r.distributed else "1",
+                      escape(r.link.asked) if r.link else "—", escape(r.workload.compression or "—")]
+        cells += [escape(r.status), f"{c.score_s:.2f} s" if c.score_s is not None else "—"]
+        if parallel:
+            cells.append(against_dense_cell(c))
         table.add_row(
-            escape(str(r.framework.get("name"))), escape(c.task), escape(r.status),
-            f"{c.score_s:.2f} s" if c.score_s is not None else "—",
+            *cells,
             f"{c.epochs_to_target:.1f}" if c.epochs_to_target is not None else "—",
             f"{c.reached}/{len(c.runs)} ≥{c.target:.0%}",
             f"{sum(inits) / len(inits):.1f}" if inits else "—",
             f"{c.input_bound_share:.1%}" if c.input_bound_share is not None else "—",
             escape(sparkline(curve, 0.0, 1.0) + last))
     return table
+
+
+def against_dense_cell(c) -> str:
+    """The score's speedup over the dense run of its invocation (×), each seed's after it; "—" for
+    the dense run itself, "no score" where either has none."""
+    d = c.against_dense
+    if d is None:
+        return "—"
+    seeds = " ".join(f"{s.speedup:.2f}" if s.speedup is not None else "✗" for s in d.seeds)
+    head = f"{d.score_speedup:.2f}×" if d.score_speedup is not None else "no score"
+    return f"{head} ({seeds})"
 
 
 def print_convergence_details(store: Store, rows: list[dict]) -> None:

@@ -21,13 +21,17 @@ def human_bytes(n: int) -> str:
 
 def training_table(records: list[Record], title: str = "distributed training") -> Table:
     """One row per run; the column `oversubscribed` only where a run's ranks were time-sliced on too
-    few cores (--oversubscribe), its caption saying what that does to the figures."""
+    few cores (--oversubscribe), its caption saying what that does to the figures; expert
+    parallelism's columns only where a shown run is expert-parallel (the table stays as wide otherwise)."""
     crowded = any(r.distributed and r.distributed.oversubscribed for r in records)
+    expert = any(r.workload.parallelism == "expert" for r in records)
     t = Table(title=title, caption=OVERSUBSCRIBED_NOTE if crowded else None)
-    for col in ("benchmark", "framework", "workers", "global batch", "compression", "status", "ms/iter (slowest)",
+    for col in ("benchmark", "framework", "workers", "global batch", "compression",
+                *(("parallelism",) if expert else ()), "status", "ms/iter (slowest)",
                 "ms/iter rank 0", "samples/s", "efficiency", "× dense", "exposed comm ms", "grad MB/iter",
-                "sent MB/iter/rank", "threads/worker", *(("oversubscribed",) if crowded else ())):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "compression",
+                "sent MB/iter/rank", *(("all-to-all MB/iter/rank", "all-to-all share") if expert else ()),
+                "threads/worker", *(("oversubscribed",) if crowded else ())):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "compression", "parallelism",
                                                      "oversubscribed") else "right")
     dense = {_exchange_key(r): r.summary.median_s for r in records
              if r.workload.compression == "none" and r.status == "ok" and r.summary}
@@ -39,8 +43,10 @@ def training_table(records: list[Record], title: str = "distributed training") -
         eff = ""
         if scaling and scaling.efficiency is not None:
             eff = f"{scaling.efficiency:.2f} ({scaling.mode})"
+        a2a = d.all_to_all if d else None
         t.add_row(escape(r.benchmark), escape(f"{r.framework.get('name')} {r.framework.get('version') or ''}".strip()),
                   str(d.workers if d else ""), str(r.workload.batch_size), escape(r.workload.compression or ""),
+                  *((escape(r.workload.parallelism or ""),) if expert else ()),
                   f"[{style}]{r.status}[/]",
                   _fmt(s.ms_per_iter if s else None, ".2f"),
                   _fmt(d.rank0_median_s * 1e3 if d and d.rank0_median_s else None, ".2f"),
@@ -50,6 +56,8 @@ def training_table(records: list[Record], title: str = "distributed training") -
                   _fmt(d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None, ".2f"),
                   _fmt(d.grad_bytes / 1e6 if d and d.grad_bytes else None, ".2f"),
                   _fmt(d.exchange.bytes_per_rank / 1e6 if d and d.exchange else None, ".3g"),
+                  *((_fmt(a2a.bytes_per_step / 1e6 if a2a else None, ".3g"), _fmt(a2a.share if a2a else None, ".2f"))
+                    if expert else ()),
                   str(d.threads_per_worker if d else ""),
                   *((_oversubscribed(r),) if crowded else ()))
     return t
@@ -68,7 +76,7 @@ def _exchange_key(r: Record) -> tuple:
     """What a compressed run is compared with a dense one on: all but the compression."""
     d = r.distributed
     return (r.benchmark, r.framework.get("name"), r.workload.batch_size, r.workload.precision,
-            d.workers if d else None, d.threads_per_worker if d else None)
+            r.workload.parallelism, d.workers if d else None, d.threads_per_worker if d else None)
 
 
 def bandwidth_table(r: Record) -> Table:

@@ -110,7 +110,8 @@ def results(
     # an axis beyond precision and compile, or oversubscription, is a default column only where some
     # shown run has a value
     default = tuple(c for c in tables.RESULTS_COLUMNS
-                    if c not in tables.SOMETIMES_COLUMNS or any(row.get(c) is not None for row in rows))
+                    if c not in tables.SOMETIMES_COLUMNS
+                    or any(row.get(c) not in (None, tables.UNLESS_ALL.get(c)) for row in rows))
     if rows and all(row.get("scenario") for row in rows):
         # generation's server only: LoadGen's TTFT and TPOT percentiles instead of per-sample latency
         default = (tables.LOADGEN_GENERATION_RESULTS_COLUMNS if all(row.get("mode") == "generate" for row in rows)

@@ -119,6 +119,11 @@ def run(
         "--oversubscribe", help="Suites distributed and comm: allow more workers (x --threads) on a machine than it has "
                                 "cores; the kernel time-slices the ranks, so iteration times include waiting for a core "
                                 "(only comparisons bound by a slow --link say something). Recorded in each run.")] = False,
+    parallelism: Annotated[Optional[list[str]], run_axis_option(
+        REQUEST_AXES["parallelism"],
+        help="Suite distributed: how each training job splits the network over its workers: data (every worker "
+             "the whole network) or expert (a Mixture-of-Experts network's experts sharded over the workers, "
+             "tokens sent to them and back by all-to-all); a comma list or 'all', repeatable (default: data).")] = None,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here

@@ -24,6 +24,9 @@ RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision"
                    "oversubscribed")
 # columns of RESULTS_COLUMNS shown by default only where some shown run has a value
 SOMETIMES_COLUMNS = frozenset({*(a.field for a in OTHER_AXES), "oversubscribed"})
+# and of those, the ones whose value every run of their kind has (each distributed training run is
+# data-parallel unless told): shown only where a shown run has another
+UNLESS_ALL = {"parallelism": "data"}
 RUN_COLUMNS = ("benchmark", "framework", "framework_version", "batch_size", "precision", "status", "ms_per_iter",
                "ci_pct", "samples_per_s", "repeats", "stability")
 # LoadGen scenario runs (`dlbench run --scenario`): LoadGen's verdict and per-sample latency percentiles

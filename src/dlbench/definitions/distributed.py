@@ -133,6 +133,19 @@ class DistributedBenchmark:
     policy: FixedIterations
     mode: str = "train"
     compression: str = "none"  # how the gradients are exchanged (runners/common/contract.py Compression)
+    parallelism: str = "data"  # how the network is split over the workers (runners/common/contract.py Parallelism)
+
+
+def moe_experts(network: dict) -> list[int]:
+    """The experts of each Mixture-of-Experts layer of a resolved network, in order (a `moe` layer
+    or a decoder block with `moe`); [] where it has none."""
+    out = []
+    for layer in network["layers"]:
+        if layer["type"] == "moe":
+            out.append(layer["experts"])
+        elif isinstance(layer.get("moe"), dict):
+            out.append(layer["moe"]["experts"])
+    return out
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,7 @@ class Benchmark:
     compile: str = "default"  # eager | compiled | default (the runner's own; resolved per framework)
     scenario: str | None = None  # a LoadGen scenario (infer mode); None: the harness's back-to-back iterations
     compression: str | None = None  # a data-parallel job's only (definitions/distributed.py): never asked here
+    parallelism: str | None = None  # a distributed training job's only (definitions/distributed.py): never asked here
     generation: "Generation | None" = None  # mode generate only
 
 

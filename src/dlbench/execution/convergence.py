@@ -2,7 +2,13 @@
 fresh worker process per seed (action `convergence`, runners/common/convergence.py), each writing
 its MLLOG file; the logs go into the store beside the record (STORE/mllog/<run_id>/seed-<s>.log,
 their SHA-256 in the record), the score is analysis/convergence.py's. A worker that crashes, hangs
-or is skipped is recorded with its reason and the other seeds and tasks go on."""
+or is skipped is recorded with its reason and the other seeds and tasks go on.
+
+Data-parallel (the suite run with --workers N > 1; PlannedConvergenceRun.compression set): each
+seed is a job of N ranks (distributed.py's DistributedOrchestrator.job: the runner's distributed
+worker, action `convergence`, on the link's namespaces where there is one), rank 0's result and
+MLLOG the run's; the record gains `distributed`, the compression and the link, and a compressed
+run is compared seed by seed with the dense run of the same invocation (`against_dense`)."""
 
 from __future__ import annotations
 
@@ -16,8 +22,8 @@ from ..analysis.convergence import score
 from ..definitions.convergence import ConvergenceTask
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
-from ..store.record import (ConvergenceInfo, ConvergenceRun, NetworkInfo, Record, Repeat, Settings, Workload,
-                            new_run_id)
+from ..store.record import (ConvergenceInfo, ConvergenceRun, DenseComparison, NetworkInfo, Record, Repeat,
+                            SeedAgainstDense, Settings, Workload, new_run_id)
 from .environments import EnvironmentBuildError
 from .interrupts import shielded, temporary_folder
 from .launcher import PROTOCOL_VERSION, run_worker, thread_env
@@ -29,10 +35,21 @@ MLLOG_DIR = "mllog"
 class PlannedConvergenceRun:
     runner: Any  # execution.registry.RunnerInfo
     task: ConvergenceTask
+    compression: str | None = None  # a data-parallel run's method (its spelling); None: one worker
+
+    @property
+    def label(self) -> str:
+        return f"{self.runner.name} {self.task.name}" + (f" {self.compression}" if self.compression else "")
 
 
-def plan_convergence(runners: list, tasks: list[ConvergenceTask]) -> list[PlannedConvergenceRun]:
-    return [PlannedConvergenceRun(r, t) for t in tasks for r in runners]
+def plan_convergence(runners: list, tasks: list[ConvergenceTask],
+                     compressions: list[str] | None = None) -> list[PlannedConvergenceRun]:
+    """One run per (task, runner), or, data-parallel (`compressions`: the methods, dense first),
+    one per (task, runner, method): the dense run of a (task, runner) ends before its compressed
+    runs start, so that each is compared with it."""
+    if compressions is None:
+        return [PlannedConvergenceRun(r, t) for t in tasks for r in runners]
+    return [PlannedConvergenceRun(r, t, c) for t in tasks for r in runners for c in compressions]
 
 
 def platform_of(machine: dict, device: str) -> str:
@@ -62,23 +79,57 @@ def _seed_run(seed: int, outcome, part: dict | None) -> ConvergenceRun:
     return ConvergenceRun(seed=seed, status="ok", **keep)
 
 
+@dataclass
+class _SeedOutcome:
+    """A seed's worker or job as the record needs it: its status, rank 0's result, the wall time."""
+
+    status: str
+    reason: str | None
+    result: dict | None
+    output_tail: str
+    wall_s: float
+    wire_sent: list[float] | None = None
+
+
+def _refusal(run: PlannedConvergenceRun, precision: str) -> str | None:
+    """Why the runner's ranks cannot train this data-parallel run, before any environment is built:
+    not ported to multi-worker jobs, no convergence loop (runner.toml [distributed]
+    convergence_not_offered), or an axis value its data-parallel step does not list."""
+    from .distributed import data_parallel_refusal, not_ported
+
+    runner = run.runner
+    if runner.distributed is None:
+        return not_ported(runner)
+    if runner.distributed.convergence_not_offered:
+        return (f"{runner.name} runner: {runner.distributed.convergence_not_offered} (runner.toml [distributed] "
+                "convergence_not_offered)")
+    return data_parallel_refusal(runner, {"precision": precision, "compression": run.compression})
+
+
 def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: Path, precision: str | None = None,
-                            events=None, worker_runner=None) -> Record:
+                            events=None, worker_runner=None, dense: Record | None = None) -> Record:
     """One framework x one task: every seed in a fresh worker, the logs kept, the record written.
-    `orchestrator` is an execution.orchestrator.Orchestrator (its options, store and environments)."""
+    `orchestrator` is an execution.orchestrator.Orchestrator (its options, store and environments),
+    or, for a data-parallel run (run.compression set), a distributed.DistributedOrchestrator, whose
+    options say the placement and link; `dense`: the dense record a compressed run is compared with."""
     opts = orchestrator.options
     store = orchestrator.store
     worker_runner = worker_runner or run_worker
     task = run.task
+    parallel = run.compression is not None
     started = datetime.now(timezone.utc)
     run_id = new_run_id(started)
     machine = fingerprint()
-    env = orchestrator.environment(run.runner)
+    refusal = _refusal(run, precision or task.spec.precision) if parallel else None
+    env = orchestrator.environment(run.runner) if refusal is None else None
     runs: list[ConvergenceRun] = []
     repeats: list[Repeat] = []
     last: dict = {}
     tail = ""
-    if isinstance(env, EnvironmentBuildError):
+    if refusal is not None:
+        env_info = {"backend": opts.env_backend}
+        status, reason = "skipped", refusal
+    elif isinstance(env, EnvironmentBuildError):
         env_info = {"backend": opts.env_backend, "error": str(env)}
         status, reason = "failed", str(env)
     else:
@@ -91,13 +142,21 @@ def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: 
                                               log_path, platform_of(machine, opts.device), precision)
                 if events is not None:
                     events.seed_started(run, seed, index)
-                outcome = worker_runner(env.python, run.runner.worker, request, opts.timeout_s,
-                                        thread_env(opts.threads), None, container=env.container,
-                                        shared_dirs=(logs, Path(data_dir)))
+                if parallel:
+                    job = orchestrator.job(run.runner, env, {**request, "compression": run.compression},
+                                           opts.placement)
+                    outcome = _SeedOutcome(job.status, job.reason, job.results.get(0), job.output_tail, job.wall_s,
+                                           job.wire_sent)
+                else:
+                    outcome = worker_runner(env.python, run.runner.worker, request, opts.timeout_s,
+                                            thread_env(opts.threads), None, container=env.container,
+                                            shared_dirs=(logs, Path(data_dir)))
                 res = outcome.result or {}
                 last = res or last
                 tail = outcome.output_tail
                 seed_run = _seed_run(seed, outcome, res.get("convergence"))
+                if parallel and outcome.wire_sent:
+                    seed_run.wire_sent_bytes = list(outcome.wire_sent)
                 if log_path.is_file():
                     content = log_path.read_bytes()
                     kept = store.root / MLLOG_DIR / run_id / log_path.name
@@ -140,15 +199,20 @@ def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: 
         epochs_to_target=(sum(r.epochs_to_target for r in scored) / len(scored)) if scored else None,
         input_bound_share=sum(trained) / len(trained) if trained else None,
         reason=result.reason)
+    if parallel and run.compression != "none" and dense is not None and runs:
+        info.against_dense = against_dense(info, dense)
     net = task.network
+    benchmark = task.name
+    if parallel:
+        benchmark = orchestrator.benchmark_name(f"{task.name}-w{opts.placement.workers}", opts.placement)
     record = Record(
         run_id=run_id, started_at=started, ended_at=datetime.now(timezone.utc), dlbench=dlbench_provenance(),
-        suite=task.suite, benchmark=task.name,
+        suite=task.suite, benchmark=benchmark,
         network=NetworkInfo.of(net, task.network_file),
         workload=Workload(mode="convergence", batch_size=spec.batch_size, precision=precision or spec.precision,
                           compile=run.runner.compile_mode("default"), compile_requested="default",
                           learning_rate=spec.optimizer.learning_rate, momentum=spec.optimizer.momentum,
-                          device=opts.device),
+                          device=opts.device, compression=run.compression),
         framework=last.get("framework", {"name": run.runner.name}), environment=env_info, machine=machine,
         settings=Settings(profile=task.profile, repeats=len(task.seeds), threads_requested=opts.threads,
                           threads_effective=last.get("threads", {}), timeout_s=opts.timeout_s,
@@ -157,6 +221,75 @@ def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: 
         output_tail=tail if status not in ("ok", "skipped") else "", convergence=info)
     record.equivalence = CheckStore(store.root).status_for_run(
         net.name, net.definition_hash, run.runner.name, record.framework.get("version"), record.workload.precision)
+    if parallel:
+        _data_parallel_parts(record, orchestrator, run, last)
     with shielded():
         store.write(record)
     return record
+
+
+def _data_parallel_parts(record: Record, orchestrator, run: PlannedConvergenceRun, rank0: dict) -> None:
+    """What a data-parallel convergence record has beyond one worker's: its placement and the
+    method's analytical bytes per step (`distributed`), the link it ran on (`link`)."""
+    from ..store.record import DistributedInfo
+    from .distributed import exchange_info, oversubscribed
+
+    opts = orchestrator.options
+    placement = opts.placement
+    n = placement.workers
+    batch = run.task.spec.batch_size
+    record.distributed = DistributedInfo(
+        workers=n, hosts=[h.address for h in placement.hosts], placement=placement.variant,
+        launch=run.runner.distributed.launch if run.runner.distributed else "none",
+        backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=opts.threads,
+        per_worker_batch=batch // n, global_batch=batch,
+        exchange=exchange_info(run.task.network.resolved, run.compression, n),
+        oversubscribed=oversubscribed(placement, opts.threads))
+    if opts.link is not None:
+        record.link = orchestrator.link_info(
+            "a convergence run's bytes on the wire are per seed (convergence.runs[].wire_sent_bytes: the whole "
+            "job, initialisation included), not per measured iteration")
+
+
+def against_dense(info: ConvergenceInfo, dense: Record) -> DenseComparison:
+    """A compressed run's seeds beside the dense run's (the same seeds, in the same invocation):
+    the speedup dense / compressed of each seed both reached the target in, why not for the rest;
+    the scores' ratio where both have one."""
+    theirs = {r.seed: r for r in (dense.convergence.runs if dense.convergence else [])}
+    seeds = []
+    for mine in info.runs:
+        other = theirs.get(mine.seed)
+        row = SeedAgainstDense(seed=mine.seed, time_s=mine.time_to_target_s,
+                               dense_s=other.time_to_target_s if other else None)
+        if other is None:
+            row.reason = "the dense run has no such seed"
+        elif not _reached(mine):
+            row.reason = f"this run {_missed(mine, info.max_epochs)}"
+        elif not _reached(other):
+            row.reason = f"the dense run {_missed(other, info.max_epochs)}"
+        else:
+            row.speedup = other.time_to_target_s / mine.time_to_target_s
+        seeds.append(row)
+    comparison = DenseComparison(dense_run_id=dense.run_id, seeds=seeds)
+    dense_score = dense.convergence.score_s if dense.convergence else None
+    if info.score_s is not None and dense_score is not None:
+        comparison.score_speedup = dense_score / info.score_s
+    else:
+        comparison.reason = "; ".join(why for why, missing in (
+            (f"this run has no score ({info.reason})", info.score_s is None),
+            (f"the dense run has no score ({dense.convergence.reason if dense.convergence else dense.reason})",
+             dense_score is None)) if missing)
+    return comparison
+
+
+def _reached(run: ConvergenceRun) -> bool:
+    return run.status == "ok" and run.reached and run.time_to_target_s is not None
+
+
+def _missed(run: ConvergenceRun, max_epochs: int) -> str:
+    """Why a seed has no time to target, in words."""
+    if run.status != "ok":
+        return f"did not complete ({run.status}: {run.reason})"
+    best = max((e["accuracy"] for e in run.evals), default=None)
+    return f"did not reach the target in {run.epochs or max_epochs} epochs" + (
+        f" (best top-1 {best:.3f})" if best is not None else "")

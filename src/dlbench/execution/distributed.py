@@ -33,13 +33,15 @@ from typing import Callable, Protocol
 
 from ..analysis.distributed import bandwidths, bus_factor, exposed_communication_s, scaling_efficiency, slowest_rank
 from ..analysis.timing import summarise
-from ..axes import REQUEST_AXES, Compression, CompressionMethod
-from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches
+from ..axes import REQUEST_AXES, Compression, CompressionMethod, Parallelism
+from ..definitions.distributed import CommBenchmark, DistributedBenchmark, batches, moe_experts
+from ..definitions.layers.moe import is_expert_tensor
 from ..definitions.weights import is_state, weight_shapes
 from ..performance.communication import exchange_bytes
 from ..machine import dlbench_provenance, fingerprint
 from ..store.checks import CheckStore
 from ..store.record import (
+    AllToAllInfo,
     CommInfo,
     CommSize,
     DistributedInfo,
@@ -110,7 +112,7 @@ def not_ported(runner: RunnerInfo) -> str:
             "section; the contract is in docs/architecture.md)")
 
 
-def _oversubscribed(placement: Placement, threads: int) -> Oversubscription | None:
+def oversubscribed(placement: Placement, threads: int) -> Oversubscription | None:
     """The most crowded machine of a job whose ranks run more threads than it has cores (allowed by
     --oversubscribe only: the plan refuses it otherwise), for the record."""
     crowded = placement.oversubscription(threads)
@@ -207,7 +209,8 @@ class DistributedOrchestrator:
                 key = (runner.name, benchmark.name, benchmark.precision, batch, o.threads)
                 baseline = self._baselines.get(key)
                 if baseline is None:
-                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value)
+                    dense = dataclasses.replace(benchmark, compression=CompressionMethod.NONE.value,
+                                                parallelism=Parallelism.DATA.value)
                     baseline = self._train_run(runner, dense, o.placement.single_worker(), batch, batch, None)
                     self._baselines[key] = baseline
                     records.append(baseline)
@@ -218,12 +221,15 @@ class DistributedOrchestrator:
                    global_batch: int, baseline: Record | None) -> Record:
         o = self.options
         n = placement.workers
-        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}")
+        label = f"{runner.name} {b.name} x{n} b={global_batch}" + ("" if b.compression == "none" else f" {b.compression}") \
+            + ("" if b.parallelism == Parallelism.DATA.value else f" {b.parallelism}-parallel")
         repeats_asked = o.repeats or b.policy.repeats
         started = datetime.now(timezone.utc)
         # the model's communication term is the dense all-reduce: a compressed run gets no prediction
         # rather than a dense one (performance/communication.py crossover_bandwidth compares them)
-        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value)
+        # and its network is whole on every worker: an expert-parallel run gets none either
+        predictable = o.predictor is not None and (n == 1 or b.compression == CompressionMethod.NONE.value) \
+            and b.parallelism == Parallelism.DATA.value
         prediction = o.predictor(network=b.network.resolved, batch=per_worker, mode="train", precision=b.precision,
                                  framework=runner.name, workers=n) if predictable else None
         self.events.run_started(label, repeats_asked)
@@ -258,19 +264,24 @@ class DistributedOrchestrator:
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
-            exchange=_exchange(b, n) if n > 1 else None, oversubscribed=_oversubscribed(placement, o.threads),
+            exchange=_exchange(b, n) if n > 1 else None, oversubscribed=oversubscribed(placement, o.threads),
         )
         if summary is not None:
             _training_figures(info, repeats)
+        good = [oc for oc in repeats_outcomes if oc.status == "ok"]
+        if good:
+            info.step_losses = _step_losses(good[0], n)
+            if b.parallelism == Parallelism.EXPERT.value:
+                info.all_to_all = _all_to_all(good, n, b, rank0, info.slowest_median_s)
         on_link = o.link is not None and placement.hosts[0].namespace is not None
-        record = self._record(runner, started, b.suite, self._name(f"{b.name}-w{n}", placement),
+        record = self._record(runner, started, b.suite, self.benchmark_name(f"{b.name}-w{n}", placement),
                               NetworkInfo.of(b.network, b.network_file), Workload(
             mode="train", batch_size=global_batch, **_axes(b), compile=runner.default_compile,
             learning_rate=b.learning_rate, momentum=b.momentum, device=o.device), env_info, rank0, b.profile, repeats_asked,
             b.policy.model_dump(), repeats, summary, status, reason, tail)
         record.distributed = info
         if on_link:
-            record.link = self._link_info(_wire(repeats_outcomes, n, info.grad_bytes))
+            record.link = self.link_info(_wire(repeats_outcomes, n, info.grad_bytes))
         record.prediction = Prediction.model_validate(prediction) if prediction else None
         record.equivalence = CheckStore(self.store.root).status(
             b.network.name, b.network.definition_hash, runner.name, record.framework.get("version"))
@@ -330,7 +341,7 @@ class DistributedOrchestrator:
                 hash=hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest(),
                 params_described=0, flops_per_sample=0, definition=definition)
             tail = next((oc.output_tail for oc in outcomes if oc.status != "ok"), "") if collective in offered else ""
-            record = self._record(runner, started, comm.suite, self._name(f"{collective}-w{n}", o.placement),
+            record = self._record(runner, started, comm.suite, self.benchmark_name(f"{collective}-w{n}", o.placement),
                                   network, Workload(
                 mode="collective", batch_size=1, precision=comm.dtype, learning_rate=0.0, momentum=0.0,
                 device=o.device), env_info, rank0, comm.profile, repeats_asked, comm.policy.model_dump(),
@@ -339,10 +350,10 @@ class DistributedOrchestrator:
                 workers=n, hosts=[h.address for h in o.placement.hosts], placement=o.placement.variant,
                 launch=runner.distributed.launch if runner.distributed else "none",
                 backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
-                oversubscribed=_oversubscribed(o.placement, o.threads))
+                oversubscribed=oversubscribed(o.placement, o.threads))
             record.comm = info
             if o.link is not None:
-                record.link = self._link_info("bytes on the wire are counted for training runs only: a comm job "
+                record.link = self.link_info("bytes on the wire are counted for training runs only: a comm job "
                                               "runs every collective and size in one window")
             record.equivalence = {"status": "unchecked",
                                   "reason": "a collective's result is checked at every size (comm.sizes[].correct)"}
@@ -353,14 +364,14 @@ class DistributedOrchestrator:
 
     # ------------------------------------------------------------------ records
 
-    def _name(self, benchmark: str, placement: Placement) -> str:
+    def benchmark_name(self, benchmark: str, placement: Placement) -> str:
         """A job on a shaped link is another benchmark than the same job on loopback: its name says
         the link, so its runs never pool or pair with the others'."""
         if self.options.link is None or placement.hosts[0].namespace is None:
             return benchmark
         return f"{benchmark}@{self.options.link.spec.label}"
 
-    def _link_info(self, wire: WireBytes | str | None) -> LinkInfo:
+    def link_info(self, wire: WireBytes | str | None) -> LinkInfo:
         link, measured = self.options.link, self.options.link_measured
         return LinkInfo(
             asked=link.spec.asked, rate_bps=link.spec.rate_bps, delay_s=link.spec.delay_s,
@@ -496,21 +507,70 @@ def _data_parallel_refusal(runner: RunnerInfo, b: DistributedBenchmark) -> str |
     """Why the runner's data-parallel step cannot train this benchmark (the first value of an axis
     its runner.toml [distributed] does not list), or None where it can or the runner takes no part
     (its record then says so)."""
+    return data_parallel_refusal(runner, {spec.field: getattr(b, spec.field) for spec in DISTRIBUTED_AXES.values()})
+
+
+def data_parallel_refusal(runner: RunnerInfo, axes: dict[str, str]) -> str | None:
+    """Why the runner's data-parallel step cannot train at these axis values (field -> value: the
+    first its runner.toml [distributed] does not list), or None where it can or the runner takes no
+    part (its record then says so)."""
     if runner.distributed is None:
         return None
     for spec in DISTRIBUTED_AXES.values():
-        value = spec.axis(getattr(b, spec.field))
+        value = spec.axis(axes[spec.field])
         why = runner.distributed.capabilities.refusal(runner.name, value)
         if why:
-            reason = runner.distributed.compression_refusal(value) if isinstance(value, CompressionMethod) else None
+            reason = runner.distributed.refusal_reason(value)
             return f"{why}: {reason}" if reason else why
     return None
 
 
+def _step_losses(outcome: JobOutcome, workers: int) -> list[float] | None:
+    """The loss after the first step and each warm-up step, the mean over the ranks (each rank's
+    loss is the mean over its own batch, so this is the global batch's); None where a runner does
+    not read its loss."""
+    per_rank = [outcome.results[r].get("losses") for r in range(workers)]
+    if not all(per_rank):
+        return None
+    return [statistics.fmean(step) for step in zip(*per_rank)]
+
+
+def _all_to_all(outcomes: list[JobOutcome], workers: int, b: DistributedBenchmark, rank0: dict,
+                step_s: float | None) -> AllToAllInfo | None:
+    """Expert parallelism's all-to-alls per measured step, from each rank's totals around its
+    measured window (mean over the ok repeats): the bytes a rank sends (mean over the ranks), the
+    calls, and the slowest rank's seconds in them, with their share of the slowest rank's median step."""
+    figures = [[oc.results[r].get("all_to_all") for r in range(workers)] for oc in outcomes]
+    if not all(all(ranks) for ranks in figures):
+        return None
+
+    def mean(key: str, pool=statistics.fmean) -> float | None:
+        if any(rank[key] is None for ranks in figures for rank in ranks):
+            return None
+        return statistics.fmean(pool([rank[key] for rank in ranks]) for ranks in figures)
+
+    seconds = mean("seconds", max)
+    experts = moe_experts(b.network.resolved)
+    said = (rank0.get("settings") or {}).get("expert_parallel", {})
+    return AllToAllInfo(
+        experts_per_worker=[e // workers for e in experts], dispatch=said.get("dispatch", "not said by the runner"),
+        bytes_per_step=mean("bytes"), calls_per_step=mean("calls"), seconds_per_step=seconds,
+        share=seconds / step_s if seconds is not None and step_s else None, timing=said.get("all_to_all_timing"))
+
+
 def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:
-    """The analytical bytes of one iteration's exchange of the network's trainable tensors (their
-    canonical shapes, definitions/weights.py) by the benchmark's compression."""
-    shapes = [shape for name, shape in weight_shapes(b.network.resolved).items() if not is_state(name)]
-    counted = exchange_bytes(Compression.parse(b.compression, who="the distributed benchmark"), shapes, workers)
+    """The analytical bytes of one iteration's exchange of the network's trainable tensors; with expert
+    parallelism, of every tensor but the experts' (sharded, never all-reduced)."""
+    return exchange_info(b.network.resolved, b.compression, workers,
+                         leave_out_experts=b.parallelism == Parallelism.EXPERT.value)
+
+
+def exchange_info(network: dict, compression: str, workers: int, leave_out_experts: bool = False) -> ExchangeInfo:
+    """The analytical bytes of one iteration's exchange of the (resolved) network's trainable
+    tensors (their canonical shapes, definitions/weights.py) by `compression`; `leave_out_experts`:
+    every tensor but the experts' (expert parallelism shards them, never all-reduced)."""
+    shapes = [shape for name, shape in weight_shapes(network).items()
+              if not is_state(name) and not (leave_out_experts and is_expert_tensor(name))]
+    counted = exchange_bytes(Compression.parse(compression, who="the data-parallel run"), shapes, workers)
     return ExchangeInfo(method=counted.method, payload_bytes=counted.payload, bytes_per_rank=counted.per_rank,
                         total_bytes=counted.total, rounds=counted.rounds, formula=counted.formula)

@@ -15,7 +15,8 @@ parts (framework, threads, settings, process_group) strict JSON the store can ho
 window two marks, the end after the start. An `ok` result of a `data_parallel` request names its
 framework and has its first, measured iterations and window; an `ok` result of a `collectives`
 request has one row per requested size for every requested collective, each skipped (saying why)
-or measured (bytes, iteration times, whether it was correct).
+or measured (bytes, iteration times, whether it was correct); an `ok` result of a `convergence`
+request has its seeded run (worker_result.ConvergenceRun's checks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .worker_result import (
     INT64_MAX,
+    ConvergenceRun,
     PROTOCOL_VERSION,
     Reason,
     Traceback,
@@ -67,6 +69,18 @@ class CollectiveRow(_Strict):
     error: str | None = None
 
 
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+PerStep = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class AllToAllPerStep(_Strict):
+    """Expert parallelism's all-to-alls per measured step (distributed_harness.measure_data_parallel)."""
+
+    seconds: PerStep | None  # None: not timed apart (inside one compiled program)
+    bytes: PerStep
+    calls: PerStep
+
+
 class RankResult(_Strict):
     """rank<R>.json, for both actions (data_parallel, collectives)."""
 
@@ -92,8 +106,13 @@ class RankResult(_Strict):
     iter_s: list[Seconds] = []
     local_iter_s: list[Seconds] | None = None
     window_monotonic_ns: list[Mark] = []
+    losses: list[Finite] | None = None  # the loss after the first and each warm-up step, where read
+    all_to_all: AllToAllPerStep | None = None  # expert parallelism only
     # action collectives
     collectives: dict[str, list[CollectiveRow]] | None = None
+    # action convergence (the convergence suite with --workers): the seeded run, every rank's the
+    # same loop; window_monotonic_ns spans it
+    convergence: ConvergenceRun | None = None
 
     @field_validator("window_monotonic_ns")
     @classmethod
@@ -125,6 +144,8 @@ class RankResult(_Strict):
                     raise _FieldProblem(field, "an ok result of a data_parallel request has none")
         elif action == "collectives":
             self._all_collectives(request)
+        elif action == "convergence" and self.convergence is None:
+            raise _FieldProblem("convergence", "an ok result of a convergence request has no run")
         return self
 
     def _all_collectives(self, request: dict) -> None:

@@ -16,7 +16,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from ..axes import REQUEST_AXES, Axis, Compile, RequestAxis
-from ..axes import CompressionMethod  # [distributed] compression_refused
+from ..axes import CompressionMethod, Parallelism  # [distributed] compression_refused, parallelism_refused
 from ..definitions.distributed import Collective
 from ..definitions.loader import DefinitionError
 from ..performance.communication import SCHEDULES
@@ -101,12 +101,18 @@ class _DistributedLaunchSection(_Section):
     collectives_not_offered: dict[Collective, Annotated[str, Field(min_length=1)]] = {}
     # why the data-parallel step leaves out a gradient compression method (the skipped run says it)
     compression_refused: dict[CompressionMethod, Annotated[str, Field(min_length=1)]] = {}
+    # why the training step leaves out a parallelism (expert: the skipped run says it)
+    parallelism_refused: dict[Parallelism, Annotated[str, Field(min_length=1)]] = {}
+    # why its ranks cannot train a convergence task (the convergence suite with --workers): the
+    # skipped record says it; absent: they can (the rank's prepare_distributed_convergence)
+    convergence_not_offered: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _refused_not_run(self):
-        both = [m.value for m in self.compression_refused if m in getattr(self, "compressions", ())]
-        if both:
-            raise ValueError(f"compression_refused gives a reason for {', '.join(both)}, which compressions lists")
+        for refused, listed in (("compression_refused", "compressions"), ("parallelism_refused", "parallelisms")):
+            both = [m.value for m in getattr(self, refused) if m in getattr(self, listed, ())]
+            if both:
+                raise ValueError(f"{refused} gives a reason for {', '.join(both)}, which {listed} lists")
         return self
 
 
@@ -204,13 +210,16 @@ class DistributedLaunch:
     # collective -> why the engine offers none (runner.toml [distributed.collectives_not_offered])
     collectives_not_offered: tuple[tuple[str, str], ...] = ()
     compression_refused: tuple[tuple[CompressionMethod, str], ...] = ()  # (method left out, why)
+    parallelism_refused: tuple[tuple[Parallelism, str], ...] = ()  # (parallelism left out, why)
+    convergence_not_offered: str | None = None  # why its ranks train no convergence task; None: they do
 
     def not_offered(self, collective: str) -> str | None:
         return dict(self.collectives_not_offered).get(collective)
 
-    def compression_refusal(self, method: CompressionMethod) -> str | None:
-        """runner.toml's reason for leaving out `method`, None where it gives none."""
-        return dict(self.compression_refused).get(method)
+    def refusal_reason(self, value) -> str | None:
+        """runner.toml's reason for leaving out a compression method or a parallelism, None where
+        it gives none."""
+        return dict(self.compression_refused + self.parallelism_refused).get(value)
 
 
 @dataclass(frozen=True)
@@ -291,7 +300,9 @@ def _load(folder: Path) -> RunnerInfo:
         distributed = DistributedLaunch(_existing(path, folder, "distributed.worker", toml.distributed.worker),
                                         toml.distributed.launch, Capabilities.of_distributed(toml.distributed),
                                         tuple(toml.distributed.collectives_not_offered.items()),
-                                        tuple(toml.distributed.compression_refused.items()))
+                                        tuple(toml.distributed.compression_refused.items()),
+                                        tuple(toml.distributed.parallelism_refused.items()),
+                                        toml.distributed.convergence_not_offered)
     capabilities = Capabilities.of_section(toml.capabilities)
     if not capabilities.supports(toml.execution.compile):
         raise DefinitionError(path, "execution.compile", f"{toml.execution.compile.value!r} is not in "

@@ -166,6 +166,15 @@ class RunView:
     target: float | None = None
     input_bound_pct: float | None = None
     accuracy_curve: tuple = ()
+    # a data-parallel run (schemas 5, 16, 17, 20): its workers, the shaped link it ran on (as asked
+    # and its rate), its gradient compression; a compressed convergence run's speedup over the
+    # dense run of its invocation (score against score) or why there is none
+    workers: int | None = None
+    link: str | None = None
+    link_rate_bps: float | None = None
+    compression: str | None = None
+    dense_speedup: float | None = None
+    dense_reason: str | None = None
 
     def to_json(self) -> dict:
         # the fields are plain values and tuples of floats: no deep copy (dataclasses.asdict) needed
@@ -316,7 +325,21 @@ def run_view(r: Record, page: str | None = None, peaks: Peaks | None = None) -> 
         energy_missing=energy_missing, repeats=s.repeats if s else len(r.repeats),
         iterations=s.iterations if s else 0, network_page=network_page_name(r.network.hash),
         **utilisation(r, peaks), **loadgen_fields(r), **_generation_figures(r), **_convergence_view(r),
+        **_data_parallel_view(r),
     )
+
+
+def _data_parallel_view(r: Record) -> dict:
+    """Workers, link and compression of a multi-worker run (none for a single-process one)."""
+    if r.distributed is None:
+        return {}
+    out = {"workers": r.distributed.workers, "compression": r.workload.compression}
+    if r.link is not None:
+        out.update(link=r.link.asked, link_rate_bps=r.link.rate_bps)
+    against = r.convergence.against_dense if r.convergence else None
+    if against is not None:
+        out.update(dense_speedup=against.score_speedup, dense_reason=against.reason)
+    return out
 
 
 def _generation_figures(r: Record) -> dict:

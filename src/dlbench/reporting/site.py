@@ -5,6 +5,8 @@
     OUT/runs/<run id>.html      one page per run
     OUT/history.html            every series over time, change points marked
     OUT/runs.html               every run
+    OUT/compression.html        gradient compression: speedup over dense against link bandwidth, and
+                                time to accuracy of data-parallel convergence runs
     OUT/compare.html            with --compare BASELINE CANDIDATE
     OUT/static/                 the stylesheet and the table script (the only things a page loads)
 
@@ -59,6 +61,7 @@ from ..store.store import Store, StoreError, file_digest, read_regular
 from ..store.utilisation import Peaks
 from ..version import __version__
 from . import charts, pages
+from .compression_view import compression_context
 from .model import RunView, SiteModel, build_model, run_page_name, slug
 from .run_page import network_definition, run_context
 
@@ -339,6 +342,8 @@ def render_aggregates(model: SiteModel, build_dir: Path, generated_at: str, spli
         history_and_benchmarks()
     _write(build_dir / "index.html", env.get_template("index.html.j2").render(**top, **pages.index_context(model)))
     _write(build_dir / "runs.html", env.get_template("runs.html.j2").render(**top, model=model))
+    _write(build_dir / "compression.html", env.get_template("compression.html.j2").render(
+        **top, **compression_context(model)))
     if has_compare:
         _write(build_dir / "compare.html", env.get_template("compare.html.j2").render(
             **top, model=model, **pages.compare_context(model.comparison, model)))

@@ -87,11 +87,22 @@ def update_to_17(data: dict) -> dict:
     return data
 
 
+def update_to_20(data: dict) -> dict:
+    """20 added expert parallelism: every older data-parallel training record (a training workload
+    with a `distributed` part) held the whole network on every worker, so its parallelism is
+    "data"; other records have none (None)."""
+    workload = data.get("workload")
+    if isinstance(workload, dict) and workload.get("mode") == "train" and data.get("distributed") \
+            and "parallelism" not in workload:
+        workload["parallelism"] = "data"
+    return data
+
+
 # The versions that only added fields an older record lacks and the model defaults to "none" (None,
 # {}, []; record.py's history says which): a record of the version before reads as one of them
 # with nothing changed but its version number. Each is still a step, so that every version says
 # how a record reaches it.
-MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18)
+MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19)
 
 
 def _version_only(data: dict) -> dict:
@@ -99,7 +110,7 @@ def _version_only(data: dict) -> dict:
 
 
 STEPS = {2: update_to_2, 3: update_to_3, 4: update_to_4, 6: update_to_6, 7: update_to_7, 8: update_to_8, 17: update_to_17,
-         **dict.fromkeys(MODEL_DEFAULTS_SUFFICE, _version_only)}
+         20: update_to_20, **dict.fromkeys(MODEL_DEFAULTS_SUFFICE, _version_only)}
 
 
 def upgrade(data: dict, target: int) -> dict:

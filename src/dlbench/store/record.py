@@ -154,6 +154,28 @@ records step by step and refuse newer ones):
     link (a shaped one, --link) say something. Older records read with None, which is true of them:
     dlbench refused to oversubscribe before (the model's
     defaults: no migration).
+  19 (2026-12-07) time to accuracy of data-parallel training (`dlbench run --suite convergence
+    --workers N [--compression ...] [--link ...]`, issue 44): a convergence record of N > 1
+    workers has `distributed` (workers, placement, launch, backend, per-worker and global batch,
+    the method's analytical `exchange`), `workload.compression`, `link` on a shaped link, and a
+    benchmark name with the workers and link (`digits_cnn-w2@1gbit`); each seeded run's
+    `wire_sent_bytes` (per worker, the frame bytes its link port carried over the whole job,
+    initialisation included) on a link; and `convergence.against_dense` (DenseComparison) on a
+    compressed run: the dense run of the same invocation it is compared with, seed by seed (time
+    to target of each, the speedup, or why there is none: a seed that did not reach the target)
+    and score against score. Older records have none (the model's defaults: no migration).
+  20 (2026-12-07) expert parallelism (`dlbench run --suite distributed --parallelism expert`, issue
+    45): `workload.parallelism` (data | expert; None where the run is no distributed training)
+    pairs runs as the other axes do; `distributed.step_losses`, the training loss after the first
+    step and each warm-up step of the first repeat, the mean over the ranks (data and expert
+    parallelism of one network from the same weights and data must agree); and for expert
+    parallelism `distributed.all_to_all` (AllToAllInfo: the experts per worker, the bytes a rank
+    sends to the others per step by the dispatch and combine all-to-alls, forward and backward, the
+    seconds per step in them and their share of the step). `distributed.grad_bytes` and
+    `distributed.exchange` of an expert-parallel run count the weights still all-reduced (every one
+    but the experts'). Older data-parallel training records read with parallelism "data"
+    (update_to_20), and with none of the rest (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
@@ -165,10 +187,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..axes import Scenario
+from ..axes import Parallelism, Scenario
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 20
 
+PARALLELISMS = Parallelism.names()  # runners/common/contract.py Parallelism, as a record spells them
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
 # a repeat may also be `contended`: it ran, but other processes took the worker's CPU during its
@@ -307,6 +330,9 @@ class Workload(_Model):
     # how a data-parallel job exchanged its gradients (schema 17, runners/common/contract.py
     # Compression: none, fp16, powersgd:4, topk:0.01, 2bit:0.5, ...); None: not data-parallel training
     compression: str | None = None
+    # how a training job of the distributed suite split the network over its workers (schema 20,
+    # runners/common/contract.py Parallelism); None: not distributed training
+    parallelism: Literal[PARALLELISMS] | None = None
 
 
 class Settings(_Model):
@@ -377,6 +403,22 @@ class Oversubscription(_Model):
     cores: Int64  # the cores they shared
 
 
+class AllToAllInfo(_Model):
+    """Expert parallelism's all-to-alls (schema 20): tokens dispatched to the workers holding their
+    experts and the experts' outputs combined back, forward and backward. Per measured step, from
+    each rank's totals around the measured window, pooled over the repeats."""
+
+    experts_per_worker: list[Int64]  # per Mixture-of-Experts layer, in order
+    dispatch: str  # how tokens are sent: dropless, or with a capacity (the runner's words)
+    bytes_per_step: float  # mean over the ranks of the bytes a rank sends to the others per step
+    calls_per_step: float  # all-to-alls one rank makes per step (counts, dispatch, combine, their backward)
+    # the slowest rank's mean time in them per step (waiting for peers included); None where the
+    # runner cannot time them apart (inside one compiled program: `timing` says what it measured)
+    seconds_per_step: float | None = None
+    share: float | None = None  # seconds_per_step / the slowest rank's median step
+    timing: str | None = None  # how the runner timed them (settings.runner.expert_parallel)
+
+
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
@@ -397,6 +439,9 @@ class DistributedInfo(_Model):
     scaling: Scaling | None = None  # training runs
     exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
     oversubscribed: Oversubscription | None = None  # --oversubscribe and more threads than cores (schema 18)
+    # the loss after the first step and each warm-up step of the first repeat, mean over the ranks (schema 20)
+    step_losses: list[float] | None = None
+    all_to_all: AllToAllInfo | None = None  # expert-parallel training runs (schema 20)
 
 
 class CommSize(_Model):
@@ -542,6 +587,29 @@ class ConvergenceRun(_Model):
     pipeline: dict[str, Any] = {}
     mllog: str | None = None  # the MLLOG file, relative to the store (mllog/<run_id>/seed-<seed>.log)
     mllog_sha256: str | None = None
+    # a data-parallel run on a shaped link: frame bytes each worker's hub-side port received from
+    # it over the whole job (initialisation, training and evaluations), rank order (schema 19)
+    wire_sent_bytes: list[float] = []
+
+
+class SeedAgainstDense(_Model):
+    """One seed of a compressed data-parallel convergence run beside the same seed run dense."""
+
+    seed: Int64
+    dense_s: float | None = None  # the dense run's time to target (None: it did not reach it)
+    time_s: float | None = None  # this run's
+    speedup: float | None = None  # dense_s / time_s; None: reason says why
+    reason: str | None = None
+
+
+class DenseComparison(_Model):
+    """A compressed data-parallel convergence run against the dense one (compression none, same
+    task, framework, workers, link and seeds) run in the same invocation (schema 19)."""
+
+    dense_run_id: str
+    seeds: list[SeedAgainstDense]
+    score_speedup: float | None = None  # the dense score over this score
+    reason: str | None = None  # why there is no score_speedup
 
 
 class ConvergenceInfo(_Model):
@@ -569,6 +637,7 @@ class ConvergenceInfo(_Model):
     epochs_to_target: float | None = None  # mean over the scored runs
     input_bound_share: float | None = None  # mean over the runs that trained
     reason: str | None = None
+    against_dense: DenseComparison | None = None  # a compressed data-parallel run (schema 19)
 
 
 class LinkMeasurement(_Model):

@@ -9,10 +9,18 @@ runs it, printing nothing:
 
     from dlbench.workflows import RunRequest, run_suite
     records = run_suite(RunRequest(suite="convergence", framework=["torch"], profile="smoke"))
+
+With --workers N (N > 1) each seed is a data-parallel job of N ranks training on the task's global
+batch (each rank its share), once dense and once per --compression method asked (`all`: every
+one), on a shaped link with --link; each compressed run is compared seed by seed with the dense one
+(execution/convergence.py). On one worker --compression and --link are refused: nothing is
+exchanged there. Refused as well: a task batch N does not divide, --env docker (multi-worker jobs
+run in venvs), and what the distributed kind refuses of --link (distributed.py _link_spec).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,11 +35,13 @@ from ..machine import available_cpus
 from ..store.store import Store
 from . import lookup
 from .events import Silent
-from .lookup import check_choice
+from .lookup import check_choice, listed_compressions
 from .requests import RequestError, RunRequest
 
 if TYPE_CHECKING:
     from ..execution.convergence import PlannedConvergenceRun
+    from ..execution.distributed import DistributedOptions
+    from ..execution.links import LinkSpec
     from ..execution.orchestrator import RunOptions
     from ..store.record import Record
 
@@ -50,7 +60,13 @@ class ConvergencePlan:
     precision: str | None
     options: RunOptions
     store: Store
+    jobs: DistributedOptions | None = None  # --workers N > 1: the data-parallel jobs' placement and threads
+    link: LinkSpec | None = None  # --link: the jobs' ranks on a shaped link, made when they start
     kind = "convergence"
+
+    @property
+    def workers(self) -> int:
+        return self.jobs.placement.workers if self.jobs is not None else 1
 
     @property
     def steps(self) -> int:
@@ -101,13 +117,48 @@ def plan_convergence_suite(request: RunRequest, suites: SuiteCatalog | None = No
                 folders[t.name] = r.data.resolve()
     except DataError as e:
         raise RequestError(str(e)) from None
-    threads = r.threads or available_cpus()
+    jobs, link, compressions = _data_parallel(r, device, tasks, suite_path)
+    threads = jobs.threads if jobs is not None else (r.threads or available_cpus())
     runners = [lookup.runner(registry, n) for n in names]
     store = lookup.writable_store(r.store)
     options = RunOptions(device=device, env_backend=r.env, threads=threads, repeats=None, timeout_s=r.timeout,
                          cache=paths.cache_dir(), telemetry=None)
     return ConvergencePlan(r, tasks[0].suite if tasks else suite_path.stem, tasks, runners,
-                           plan_convergence(runners, tasks), folders, precision, options, store)
+                           plan_convergence(runners, tasks, compressions), folders, precision, options, store,
+                           jobs, link)
+
+
+def _data_parallel(r: RunRequest, device: str, tasks: list[ConvergenceTask], suite_path: Path):
+    """(job options, link, methods) of a request with --workers N > 1 (the methods dense first);
+    (None, None, None) on one worker, where --compression and --link are refused."""
+    from ..execution.distributed import DistributedOptions
+    from ..execution.placement import PlacementError, detect
+    from .distributed import _link_spec
+
+    workers = r.workers or 1
+    if workers == 1:
+        for given, flag in ((r.compression, "--compression"), (r.link, "--link")):
+            if given:
+                raise RequestError(f"{flag}: a convergence task on one worker exchanges no gradients; "
+                                   "give --workers 2 or more for data-parallel training")
+        return None, None, None
+    if r.env == "docker":
+        raise RequestError("--env docker does not run multi-worker jobs yet; use --env venv or current")
+    for t in tasks:
+        if t.spec.batch_size % workers:
+            raise RequestError(f"{suite_path}: task {t.name}: batch_size {t.spec.batch_size} does not split evenly "
+                               f"over --workers {workers} (each rank trains on an equal share of the global batch)")
+    methods = listed_compressions(r.compression) or []
+    methods = ["none"] + [m for m in methods if m != "none"]
+    link = _link_spec(r, device) if r.link is not None else None
+    try:
+        placement = detect(workers, available_cpus())
+        threads = placement.threads_per_worker(r.threads, oversubscribe=r.oversubscribe)
+    except PlacementError as e:
+        raise RequestError(str(e)) from None
+    jobs = DistributedOptions(device=device, env_backend=r.env, placement=placement, threads=threads,
+                              scaling="strong", timeout_s=r.timeout, cache=paths.cache_dir())
+    return jobs, link, methods
 
 
 def execute_convergence_suite(plan: ConvergencePlan, events=None, records: list[Record] | None = None) -> list[Record]:
@@ -121,11 +172,46 @@ def execute_convergence_suite(plan: ConvergencePlan, events=None, records: list[
 
     events = events or Silent()
     records = [] if records is None else records
+    if plan.jobs is not None:
+        return _execute_data_parallel(plan, events, records)
     orch = Orchestrator(plan.store, plan.options, events)
     for run in plan.runs:
         record = execute_convergence_run(orch, run, plan.folders[run.task.name], plan.precision, events)
         records.append(record)
         events.run_done(run, record)
+    lookup.refresh_index(plan.store)
+    return records
+
+
+def _execute_data_parallel(plan: ConvergencePlan, events, records: list[Record]) -> list[Record]:
+    """The data-parallel runs: with --link the link made and measured first (events.link_ready),
+    every job on it, removed however they end (as the distributed kind does); each compressed run
+    compared with the dense run of its (task, framework)."""
+    from ..execution.convergence import execute_convergence_run
+    from ..execution.distributed import DistributedOrchestrator
+    from ..execution.links import shaped_link
+    from ..execution.placement import namespace_placement
+    from ..execution.wire import measure
+
+    dense: dict[tuple[str, str], Record] = {}
+    with contextlib.ExitStack() as stack:
+        options = plan.jobs
+        if plan.link is not None:  # removed when the block ends, however it ends
+            link = stack.enter_context(shaped_link(plan.link, options.placement.workers))
+            measured = measure(link)
+            events.link_ready(link, measured)
+            options = replace(options, link=link, link_measured=measured, placement=namespace_placement(
+                [link.address(i) for i in range(link.workers)], [link.namespace(i) for i in range(link.workers)],
+                options.placement.hosts[0].cpus))
+        orch = DistributedOrchestrator(plan.store, options, events)
+        for run in plan.runs:
+            key = (run.runner.name, run.task.name)
+            record = execute_convergence_run(orch, run, plan.folders[run.task.name], plan.precision, events,
+                                             dense=dense.get(key))
+            if run.compression == "none":
+                dense[key] = record
+            records.append(record)
+            events.run_done(run, record)
     lookup.refresh_index(plan.store)
     return records
 

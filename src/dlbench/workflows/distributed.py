@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import paths
-from ..axes import Precision
+from ..axes import Parallelism, Precision
 from ..definitions.catalog import SuiteCatalog
 from ..definitions.loader import DefinitionError
 from ..execution.registry import RunnerInfo
@@ -82,6 +82,7 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
         check_choice("scaling", r.scaling, list(SCALINGS))
     precisions = listed_choices("precision", r.precision, Precision.runs())
     compressions = listed_compressions(r.compression)  # RequestError: one that does not parse
+    parallelisms = listed_choices("parallelism", r.parallelism, Parallelism.runs())
     try:
         suite = suites.load_distributed_suite(suite_path, r.profile, device)
     except DefinitionError as e:
@@ -99,6 +100,8 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
         chosen = [dataclasses.replace(b, precision=p) for b in chosen for p in precisions]
     if compressions is not None:  # and once per compression asked, a runner's refusal recorded as well
         chosen = [dataclasses.replace(b, compression=c) for b in chosen for c in compressions]
+    if parallelisms is not None:  # and once per parallelism asked (expert: checked below, with the workers)
+        chosen = [dataclasses.replace(b, parallelism=p) for b in chosen for p in parallelisms]
     comm = suite.comm
     if comm is not None and r.benchmark:
         comm = dataclasses.replace(comm, collectives=tuple(c for c in comm.collectives if c in r.benchmark))
@@ -109,6 +112,7 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
     except PlacementError as e:
         raise RequestError(str(e)) from None
     scaling = r.scaling or suite.scaling
+    _check_expert_parallel(chosen, placement.workers, suite_path, suite.benchmarks)
     for b in chosen:
         for batch in b.batch_sizes:
             try:
@@ -127,6 +131,38 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
                                  predictor=predictor if kind == "distributed" else None)
     steps = sum(planned_runs(chosen, comm, placement.workers) for _ in runners)
     return DistributedPlan(r, kind, suite, chosen, comm, runners, options, store, steps, predicted_from, link)
+
+
+def _check_expert_parallel(chosen: list[DistributedBenchmark], workers: int, suite_path,
+                           suite_benchmarks=()) -> None:
+    """--parallelism expert asks for something only a network with Mixture-of-Experts layers has,
+    sharded whole over two workers at least: a network without experts, too few workers, experts
+    that do not split evenly over them, or a gradient compression (data parallelism's) with it are
+    refused before anything runs."""
+    from ..definitions.distributed import moe_experts
+
+    expert = [b for b in chosen if b.parallelism == Parallelism.EXPERT.value]
+    if not expert:
+        return
+    if workers < 2:
+        raise RequestError(f"--parallelism expert shards the experts over 2 workers at least (--workers {workers})")
+    for b in expert:
+        experts = moe_experts(b.network.resolved)
+        if not experts:
+            with_experts = sorted({c.network.name for c in (*chosen, *suite_benchmarks)
+                                   if moe_experts(c.network.resolved)})
+            hint = (f"choose {', '.join(with_experts)} with --benchmark" if with_experts
+                    else "this suite has none")
+            raise RequestError(f"{suite_path}: benchmarks: {b.network.name}: --parallelism expert needs "
+                               f"Mixture-of-Experts layers to shard, and {b.network.name} has none ({hint})")
+        if b.compression != "none":
+            raise RequestError(f"--parallelism expert with --compression {b.compression}: an expert-parallel job "
+                               "all-reduces the gradients of the weights it does not shard densely (compression "
+                               "is data parallelism's); ask for the two in separate runs")
+        uneven = sorted({e for e in experts if e % workers})
+        if uneven:
+            raise RequestError(f"{suite_path}: benchmarks: {b.network.name}: --parallelism expert: "
+                               f"{uneven[0]} experts do not split evenly over {workers} workers")
 
 
 def _link_spec(r: RunRequest, device: str) -> LinkSpec:

@@ -53,6 +53,7 @@ class RunRequest:
     link: str | None = None
     compression: list[str] | None = None
     oversubscribe: bool = False
+    parallelism: list[str] | None = None
 
     def given(self) -> dict[str, object]:
         """The fields set away from their defaults: what this request asks for beyond the defaults."""

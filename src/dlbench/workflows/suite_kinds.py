@@ -31,7 +31,11 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                parallelism; passing it on unchecked ran fp32 silently before. --compression the
                same way: each job's request says how its gradients are exchanged, and a method
                a runner's [distributed] compressions leave out is a skipped run giving its reason
-               (compression_refused). No --compile: the data-parallel request carries none, each runner compiles
+               (compression_refused). --parallelism too: data, or expert (a network's experts sharded
+               over the workers), whose impossible cases (no experts, one worker, experts that do not
+               split evenly, a compression beside it) the planner refuses (workflows/distributed.py),
+               and which a runner's [distributed] parallelisms may leave out (parallelism_refused).
+               No --compile: the data-parallel request carries none, each runner compiles
                (or not) as its own step does. No --mode, --scenario, adaptive repeats: jobs train
                for a fixed number of iterations. No equivalence check before timing (--no-check),
                no telemetry or contention options: the job launcher samples none.
@@ -40,13 +44,18 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                --oversubscribe: more ranks (x threads) on a machine than it has cores, refused
                without it; the records say so (distributed.oversubscribed), as does the header.
   comm         as distributed, less --precision (collectives run in the suite's dtype),
-               --compression (no gradients) and --scaling (no batch to scale).
+               --compression and --parallelism (no training) and --scaling (no batch to scale).
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
                no precision, compile, mode, scenario, adaptive repeats, telemetry, placement.
   convergence  trains each task to its target once per seed (--repeats: the seeds): --precision
-               (one at a time) and --data (the datasets' folder); nothing else beyond the common ones.
-               No --link: its tasks train on one worker (none of them is distributed yet), so a link
-               would carry nothing.
+               (one at a time) and --data (the datasets' folder). --workers N (N > 1): each seed a
+               data-parallel job of N ranks on the task's global batch (workflows/convergence.py),
+               with --compression (each method a run beside dense, compared seed by seed) and
+               --link (the ranks on a shaped link) and --oversubscribe (4 workers on this
+               2-core machine), as the distributed kind takes them; the first two refused on
+               one worker, where nothing is exchanged. No --scaling (the task's batch
+               and schedule are its definition: always strong), no --hosts (the datasets' folder
+               is read on this machine).
 """
 
 from __future__ import annotations
@@ -130,7 +139,8 @@ SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
               COMMON | {"workers", "hosts", "link", "oversubscribe"}, plan_distributed, execute_distributed),
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
               execute_kernels),
-    SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"},
+    SuiteKind("convergence", "training each task to its quality target once per seed",
+              COMMON | {"data", "workers", "link", "oversubscribe"},
               plan_convergence_suite, execute_convergence_suite),
 )}
 

@@ -25,6 +25,12 @@ def counts(positions: int, dim: int, hidden: int, experts: int, top_k: int) -> t
     return experts * expert_params + router_params, flops
 
 
+def is_expert_tensor(name: str) -> bool:
+    """Whether a canonical tensor name (tensors() below) is an expert's weight, the part expert
+    parallelism shards over the workers rather than all-reducing."""
+    return ".experts." in name
+
+
 def tensors(prefix: str, dim: int, hidden: int, experts: int) -> dict[str, tuple[int, ...]]:
     """router (E, D); the experts' weights stacked on a leading expert axis: gate and up (E, hidden,
     D), down (E, D, hidden), each expert's in the dense layout (out x in)."""
