@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DLBENCH = str(Path(sys.executable).parent / "dlbench")
+
+
+def load_average() -> str:
+    """The 1-minute load average: every figure here is printed beside it (this machine is shared)."""
+    return Path("/proc/loadavg").read_text().split()[0]
 
 
 def run_once(framework: str, env: str, args, store: Path) -> dict:
@@ -74,30 +80,95 @@ def build(args) -> None:
     from dlbench.execution.container_engine import ContainerEngine
 
     engine = ContainerEngine()
-    print("framework | seconds | image size (MB) | status")
+    print("framework | seconds | image size (MB) | load average before, after | status")
     for framework in args.frameworks.split(","):
         subprocess.run([DLBENCH, "env", "remove", framework, "--env", "docker"], capture_output=True, text=True)
+        load_before = load_average()
         started = time.monotonic()
         done = subprocess.run([DLBENCH, "env", "create", framework, "--env", "docker", "--device", "cpu"],
                               capture_output=True, text=True)
         seconds = time.monotonic() - started
         tag = done.stdout.strip().rsplit(": ", 1)[-1] if done.returncode == 0 else None
         size = engine.inspect_images(tag)[0].size_bytes / 1e6 if tag else float("nan")
-        print(f"{framework} | {seconds:.0f} | {size:.0f} | {'ok' if done.returncode == 0 else done.stderr[-300:]}",
+        print(f"{framework} | {seconds:.0f} | {size:.0f} | {load_before}, {load_average()} | {'ok' if done.returncode == 0 else done.stderr[-300:]}",
               flush=True)
+
+
+# One worker of `share`: THREADS processes each spinning for SECONDS; prints the CPU seconds they got.
+_SPIN = """
+import multiprocessing as mp, os, sys, time
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+threads, seconds = int(sys.argv[1]), float(sys.argv[2])
+procs = [mp.Process(target=spin, args=(seconds,)) for _ in range(threads)]
+[p.start() for p in procs]
+[p.join() for p in procs]
+t = os.times()
+print(t.children_user + t.children_system)
+"""
+
+
+def share(args) -> None:
+    """CPU seconds a container's worker gets against the same worker on the host, both running at
+    once beside `--load` spinning host processes: 1.0 where the container weighs what its threads
+    weigh on the host. Once as dlbench ran containers before (the engine's own cgroup), once with the
+    placement dlbench now asks for (the caller's cgroup, the threads' weight)."""
+    from dlbench.execution.containers import cpu_placement
+    from dlbench.execution.container_engine import ContainerEngine
+
+    engine = ContainerEngine()
+    placed = cpu_placement(engine)
+    print(f"placement now: {placed.describe()}")
+    variants = {"engine default": [], "dlbench placement": placed.options(args.threads, os.nice(0))}
+    print("round | variant | container CPU s | host CPU s | container / host | load average")
+    ratios: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(args.rounds):
+        for variant, options in (variants.items() if r % 2 == 0 else reversed(variants.items())):
+            # the load: processes of other sessions (another user's jobs), each its own autogroup
+            load = [subprocess.Popen([sys.executable, "-c", _SPIN, "1", str(args.seconds + 2)], start_new_session=True,
+                                     stdout=subprocess.DEVNULL) for _ in range(args.load)]
+            # other containers of the same engine (another benchmark, a build's RUN step), in its own cgroup
+            rivals = [subprocess.Popen(engine.command("run", "--rm", "--network", "none", "--entrypoint", "python3",
+                                                      args.image, "-c", _SPIN, "1", str(args.seconds + 2)),
+                                       stdout=subprocess.DEVNULL) for _ in range(args.rival_containers)]
+            container = subprocess.Popen(engine.command("run", "--rm", "--init", "--network", "none", *options,
+                                                        "--entrypoint", "python3", args.image, "-c", _SPIN,
+                                                        str(args.threads), str(args.seconds)),
+                                         stdout=subprocess.PIPE, text=True)
+            time.sleep(0.5)  # the container's start (its client's round trips), so both spin side by side
+            host = subprocess.run([sys.executable, "-c", _SPIN, str(args.threads), str(args.seconds)],
+                                  stdout=subprocess.PIPE, text=True)
+            out, _ = container.communicate()
+            for p in load + rivals:
+                p.wait()
+            c, h = float(out.strip().splitlines()[-1]), float(host.stdout.strip())
+            ratios[variant].append(c / h)
+            print(f"{r + 1} | {variant} | {c:.2f} | {h:.2f} | {c / h:.2f} | {load_average()}", flush=True)
+    for variant, values in ratios.items():
+        print(f"{variant}: median container/host {statistics.median(values):.2f} "
+              f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} rounds)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["ratio", "build"])
+    parser.add_argument("what", choices=["ratio", "build", "share"])
     parser.add_argument("--frameworks", default="torch,tensorflow,jax,mxnet")
     parser.add_argument("--suite", default="cnn")
     parser.add_argument("--benchmark", default="alexnet_r")
     parser.add_argument("--profile", default="smoke")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None)  # share: 2 where not given
+    parser.add_argument("--load", type=int, default=4, help="share: spinning host processes beside the pair")
+    parser.add_argument("--rival-containers", type=int, default=0,
+                        help="share: spinning containers of the same engine, placed by the engine, beside the pair")
+    parser.add_argument("--seconds", type=float, default=10.0, help="share: how long each worker spins")
+    parser.add_argument("--image", default="dlbench/base:bookworm-local", help="share: an image with python3")
     args = parser.parse_args()
-    ratio(args) if args.what == "ratio" else build(args)
+    if args.what == "share" and not args.threads:
+        args.threads = 2
+    {"ratio": ratio, "build": build, "share": share}[args.what](args)
 
 
 if __name__ == "__main__":
