@@ -61,19 +61,39 @@ def ratio(args) -> None:
                     row = run_once(framework, env, args, Path(tmp) / env)
                     got[env] = row
                     print(f"{framework} round {r + 1} {env}: {row.get('status')} "
-                          f"{row.get('samples_per_s')} samples/s {row.get('reason') or ''}", flush=True)
+                          f"{row.get('samples_per_s')} samples/s load {load_average()} {row.get('reason') or ''}",
+                          flush=True)
                 if all(got[e].get("status") == "ok" and got[e].get("samples_per_s") for e in got):
                     pairs.append((float(got["docker"]["samples_per_s"]), float(got["venv"]["samples_per_s"])))
             results[framework] = pairs
-    print("\nframework | rounds | container samples/s (median) | venv samples/s (median) | ratio median | range")
+    print("\nframework | rounds | container samples/s (median) | venv samples/s (median) | ratio median | "
+          "95% CI of the median | range")
     for framework, pairs in results.items():
         if not pairs:
-            print(f"{framework} | 0 | - | - | - | -")
+            print(f"{framework} | 0 | - | - | - | - | -")
             continue
-        ratios = [d / v for d, v in pairs]
+        ratios = sorted(d / v for d, v in pairs)
+        low, high, level = median_interval(ratios)
         print(f"{framework} | {len(pairs)} | {statistics.median(d for d, _ in pairs):.2f} | "
               f"{statistics.median(v for _, v in pairs):.2f} | {statistics.median(ratios):.3f} | "
-              f"{min(ratios):.3f}-{max(ratios):.3f}")
+              f"{low:.3f}-{high:.3f} ({level:.0%}) | {ratios[0]:.3f}-{ratios[-1]:.3f}")
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of sorted `values`: the order statistics
+    values[k] and values[n-1-k] cover it with probability 1 - 2 P(Binomial(n, 1/2) <= k); the largest
+    k reaching `level` (with few rounds, k = 0: min and max, their coverage printed beside)."""
+    from scipy.stats import binom
+
+    n = len(values)
+
+    def coverage(k: int) -> float:
+        return float(1 - 2 * binom.cdf(k, n, 0.5))
+
+    k = 0
+    while 2 * (k + 1) < n - 1 and coverage(k + 1) >= level:
+        k += 1
+    return values[k], values[n - 1 - k], coverage(k)
 
 
 def build(args) -> None:
