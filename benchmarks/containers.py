@@ -42,7 +42,9 @@ def run_once(framework: str, env: str, args, store: Path) -> dict:
            "--no-check", "--no-telemetry", "--store", str(store)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    # a session of its own, as from a terminal: where the kernel groups tasks by session (autogroup),
+    # the venv's worker then weighs one session, not a share of this script's (and its other jobs')
+    subprocess.run(cmd, capture_output=True, text=True, timeout=3600, start_new_session=True)
     rows = json.loads(subprocess.run([DLBENCH, "results", "--store", str(store), "--format", "json"],
                                      capture_output=True, text=True, check=True).stdout)
     latest = max(rows, key=lambda r: r.get("started_at") or r.get("run_id"))
@@ -171,9 +173,81 @@ def share(args) -> None:
               f"(range {min(values):.2f}-{max(values):.2f}, {len(values)} rounds)")
 
 
+# One framework's float32 512^3 matrix product, repeated for SECONDS: products per CPU-second of the
+# process (all its threads) and per second. Per CPU-second is what the environment costs the work
+# itself, whatever share of the machine the process got.
+_MATMUL = {
+    "torch": "import torch; a = torch.rand(512, 512); b = torch.rand(512, 512)\ndef step(): torch.mm(a, b)",
+    "tensorflow": "import tensorflow as tf; a = tf.random.uniform((512, 512)); b = tf.random.uniform((512, 512))\n"
+                  "def step(): tf.linalg.matmul(a, b).numpy()",
+    "jax": "import jax, jax.numpy as jnp; a = jnp.ones((512, 512)); b = jnp.ones((512, 512))\n"
+           "def step(): jnp.dot(a, b).block_until_ready()",
+    "mxnet": "import mxnet as mx; a = mx.nd.ones((512, 512)); b = mx.nd.ones((512, 512))\n"
+             "def step(): mx.nd.dot(a, b).wait_to_read()",
+}
+_TIMED = """
+import sys, time
+{setup}
+seconds = float(sys.argv[1])
+step()
+c0, w0, n = time.process_time(), time.perf_counter(), 0
+while time.perf_counter() - w0 < seconds:
+    step()
+    n += 1
+print(n / (time.process_time() - c0), n / (time.perf_counter() - w0))
+"""
+
+
+def efficiency(args) -> None:
+    """Products per CPU-second in the image and in the venv, alternated (ABBA), with the median of
+    the per-round ratios: what running in a container costs the computation itself."""
+    from dlbench.execution.backends import backend
+    from dlbench.execution.registry import RunnerRegistry
+    from dlbench import paths
+
+    registry = RunnerRegistry(paths.runners_dir())
+    print("framework | round | container per CPU-s | venv per CPU-s | ratio | container per s | venv per s | load")
+    for framework in args.frameworks.split(","):
+        runner = registry.get(framework)
+        venv = backend("venv", paths.cache_dir()).existing(runner, "cpu")
+        image = backend("docker", paths.cache_dir()).existing(runner, "cpu")
+        if venv is None or image is None:
+            print(f"{framework} | - | no {'venv' if venv is None else 'image'}: build it first")
+            continue
+        code = _TIMED.format(setup=_MATMUL[framework])
+        threads = str(args.threads)
+        env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        container = image.container
+        ratios = []
+        for r in range(args.rounds):
+            got = {}
+            for side in (("docker", "venv") if r % 2 == 0 else ("venv", "docker")):
+                if side == "venv":
+                    cmd = [str(venv.python), "-c", code, str(args.seconds)]
+                else:
+                    cmd = container.engine.command(
+                        "run", "--rm", *container.run_options(), *container.cpu.options(args.threads, os.nice(0)),
+                        *[x for k, v in env.items() for x in ("--env", f"{k}={v}")], "--env", "HOME=/tmp",
+                        "--entrypoint", str(image.python), container.image, "-c", code, str(args.seconds))
+                done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env},
+                                      start_new_session=True)
+                line = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+                if done.returncode != 0 or not line:
+                    raise SystemExit(f"{framework} {side}: exit {done.returncode}: {done.stderr[-500:]}")
+                got[side] = [float(x) for x in line.split()]
+            ratio_r = got["docker"][0] / got["venv"][0]
+            ratios.append(ratio_r)
+            print(f"{framework} | {r + 1} | {got['docker'][0]:.1f} | {got['venv'][0]:.1f} | {ratio_r:.3f} | "
+                  f"{got['docker'][1]:.1f} | {got['venv'][1]:.1f} | {load_average()}", flush=True)
+        ratios.sort()
+        low, high, level = median_interval(ratios)
+        print(f"{framework}: per CPU-second, container / venv median {statistics.median(ratios):.3f}, "
+              f"{low:.3f}-{high:.3f} ({level:.0%} interval of the median), {len(ratios)} rounds", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["ratio", "build", "share"])
+    parser.add_argument("what", choices=["ratio", "build", "share", "efficiency"])
     parser.add_argument("--frameworks", default="torch,tensorflow,jax,mxnet")
     parser.add_argument("--suite", default="cnn")
     parser.add_argument("--benchmark", default="alexnet_r")
@@ -186,9 +260,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="share: how long each worker spins")
     parser.add_argument("--image", default="dlbench/base:bookworm-local", help="share: an image with python3")
     args = parser.parse_args()
-    if args.what == "share" and not args.threads:
+    if args.what in ("share", "efficiency") and not args.threads:
         args.threads = 2
-    {"ratio": ratio, "build": build, "share": share}[args.what](args)
+    {"ratio": ratio, "build": build, "share": share, "efficiency": efficiency}[args.what](args)
 
 
 if __name__ == "__main__":
