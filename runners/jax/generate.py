@@ -36,6 +36,33 @@ def decoder_class():
 
     tm = transformer_modules()
 
+    def attend_cached(module, q, k, v, index, length, dtype):
+        """Writes k and v (B, T, KV, S) at rows index .. index + T - 1 of the module's cache (B, length,
+        KV, S) and attends the queries (B, T, H, S) over the rows written so far; (B, T, H*S) back.
+        H a multiple of KV: the query heads read their key/value heads (grouped attention)."""
+        b, t, heads, size = q.shape
+        keys = module.variable("cache", "cached_key", jnp.zeros, (b, length, *k.shape[2:]), k.dtype)
+        values = module.variable("cache", "cached_value", jnp.zeros, (b, length, *v.shape[2:]), v.dtype)
+        # every index int32 (with x64 on, for the float64 check, a Python 0 would be int64)
+        index = jnp.asarray(index, jnp.int32)
+        zero = jnp.zeros((), jnp.int32)
+        keys.value = jax.lax.dynamic_update_slice(keys.value, k, (zero, index, zero, zero))
+        values.value = jax.lax.dynamic_update_slice(values.value, v, (zero, index, zero, zero))
+        # query at position index + i sees the rows written so far: 0 .. index + i
+        mask = (jnp.arange(length, dtype=jnp.int32)[None, :]
+                <= (index + jnp.arange(t, dtype=jnp.int32))[:, None])[None, None]
+        if jnp.dtype(dtype) == jnp.float64:
+            # as transformer.py's attention in float64: jax.nn's XLA implementation takes its softmax
+            # in float32, flax.linen's computes in the inputs' dtype (and has no grouped heads)
+            every = heads // k.shape[2]
+            cached_k, cached_v = keys.value, values.value
+            if every > 1:
+                cached_k, cached_v = jnp.repeat(cached_k, every, axis=2), jnp.repeat(cached_v, every, axis=2)
+            a = nn.dot_product_attention(q, cached_k, cached_v, mask=mask, dtype=dtype)
+        else:
+            a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask)
+        return a.reshape(b, t, heads * size)
+
     class CachedAttention(nn.Module):
         heads: int
         head_size: int
@@ -52,24 +79,8 @@ def decoder_class():
                 return nn.Dense(inner, use_bias=self.bias, dtype=self.dtype, name=name)(x).reshape(
                     b, t, self.heads, self.head_size)
 
-            q, k, v = heads("q"), heads("k"), heads("v")
-            shape = (b, self.length, self.heads, self.head_size)
-            keys = self.variable("cache", "cached_key", jnp.zeros, shape, k.dtype)
-            values = self.variable("cache", "cached_value", jnp.zeros, shape, v.dtype)
-            # every index int32 (with x64 on, for the float64 check, a Python 0 would be int64)
-            index = jnp.asarray(index, jnp.int32)
-            zero = jnp.zeros((), jnp.int32)
-            keys.value = jax.lax.dynamic_update_slice(keys.value, k, (zero, index, zero, zero))
-            values.value = jax.lax.dynamic_update_slice(values.value, v, (zero, index, zero, zero))
-            # query at position index + i sees the rows written so far: 0 .. index + i
-            mask = jnp.arange(self.length, dtype=jnp.int32)[None, :] <= (index + jnp.arange(t, dtype=jnp.int32))[:, None]
-            if jnp.dtype(self.dtype) == jnp.float64:
-                # as transformer.py's attention in float64: jax.nn's XLA implementation takes its softmax
-                # in float32, flax.linen's computes in the inputs' dtype
-                a = nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None], dtype=self.dtype)
-            else:
-                a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None])
-            return nn.Dense(d, use_bias=self.bias, dtype=self.dtype, name="out")(a.reshape(b, t, inner))
+            a = attend_cached(self, heads("q"), heads("k"), heads("v"), index, self.length, self.dtype)
+            return nn.Dense(d, use_bias=self.bias, dtype=self.dtype, name="out")(a)
 
     class CachedBlock(nn.Module):
         spec: dict
@@ -116,21 +127,8 @@ def decoder_class():
                 n = jax.lax.dynamic_slice_in_dim(jnp.asarray(sin, u.dtype), index, t)[None, :, None, :]
                 return u * c + jnp.concatenate([-u[..., size // 2:], u[..., :size // 2]], axis=-1) * n
 
-            q, k = rotate(q), rotate(k)
-            keys = self.variable("cache", "cached_key", jnp.zeros, (b, self.length, kv, size), k.dtype)
-            values = self.variable("cache", "cached_value", jnp.zeros, (b, self.length, kv, size), v.dtype)
-            zero = jnp.zeros((), jnp.int32)
-            keys.value = jax.lax.dynamic_update_slice(keys.value, k, (zero, index, zero, zero))
-            values.value = jax.lax.dynamic_update_slice(values.value, v, (zero, index, zero, zero))
-            mask = jnp.arange(self.length, dtype=jnp.int32)[None, :] <= (index + jnp.arange(t, dtype=jnp.int32))[:, None]
-            if jnp.dtype(self.dtype) == jnp.float64:
-                every = heads // kv
-                a = nn.dot_product_attention(q, jnp.repeat(keys.value, every, axis=2),
-                                             jnp.repeat(values.value, every, axis=2), mask=mask[None, None],
-                                             dtype=self.dtype)
-            else:
-                a = jax.nn.dot_product_attention(q, keys.value, values.value, mask=mask[None, None])
-            return nn.Dense(d, use_bias=False, dtype=self.dtype, name="out")(a.reshape(b, t, heads * size))
+            a = attend_cached(self, rotate(q), rotate(k), v, index, self.length, self.dtype)
+            return nn.Dense(d, use_bias=False, dtype=self.dtype, name="out")(a)
 
     class CachedLlamaBlock(nn.Module):
         """transformer.py's LlamaBlock with a cached attention, under the same parameter names."""

@@ -263,6 +263,21 @@ class SparseState:
         return torch.cat(picked)
 
 
+def _exchange(rank: int, edges, values, indices):
+    """One round of a gTop-k tree: the round's senders send their (values, indices) pairs to their
+    receivers (a rank is in one edge of a round at most). A receiver gets its sender's pairs (as
+    many as its own), every other rank None."""
+    torch = load_torch()
+    for sender, receiver in edges:
+        if rank == sender:
+            torch.distributed.send(_pack(values, indices), receiver)
+        elif rank == receiver:
+            packet = torch.empty(2 * indices.numel(), dtype=torch.float32)
+            torch.distributed.recv(packet, sender)
+            return _unpack(packet)
+    return None
+
+
 def _sizes(bucket) -> list[int]:
     return [g.numel() for g in bucket.gradients()]
 
@@ -309,33 +324,24 @@ def gtopk_hook(state: SparseState, bucket):
     every tensor's k largest of the summed pairs), rank 0's global pairs sent back down; a rank's
     residual keeps what it selected but the global set left out. Point-to-point, in the hook."""
     torch = load_torch()
-    dist = torch.distributed
     sizes = _sizes(bucket)
     accumulated = state.accumulated(bucket)
     mine = state.select(accumulated, sizes)
     indices, values = mine, accumulated[mine]
     reduce_rounds, broadcast_rounds = gtopk_tree(state.world_size)
     for edges in reduce_rounds:
-        for sender, receiver in edges:
-            if state.rank == sender:
-                dist.send(_pack(values, indices), receiver)
-            elif state.rank == receiver:
-                packet = torch.empty(2 * indices.numel(), dtype=torch.float32)
-                dist.recv(packet, sender)
-                their_values, their_indices = _unpack(packet)
-                merged = torch.zeros_like(accumulated)
-                merged.index_add_(0, indices, values)
-                merged.index_add_(0, their_indices, their_values)
-                indices = state.select(merged, sizes)
-                values = merged[indices]
+        received = _exchange(state.rank, edges, values, indices)
+        if received is not None:  # this rank merges: every tensor's k largest of the summed pairs
+            their_values, their_indices = received
+            merged = torch.zeros_like(accumulated)
+            merged.index_add_(0, indices, values)
+            merged.index_add_(0, their_indices, their_values)
+            indices = state.select(merged, sizes)
+            values = merged[indices]
     for edges in broadcast_rounds:
-        for sender, receiver in edges:
-            if state.rank == sender:
-                dist.send(_pack(values, indices), receiver)
-            elif state.rank == receiver:
-                packet = torch.empty(2 * indices.numel(), dtype=torch.float32)
-                dist.recv(packet, sender)
-                values, indices = _unpack(packet)
+        received = _exchange(state.rank, edges, values, indices)
+        if received is not None:
+            values, indices = received
     sent = torch.zeros(accumulated.numel(), dtype=torch.bool)
     sent[mine] = True
     chosen = torch.zeros_like(sent)

@@ -176,6 +176,27 @@ def test_local_placement_threads_do_not_oversubscribe():
     assert local_placement(1, cpus=2).single_worker().workers == 1
 
 
+def test_oversubscribe_lets_ranks_share_cores_and_says_how_crowded():
+    """--oversubscribe: 4 workers on 2 cores get a thread each (time-sliced), --threads past the cores
+    too; without it the refusal names the option."""
+    with pytest.raises(PlacementError, match="4 workers on 127.0.0.1 would oversubscribe its 2 cores.*--oversubscribe"):
+        local_placement(4, cpus=2).threads_per_worker(None)
+    with pytest.raises(PlacementError, match="--threads 2 x 2 workers.*--oversubscribe"):
+        local_placement(2, cpus=2).threads_per_worker(2)
+    four = local_placement(4, cpus=2)
+    assert four.threads_per_worker(None, oversubscribe=True) == 1
+    assert four.oversubscription(1) == ("127.0.0.1", 4, 2)
+    assert local_placement(2, cpus=2).threads_per_worker(2, oversubscribe=True) == 2
+    assert local_placement(2, cpus=2).oversubscription(2) == ("127.0.0.1", 4, 2)
+    # allowed but not needed: every thread has a core, nothing to record
+    assert local_placement(2, cpus=2).threads_per_worker(None, oversubscribe=True) == 1
+    assert local_placement(2, cpus=2).oversubscription(1) is None
+    assert four.single_worker().oversubscription(1) is None  # the one-worker baseline is never crowded
+    # the most crowded of several machines
+    p = hosts_placement("127.0.0.2,10.0.0.9", 4, cpus=2)
+    assert p.oversubscription(2) == ("127.0.0.2", 4, 2)
+
+
 def test_hosts_placement_spreads_ranks_host_major():
     p = hosts_placement("127.0.0.2, 127.0.0.3", 4, cpus=8)
     assert p.variant == "hosts" and [h.address for h in p.hosts] == ["127.0.0.2", "127.0.0.3"]

@@ -457,6 +457,7 @@ def test_cli_runs_both_suites_and_results_shows_them(cli_env, tmp_path, invoke):
     (["--suite", "comm", "--scaling", "weak"], "--scaling is not taken by suite 'comm' of kind comm"),
     (["--suite", "distributed", "--scaling", "diagonal"], "unknown scaling 'diagonal'"),
     (["--suite", "distributed", "--workers", "3"], "3 workers on 127.0.0.1 would oversubscribe"),
+    (["--suite", "comm", "--workers", "4"], "or --oversubscribe to let the ranks share cores"),
     (["--suite", "distributed", "--threads", "2"], "--threads 2 x 2 workers"),
     (["--suite", "distributed", "--mode", "infer"], "--mode is not taken"),
     (["--suite", "distributed", "--env", "docker"], "--env docker does not run distributed jobs"),
@@ -469,6 +470,34 @@ def test_cli_refuses_bad_distributed_input(cli_env, tmp_path, args, words, monke
                           "--store", str(tmp_path / "s"), *args)
     assert code == 2 and words in err
     assert not (tmp_path / "s").exists()
+
+
+def test_cli_oversubscribed_runs_are_recorded_warned_and_shown(cli_env, tmp_path, monkeypatch, invoke):
+    """--workers 4 --oversubscribe on 2 cores: the jobs run, time-sliced; the header warns, the
+    N-worker records say how crowded (the one-worker baseline is not), `results` shows the column."""
+    monkeypatch.setattr("dlbench.workflows.distributed.available_cpus", lambda: 2)
+    store = str(tmp_path / "store")
+    code, out, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current",
+                            "--profile", "smoke", "--benchmark", "fcn5", "--workers", "4", "--oversubscribe",
+                            "--store", store)
+    assert code == 0, err
+    assert "4 workers (local: 127.0.0.1 x4), 1 threads per worker" in err
+    assert "oversubscribed (--oversubscribe): 4 threads of 4 workers share the 2 cores of 127.0.0.1" in " ".join(err.split())
+    assert "the ranks time-sliced; their iteration times include waiting for a core" in " ".join(out.split())
+    code, out, _ = invoke("results", "--store", store, "--format", "json")
+    rows = {r["benchmark"]: r for r in json.loads(out)}
+    assert rows["fcn5-train-w4"]["oversubscribed"] == "4 threads/2 cores" and rows["fcn5-train-w1"]["oversubscribed"] is None
+    records = {r.benchmark: r for r in Store(Path(store)).records()}
+    assert records["fcn5-train-w4"].distributed.oversubscribed.model_dump() == {"machine": "127.0.0.1", "threads": 4,
+                                                                                "cores": 2}
+    assert records["fcn5-train-w1"].distributed.oversubscribed is None
+    # the default table's column, only where a shown run was oversubscribed
+    code, out, _ = invoke("results", "--store", store, "--benchmark", "fcn5-train-w4")
+    header = next(line for line in out.splitlines() if "run_id" in line)
+    assert code == 0 and "oversub" in header, out
+    code, out, _ = invoke("results", "--store", store, "--benchmark", "fcn5-train-w1")
+    header = next(line for line in out.splitlines() if "run_id" in line)
+    assert code == 0 and "oversub" not in header, out
 
 
 def test_cli_strong_scaling_needs_an_even_split(cli_env, tmp_path, monkeypatch, invoke):

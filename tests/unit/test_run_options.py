@@ -33,6 +33,7 @@ SET = {
     "no_check": ["--no-check"], "data": ["--data", "."], "link": ["--link", "1gbit"],
     **{field: [spec.flag, spec.axis.runs()[-1].value] for field, spec in REQUEST_AXES.items()},
     "compression": ["--compression", "fp16"],  # its values carry a parameter (gtopk:0.01): one without
+    "oversubscribe": ["--oversubscribe"],
 }
 # the fake runner's steps take half a millisecond
 pytestmark = pytest.mark.usefixtures("fast_fake_runner")

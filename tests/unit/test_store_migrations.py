@@ -220,6 +220,17 @@ def test_the_v16_fixture_keeps_its_link_and_older_records_read_with_none(tmp_pat
     assert older.link is None
 
 
+def test_the_v18_fixture_says_it_was_oversubscribed_and_older_records_read_with_none(tmp_path):
+    store, paths = store_with(tmp_path, 18)
+    rec = store.read(paths[18])
+    assert rec.benchmark == "fcn5-train-w4@1gbit" and rec.distributed.workers == 4
+    crowded = rec.distributed.oversubscribed
+    assert (crowded.threads, crowded.cores) == (4, 2) and crowded.machine.count("+") == 3
+    assert run_row(rec)["oversubscribed"] == "4 threads/2 cores"
+    older = store.read(store_with(tmp_path / "older", 16)[1][16])
+    assert older.distributed.oversubscribed is None and run_row(older)["oversubscribed"] is None
+
+
 def test_older_loadgen_records_read_without_token_latencies(tmp_path):
     store, paths = store_with(tmp_path, 12)
     data = fixture(13)

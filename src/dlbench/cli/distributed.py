@@ -30,6 +30,15 @@ def say_plan(plan: DistributedPlan) -> None:
               + (f", {plan.options.scaling} scaling" if data_parallel else "") + f", store {plan.store.root}"
               + (f"; predictions: {plan.predicted_from}" if data_parallel else ""),
               highlight=False)
+    crowded = placement.oversubscription(plan.options.threads)
+    if crowded is not None:
+        name, threads, cores = crowded
+        err.print(f"[yellow]oversubscribed[/] (--oversubscribe): {threads} threads of {placement.workers} workers share "
+                  f"the {cores} cores of {escape(name)}; the kernel time-slices the ranks, so iteration times include "
+                  "waiting for a core: only comparisons bound by the link (a slow --link) are meaningful, not "
+                  "scaling efficiency or compute time", highlight=False, soft_wrap=True)
+    elif plan.request.oversubscribe:
+        err.print("--oversubscribe: not needed, every worker's threads have cores of their own", highlight=False)
 
 
 class ProgressEvents:

@@ -20,11 +20,15 @@ def human_bytes(n: int) -> str:
 
 
 def training_table(records: list[Record], title: str = "distributed training") -> Table:
-    t = Table(title=title)
+    """One row per run; the column `oversubscribed` only where a run's ranks were time-sliced on too
+    few cores (--oversubscribe), its caption saying what that does to the figures."""
+    crowded = any(r.distributed and r.distributed.oversubscribed for r in records)
+    t = Table(title=title, caption=OVERSUBSCRIBED_NOTE if crowded else None)
     for col in ("benchmark", "framework", "workers", "global batch", "compression", "status", "ms/iter (slowest)",
                 "ms/iter rank 0", "samples/s", "efficiency", "× dense", "exposed comm ms", "grad MB/iter",
-                "sent MB/iter/rank", "threads/worker"):
-        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "compression") else "right")
+                "sent MB/iter/rank", "threads/worker", *(("oversubscribed",) if crowded else ())):
+        t.add_column(col, justify="left" if col in ("benchmark", "framework", "status", "compression",
+                                                     "oversubscribed") else "right")
     dense = {_exchange_key(r): r.summary.median_s for r in records
              if r.workload.compression == "none" and r.status == "ok" and r.summary}
     for r in records:
@@ -46,8 +50,18 @@ def training_table(records: list[Record], title: str = "distributed training") -
                   _fmt(d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None, ".2f"),
                   _fmt(d.grad_bytes / 1e6 if d and d.grad_bytes else None, ".2f"),
                   _fmt(d.exchange.bytes_per_rank / 1e6 if d and d.exchange else None, ".3g"),
-                  str(d.threads_per_worker if d else ""))
+                  str(d.threads_per_worker if d else ""),
+                  *((_oversubscribed(r),) if crowded else ()))
     return t
+
+
+OVERSUBSCRIBED_NOTE = ("oversubscribed (--oversubscribe): more threads than cores, the ranks time-sliced; their iteration "
+                       "times include waiting for a core, so only link-bound comparisons are meaningful")
+
+
+def _oversubscribed(r: Record) -> str:
+    o = r.distributed.oversubscribed if r.distributed else None
+    return f"{o.threads} threads on {o.cores} cores" if o else ""
 
 
 def _exchange_key(r: Record) -> tuple:
@@ -64,6 +78,8 @@ def bandwidth_table(r: Record) -> Table:
     backend = r.distributed.backend if r.distributed else None
     t = Table(title=escape(f"{r.benchmark}: {r.framework.get('name')} {r.framework.get('version') or ''} "
                            f"({backend or '?'}, {n} workers, bus factor {c.bus_factor:.3g}) run {r.run_id}"
+                           + (f"; oversubscribed: {_oversubscribed(r)}, time-sliced"
+                              if r.distributed and r.distributed.oversubscribed else "")
                            if c else f"{r.benchmark} run {r.run_id}: {r.status}"))
     for col in ("size", "bytes run", "time us", "algbw GB/s", "busbw GB/s", "result"):
         t.add_column(col, justify="right" if col != "result" else "left")

@@ -12,7 +12,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
-from ..axes import OTHER_AXES
 
 from ..store.rows import COLUMNS
 from . import lookup, tables
@@ -108,9 +107,10 @@ def results(
     shown = len(rows) if len(rows) == len(snapshot.rows) else f"{len(rows)} of {len(snapshot.rows)}"
     title = f"{shown} runs in {st.root}"
     # rows of LoadGen scenario runs only: their own key columns (LoadGen's verdict and percentiles)
-    # an axis beyond precision and compile is a default column only where some shown run has a value
+    # an axis beyond precision and compile, or oversubscription, is a default column only where some
+    # shown run has a value
     default = tuple(c for c in tables.RESULTS_COLUMNS
-                    if c not in {a.field for a in OTHER_AXES} or any(row.get(c) is not None for row in rows))
+                    if c not in tables.SOMETIMES_COLUMNS or any(row.get(c) is not None for row in rows))
     if rows and all(row.get("scenario") for row in rows):
         # generation's server only: LoadGen's TTFT and TPOT percentiles instead of per-sample latency
         default = (tables.LOADGEN_GENERATION_RESULTS_COLUMNS if all(row.get("mode") == "generate" for row in rows)

@@ -115,6 +115,10 @@ def run(
         "--compression", help=f"Suite distributed: how the gradients are exchanged: {' | '.join(Compression.names())} "
                               "(e.g. powersgd:4, topk:0.01); a comma list or 'all' (none, fp16, bf16, powersgd:4, "
                               "topk:0.01, gtopk:0.01), repeatable (default: none, dense all-reduce).")] = None,
+    oversubscribe: Annotated[bool, typer.Option(
+        "--oversubscribe", help="Suites distributed and comm: allow more workers (x --threads) on a machine than it has "
+                                "cores; the kernel time-slices the ranks, so iteration times include waiting for a core "
+                                "(only comparisons bound by a slow --link say something). Recorded in each run.")] = False,
 ) -> None:
     """Run a suite on one or more frameworks and record every run in the store."""
     given = dict(locals())  # the options as given, before any other name is bound here

@@ -20,7 +20,10 @@ from .console import safe
 
 WIDTH = 120
 RESULTS_COLUMNS = ("run_id", "benchmark", "framework", "batch_size", "precision", "compile",
-                   *(a.field for a in OTHER_AXES), "status", "ms_per_iter", "ci_pct", "samples_per_s", "stability")
+                   *(a.field for a in OTHER_AXES), "status", "ms_per_iter", "ci_pct", "samples_per_s", "stability",
+                   "oversubscribed")
+# columns of RESULTS_COLUMNS shown by default only where some shown run has a value
+SOMETIMES_COLUMNS = frozenset({*(a.field for a in OTHER_AXES), "oversubscribed"})
 RUN_COLUMNS = ("benchmark", "framework", "framework_version", "batch_size", "precision", "status", "ms_per_iter",
                "ci_pct", "samples_per_s", "repeats", "stability")
 # LoadGen scenario runs (`dlbench run --scenario`): LoadGen's verdict and per-sample latency percentiles
@@ -41,14 +44,15 @@ HEADERS = {"loadgen_result": "LoadGen", "latency_p50_ms": "p50 ms", "latency_p90
            "latency_p99_ms": "p99 ms", "server_qps": "server q/s", "batch_size": "batch", "framework_version": "version", "ms_per_iter": "ms/iter", "ci_pct": "95% CI",
            "samples_per_s": "samples/s", "first_iter_ms": "first ms", "precision": "prec.",
            "prompt_tokens": "prompt", "new_tokens": "new", "ttft_ms": "TTFT ms", "ttft_p99_ms": "TTFT p99",
-           "tpot_ms": "TPOT ms", "tpot_p99_ms": "TPOT p99", "tokens_per_s": "tokens/s"}
+           "tpot_ms": "TPOT ms", "tpot_p99_ms": "TPOT p99", "tokens_per_s": "tokens/s",
+           "oversubscribed": "oversub."}
 FORMATS = {"latency_p50_ms": ".3g", "latency_p90_ms": ".3g", "latency_p99_ms": ".3g", "server_qps": ".4g",
            "ms_per_iter": ".3g", "samples_per_s": ".4g", "first_iter_ms": ".3g", "iqr_ms": ".3g", "mfu": ".1%",
            "tokens_per_s": ".4g", "model_tflops": ".3g", "ttft_ms": ".3g", "ttft_p99_ms": ".3g", "tpot_ms": ".3g",
            "tpot_p99_ms": ".3g"}
 NUMERIC_LEFT = (*(a.field for a in OTHER_AXES), "run_id", "benchmark", "network", "framework", "framework_version", "status", "stability", "precision",
                 "compile", "device", "machine", "equivalence", "reason", "stability_reason", "mode", "suite",
-                "scenario", "loadgen_result", "loadgen_reason")
+                "scenario", "loadgen_result", "loadgen_reason", "oversubscribed")
 ONE_PROCESS = "* one repeat: an interval of that process's iterations only, not a 95% interval of the run"
 
 

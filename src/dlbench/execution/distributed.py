@@ -47,6 +47,7 @@ from ..store.record import (
     LinkInfo,
     LinkMeasurement,
     NetworkInfo,
+    Oversubscription,
     Prediction,
     Record,
     Repeat,
@@ -107,6 +108,13 @@ class SilentDistributedEvents:
 def not_ported(runner: RunnerInfo) -> str:
     return (f"{runner.name} has no distributed runner yet ({runner.folder.name}/runner.toml has no [distributed] "
             "section; the contract is in docs/architecture.md)")
+
+
+def _oversubscribed(placement: Placement, threads: int) -> Oversubscription | None:
+    """The most crowded machine of a job whose ranks run more threads than it has cores (allowed by
+    --oversubscribe only: the plan refuses it otherwise), for the record."""
+    crowded = placement.oversubscription(threads)
+    return Oversubscription(machine=crowded[0], threads=crowded[1], cores=crowded[2]) if crowded else None
 
 
 def planned_runs(benchmarks: list[DistributedBenchmark], comm: CommBenchmark | None, workers: int) -> int:
@@ -250,7 +258,7 @@ class DistributedOrchestrator:
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
-            exchange=_exchange(b, n) if n > 1 else None,
+            exchange=_exchange(b, n) if n > 1 else None, oversubscribed=_oversubscribed(placement, o.threads),
         )
         if summary is not None:
             _training_figures(info, repeats)
@@ -330,7 +338,8 @@ class DistributedOrchestrator:
             record.distributed = DistributedInfo(
                 workers=n, hosts=[h.address for h in o.placement.hosts], placement=o.placement.variant,
                 launch=runner.distributed.launch if runner.distributed else "none",
-                backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads)
+                backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
+                oversubscribed=_oversubscribed(o.placement, o.threads))
             record.comm = info
             if o.link is not None:
                 record.link = self._link_info("bytes on the wire are counted for training runs only: a comm job "

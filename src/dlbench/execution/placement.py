@@ -74,21 +74,32 @@ class Placement:
         out = [("+".join(h.address for h in here), sum(h.slots for h in here), here[0].cpus)] if here else []
         return out + [(h.address, h.slots, h.cpus) for h in self.hosts if not h.local]
 
-    def threads_per_worker(self, requested: int | None) -> int:
+    def threads_per_worker(self, requested: int | None, oversubscribe: bool = False) -> int:
         """--threads, else the cores of the most crowded machine divided by its ranks (at least 1).
-        PlacementError when the ranks of a machine would share more threads than it has cores."""
+        PlacementError when the ranks of a machine would share more threads than it has cores,
+        unless `oversubscribe` (--oversubscribe) allows it: the kernel then time-slices the ranks."""
         machines = self.machines()
-        for name, ranks, cpus in machines:
-            if ranks > cpus:
-                raise PlacementError(f"{ranks} workers on {name} would oversubscribe its {cpus} cores; "
-                                     "use fewer --workers (or more hosts)")
+        if not oversubscribe:
+            for name, ranks, cpus in machines:
+                if ranks > cpus:
+                    raise PlacementError(f"{ranks} workers on {name} would oversubscribe its {cpus} cores; "
+                                         "use fewer --workers (or more hosts), or --oversubscribe to let the ranks "
+                                         "share cores (time-sliced)")
         if requested is None:
             return max(1, min(cpus // ranks for _, ranks, cpus in machines))
-        for name, ranks, cpus in machines:
-            if requested * ranks > cpus:
-                raise PlacementError(f"--threads {requested} x {ranks} workers on {name} = "
-                                     f"{requested * ranks} threads would oversubscribe its {cpus} cores")
+        if not oversubscribe:
+            for name, ranks, cpus in machines:
+                if requested * ranks > cpus:
+                    raise PlacementError(f"--threads {requested} x {ranks} workers on {name} = "
+                                         f"{requested * ranks} threads would oversubscribe its {cpus} cores; "
+                                         "use fewer, or --oversubscribe to let them share cores (time-sliced)")
         return requested
+
+    def oversubscription(self, threads: int) -> tuple[str, int, int] | None:
+        """(machine, its ranks' threads, its cores) of the most crowded machine whose ranks run more
+        threads than it has cores at `threads` per rank; None where every thread has a core."""
+        crowded = [(name, ranks * threads, cpus) for name, ranks, cpus in self.machines() if ranks * threads > cpus]
+        return max(crowded, key=lambda m: m[1] / m[2]) if crowded else None
 
     def only_loopback(self) -> bool:
         return all(_is_loopback(h.address) for h in self.hosts)

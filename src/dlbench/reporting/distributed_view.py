@@ -35,6 +35,8 @@ def distributed_context(record: Record, flatten) -> dict:
         "bandwidth_chart": bandwidth_chart(record),
         "bandwidth_rows": [s.model_dump() for s in c.sizes] if c else [],
         "bus_factor": c.bus_factor if c else None,
+        # ranks time-sliced on too few cores (--oversubscribe): said above the job's facts
+        "oversubscribed": record.distributed.oversubscribed,
         # a job on a shaped link (--link): the link as asked and as measured, bytes on the wire
         "link_rows": flatten(record.link.model_dump(exclude_none=True)) if record.link else [],
     }

@@ -91,7 +91,7 @@ def update_to_17(data: dict) -> dict:
 # {}, []; record.py's history says which): a record of the version before reads as one of them
 # with nothing changed but its version number. Each is still a step, so that every version says
 # how a record reaches it.
-MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16)
+MODEL_DEFAULTS_SUFFICE = (5, 9, 10, 11, 12, 13, 14, 15, 16, 18)
 
 
 def _version_only(data: dict) -> dict:

@@ -150,6 +150,14 @@ records step by step and refuse newer ones):
     dense float32 gradients: they read with compression "none" (update_to_17), and with no
     `distributed.exchange` (the model's
     defaults: no migration).
+  18 (2026-12-07) oversubscribed jobs (`dlbench run --oversubscribe`, issue 44): more ranks (times
+    threads per rank) on a machine than it has cores, the kernel time-slicing them.
+    `distributed.oversubscribed` (Oversubscription: the most crowded machine, its ranks' threads
+    and its cores) on such a job's records; None where every thread had a core of its own. An
+    oversubscribed job's iteration times include waiting for a core: only comparisons bound by the
+    link (a shaped one, --link) say something. Older records read with None, which is true of them:
+    dlbench refused to oversubscribe before (the model's
+    defaults: no migration).
 """
 
 from __future__ import annotations
@@ -163,7 +171,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..axes import Scenario
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 
 SCENARIOS = Scenario.names()  # MLPerf LoadGen's (dlbench.axes.Scenario), as a record spells them
 Status = Literal["ok", "failed", "timeout", "skipped"]
@@ -364,6 +372,15 @@ class ExchangeInfo(_Model):
     formula: str
 
 
+class Oversubscription(_Model):
+    """A job whose ranks ran more threads on a machine than it has cores (--oversubscribe): the
+    kernel time-sliced them, so an iteration's time includes waiting for a core."""
+
+    machine: str  # the most crowded machine (placement.py Placement.machines' name)
+    threads: Int64  # its ranks x threads per rank
+    cores: Int64  # the cores they shared
+
+
 class DistributedInfo(_Model):
     """How a multi-worker job was laid out, and the figures only such a job has."""
 
@@ -383,6 +400,7 @@ class DistributedInfo(_Model):
     local_median_s: float | None = None  # slowest rank's median step without the gradient exchange
     scaling: Scaling | None = None  # training runs
     exchange: ExchangeInfo | None = None  # training runs of N > 1 workers (schema 17)
+    oversubscribed: Oversubscription | None = None  # --oversubscribe and more threads than cores (schema 18)
 
 
 class CommSize(_Model):

@@ -14,7 +14,7 @@ COLUMNS = (
     "first_iter_ms", "compile_ms", "alloc_peak_mb", "repeats", "iterations", "repeat_stop", "params", "params_described", "flops_per_sample",
     "model_flops_per_iter", "model_tflops", "mfu", "mfu_reason",
     "avg_power_w", "joules_per_sample", "mean_sm_clock_mhz", "throttled_pct", "peak_mem_mb",
-    "workers", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
+    "workers", "oversubscribed", "scaling_efficiency", "exposed_comm_ms", "peak_busbw_gbps",
     "scenario", "loadgen_result", "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "server_qps", "loadgen_reason",
     "prompt_tokens", "new_tokens", "ttft_ms", "ttft_p99_ms", "tpot_ms", "tpot_p99_ms",
     "time_to_target_s", "epochs_to_target", "reached", "input_bound_pct",
@@ -43,12 +43,15 @@ def _stability(s: Summary | None) -> str | None:
 def _distributed_columns(r: Record) -> dict:
     """Multi-worker runs (schema 5): workers, efficiency against one worker, exposed communication,
     and for a collective its highest bus bandwidth over the sizes (the whole curve: `dlbench results`
-    prints it under the table, the report charts it)."""
+    prints it under the table, the report charts it); a job whose ranks were time-sliced on too few
+    cores (--oversubscribe, schema 18) says its threads and cores."""
     d = r.distributed
     scaling = d.scaling if d else None
     busbw = [s.busbw_gbps for s in r.comm.sizes if s.busbw_gbps is not None] if r.comm else []
     return {
         "workers": d.workers if d else None,
+        "oversubscribed": (f"{d.oversubscribed.threads} threads/{d.oversubscribed.cores} cores"
+                           if d and d.oversubscribed else None),
         "scaling_efficiency": scaling.efficiency if scaling else None,
         "exposed_comm_ms": d.exposed_comm_s * 1e3 if d and d.exposed_comm_s is not None else None,
         "peak_busbw_gbps": max(busbw) if busbw else None,

@@ -4,7 +4,7 @@ through it, refusing first the options these kinds do not honour).
 
 `plan_distributed(request, catalog)` checks what the table cannot: the environment backend, the
 scaling, the precisions, the benchmarks, the placement (--workers, --hosts, Slurm), threads per
-worker against the cores, strong scaling's even split of every batch, --link (its form, two
+worker against the cores (unless --oversubscribe), strong scaling's even split of every batch, --link (its form, two
 workers at least, this machine, the CPU, root); then it opens the store (RequestError for bad
 input, nothing run or written). `execute_distributed(plan, events)` runs every job, each record
 written to the store as it ends, printing nothing; with --link it first makes the link
@@ -105,7 +105,7 @@ def plan_distributed(request: RunRequest, suites: SuiteCatalog | None = None) ->
     link = _link_spec(r, device) if r.link is not None else None
     try:
         placement = detect(r.workers or DEFAULT_WORKERS, available_cpus(), r.hosts)
-        threads = placement.threads_per_worker(r.threads)
+        threads = placement.threads_per_worker(r.threads, oversubscribe=r.oversubscribe)
     except PlacementError as e:
         raise RequestError(str(e)) from None
     scaling = r.scaling or suite.scaling

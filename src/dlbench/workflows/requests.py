@@ -52,6 +52,7 @@ class RunRequest:
     data: Path | None = None
     link: str | None = None
     compression: list[str] | None = None
+    oversubscribe: bool = False
 
     def given(self) -> dict[str, object]:
         """The fields set away from their defaults: what this request asks for beyond the defaults."""

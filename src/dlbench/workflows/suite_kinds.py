@@ -20,7 +20,7 @@ used to run fp32 and say nothing. An option left at its default asks for nothing
 refused (`--compile-mode default` on a distributed suite changes nothing).
 
 Why each kind honours what it does (an axis's option: the kinds its RequestAxis names):
-  benchmark    every option but --workers, --scaling, --hosts, --data and --link, and every axis of
+  benchmark    every option but --workers, --scaling, --hosts, --data, --link and --oversubscribe, and every axis of
                today's: it is the single-process harness those options were written for.
   distributed  --precision is passed on in each job's request: torch's data-parallel runner trains
                at every run precision, JAX's at all but amp_fp16, TensorFlow's and MXNet's at fp32
@@ -37,6 +37,8 @@ Why each kind honours what it does (an axis's option: the kinds its RequestAxis 
                no telemetry or contention options: the job launcher samples none.
                --link: the workers in network namespaces joined by a shaped link
                (execution/links.py), on this machine (so not with --hosts: refused there).
+               --oversubscribe: more ranks (x threads) on a machine than it has cores, refused
+               without it; the records say so (distributed.oversubscribed), as does the header.
   comm         as distributed, less --precision (collectives run in the suite's dtype),
                --compression (no gradients) and --scaling (no batch to scale).
   kernels      kernels timed per framework in each kernel's own dtype, with the profile's policy:
@@ -90,6 +92,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "no_check": ("--no-check", "skipping the equivalence checks made before timing"),
     "data": ("--data", "the folder of a convergence task's dataset files"),
     "link": ("--link", "a shaped link (rate, delay) between the workers of a multi-worker job"),
+    "oversubscribe": ("--oversubscribe", "letting a multi-worker job's ranks share cores (time-sliced)"),
     **{field: (spec.flag, spec.purpose) for field, spec in REQUEST_AXES.items()},
 }
 
@@ -117,13 +120,14 @@ class SuiteKind:
 
 SUITE_KIND_TABLE: dict[str, SuiteKind] = {k.name: k for k in (
     SuiteKind("benchmark", "single-process benchmarks",
-              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data", "link"},
+              frozenset(RUN_OPTIONS) - set(REQUEST_AXES) - {"workers", "scaling", "hosts", "data", "link",
+                                                                   "oversubscribe"},
               plan_benchmarks,
               execute_benchmarks),
     SuiteKind("distributed", "data-parallel jobs that train for a fixed number of iterations",
-              COMMON | {"workers", "scaling", "hosts", "link"}, plan_distributed, execute_distributed),
+              COMMON | {"workers", "scaling", "hosts", "link", "oversubscribe"}, plan_distributed, execute_distributed),
     SuiteKind("comm", "collectives in the suite's own dtype for a fixed number of iterations",
-              COMMON | {"workers", "hosts", "link"}, plan_distributed, execute_distributed),
+              COMMON | {"workers", "hosts", "link", "oversubscribe"}, plan_distributed, execute_distributed),
     SuiteKind("kernels", "kernels in their own dtypes, each with its profile's policy", COMMON, plan_kernels,
               execute_kernels),
     SuiteKind("convergence", "training each task to its quality target once per seed", COMMON | {"data"},
