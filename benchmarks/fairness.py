@@ -1,6 +1,6 @@
 """Is dlbench's runner as fast as the framework's own model? Runner throughput ÷ reference throughput.
 
-For ResNet-50, LSTM-32 and GPT-2 small training, each framework's dlbench runner (built from the
+For ResNet-50, LSTM-32, GPT-2 small and the llm suite's decoders (llama_tiny, smollm2_135m, moe_tiny) training, each framework's dlbench runner (built from the
 suite's framework-neutral description) is set against that framework's own reference model, written
 the way the framework's model zoo or examples write it (benchmarks/references/<fw>_reference.py):
 
@@ -14,6 +14,12 @@ the way the framework's model zoo or examples write it (benchmarks/references/<f
                 TrainState + optax.sgd(momentum), one jitted step with the state donated
     mxnet       gluon model_zoo resnet50_v1, gluon rnn.LSTM, a Gluon GPT-2 written as GluonNLP's GPT2Model
                 (GluonNLP 0.10 ships none in its package), hybridised with static allocation
+
+The llm suite's decoders: transformers' LlamaForCausalLM / MixtralForCausalLM (torch; the
+transformers of the torch environment), keras_hub's LlamaCausalLM / MixtralCausalLM (tensorflow), a
+flax linen Llama as flax's examples write one (jax; its MoE by jax.lax.ragged_dot) and a Gluon Llama as
+GluonNLP's GPT2Model is written (mxnet), each built from llm_configuration: the suite's description
+read here and passed as JSON (--llm), so that both sides are the same network by construction.
 
 GPT-2 small is built from its configuration only (random initialisation: no weights are downloaded),
 at the suite's sequence length for the profile and device (default CPU: batch 2, 128 tokens; its
@@ -36,7 +42,8 @@ drift hits both alike; the figure is the median of the paired ratios of mean ste
 
     .venv/bin/python benchmarks/fairness.py [--framework all|torch,jax,...] [--network resnet50,lstm32,gpt2_small]
                                             [--rounds 3] [--threads N] [--device cpu|cuda]
-                                            [--batch NETWORK=B] [--sequence gpt2_small=T] [--json FILE]
+                                            [--batch NETWORK=B] [--sequence NETWORK=T] [--json FILE]
+    e.g. --network llama_tiny,moe_tiny,smollm2_135m --sequence smollm2_135m=32
 
 The references differ where the framework's own model differs from the suite (keras' ResNet50 has
 conv biases; gluon's resnet50_v1 strides its first 1x1 convolution, so does a little less work;
@@ -84,14 +91,17 @@ def reference_frameworks() -> list[str]:
 
 
 FRAMEWORKS = reference_frameworks()
-NETWORKS = {"resnet50": "cnn", "lstm32": "rnn", "gpt2_small": "transformer"}
+NETWORKS = {"resnet50": "cnn", "lstm32": "rnn", "gpt2_small": "transformer",
+            "llama_tiny": "llm", "moe_tiny": "llm", "smollm2_135m": "llm"}
+LLM = ("llama_tiny", "moe_tiny", "smollm2_135m")  # their references are built from llm_configuration's JSON
 TARGET = 0.97
-# Networks whose references import packages the runner's environment does not have (transformers,
-# keras_hub): references/requirements-<fw>.txt, installed on first use by reference_packages.
-NEEDS_PACKAGES = {"gpt2_small"}
+# Networks whose references import packages the runner's environment does not have (transformers 5.24
+# for GPT-2, keras_hub): references/requirements-<fw>.txt, installed on first use by reference_packages.
+# The llm suite's torch reference uses the transformers the torch environment has (5.23.0).
+NEEDS_PACKAGES = {"gpt2_small": {"torch", "tensorflow"}, **{name: {"tensorflow"} for name in LLM}}
 # untimed reference steps after the first (which compiles), where the script's default 5 is minutes:
 # a GPT-2 step takes seconds on a CPU, and dlbench's own warm-up takes at least 2 (profiles.yaml)
-REFERENCE_WARMUP = {"gpt2_small": 2}
+REFERENCE_WARMUP = {"gpt2_small": 2, "smollm2_135m": 2}
 # what must import from that folder in the runner's environment before a reference is timed
 PACKAGE_IMPORTS = {"torch": "from transformers import GPT2Config, GPT2LMHeadModel",
                    "tensorflow": "from keras_hub.models import GPT2Backbone"}
@@ -137,6 +147,32 @@ def reference_packages(framework: str, env, console: Console) -> Path | None:
     return target
 
 
+def llm_configuration(network) -> dict:
+    """The llm suite's decoder as the references' --llm JSON, read from the resolved description: every
+    llama_block alike (the suite's are), the MoE's routing where the blocks have one. A description
+    these fields do not cover (a capacity factor, rotary scaling, blocks that differ) is refused, so that
+    a reference is never a different network than dlbench's."""
+    layers = network.resolved["layers"]
+    embedding, blocks = layers[0], [layer for layer in layers if layer["type"] == "llama_block"]
+    head = next(layer for layer in layers if layer["type"] == "lm_head")
+    block = blocks[0]
+    if any({k: v for k, v in b.items() if k not in ("in_shape", "out_shape")}
+           != {k: v for k, v in block.items() if k not in ("in_shape", "out_shape")} for b in blocks):
+        raise SystemExit(f"{network.name}: its llama_blocks differ; the references build identical ones")
+    moe = block["moe"]
+    if block["rope_scaling"] is not None or (moe and moe["capacity_factor"] is not None):
+        raise SystemExit(f"{network.name}: rotary scaling and capacity factors are not built by the references")
+    source = Path(paths.suites_dir()) / "networks" / f"{network.name}.yaml"
+    context = load_network(source).resolved["input"]["sequence_length"]  # the description's own, not the profile's
+    return {"name": network.name, "vocabulary": embedding["vocabulary"], "width": embedding["dim"],
+            "init_std": embedding["init_std"], "layers": len(blocks), "heads": block["heads"],
+            "kv_heads": block["kv_heads"], "hidden": block["hidden"], "eps": block["eps"],
+            "rope_theta": block["rope_theta"], "tied": head["tied"], "context": context,
+            "experts": moe["experts"] if moe else 0, "top_k": moe["top_k"] if moe else 0,
+            "aux_loss_coefficient": moe["aux_loss_coefficient"] if moe else 0.0,
+            "params": network.resolved["params"]}
+
+
 def compare(framework: str, network: str, args, console: Console) -> dict:
     catalog = SuiteCatalog(paths.suites_dir())
     suite = catalog.load_suite(catalog.suite_path(NETWORKS[network]), "default", args.device, ("train",))
@@ -144,7 +180,8 @@ def compare(framework: str, network: str, args, console: Console) -> dict:
     if network in args.sequence:  # the network at another length than the suite's
         bench = dataclasses.replace(bench, network=load_network(Path(bench.network_file), args.sequence[network]))
     batch = args.batch.get(network) or bench.batch_sizes[0]
-    tokens = bench.network.resolved["input"].get("sequence_length") if network == "gpt2_small" else None
+    language_model = network == "gpt2_small" or network in LLM
+    tokens = bench.network.resolved["input"].get("sequence_length") if language_model else None
     runner = RunnerRegistry(paths.runners_dir()).get(framework)
     measure = bench.policy.measure
     with tempfile.TemporaryDirectory() as tmp:
@@ -161,11 +198,14 @@ def compare(framework: str, network: str, args, console: Console) -> dict:
                    "--min-time", str(measure.min_time_s), "--min-iters", str(measure.min_iters),
                    "--learning-rate", str(bench.learning_rate), "--momentum", str(bench.momentum),
                    "--inputs", str(inputs)] + (["--sequence", str(tokens)] if tokens else [])
+        if network in LLM:
+            command += ["--llm", json.dumps(llm_configuration(bench.network))]
         if network in REFERENCE_WARMUP:
             command += ["--warmup", str(REFERENCE_WARMUP[network])]
         # the variables dlbench gives its workers, so both sides get the same OpenMP pools
         ref_env = {**clean_environment(), "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-        packages = reference_packages(framework, env, console) if network in NEEDS_PACKAGES else None
+        needs = framework in NEEDS_PACKAGES.get(network, ())
+        packages = reference_packages(framework, env, console) if needs else None
         if packages is not None:  # the reference-only packages, for the reference process alone
             ref_env["PYTHONPATH"] = str(packages)
         ratios, ours, theirs, reference = [], [], [], {}

@@ -97,11 +97,11 @@ def main() -> None:
         print(f"{len(result.jobs):,} jobs on {result.cluster.devices:,} devices of {len(result.cluster.types)} types; "
               f"matrix {len(result.matrix)} cells in {result.matrix_s:.1f} s; whole plan {total:.1f} s")
         print(f"{'policy':16} {'simulate s':>10} {'CPU s':>7} {'rounds':>7} {'avg JCT h':>10} {'p99 JCT h':>10} {'makespan h':>11} "
-              f"{'finished':>9}")
+              f"{'finished':>9} {'spread':>7}")
         for r in result.runs:
             s = r.summary
             print(f"{s.policy:16} {r.seconds:10.1f} {r.cpu_seconds:7.1f} {s.rounds:7d} {s.average_jct_s / 3600:10.2f} {s.p99_jct_s / 3600:10.2f} "
-                  f"{s.makespan_s / 3600:11.1f} {s.finished:9,d}")
+                  f"{s.makespan_s / 3600:11.1f} {s.finished:9,d} {s.spread_starts:7d}")
         print(f"LP policies: the first N jobs all at t = 0, {args.lp_rounds} rounds (HiGHS, one solve per round "
               "whose jobs changed)")
         print(f"{'policy':16} {'jobs':>6} {'solves':>6} {'mean s':>8} {'max s':>8}")

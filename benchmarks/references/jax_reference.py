@@ -11,6 +11,17 @@ nn.LayerNorm, nn.MultiHeadDotProductAttention with nn.make_causal_mask and broad
 an MLP of nn.Dense, the head tied through Embed.attend), sized and shaped as GPT-2 small (biases
 everywhere, tanh GELU, no dropout inside the MLP, eps 1e-5), and trained by lm1b's step: the dropout
 key folded with the step number, optax's integer-label cross-entropy averaged over every position.
+The llm suite (llama_tiny, smollm2_135m; moe_tiny): flax has no Llama of its own either (transformers'
+FlaxLlama went with its version 5), so the decoder is written here as flax's examples write theirs,
+from the configuration fairness.py passes (--llm: the suite's description): linen modules, nn.Embed
+(Embed.attend for a tied head), pre-norm blocks of nn.RMSNorm, q/k/v/out as bias-free nn.DenseGeneral
+over (heads, head size), rotary position embedding on q and k (the rotate-half form), attention by
+jax.nn.dot_product_attention(is_causal=True) with the key/value heads grouped (it broadcasts each to
+its heads), a SwiGLU of bias-free nn.Dense. The MoE block routes as MaxText's sparse path does (the
+router in float32, jax.lax.top_k, the weights renormalised, the token choices sorted by expert and
+each weight multiplied by jax.lax.ragged_dot), and sows its load-balancing loss (Switch's E * sum(f*P),
+times the coefficient over the blocks) into "intermediates", which the loss adds: flax's idiom for a
+layer's extra loss.
 Threads: JAX ignores XLA's thread flags, so CPU affinity is set before jax is imported.
 """
 
@@ -19,8 +30,8 @@ from __future__ import annotations
 import os
 from functools import partial
 
-from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            sequence, time_steps)
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, LLM_NETWORKS, SEQUENCE, VOCABULARY,
+                            canonical_inputs, parse_args, sequence, time_steps)
 
 
 def main() -> None:
@@ -111,6 +122,76 @@ def main() -> None:
                 y = DecoderBlock(deterministic=not train, name=f"block_{i}")(y, mask)
             return embed.attend(nn.LayerNorm(epsilon=GPT2["eps"], name="final_norm")(y))  # the tied head
 
+    cfg = args.llm or {}
+
+    def rotate(t, theta):
+        """t (B, T, heads, S) rotated by its positions 0 .. T - 1 (the rotate-half form)."""
+        half = t.shape[-1] // 2
+        frequencies = 1.0 / theta ** (jnp.arange(half, dtype=jnp.float32) / half)
+        angles = jnp.arange(t.shape[1], dtype=jnp.float32)[:, None] * frequencies[None, :]  # (T, half)
+        cos = jnp.concatenate([jnp.cos(angles)] * 2, -1)[None, :, None, :].astype(t.dtype)
+        sin = jnp.concatenate([jnp.sin(angles)] * 2, -1)[None, :, None, :].astype(t.dtype)
+        return t * cos + jnp.concatenate([-t[..., half:], t[..., :half]], -1) * sin
+
+    class LlamaAttention(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            size = cfg["width"] // cfg["heads"]
+            dense = partial(nn.DenseGeneral, use_bias=False)
+            q = rotate(dense((cfg["heads"], size), name="query")(x), cfg["rope_theta"])
+            k = rotate(dense((cfg["kv_heads"], size), name="key")(x), cfg["rope_theta"])
+            v = dense((cfg["kv_heads"], size), name="value")(x)
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # (B, T, heads, S), kv heads grouped
+            return dense(cfg["width"], axis=(-2, -1), name="out")(out)
+
+    class SwiGLU(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            dense = partial(nn.Dense, use_bias=False)
+            return dense(cfg["width"], name="down")(nn.silu(dense(cfg["hidden"], name="gate")(x))
+                                                    * dense(cfg["hidden"], name="up")(x))
+
+    class MoE(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool):
+            experts, top_k, hidden, d = cfg["experts"], cfg["top_k"], cfg["hidden"], cfg["width"]
+            init = nn.initializers.lecun_normal()
+            gate = self.param("gate", init, (experts, d, hidden))
+            up = self.param("up", init, (experts, d, hidden))
+            down = self.param("down", init, (experts, hidden, d))
+            tokens = x.reshape(-1, d)
+            p = jax.nn.softmax(nn.Dense(experts, use_bias=False, name="router")(tokens).astype(jnp.float32))
+            weights, chosen = jax.lax.top_k(p, top_k)
+            weights = weights / weights.sum(-1, keepdims=True)
+            flat = chosen.reshape(-1)
+            order = jnp.argsort(flat)
+            rows = tokens[order // top_k]
+            sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+            h = nn.silu(jax.lax.ragged_dot(rows, gate, sizes)) * jax.lax.ragged_dot(rows, up, sizes)
+            y = jax.lax.ragged_dot(h, down, sizes) * weights.reshape(-1)[order][:, None].astype(x.dtype)
+            if train:
+                fraction = jax.nn.one_hot(chosen, experts).sum(1).mean(0)
+                aux = experts * jnp.sum(fraction * p.mean(0))
+                self.sow("intermediates", "aux_loss", aux * cfg["aux_loss_coefficient"] / cfg["layers"])
+            return jnp.zeros_like(tokens).at[order // top_k].add(y).reshape(x.shape)
+
+    class LlamaBlock(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool):
+            x = x + LlamaAttention()(nn.RMSNorm(epsilon=cfg["eps"])(x))
+            h = nn.RMSNorm(epsilon=cfg["eps"])(x)
+            return x + (MoE()(h, train) if cfg["experts"] else SwiGLU()(h))
+
+    class Llama(nn.Module):
+        @nn.compact
+        def __call__(self, tokens, train: bool = True):
+            embed = nn.Embed(cfg["vocabulary"], cfg["width"], embedding_init=nn.initializers.normal(cfg["init_std"]))
+            y = embed(tokens)
+            for i in range(cfg["layers"]):
+                y = LlamaBlock(name=f"block_{i}")(y, train)
+            y = nn.RMSNorm(epsilon=cfg["eps"], name="final_norm")(y)
+            return embed.attend(y) if cfg["tied"] else nn.Dense(cfg["vocabulary"], use_bias=False, name="head")(y)
+
     class TrainState(train_state.TrainState):
         batch_stats: dict
 
@@ -125,6 +206,13 @@ def main() -> None:
                   "make_causal_mask, Embed.attend)")
         x = jax.random.randint(key, (args.batch, sequence(args)), 0, GPT2["vocabulary"])
         y = jax.random.randint(key, (args.batch, sequence(args)), 0, GPT2["vocabulary"])
+    elif args.network in LLM_NETWORKS:
+        model = Llama()
+        source = (f"flax linen Llama in the style of flax's examples (the suite's {cfg['name']}: nn.RMSNorm, "
+                  "jax.nn.dot_product_attention with grouped key/value heads"
+                  + (", a ragged_dot MoE as MaxText's sparse path)" if cfg["experts"] else ")"))
+        x = jax.random.randint(key, (args.batch, sequence(args)), 0, cfg["vocabulary"])
+        y = jax.random.randint(key, (args.batch, sequence(args)), 0, cfg["vocabulary"])
     else:
         model, source = LanguageModel(), "flax linen Embed + RNN(OptimizedLSTMCell) x2 + Dense"
         x = jax.random.randint(key, (args.batch, SEQUENCE), 0, VOCABULARY)
@@ -144,8 +232,10 @@ def main() -> None:
 
         def loss_fn(params):
             logits, updates = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, x,
-                                             train=True, mutable=["batch_stats"], rngs=rngs)
+                                             train=True, mutable=["batch_stats", "intermediates"], rngs=rngs)
             loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            # what the layers sowed: the MoE blocks' load-balancing losses (nothing for the others)
+            loss = loss + sum(jax.tree_util.tree_leaves(updates.pop("intermediates", {})))
             return loss, updates
 
         (loss, updates), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)

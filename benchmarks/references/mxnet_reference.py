@@ -22,6 +22,19 @@ parameters (params=embed.params). GPT-2's other dropouts (embeddings, both branc
 GluonNLP's pretrained configuration sets 0 and applies dropout to the probabilities only. Trained with
 SoftmaxCrossEntropyLoss (per sample the mean over the positions) and Trainer.step(batch): the mean over
 every position.
+
+The llm suite (llama_tiny, smollm2_135m; moe_tiny): GluonNLP has no Llama (its last MXNet 1.x release
+predates it), so the decoder is a Gluon Llama written as that GPT2Model is, from the configuration
+fairness.py passes (--llm: the suite's description): HybridBlocks, an RMSNorm composed from operators
+(MXNet 1.9 has none), bias-free nn.Dense q, k and v, rotary position embedding from cos and sin
+constants (the rotate-half form), the key/value heads repeated to the query heads (transformers'
+repeat_kv), batch_dot attention with the causal masked softmax, a SwiGLU of bias-free nn.Dense (SiLU
+as x * sigmoid(x)). The MoE block is written as a Gluon user with static shapes must (a hybridised
+graph has no data-dependent shapes): a router nn.Dense, softmax, F.topk, the chosen weights
+renormalised and scattered to (tokens, E) by one_hot, then each expert, a SwiGLU of its own, on every
+token, weighted and summed (keras_hub's Mixtral computes its experts the same dense way); its
+load-balancing loss (Switch's E * sum(f*P), times the coefficient over the blocks) is the network's
+second output, added to every sample's loss.
 """
 
 from __future__ import annotations
@@ -30,8 +43,8 @@ import os
 
 import math
 
-from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            sequence, time_steps)
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, LLM_NETWORKS, SEQUENCE, VOCABULARY,
+                            canonical_inputs, parse_args, sequence, time_steps)
 
 
 def gpt2_model(mx):
@@ -117,6 +130,128 @@ def gpt2_model(mx):
     return GPT2Model(prefix="gpt2_")
 
 
+def llama_model(mx, cfg: dict, steps: int):
+    """The suite's Llama-style decoder (with experts, its MoE) as Gluon HybridBlocks, for `steps` tokens."""
+    import numpy as np
+    from mxnet.gluon import HybridBlock, nn
+
+    width, heads, kv_heads = cfg["width"], cfg["heads"], cfg["kv_heads"]
+    size = width // heads
+    half = size // 2
+    angles = np.arange(steps)[:, None] * (1.0 / cfg["rope_theta"] ** (np.arange(half) / half))[None, :]
+    cos_table = np.concatenate([np.cos(angles)] * 2, -1).astype("float32")  # (T, S)
+    sin_table = np.concatenate([np.sin(angles)] * 2, -1).astype("float32")
+    causal = np.tril(np.ones((steps, steps), dtype="float32"))[None]  # (1, T, T)
+
+    def dense(units, in_units, **kwargs):
+        return nn.Dense(units, in_units=in_units, flatten=False, use_bias=False, **kwargs)
+
+    class RMSNorm(HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.gamma = self.params.get("gamma", shape=(width,), init=mx.init.One())
+
+        def hybrid_forward(self, F, x, gamma):
+            scale = F.rsqrt(F.mean(F.square(x), axis=-1, keepdims=True) + cfg["eps"])
+            return F.broadcast_mul(F.broadcast_mul(x, scale), gamma)
+
+    class Attention(HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.q, self.k = dense(heads * size, width), dense(kv_heads * size, width)
+                self.v, self.out = dense(kv_heads * size, width), dense(width, heads * size)
+                self.cos = self.params.get_constant("cos", mx.nd.array(cos_table[None, None]))  # (1, 1, T, S)
+                self.sin = self.params.get_constant("sin", mx.nd.array(sin_table[None, None]))
+                self.mask = self.params.get_constant("mask", mx.nd.array(causal))
+
+        def hybrid_forward(self, F, x, cos, sin, mask):
+            def split(t, n):  # (B, T, n*S) -> (B, n, T, S)
+                return F.transpose(F.reshape(t, shape=(0, 0, n, size)), axes=(0, 2, 1, 3))
+
+            def rotate(t):
+                rotated = F.concat(-F.slice_axis(t, axis=-1, begin=half, end=None),
+                                   F.slice_axis(t, axis=-1, begin=0, end=half), dim=-1)
+                return F.broadcast_mul(t, cos) + F.broadcast_mul(rotated, sin)
+
+            q, k, v = rotate(split(self.q(x), heads)), rotate(split(self.k(x), kv_heads)), split(self.v(x), kv_heads)
+            if heads != kv_heads:  # each key/value head serves heads / kv_heads consecutive query heads
+                k, v = (F.repeat(t, repeats=heads // kv_heads, axis=1) for t in (k, v))
+            q, k, v = (F.reshape(t, shape=(-3, 0, 0)) for t in (q, k, v))  # (B*H, T, S)
+            scores = F.batch_dot(F.contrib.div_sqrt_dim(q), k, transpose_b=True)
+            full = F.broadcast_like(mask, scores, lhs_axes=(0,), rhs_axes=(0,))
+            scores = F.where(full, scores, -1e18 * F.ones_like(scores))  # GluonNLP's masked softmax
+            out = F.batch_dot(F.softmax(scores, axis=-1) * full, v)  # (B*H, T, S)
+            out = F.transpose(F.reshape(out, shape=(-4, -1, heads, 0, 0)), axes=(0, 2, 1, 3))
+            return self.out(F.reshape(out, shape=(0, 0, -1)))
+
+    class SwiGLU(HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.gate, self.up = dense(cfg["hidden"], width), dense(cfg["hidden"], width)
+                self.down = dense(width, cfg["hidden"])
+
+        def hybrid_forward(self, F, x):
+            g = self.gate(x)
+            return self.down(g * F.sigmoid(g) * self.up(x))
+
+    class MoE(HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.router = dense(cfg["experts"], width)
+                self.experts = nn.HybridSequential()
+                for e in range(cfg["experts"]):
+                    self.experts.add(SwiGLU(prefix=f"expert{e}_"))
+
+        def hybrid_forward(self, F, x):
+            tokens = F.reshape(x, shape=(-3, 0))  # (N, D)
+            p = F.softmax(self.router(tokens), axis=-1)  # (N, E)
+            picked, chosen = F.topk(p, k=cfg["top_k"], ret_typ="both", axis=-1)
+            picked = F.broadcast_div(picked, F.sum(picked, axis=-1, keepdims=True))
+            onehot = F.one_hot(chosen, cfg["experts"])  # (N, k, E)
+            weights = F.sum(F.broadcast_mul(onehot, F.expand_dims(picked, axis=2)), axis=1)  # (N, E)
+            out = None
+            for e in range(cfg["experts"]):
+                part = F.broadcast_mul(self.experts[e](tokens), F.slice_axis(weights, axis=1, begin=e, end=e + 1))
+                out = part if out is None else out + part
+            fraction = F.mean(F.sum(onehot, axis=1), axis=0)  # f_e
+            aux = cfg["experts"] * F.sum(fraction * F.mean(p, axis=0)) * (cfg["aux_loss_coefficient"] / cfg["layers"])
+            return F.reshape_like(out, x), aux
+
+    class Llama(HybridBlock):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            with self.name_scope():
+                self.embed = nn.Embedding(cfg["vocabulary"], width, weight_initializer=mx.init.Normal(cfg["init_std"]),
+                                          prefix="embed_")
+                self.attention, self.ffn = nn.HybridSequential(), nn.HybridSequential()
+                self.attn_norm, self.ffn_norm = nn.HybridSequential(), nn.HybridSequential()
+                for i in range(cfg["layers"]):
+                    self.attention.add(Attention(prefix=f"attn{i}_"))
+                    self.ffn.add(MoE(prefix=f"moe{i}_") if cfg["experts"] else SwiGLU(prefix=f"mlp{i}_"))
+                    self.attn_norm.add(RMSNorm(prefix=f"attn_norm{i}_"))
+                    self.ffn_norm.add(RMSNorm(prefix=f"ffn_norm{i}_"))
+                self.final_norm = RMSNorm(prefix="final_norm_")
+                self.head = (dense(cfg["vocabulary"], width, params=self.embed.params) if cfg["tied"]
+                             else dense(cfg["vocabulary"], width, prefix="head_"))
+
+        def hybrid_forward(self, F, data):
+            out, aux = self.embed(data), F.zeros((1,))
+            for i in range(cfg["layers"]):
+                out = out + self.attention[i](self.attn_norm[i](out))
+                y = self.ffn[i](self.ffn_norm[i](out))
+                if cfg["experts"]:
+                    y, extra = y
+                    aux = F.broadcast_add(aux, extra)
+                out = out + y
+            return self.head(self.final_norm(out)), aux
+
+    return Llama(prefix="llama_")
+
+
 def _stride_on_3x3(net) -> int:
     """Move each BottleneckV1's stride from its first (1x1) convolution to its 3x3; return how many.
 
@@ -158,6 +293,13 @@ def main() -> None:
                   "params-shared head) with GPT-2's dropouts")
         x = mx.nd.random.randint(0, GPT2["vocabulary"], shape=(args.batch, sequence(args)), ctx=ctx).astype("float32")
         y = mx.nd.random.randint(0, GPT2["vocabulary"], shape=(args.batch, sequence(args)), ctx=ctx).astype("float32")
+    elif args.network in LLM_NETWORKS:
+        net = llama_model(mx, args.llm, sequence(args))
+        source = (f"Gluon Llama written as GluonNLP's GPT2Model (the suite's {args.llm['name']}: composed RMSNorm "
+                  "and rotary, repeat_kv, batch_dot attention"
+                  + (", every expert on every token, top-k weighted)" if args.llm["experts"] else ")"))
+        x = mx.nd.random.randint(0, args.llm["vocabulary"], shape=(args.batch, sequence(args)), ctx=ctx).astype("float32")
+        y = mx.nd.random.randint(0, args.llm["vocabulary"], shape=(args.batch, sequence(args)), ctx=ctx).astype("float32")
     else:
         net = gluon.nn.HybridSequential()
         net.add(gluon.nn.Embedding(VOCABULARY, EMBEDDING),
@@ -177,7 +319,11 @@ def main() -> None:
 
     def step():
         with autograd.record():
-            loss = loss_fn(net(x), y)
+            if args.llm:  # (logits, the blocks' load-balancing loss), the latter added to every sample's
+                logits, aux = net(x)
+                loss = mx.nd.broadcast_add(loss_fn(logits, y), aux)
+            else:
+                loss = loss_fn(net(x), y)
         loss.backward()
         trainer.step(args.batch)
 

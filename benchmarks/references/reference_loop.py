@@ -16,10 +16,14 @@ from typing import Callable
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--network", required=True, choices=["resnet50", "lstm32", "gpt2_small"])
+    ap.add_argument("--network", required=True, choices=["resnet50", "lstm32", "gpt2_small", *LLM_NETWORKS])
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--sequence", type=int, default=None,
-                    help="tokens per sample for gpt2_small (the suite's per profile; at most its 1,024 context)")
+                    help="tokens per sample for a language model (the suite's per profile; at most its context)")
+    ap.add_argument("--llm", type=json.loads, default=None,
+                    help="the llm suite's networks: their configuration as JSON (fairness.py's llm_configuration: "
+                         "vocabulary, width, layers, heads, kv_heads, hidden, eps, rope_theta, tied, init_std, "
+                         "experts, top_k, aux_loss_coefficient, context, params)")
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of measured steps, at least")
     ap.add_argument("--min-iters", type=int, default=5)
@@ -29,7 +33,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--inputs", help="a canonical .npz (x: images NCHW float32 or token ids; y: labels) to train on "
                                      "instead of the framework's own random batch: the one dlbench's runner gets")
-    return ap.parse_args()
+    args = ap.parse_args()
+    if (args.network in LLM_NETWORKS) != (args.llm is not None):
+        ap.error("--llm is given for the llm suite's networks and for them only")
+    return args
 
 
 def canonical_inputs(args: argparse.Namespace, channels_last: bool = False):
@@ -52,16 +59,20 @@ VOCABULARY, SEQUENCE, EMBEDDING, HIDDEN = 10000, 32, 256, 256
 # for the context, a step runs --sequence positions of it
 GPT2 = {"vocabulary": 50257, "context": 1024, "width": 768, "layers": 12, "heads": 12, "dropout": 0.1, "eps": 1e-5}
 GPT2_PARAMS = 124_439_808  # the count GPT2LMHeadModel reports, the tied table counted once
+# The llm suite's decoders the references build: their configuration comes from the suite's description
+# (--llm, written by fairness.py), so that a reference is the same network as dlbench's by construction.
+LLM_NETWORKS = ("llama_tiny", "moe_tiny", "smollm2_135m")
 
 
 def sequence(args: argparse.Namespace) -> int:
-    """gpt2_small's tokens per sample: --sequence, else the --inputs batch's, else 128 (the CPU default)."""
+    """A language model's tokens per sample: --sequence, else the --inputs batch's, else 128."""
     given = canonical_inputs(args)
     length = args.sequence or (given[0].shape[1] if given is not None else 128)
     if given is not None and given[0].shape[1] != length:
         raise SystemExit(f"--sequence {length} but --inputs holds {given[0].shape[1]} tokens per sample")
-    if not 0 < length <= GPT2["context"]:
-        raise SystemExit(f"--sequence {length}: GPT-2's context is {GPT2['context']}")
+    context = args.llm["context"] if args.llm else GPT2["context"]
+    if not 0 < length <= context:
+        raise SystemExit(f"--sequence {length}: {args.network}'s context is {context}")
     return length
 
 
@@ -83,8 +94,9 @@ def time_steps(step: Callable[[], object], sync: Callable[[], object], args: arg
         if n >= args.min_iters and elapsed >= args.min_time:
             break
     result = {"samples_per_s": n * args.batch / elapsed, "mean_s": elapsed / n, "iterations": n}
-    if args.network == "gpt2_small":
+    if args.network == "gpt2_small" or args.llm:
         result.update(sequence=sequence(args), tokens_per_s=n * args.batch * sequence(args) / elapsed)
-        if facts.get("params") != GPT2_PARAMS:  # said, not hidden: the table shows both counts
-            result["params_differ"] = f"{facts.get('params')} parameters, not GPT-2 small's {GPT2_PARAMS:,}"
+        expected = args.llm["params"] if args.llm else GPT2_PARAMS
+        if facts.get("params") != expected:  # said, not hidden: the table shows both counts
+            result["params_differ"] = f"{facts.get('params')} parameters, not {args.network}'s {expected:,}"
     print(json.dumps({**result, **facts}))

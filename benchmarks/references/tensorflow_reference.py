@@ -7,6 +7,12 @@ with SparseCategoricalCrossentropy(from_logits=True), the mean over every positi
 in the runner's environment: fairness.py installs benchmarks/references/requirements-tensorflow.txt
 into a folder of its own and puts it on PYTHONPATH for this process only.
 
+The llm suite (llama_tiny, smollm2_135m; moe_tiny): keras_hub's LlamaCausalLM on a LlamaBackbone and
+MixtralCausalLM on a MixtralBackbone, built from the configuration fairness.py passes (--llm: the
+suite's description; no dropout, preprocessor=None, token ids and a padding mask of ones in). The
+MoE's load-balancing loss is keras_hub's own: MixtralSparseMoeBlock add_loss()es it, times
+router_aux_loss_coef, in training; the step adds model.losses to the cross-entropy, as Keras' fit does.
+
 keras.applications' ResNet-50 is the original v1: the stride sits on the first 1x1 convolution of a
 block and every convolution has a bias (25.6 M parameters against the suite's 25.56 M); the JSON line
 carries its parameter count so the difference stays visible.
@@ -14,8 +20,8 @@ carries its parameter count so the difference stays visible.
 
 from __future__ import annotations
 
-from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            sequence, time_steps)
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, LLM_NETWORKS, SEQUENCE, VOCABULARY,
+                            canonical_inputs, parse_args, sequence, time_steps)
 
 
 def gpt2_small(keras):
@@ -29,6 +35,28 @@ def gpt2_small(keras):
         max_sequence_length=GPT2["context"])
     model = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
     return model, f"keras_hub {keras_hub.__version__} GPT2CausalLM(GPT2Backbone(gpt2 small), preprocessor=None)"
+
+
+def llm(config: dict):
+    """keras_hub's Llama (or, with experts, Mixtral) causal LM from the suite's configuration."""
+    import keras_hub
+
+    common = dict(vocabulary_size=config["vocabulary"], num_layers=config["layers"],
+                  num_query_heads=config["heads"], hidden_dim=config["width"], intermediate_dim=config["hidden"],
+                  num_key_value_heads=config["kv_heads"], rope_max_wavelength=config["rope_theta"],
+                  layer_norm_epsilon=config["eps"], dropout=0)
+    if config["experts"]:
+        if config["tied"]:
+            raise SystemExit("keras_hub's MixtralBackbone has no tied head; the suite's MoE decoder is tied")
+        backbone = keras_hub.models.MixtralBackbone(**common, num_experts=config["experts"], top_k=config["top_k"],
+                                                    router_aux_loss_coef=config["aux_loss_coefficient"],
+                                                    sliding_window=config["context"])
+        model = keras_hub.models.MixtralCausalLM(backbone=backbone, preprocessor=None)
+    else:
+        backbone = keras_hub.models.LlamaBackbone(**common, tie_word_embeddings=config["tied"])
+        model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+    return model, (f"keras_hub {keras_hub.__version__} {type(model).__name__}({type(backbone).__name__}"
+                   f"(the suite's {config['name']}), preprocessor=None)")
 
 
 def main() -> None:
@@ -48,10 +76,11 @@ def main() -> None:
         source = "keras.applications.ResNet50"
         x = tf.random.normal((args.batch, *IMAGE))
         y = tf.random.uniform((args.batch,), 0, CLASSES, dtype=tf.int32)
-    elif args.network == "gpt2_small":
-        model, source = gpt2_small(keras)
-        x = tf.random.uniform((args.batch, sequence(args)), 0, GPT2["vocabulary"], dtype=tf.int32)
-        y = tf.random.uniform((args.batch, sequence(args)), 0, GPT2["vocabulary"], dtype=tf.int32)
+    elif args.network == "gpt2_small" or args.network in LLM_NETWORKS:
+        model, source = llm(args.llm) if args.llm else gpt2_small(keras)
+        vocabulary = args.llm["vocabulary"] if args.llm else GPT2["vocabulary"]
+        x = tf.random.uniform((args.batch, sequence(args)), 0, vocabulary, dtype=tf.int32)
+        y = tf.random.uniform((args.batch, sequence(args)), 0, vocabulary, dtype=tf.int32)
     else:
         model = keras.Sequential([keras.Input((SEQUENCE,), dtype="int32"),
                                   keras.layers.Embedding(VOCABULARY, EMBEDDING),
@@ -65,7 +94,7 @@ def main() -> None:
     if given is not None:  # the runner's batch, NHWC as keras' ResNet50 takes it
         ids = given[0].dtype.kind in "iu"  # token ids as int32, as Keras' embeddings take them
         x, y = tf.constant(given[0].astype("int32") if ids else given[0]), tf.constant(given[1].astype("int32"))
-    if args.network == "gpt2_small":  # GPT2CausalLM's inputs: the ids and a padding mask (no padding)
+    if args.network == "gpt2_small" or args.llm:  # keras_hub's causal LMs' inputs: the ids and a padding mask (no padding)
         x = {"token_ids": x, "padding_mask": tf.ones_like(x)}
     opt = keras.optimizers.SGD(learning_rate=args.learning_rate, momentum=args.momentum)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -74,6 +103,8 @@ def main() -> None:
     def train_step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
+            if model.losses:  # what the layers add_loss()ed this call: the MoE's load-balancing loss
+                loss = loss + tf.add_n(model.losses)
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss

@@ -11,6 +11,13 @@ GELU: the gpt2 configuration's own activation, "gelu_new" (NewGELUActivation, th
 out in five element-wise torch operations); DLBENCH_REFERENCE_GPT2_GELU=gelu_pytorch_tanh runs the same
 function as torch's fused F.gelu(approximate="tanh"), which is what dlbench's runner calls.
 
+The llm suite (llama_tiny, smollm2_135m; moe_tiny): transformers' LlamaForCausalLM(LlamaConfig(...))
+and MixtralForCausalLM(MixtralConfig(...)) from the configuration fairness.py passes (--llm: the suite's
+description), attn_implementation="sdpa", no key/value cache; the MoE's load-balancing loss is
+transformers' own (output_router_logits=True: `aux_loss`, times router_aux_loss_coef, added to the
+loss as MixtralForCausalLM adds it when given labels). The torch environment has transformers
+(runners/torch/requirements-cpu.txt), so these need no reference-only packages.
+
 torchvision cannot be used with the local CPU torch wheel of the development machine (its compiled
 operators do not register against that build), so there the hand-written model stands in; the JSON
 line says which model ran.
@@ -23,8 +30,8 @@ from torch import nn
 
 import os
 
-from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, SEQUENCE, VOCABULARY, canonical_inputs, parse_args,
-                            sequence, time_steps)
+from reference_loop import (CLASSES, EMBEDDING, GPT2, HIDDEN, IMAGE, LLM_NETWORKS, SEQUENCE, VOCABULARY,
+                            canonical_inputs, parse_args, sequence, time_steps)
 
 
 class Bottleneck(nn.Module):
@@ -115,6 +122,35 @@ def gpt2_small() -> tuple[nn.Module, str]:
                    f"activation_function={gelu!r})), attn_implementation={attention!r}")
 
 
+def llm(config: dict) -> tuple[nn.Module, str]:
+    """transformers' Llama (or, with experts, Mixtral) causal LM from the suite's configuration: no
+    biases, RMSNorm, rotary at the network's theta, grouped key/value heads, SwiGLU; Mixtral's sliding
+    window off (the suite's attention is causal over the whole sequence)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a configuration only: nothing is fetched
+    import transformers
+
+    common = dict(vocab_size=config["vocabulary"], hidden_size=config["width"], intermediate_size=config["hidden"],
+                  num_hidden_layers=config["layers"], num_attention_heads=config["heads"],
+                  num_key_value_heads=config["kv_heads"], max_position_embeddings=config["context"],
+                  rms_norm_eps=config["eps"], rope_theta=config["rope_theta"],
+                  tie_word_embeddings=config["tied"], initializer_range=config["init_std"], use_cache=False,
+                  attn_implementation="sdpa")
+    if config["experts"]:
+        cfg = transformers.MixtralConfig(**common, num_local_experts=config["experts"],
+                                         num_experts_per_tok=config["top_k"],
+                                         router_aux_loss_coef=config["aux_loss_coefficient"],
+                                         output_router_logits=True, sliding_window=None)
+        model = transformers.MixtralForCausalLM(cfg)
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+    if config["tied"]:
+        assert model.lm_head.weight is model.model.embed_tokens.weight, "the head is not tied"
+    experts = getattr(model.config, "experts_implementation", None) or getattr(model.config, "_experts_implementation", None)
+    return model, (f"transformers {transformers.__version__} {type(model).__name__}({type(model.config).__name__}"
+                   f"(the suite's {config['name']})), attn_implementation={model.config._attn_implementation!r}"
+                   + (f", experts_implementation={experts!r}" if config["experts"] else ""))
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -129,9 +165,10 @@ def main() -> None:
         x = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
         y = torch.randint(0, VOCABULARY, (args.batch, SEQUENCE), device=device)
     else:
-        model, source = gpt2_small()
-        x = torch.randint(0, GPT2["vocabulary"], (args.batch, sequence(args)), device=device)
-        y = torch.randint(0, GPT2["vocabulary"], (args.batch, sequence(args)), device=device)
+        model, source = llm(args.llm) if args.network in LLM_NETWORKS else gpt2_small()
+        vocabulary = args.llm["vocabulary"] if args.llm else GPT2["vocabulary"]
+        x = torch.randint(0, vocabulary, (args.batch, sequence(args)), device=device)
+        y = torch.randint(0, vocabulary, (args.batch, sequence(args)), device=device)
     given = canonical_inputs(args)
     if given is not None:  # the runner's batch
         x, y = (torch.from_numpy(a).to(device) for a in given)
@@ -144,8 +181,12 @@ def main() -> None:
     def step():
         opt.zero_grad(set_to_none=True)
         out = model(x)
-        out = out.logits if args.network == "gpt2_small" else out
-        loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)).backward()
+        aux = getattr(out, "aux_loss", None)  # Mixtral's load-balancing loss (output_router_logits=True)
+        out = out.logits if args.network == "gpt2_small" or args.llm else out
+        loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        if aux is not None:
+            loss = loss + model.config.router_aux_loss_coef * aux
+        loss.backward()
         opt.step()
 
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)

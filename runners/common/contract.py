@@ -184,7 +184,12 @@ class CompressionMethod(Axis):
       gtopk     global top-k (Shi et al. 2019): the local top-k pairs merged up a binomial tree in
                 ceil(log2 P) rounds, keeping the k largest of each merge, and the global k pairs
                 sent back down the tree in as many rounds; what a rank selected but the global set
-                dropped goes back to its residual."""
+                dropped goes back to its residual;
+      2bit      MXNet kvstore's own 2-bit quantisation (set_gradient_compression type "2bit"):
+                each value of gradient + residual sent as +threshold, -threshold or 0 (2 bits,
+                16 values to a float32 word) to the parameter servers, the rest kept as the
+                residual (error feedback); the servers' sum comes back dense (float32).
+                A parameter-server exchange: the frameworks without one skip it."""
 
     NONE = "none"
     FP16 = "fp16"
@@ -192,6 +197,7 @@ class CompressionMethod(Axis):
     POWERSGD = "powersgd"
     TOPK = "topk"
     GTOPK = "gtopk"
+    TWO_BIT = "2bit"
 
     @property
     def parameter(self) -> str | None:
@@ -219,23 +225,27 @@ class CompressionMethod(Axis):
 
 
 _COMPRESSION_PARAMETER = {CompressionMethod.POWERSGD: "rank", CompressionMethod.TOPK: "density",
-                          CompressionMethod.GTOPK: "density"}
+                          CompressionMethod.GTOPK: "density", CompressionMethod.TWO_BIT: "threshold"}
 
 
 class Compression:
     """The request's `compression`: a CompressionMethod and its parameter, spelt `method[:value]`
-    (`none`, `fp16`, `bf16`, `powersgd:4`, `topk:0.01`, `gtopk:0.01`). rank is an integer >= 1,
-    density a number in (0, 1]; methods without a parameter take none. A value is immutable,
+    (`none`, `fp16`, `bf16`, `powersgd:4`, `topk:0.01`, `gtopk:0.01`, `2bit:0.5`). rank is an
+    integer >= 1, density a number in (0, 1], threshold a number > 0; methods without a parameter
+    take none. A value is immutable,
     compares and hashes as its spelling, and prints as it (requests and records carry the text)."""
 
-    __slots__ = ("method", "rank", "density")
+    __slots__ = ("method", "rank", "density", "threshold")
 
-    def __init__(self, method: CompressionMethod, rank: int | None = None, density: float | None = None):
+    def __init__(self, method: CompressionMethod, rank: int | None = None, density: float | None = None,
+                 threshold: float | None = None):
         object.__setattr__(self, "method", CompressionMethod(method))
         object.__setattr__(self, "rank", rank)
         object.__setattr__(self, "density", density)
+        object.__setattr__(self, "threshold", threshold)
         wants = self.method.parameter
-        if (wants == "rank") != (rank is not None) or (wants == "density") != (density is not None):
+        given = {"rank": rank, "density": density, "threshold": threshold}
+        if any((wants == name) != (value is not None) for name, value in given.items()):
             raise ValueError(f"compression {self.method.value} takes {wants or 'no parameter'}")
 
     def __setattr__(self, name, value):
@@ -247,6 +257,8 @@ class Compression:
             return f"{self.method.value}:{self.rank}"
         if self.density is not None:
             return f"{self.method.value}:{self.density:g}"
+        if self.threshold is not None:
+            return f"{self.method.value}:{self.threshold:g}"
         return self.method.value
 
     def __str__(self) -> str:
@@ -281,7 +293,7 @@ class Compression:
     @classmethod
     def every(cls) -> tuple["Compression", ...]:
         """What `all` means: every method once, at the parameters issue 44 compares (PowerSGD
-        rank 4, top-k and gTop-k density 0.01)."""
+        rank 4, top-k and gTop-k density 0.01; 2-bit at MXNet's default threshold 0.5)."""
         return tuple(cls.parse(text, who="Compression.every") for text in EVERY_COMPRESSION)
 
     @classmethod
@@ -316,24 +328,20 @@ class Compression:
                 raise refuse("needs a rank that is a whole number >= 1")
             return cls(method, rank=int(parameter))
         try:
-            density = float(parameter)
+            number = float(parameter)
         except ValueError:
-            density = float("nan")
-        if not 0.0 < density <= 1.0:  # NaN fails too
+            number = float("nan")
+        if method.parameter == "threshold":
+            if not 0.0 < number < float("inf"):  # NaN fails too
+                raise refuse("needs a threshold > 0")
+            return cls(method, threshold=number)
+        if not 0.0 < number <= 1.0:  # NaN fails too
             raise refuse("needs a density in (0, 1]")
-        return cls(method, density=density)
+        return cls(method, density=number)
 
 
-EVERY_COMPRESSION = ("none", "fp16", "bf16", "powersgd:4", "topk:0.01", "gtopk:0.01")
-
-
-def dense_exchange_only(request: dict, runner: str, why: str) -> None:
-    """For a runner whose data-parallel step all-reduces dense float32 gradients only: a Skip when
-    the request asks for a compression (the controller refuses it first, from runner.toml; this
-    guards a hand-made request), never a silent dense run."""
-    compression = request.get("compression")
-    if compression is not None and not Compression.parse(compression, who="the request's 'compression'").dense:
-        raise Skip(f"{runner} data-parallel runner: compression {compression}: {why}")
+# 2bit at MXNet's own default threshold (KVStore.set_gradient_compression)
+EVERY_COMPRESSION = ("none", "fp16", "bf16", "powersgd:4", "topk:0.01", "gtopk:0.01", "2bit:0.5")
 
 
 def topk_count(size: int, density: float) -> int:

@@ -20,6 +20,13 @@ weights, the same bytes, with the optimiser on the servers.) trainer.step(world)
 gradient by the number of workers: the mean over the global batch, as DDP. Gradient bytes per
 iteration: the float32 gradients of every trainable parameter, pushed once (and as many pulled).
 
+Gradient compression (the request's `compression`): MXNet's own 2-bit quantisation
+(kv.set_gradient_compression: the worker pushes 2-bit codes and keeps the residual, the servers
+decode and sum, the worker pulls the float32 sum; the dist kvstore refuses it with pushpull, so
+KVStoreExchange pushes and then pulls), fp16 (float16 casts push-pulled) and PowerSGD (its P and
+Q factors push-pulled, with error feedback). They run before trainer.update, under keys of their
+own. The other methods are skipped (COMPRESSION_UNAVAILABLE).
+
 Exposed communication: MXNet's dependency engine issues each gradient's push as soon as backward
 has written it, so the exchange overlaps backward. `step_without_sync` is the same step with
 trainer.update() in place of trainer.step(): Gluon's own split of step() into allreduce_grads()
@@ -44,7 +51,7 @@ from __future__ import annotations
 import gc
 import os
 
-from runners.common.contract import DataParallel, dense_exchange_only
+from runners.common.contract import Compression, CompressionMethod, DataParallel
 from runners.common.protocol import Skip
 from runners.mxnet.framework import load_mxnet
 from runners.mxnet.precision import float32_math, request_precision
@@ -117,6 +124,117 @@ class Collective:
         return self.recv.tostype("default").asnumpy().reshape(-1)
 
 
+# Why the runner has no exchange for these methods (runner.toml's compression_refused says the same).
+COMPRESSION_UNAVAILABLE = {
+    CompressionMethod.BF16: "MXNet 1.9's NDArray has no bfloat16 dtype ('bfloat16' is not understood), so the "
+                            "kvstore cannot carry bfloat16 gradients",
+    CompressionMethod.TOPK: "the runner has no top-k exchange through the kvstore yet (the kvstore has no "
+                            "all-gather; only its row-sparse push and pull could carry the pairs)",
+    CompressionMethod.GTOPK: "gTop-k merges pairs between workers up a tree, and ps-lite workers send only to the "
+                             "servers, which sum what they receive: no worker-to-worker message, no merge",
+}
+
+# int keys of the runner's own exchange, clear of the Trainer's (0 .. parameters - 1): a kvstore
+# takes int or str keys, not both; PowerSGD's Q factors have keys of their own above
+EXCHANGE_KEY_BASE = 1 << 20
+Q_KEY_BASE = 1 << 21
+
+
+class KVStoreExchange:
+    """A compressed exchange through the kvstore, run before trainer.update (which then applies the
+    summed gradients without an exchange of its own), one key per gradient, in the Trainer's order
+    and priorities:
+      fp16  each gradient cast to float16, kv.pushpull of the cast (the servers sum float16), cast
+            back into the gradient;
+      2bit  kv.set_gradient_compression({'type': '2bit', 'threshold': t}) before the keys are made;
+            kv.push of each gradient (the kvstore quantises it to 2-bit codes and keeps the residual
+            on the worker; the servers decode and sum), then kv.pull of the float32 sum into it
+            (MXNet 1.9's dist kvstore refuses pushpull with compression: two calls);
+      powersgd  per weight viewed as (shape[0], the rest) whose factors are smaller (n m > (n + m) r):
+            M = gradient + error, P = M Q push-pulled (summed), orthonormalised (an LQ
+            factorisation of P^T, mx.nd.linalg.gelqf), Q = M^T P push-pulled, the gradient P Q^T,
+            error M - P Q^T / workers, Q / workers kept (warm start); other gradients push-pulled
+            whole. Every worker starts from the same Q (the request's seed)."""
+
+    def __init__(self, kv, trainable, compression: Compression, world: int = 1, seed: int = 0):
+        mx = load_mxnet()
+        import numpy as np
+
+        self.kv, self.method, self.compression, self.world = kv, compression.method, compression, world
+        self.grads = [p.list_grad()[0] for p in trainable]
+        self.keys = [EXCHANGE_KEY_BASE + i for i in range(len(self.grads))]
+        if self.method is CompressionMethod.POWERSGD:
+            r = compression.rank
+            rng = np.random.default_rng(seed)
+            self.views, self.errors, self.qs, self.ps = [], [], [], []
+            for i, g in enumerate(self.grads):
+                n = g.shape[0] if len(g.shape) >= 2 else None
+                m = g.size // n if n else None
+                factored = n is not None and n * m > (n + m) * r
+                self.views.append((n, m) if factored else None)
+                self.errors.append(mx.nd.zeros((n, m)) if factored else None)
+                self.qs.append(mx.nd.array(rng.standard_normal((m, r)).astype(np.float32)) if factored else None)
+                self.ps.append(mx.nd.zeros((n, r)) if factored else None)
+                kv.init(self.keys[i], mx.nd.zeros((n, r)) if factored else mx.nd.zeros(g.shape))
+                if factored:
+                    kv.init(Q_KEY_BASE + i, mx.nd.zeros((m, r)))
+            return
+        if self.method is CompressionMethod.FP16:
+            self.buffers = [mx.nd.zeros(g.shape, dtype="float16") for g in self.grads]
+        elif self.method is CompressionMethod.TWO_BIT:
+            kv.set_gradient_compression({"type": "2bit", "threshold": compression.threshold})
+            self.buffers = self.grads
+        else:
+            raise ValueError(f"compression {compression} has no kvstore exchange in this runner")
+        for key, buffer in zip(self.keys, self.buffers):
+            kv.init(key, mx.nd.zeros(buffer.shape, dtype=buffer.dtype))
+
+    def _powersgd(self) -> None:
+        nd = load_mxnet().nd
+        ms = {}
+        for i, (key, g, view) in enumerate(zip(self.keys, self.grads, self.views)):
+            if view is None:  # a vector, or a matrix its factors would not shrink: summed whole
+                self.kv.pushpull(key, g, out=g, priority=-i)
+                continue
+            ms[i] = g.reshape(view) + self.errors[i]
+            nd.dot(ms[i], self.qs[i], out=self.ps[i])
+            self.kv.pushpull(key, self.ps[i], out=self.ps[i], priority=-i)
+        for i, m in ms.items():
+            lq, _ = nd.linalg.gelqf(self.ps[i].T)  # P^T = L Q: Q^T spans P's columns, orthonormal
+            p = lq.T
+            q = nd.dot(m, p, transpose_a=True)
+            self.kv.pushpull(Q_KEY_BASE + i, q, out=q, priority=-i)
+            approx = nd.dot(p, q, transpose_b=True)  # the sum over the workers of their M's projection
+            self.errors[i][:] = m - approx / self.world
+            self.qs[i][:] = q / self.world
+            self.grads[i][:] = approx.reshape(self.grads[i].shape)
+
+    def push_pull(self) -> None:
+        if self.method is CompressionMethod.POWERSGD:
+            self._powersgd()
+            return
+        nd = load_mxnet().nd
+        for i, (key, g, buffer) in enumerate(zip(self.keys, self.grads, self.buffers)):
+            if self.method is CompressionMethod.FP16:
+                nd.cast(g, dtype="float16", out=buffer)
+                self.kv.pushpull(key, buffer, out=buffer, priority=-i)
+                nd.cast(buffer, dtype="float32", out=g)
+            else:
+                self.kv.push(key, g, priority=-i)
+                self.kv.pull(key, out=g, priority=-i)
+
+    def describe(self) -> str:
+        if self.method is CompressionMethod.POWERSGD:
+            return ("PowerSGD: kv.pushpull of each compressed weight's P factor (and of every other gradient whole), "
+                    "then of its Q factor; orthonormalised by mx.nd.linalg.gelqf; then trainer.update")
+        if self.method is CompressionMethod.FP16:
+            return ("each gradient cast to float16, kv.pushpull of the casts (the servers sum float16), cast back "
+                    "into the gradient, then trainer.update (no exchange of the Trainer's own)")
+        return ("kvstore dist_sync with set_gradient_compression 2bit: kv.push of each gradient (quantised by the "
+                "kvstore to 2-bit codes, 16 values to a float32 word, the residual kept on the worker; the "
+                "servers decode and sum), kv.pull of the float32 sum, then trainer.update")
+
+
 class MXNetDistributedRunner(MXNetRunner):
     def __init__(self):
         self.kv = None
@@ -178,8 +296,10 @@ class MXNetDistributedRunner(MXNetRunner):
         mx = load_mxnet()
         import numpy as np
 
-        dense_exchange_only(request, "mxnet", "the kvstore pushes and pulls dense gradients (its own 2-bit "
-                            "quantisation is none of the methods)")
+        compression = request.get("compression") or Compression(CompressionMethod.NONE)
+        why = COMPRESSION_UNAVAILABLE.get(compression.method)
+        if why:  # runner.toml refuses them first; this guards a hand-made request
+            raise Skip(f"mxnet data-parallel runner: compression {compression}: {why}")
         precision = request_precision(request)  # ValueError: a name no runner accepts
         if precision != "fp32":
             raise Skip(f"precision {precision}: the mxnet data-parallel runner trains in fp32 only "
@@ -211,9 +331,18 @@ class MXNetDistributedRunner(MXNetRunner):
                 _, loss = model(x, y)
             loss.backward()
 
-        def step():
-            forward_backward()
-            trainer.step(world)  # push-pull every gradient (summed over the workers), then / world
+        # one worker: nothing is exchanged (no kvstore), its baseline is dense
+        exchange = KVStoreExchange(self.kv, trainable, compression, world, seed + 2) \
+            if self.kv is not None and not compression.dense else None
+        if exchange is not None:
+            def step():
+                forward_backward()
+                exchange.push_pull()  # the compressed exchange: the summed gradients in place
+                trainer.update(world)
+        else:
+            def step():
+                forward_backward()
+                trainer.step(world)  # push-pull every gradient (summed over the workers), then / world
 
         def step_without_sync():
             forward_backward()
@@ -228,7 +357,19 @@ class MXNetDistributedRunner(MXNetRunner):
                                  "gradients of the per-worker mean losses",
                     "engine_cpu_worker_threads": int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1")),
                     "exposed_communication": "median step time minus median step time with trainer.update() "
-                                             "in place of trainer.step() (no allreduce_grads)"}
+                                             "in place of trainer.step() (no allreduce_grads)",
+                    "compression": {"method": str(compression)}}
+        if exchange is not None:
+            settings["compression"]["exchange"] = exchange.describe()
+            if compression.method is CompressionMethod.TWO_BIT:
+                settings["compression"].update(threshold=compression.threshold, error_feedback=True,
+                                               residual="kept by the kvstore on each worker (MXNet's own)")
+            elif compression.method is CompressionMethod.POWERSGD:
+                settings["compression"].update(
+                    rank=compression.rank, error_feedback=True, warm_start=True,
+                    compressed_tensors=sum(v is not None for v in exchange.views),
+                    compressed_when="n m > (n + m) rank, the weight viewed as (shape[0], the rest)",
+                    orthogonalisation="mx.nd.linalg.gelqf of P^T")
         return DataParallel(step, step_without_sync, mx.nd.waitall, params, output_shape(net, x), settings,
                             grad_bytes)
 

@@ -17,6 +17,11 @@ Data-parallel step (the custom training loop TF documents for this strategy): in
 pack and reduced by one collective) before the update. Batch-norm running statistics stay local to
 each worker (the strategy does not synchronise them).
 
+Gradient compression (the request's `compression`): TF's CommunicationOptions offer none, so the
+optimizer's `_all_reduce_sum_gradients` runs the runner's GradientExchange instead of its dense
+all-reduce (fp16/bf16 casts all-reduced, PowerSGD's two all-reduces, an all-gather of top-k pairs,
+each with its error feedback in this worker's own variables); gTop-k is skipped (GTOPK_UNAVAILABLE).
+
 Exposed communication: `step_without_sync` is the same compiled step with the exchange left out
 (Keras' `_all_reduce_sum_gradients`, the one place its TF optimizer all-reduces, returns the local
 gradients; the traced graphs are checked to hold one gradient collective per step and none
@@ -50,7 +55,9 @@ from runners.tensorflow.runner import TensorFlowRunner, compile_choice
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
-GRADIENT_COLLECTIVE = "CollectiveReduceV2"
+# the collective ops a step's gradient exchange may hold (dense and cast: a reduce; PowerSGD: two
+# reduces; top-k: a gather)
+GRADIENT_COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
 
 
 class DataParallel(contract.DataParallel):
@@ -102,11 +109,19 @@ def _optimizer_class():
 
     class SGDWithOptionalExchange(base):
         exchange = True  # read while a step is traced, so each traced step keeps its choice
+        compressed = None  # a GradientExchange: the request's compression in place of the dense all-reduce
 
         def _all_reduce_sum_gradients(self, grads_and_vars):
-            if self.exchange:
+            if not self.exchange:
+                return list(grads_and_vars)
+            if self.compressed is None:
                 return super()._all_reduce_sum_gradients(grads_and_vars)
-            return list(grads_and_vars)
+            grads_and_vars = list(grads_and_vars)
+            missing = [v.name for g, v in grads_and_vars if g is None]
+            if missing:  # every trainable tensor of a benchmark network has a gradient
+                raise RuntimeError(f"no gradient for {', '.join(missing)}: the compressed exchange sends every one")
+            summed = self.compressed.exchange([g for g, _ in grads_and_vars])
+            return list(zip(summed, [v for _, v in grads_and_vars]))
 
     return SGDWithOptionalExchange
 
@@ -117,6 +132,16 @@ def tf_config(cluster) -> dict:
         raise RuntimeError(f"DLBENCH_WORKER_ADDRESSES names {len(cluster.worker_addresses)} workers, "
                            f"WORLD_SIZE is {cluster.world_size}: TF_CONFIG needs every worker's address")
     return {"cluster": {"worker": list(cluster.worker_addresses)}, "task": {"type": "worker", "index": cluster.rank}}
+
+
+def _count_collectives(concrete_function) -> dict[str, int]:
+    """The gradient-exchange collectives of a traced step, by op type (those it holds)."""
+    counts = {op: _count_ops(concrete_function, op) for op in GRADIENT_COLLECTIVES}
+    return {op: c for op, c in counts.items() if c}
+
+
+def _describe_ops(counts: dict[str, int]) -> str:
+    return ", ".join(f"{c} {op}" for op, c in counts.items())
 
 
 def _count_ops(concrete_function, op_type: str) -> int:
@@ -217,8 +242,6 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
         import numpy as np
 
-        contract.dense_exchange_only(request, "tensorflow", "the strategy's all-reduce has no compression "
-                                     "(CommunicationOptions offer none)")
         tf, keras = load_tf(), load_keras()
         network = request["network"]
         cuda = cluster.device == "cuda"
@@ -239,12 +262,26 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         tokens, images, has_lstm = input_kind(network)
         bn_floor = set_batch_norm_floor(cuda)
         optimizer_class = _optimizer_class()
+        compression = request.get("compression") or contract.Compression(contract.CompressionMethod.NONE)
+        if compression.method is contract.CompressionMethod.GTOPK:
+            raise Skip(f"tensorflow multi-worker runner: compression {compression}: {GTOPK_UNAVAILABLE}")
+        if compression.method is contract.CompressionMethod.TWO_BIT:
+            raise Skip(f"tensorflow multi-worker runner: compression {compression}: the strategy exchanges gradients "
+                       "by collectives between the workers, and MXNet's 2-bit is a parameter-server exchange")
+        if not compression.dense and optimizer_class is None:
+            raise Skip(f"tensorflow multi-worker runner: compression {compression}: this Keras optimizer has no "
+                       "_all_reduce_sum_gradients, where the runner puts its compressed exchange")
         with strategy.scope():
             model, per_layer, flatten_modes, permuted = build_network(network)
             trainable = model.trainable_variables
             optimizer = (optimizer_class or keras.optimizers.SGD)(
                 learning_rate=request["learning_rate"], momentum=request["momentum"])
             optimizer.build(trainable)
+        exchange = None
+        if not compression.dense and workers > 1:  # one worker exchanges nothing: its baseline is dense
+            # outside the scope: each worker's own residuals and factors, not mirrored variables
+            exchange = GradientExchange(compression, self, trainable, request.get("seed", 0) + 2)
+            optimizer.compressed = exchange
         params = count_params(trainable)
         grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in trainable))
 
@@ -297,17 +334,17 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
                     optimizer.exchange = True
 
         synced = traced(exchange=True)
-        collectives = _count_ops(synced, GRADIENT_COLLECTIVE)
-        if workers > 1 and collectives < 1:
-            raise RuntimeError(f"the traced data-parallel step holds no {GRADIENT_COLLECTIVE}: gradients would not "
-                               "be exchanged")
+        collectives = _count_collectives(synced)
+        if workers > 1 and not collectives:
+            raise RuntimeError(f"the traced data-parallel step holds none of {', '.join(GRADIENT_COLLECTIVES)}: "
+                               "gradients would not be exchanged")
         step_without_sync = None
         exposed = "not measured: this Keras optimizer has no _all_reduce_sum_gradients to leave out"
         if optimizer_class is not None:
             local = traced(exchange=False)
-            left = _count_ops(local, GRADIENT_COLLECTIVE)
+            left = _count_collectives(local)
             if left:
-                raise RuntimeError(f"the step without the exchange still holds {left} {GRADIENT_COLLECTIVE}")
+                raise RuntimeError(f"the step without the exchange still holds {_describe_ops(left)}")
             step_without_sync = lambda: local()  # noqa: E731
             exposed = ("median step time minus median step time of the same tf.function step traced with Keras' "
                        "gradient all-reduce left out")
@@ -324,9 +361,12 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
                               "bytes_per_pack": options.bytes_per_pack,
                               "timeout_seconds": options.timeout_seconds,
                               "cross_device_ops": type(self.strategy.extended._cross_device_ops).__name__},
-            "gradient_exchange": (f"Keras SGD apply_gradients in the replica context: replica_context.all_reduce(SUM) "
-                                  f"of every gradient; the traced step holds {collectives} {GRADIENT_COLLECTIVE}"
+            "gradient_exchange": ((exchange.describe() if exchange is not None else
+                                   "Keras SGD apply_gradients in the replica context: replica_context.all_reduce(SUM) "
+                                   "of every gradient")
+                                  + f"; the traced step holds {_describe_ops(collectives) or 'no collective'}"
                                   + (" (one worker: the strategy reduces nothing)" if workers == 1 else "")),
+            "compression": exchange.settings() if exchange is not None else {"method": str(compression)},
             "exposed_communication": exposed,
             "loss": ("masked_lm_and_next_sentence (the masked-LM and next-sentence means of the worker's batch) "
                      "/ workers"
@@ -392,3 +432,192 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
 
     def collective(self, op: str, send_count: int, recv_count: int) -> Collective:
         return Collective(self, op, send_count, recv_count)
+
+
+# ------------------------------------------------------------------ gradient compression
+
+# runner.toml's compression_refused says the same; prepare_data_parallel guards a hand-made request
+GTOPK_UNAVAILABLE = (
+    "TensorFlow's collectives have no point-to-point send, so gTop-k's tree edges would be broadcasts "
+    "(CollectiveBcastSendV2/RecvV2) in groups of an edge's two workers; one up the tree and one back down in "
+    "the same step timed out here (TF 2.21, RING on CPU: the receiver of the second never got its data, "
+    "while either broadcast alone completed), so the runner does not run it")
+
+
+def _matrix_view(shape) -> tuple[int, int] | None:
+    """A kernel as PowerSGD's matrix: (size / last dim, last dim) (a Dense kernel (in, out) as it
+    is, a Conv2D kernel (h, w, in, out) as (h w in, out): the same n + m as the canonical
+    (out, in, ...) view of performance/communication.py); None for a vector."""
+    if len(shape) < 2:
+        return None
+    m = int(shape[-1])
+    return _size(shape) // m, m
+
+
+def _size(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= int(d)
+    return out
+
+
+class GradientExchange:
+    """The request's compression as the data-parallel step's own collectives: what the Keras
+    optimizer's `_all_reduce_sum_gradients` does instead of its dense all-reduce (every function
+    here runs inside `strategy.run`, one replica per worker, and returns the gradients summed over
+    the workers, as the optimizer's all-reduce does). What a method keeps between steps is a
+    plain tf.Variable of this worker's (made outside the strategy's scope: not mirrored):
+      none          replica_context.all_reduce(SUM) of every gradient (Keras' own call);
+      fp16, bf16    the gradients cast, replica_context.all_reduce(SUM) of the casts, cast back;
+      powersgd      per kernel viewed as (size / last dim, last dim) whose factors are smaller
+                    (n m > (n + m) r): M = gradient + error, P = M Q, all-reduced with every
+                    other gradient (vectors and kernels sent whole) in one call, orthonormalised
+                    (tf.linalg.qr), Q = M^T P all-reduced, the gradient P Q^T, error
+                    M - P Q^T / workers, Q / workers kept for the next step (warm start);
+      topk          per gradient, k = ceil(density size) largest |gradient + residual| as (value,
+                    index) pairs, every worker's pairs in one replica_context.all_gather (the int32
+                    indices bitcast to float32 words), summed into zeros; the residual keeps
+                    what this worker did not send.
+    gTop-k is not among them (GTOPK_UNAVAILABLE says why)."""
+
+    def __init__(self, compression: contract.Compression, runner: "TensorFlowDistributedRunner", trainable,
+                 seed: int):
+        import numpy as np
+
+        tf = load_tf()
+        self.compression, self.method = compression, compression.method
+        self.runner, self.workers, self.rank = runner, runner.cluster.world_size, runner.cluster.rank
+        self.shapes = [tuple(int(d) for d in v.shape) for v in trainable]
+        method = contract.CompressionMethod
+        self.residuals, self.errors, self.qs = [], [], []
+        rng = np.random.default_rng(seed)
+        with tf.device(runner.device):
+            if self.method is method.TOPK:
+                self.residuals = [tf.Variable(tf.zeros(s), trainable=False, name=f"residual_{i}")
+                                  for i, s in enumerate(self.shapes)]
+            elif self.method is method.POWERSGD:
+                r = compression.rank
+                for i, s in enumerate(self.shapes):
+                    view = self._factored(s)
+                    if view is None:
+                        self.errors.append(None)
+                        self.qs.append(None)
+                        continue
+                    self.errors.append(tf.Variable(tf.zeros(view), trainable=False, name=f"powersgd_error_{i}"))
+                    # every worker the same initial Q (the same seed), as torch's hook and the jax runner
+                    self.qs.append(tf.Variable(rng.standard_normal((view[1], r)).astype(np.float32),
+                                               trainable=False, name=f"powersgd_q_{i}"))
+        self.sizes = [_size(s) for s in self.shapes]
+        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        if self.method is method.TOPK:
+            self.ks = [contract.topk_count(size, compression.density) for size in self.sizes]
+
+    def _factored(self, shape) -> tuple[int, int] | None:
+        view = _matrix_view(shape)
+        if view is None:
+            return None
+        n, m = view
+        return view if n * m > (n + m) * self.compression.rank else None
+
+    def describe(self) -> str:
+        method = contract.CompressionMethod
+        return {
+            method.NONE: "Keras SGD apply_gradients in the replica context: replica_context.all_reduce(SUM) of every "
+                         "gradient",
+            method.FP16: "replica_context.all_reduce(SUM) of the float16 casts of the gradients, cast back to float32",
+            method.BF16: "replica_context.all_reduce(SUM) of the bfloat16 casts of the gradients, cast back to float32",
+            method.POWERSGD: "PowerSGD: replica_context.all_reduce(SUM) of the P factors with the uncompressed "
+                             "gradients, then of the Q factors",
+            method.TOPK: "one replica_context.all_gather of every worker's (value, index) pairs, summed",
+        }[self.method]
+
+    def settings(self) -> dict:
+        method = contract.CompressionMethod
+        out: dict = {"method": str(self.compression), "exchange": self.describe()}
+        if self.method is method.POWERSGD:
+            factored = [s for s in self.shapes if self._factored(s)]
+            out.update(rank=self.compression.rank, error_feedback=True, warm_start=True,
+                       compressed_when="n m > (n + m) rank, the kernel viewed as (size / last dim, last dim)",
+                       compressed_tensors=len(factored), orthogonalisation="tf.linalg.qr")
+        elif self.method is method.TOPK:
+            out.update(density=self.compression.density, error_feedback=True, selection="per gradient tensor",
+                       pairs=sum(self.ks), selection_op="tf.math.top_k")
+        return out
+
+    # -- the exchange, traced inside strategy.run
+
+    def exchange(self, grads: list) -> list:
+        tf = load_tf()
+        method = contract.CompressionMethod
+        ctx = tf.distribute.get_replica_context()
+        if self.method in (method.FP16, method.BF16):
+            dtype = tf.float16 if self.method is method.FP16 else tf.bfloat16
+            summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [tf.cast(g, dtype) for g in grads])
+            return [tf.cast(s, g.dtype) for s, g in zip(summed, grads)]
+        if self.method is method.POWERSGD:
+            return self._powersgd(ctx, grads)
+        if self.method is method.TOPK:
+            return self._topk(ctx, grads)
+        raise ValueError(f"compression {self.compression} has no exchange in this runner")
+
+    def _powersgd(self, ctx, grads: list) -> list:
+        tf = load_tf()
+        n = float(self.workers)
+        factored = [i for i, q in enumerate(self.qs) if q is not None]
+        whole = [i for i, q in enumerate(self.qs) if q is None]
+        m = {i: tf.reshape(grads[i], self.errors[i].shape) + self.errors[i] for i in factored}
+        # P of every factored kernel and every other gradient as it is: one all-reduce call
+        reduced = ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                                 [tf.matmul(m[i], self.qs[i]) for i in factored] + [grads[i] for i in whole])
+        out = list(grads)
+        for i, g in zip(whole, reduced[len(factored):]):
+            out[i] = g
+        if not factored:
+            return out
+        ps = [tf.linalg.qr(p)[0] for p in reduced[:len(factored)]]
+        qs = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [tf.matmul(m[i], p, transpose_a=True)
+                                                          for i, p in zip(factored, ps)])
+        updates = []
+        for i, p, q in zip(factored, ps, qs):
+            approx = tf.matmul(p, q, transpose_b=True)  # the sum over the workers of their M's projection
+            updates.append(self.errors[i].assign(m[i] - approx / n))
+            updates.append(self.qs[i].assign(q / n))
+            out[i] = tf.reshape(approx, self.shapes[i])
+        with tf.control_dependencies(updates):
+            return [tf.identity(g) for g in out]
+
+    def _select(self, vector):
+        """Each gradient's k largest magnitudes of the flat `vector`: (values, flat int32 indices)."""
+        tf = load_tf()
+        picked = [tf.math.top_k(tf.abs(vector[o:o + s]), k=k, sorted=False).indices + o
+                  for o, s, k in zip(self.offsets, self.sizes, self.ks)]
+        indices = tf.concat(picked, 0)
+        return tf.gather(vector, indices), indices
+
+    @staticmethod
+    def _pack(values, indices):
+        tf = load_tf()
+        return tf.concat([values, tf.bitcast(indices, tf.float32)], 0)
+
+    def _unpack(self, packet):
+        """(values, indices) of packets of K = Σ k pairs each (a gather's result has no static shape)."""
+        tf = load_tf()
+        k = sum(self.ks)
+        return packet[..., :k], tf.bitcast(packet[..., k:2 * k], tf.int32)
+
+    def _scatter(self, values, indices):
+        tf = load_tf()
+        return tf.math.unsorted_segment_sum(values, indices, sum(self.sizes))
+
+    def _topk(self, ctx, grads: list) -> list:
+        tf = load_tf()
+        flat = tf.concat([tf.reshape(g + r, [-1]) for g, r in zip(grads, self.residuals)], 0)
+        values, indices = self._select(flat)
+        gathered = ctx.all_gather(self._pack(values, indices)[None], axis=0)  # (workers, 2K)
+        all_values, all_indices = self._unpack(gathered)
+        summed = self._scatter(tf.reshape(all_values, [-1]), tf.reshape(all_indices, [-1]))
+        residual = tf.tensor_scatter_nd_update(flat, indices[:, None], tf.zeros_like(values))  # what was not sent
+        updates = [r.assign(tf.reshape(residual[o:o + s], sh))
+                   for r, o, s, sh in zip(self.residuals, self.offsets, self.sizes, self.shapes)]
+        with tf.control_dependencies(updates):
+            return [tf.reshape(summed[o:o + s], sh) for o, s, sh in zip(self.offsets, self.sizes, self.shapes)]

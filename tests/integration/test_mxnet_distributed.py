@@ -66,6 +66,33 @@ def test_dist_sync_training_and_its_baseline(tmp_path, mxnet_runner, suites):
     assert not job_processes(tmp_path)
 
 
+@pytest.mark.parametrize("method, exchange, payload_share", [
+    ("2bit:0.5", "set_gradient_compression 2bit", 1 / 15),  # the codes pushed: 1/16 of the float32 words
+    ("powersgd:4", "PowerSGD: kv.pushpull of each compressed weight's P factor", 1 / 100),
+])
+def test_compressed_training(tmp_path, mxnet_runner, suites, method, exchange, payload_share):
+    """MXNet's own 2-bit quantisation (push of the codes, pull of the sum) and the runner's PowerSGD
+    through the kvstore: the run records its compression, the runner's account of it and the
+    analytical bytes."""
+    from dlbench.axes import Compression
+    from dlbench.definitions.weights import is_state, weight_shapes
+    from dlbench.performance.communication import exchange_bytes
+
+    bench, _ = suites
+    brief = dataclasses.replace(bench, compression=method,
+                                policy=bench.policy.model_copy(update={"warmup_iters": 1, "measure_iters": 3}))
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
+        mxnet_runner, brief, local_placement(2, 2), 16, 32, None)
+    assert record.status == "ok", (record.reason, record.output_tail)
+    assert record.workload.compression == method
+    settings = record.settings.runner["compression"]
+    assert settings["method"] == method and settings["error_feedback"] and exchange in settings["exchange"]
+    shapes = [s for name, s in weight_shapes(bench.network.resolved).items() if not is_state(name)]
+    expected = exchange_bytes(Compression.parse(method, who="test"), shapes, 2)
+    assert record.distributed.exchange.payload_bytes == expected.payload < record.distributed.grad_bytes * payload_share
+    assert not job_processes(tmp_path)
+
+
 def test_collectives_are_correct_at_every_size(tmp_path, mxnet_runner, suites):
     _, comm = suites
     records = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path)).run_comm(mxnet_runner, comm)

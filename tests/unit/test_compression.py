@@ -21,8 +21,7 @@ from dlbench.execution.registry import parse_runner_toml
 from dlbench.performance.communication import exchange_bytes, powersgd_compressed
 from dlbench.store import migrations
 from dlbench.store.record import SCHEMA_VERSION, Record
-from runners.common.contract import EVERY_COMPRESSION, dense_exchange_only
-from runners.common.protocol import Skip
+from runners.common.contract import EVERY_COMPRESSION
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
@@ -46,6 +45,9 @@ def test_a_parameter_is_typed():
     assert [str(c) for c in Compression.every()] == list(EVERY_COMPRESSION)
     with pytest.raises(AttributeError):
         topk.density = 0.5
+    two_bit = Compression.parse("2bit:0.5", who="x")
+    assert two_bit.method is CompressionMethod.TWO_BIT and two_bit.threshold == 0.5 and two_bit.density is None
+    assert str(Compression.parse("2bit:2", who="x")) == "2bit:2" and CompressionMethod("2bit:0.5") is two_bit.method
 
 
 @pytest.mark.parametrize("text, why", [
@@ -58,24 +60,21 @@ def test_a_parameter_is_typed():
     ("gtopk:nan", "needs a density in (0, 1]"),
     ("topk:dense", "needs a density in (0, 1]"),
     ("fp16:2", "takes no parameter after fp16"),
+    ("2bit", "needs its threshold, as 2bit:THRESHOLD"),
+    ("2bit:0", "needs a threshold > 0"),
+    ("2bit:-1", "needs a threshold > 0"),
+    ("2bit:inf", "needs a threshold > 0"),
 ])
 def test_a_bad_value_is_one_error_naming_who_and_what_is_accepted(text, why):
     with pytest.raises(ValueError) as e:
         Compression.parse(text, who="--compression")
     assert str(e.value) == (f"--compression: compression {text!r} {why} "
-                            "(none, fp16, bf16, powersgd:RANK, topk:DENSITY, gtopk:DENSITY)")
+                            "(none, fp16, bf16, powersgd:RANK, topk:DENSITY, gtopk:DENSITY, 2bit:THRESHOLD)")
 
 
 def test_a_subset_is_refused_by_the_methods_it_accepts():
     with pytest.raises(ValueError, match=r"'topk:0.1' is not one it accepts \(none, fp16\)"):
         Compression.parse("topk:0.1", who="r", accepted=("none", "fp16"))
-
-
-def test_a_dense_only_runner_skips_a_compressed_request():
-    dense_exchange_only({}, "mxnet", "why")
-    dense_exchange_only({"compression": "none"}, "mxnet", "why")
-    with pytest.raises(Skip, match="mxnet data-parallel runner: compression topk:0.01: the kvstore"):
-        dense_exchange_only({"compression": Compression.parse("topk:0.01", who="x")}, "mxnet", "the kvstore")
 
 
 def test_k_is_the_density_times_the_size_rounded_up():
@@ -150,6 +149,17 @@ def test_gtopk_sends_the_pairs_up_and_down_a_tree():
     assert (b3.total, b3.rounds) == (2 * 2 * 72, 4)  # ceil(log2 3) = 2 rounds each way
 
 
+def test_two_bit_pushes_codes_to_the_servers_and_pulls_the_float32_sum():
+    # 16 codes a float32 word: ceil(48/16) + ceil(8/16) + ceil(24/16) = 3 + 1 + 2 = 6 words = 24 bytes;
+    # the sum pulled is float32: 320 bytes; (n-1)/n of both cross to other hosts
+    b = bytes_of("2bit:0.5", 4)
+    assert (b.payload, b.per_rank, b.total, b.rounds) == (24, 3 / 4 * (24 + 320), 3 * (24 + 320), 2)
+    assert bytes_of("2bit:0.5", 2).per_rank == (24 + 320) / 2
+    assert bytes_of("2bit:0.5", 2).per_rank < bytes_of("none", 2).per_rank  # the push shrinks, not the pull
+    from dlbench.performance.communication import exchange_time
+    assert (exchange_time(b).messages, exchange_time(b).bytes) == (2, b.per_rank)
+
+
 @pytest.mark.parametrize("text", EVERY_COMPRESSION)
 def test_one_worker_sends_nothing(text):
     assert bytes_of(text, 1).per_rank == bytes_of(text, 1).total == 0
@@ -164,6 +174,10 @@ def test_fcn5_at_two_workers():
     assert bytes_of("powersgd:4", 2, shapes).payload == 4 * (
         (2048 + 784) * 4 + 2048 + (4096 + 2048) * 4 + 4096 + (1024 + 4096) * 4 + 1024 + (10 + 1024) * 4 + 10)
     assert bytes_of("topk:0.01", 2, shapes).payload == 8 * sum(topk_count(math.prod(s), 0.01) for s in shapes)
+    # 2-bit: 1/16 of the words pushed, the float32 sum pulled: 30.2 MB a host instead of 56.8
+    two_bit = bytes_of("2bit:0.5", 2, shapes)
+    assert two_bit.payload == 4 * sum(-(-math.prod(s) // 16) for s in shapes) == 3_551_492
+    assert two_bit.per_rank == (3_551_492 + 56_823_848) / 2
 
 
 # ------------------------------------------------------------------ runner.toml
@@ -206,8 +220,14 @@ def test_every_shipped_runner_says_why_for_each_method_it_leaves_out():
         d = registry.get(name).distributed
         left_out = set(CompressionMethod) - d.capabilities.listed(CompressionMethod)
         assert {m for m, _ in d.compression_refused} == left_out, name
-    assert registry.get("torch").distributed.capabilities.listed(CompressionMethod) == set(CompressionMethod)
-    assert registry.get("jax").distributed.capabilities.listed(CompressionMethod) == set(CompressionMethod)
+    # every method but MXNet's parameter-server 2-bit
+    every_collective = set(CompressionMethod) - {CompressionMethod.TWO_BIT}
+    assert registry.get("torch").distributed.capabilities.listed(CompressionMethod) == every_collective
+    assert registry.get("jax").distributed.capabilities.listed(CompressionMethod) == every_collective
+    assert registry.get("tensorflow").distributed.capabilities.listed(CompressionMethod) == every_collective - {
+        CompressionMethod.GTOPK}
+    assert registry.get("mxnet").distributed.capabilities.listed(CompressionMethod) == {
+        CompressionMethod.NONE, CompressionMethod.FP16, CompressionMethod.POWERSGD, CompressionMethod.TWO_BIT}
 
 
 # ------------------------------------------------------------------ the record

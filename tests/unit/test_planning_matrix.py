@@ -72,6 +72,20 @@ def test_more_workers_pay_the_communication_of_their_placement(sources):
     assert refused.iterations_per_s is None and "gives no network" in refused.note
 
 
+def test_a_job_that_fits_a_node_has_a_slower_spread_cell_over_the_network(sources):
+    """4 workers fit an 8-H100 node: packed they ring over the node's link, spread (no node with room)
+    over the network between nodes, slower; the vectors carry both, in the framework chosen packed."""
+    m = ThroughputMatrix(cluster(), sources)
+    h100 = m.cluster.type("h100")
+    packed = m.cell(job(workers=4), "torch", "fp32", h100)
+    apart = m.cell(job(workers=4), "torch", "fp32", h100, spread=True)
+    assert (packed.placement, apart.placement) == ("packed", "spread") and "between nodes" in apart.note
+    assert packed.iterations_per_s > apart.iterations_per_s > 0
+    speeds, chosen, spread = throughput_vectors(m, [job(workers=4)], None)
+    assert (speeds[0][0], spread[0][0]) == (packed.iterations_per_s, apart.iterations_per_s)
+    assert spread[0][1] == m.cell(job(workers=4), "torch", "fp32", m.cluster.type("l4"), spread=True).iterations_per_s
+
+
 def test_framework_any_takes_the_fastest_equivalent_framework_and_precision(sources):
     m = ThroughputMatrix(cluster(), sources)
     flexible = job(framework="any", precision="any")
@@ -86,8 +100,9 @@ def test_framework_any_takes_the_fastest_equivalent_framework_and_precision(sour
     not_equivalent = ThroughputMatrix(cluster(), Sources(**{**sources.__dict__,
                                                             "not_equivalent": {"resnet56": {best.framework}}}))
     assert not_equivalent.best(flexible, h100).framework != best.framework
-    speeds, chosen = throughput_vectors(m, [flexible], "mxnet", aware=True)
+    speeds, chosen, spread = throughput_vectors(m, [flexible], "mxnet", aware=True)
     assert speeds[0][0] == best.iterations_per_s and chosen[0][0].framework == best.framework
+    assert spread[0][0] == speeds[0][0]  # one worker: nothing to spread
 
 
 def test_a_table_cell_comes_from_the_table():

@@ -138,3 +138,61 @@ def test_a_trace_naming_a_type_the_table_lacks_is_refused(tmp_path):
     cluster = write(tmp_path, "c.yaml", "name: x\ntypes:\n  a100: {nodes: 1, price_per_hour: 1}\n")
     with pytest.raises(RequestError, match="a100 not in the throughput table"):
         plan(replace(gavel(policies=["fifo"]), cluster=cluster))
+
+
+def test_a_steady_state_window_measures_only_its_jobs_and_a_window_past_the_trace_is_refused(tmp_path):
+    whole = plan(gavel(policies=["srtf"]))
+    window = plan(gavel(policies=["srtf"], measure=(10, 19)))
+    assert (window.summaries[0].jobs, window.summaries[0].measured) == (10, "jobs 10-19 of the trace")
+    ten = [whole.runs[0].simulation.outcomes[j].jct_s for j in range(10, 20)]
+    assert window.summaries[0].average_jct_s == pytest.approx(sum(ten) / 10)  # the later jobs do not change them
+    code, out, err = invoke("--cluster", ROOT / "suites" / "clusters" / "gavel-36.yaml", "--trace",
+                            GAVEL / "msr_seed0_0e4a51_head40.trace", "--trace-format", "gavel", "--throughputs",
+                            GAVEL / "simulation_throughputs_isolated.json", "--measure-jobs", "30:50")
+    assert code == 2 and "--measure-jobs 30:50: the trace has jobs 0 to" in err
+    code, _, err = invoke("--cluster", ROOT / "suites" / "clusters" / "gavel-36.yaml", "--trace",
+                          GAVEL / "msr_seed0_0e4a51_head40.trace", "--measure-jobs", "9-5")
+    assert code == 2 and "expected FIRST:LAST" in err
+
+
+def convergence_store(tmp_path) -> Path:
+    """A store holding the v11 fixture: the fake runner's runs of task digits_linear (digits_fcn5 at
+    batch 32) that reached 90% in 1, 2 and 1 epochs of 44 steps; its score's epochs to target 1.0."""
+    store = tmp_path / "store"
+    (store / "runs").mkdir(parents=True)
+    data = json.loads((ROOT / "tests" / "fixtures" / "records" / "v11.json").read_text())
+    (store / "runs" / f"{data['run_id']}.json").write_text(json.dumps(data))
+    return store
+
+
+TARGET_TRACE = """jobs:
+  - {arrival_s: 0, network: digits_fcn5, framework: any, batch: 32, target: digits_linear}
+  - {arrival_s: 0, network: digits_fcn5, framework: torch, batch: 16, workers: 2, target: digits_linear}
+"""
+
+
+def test_a_convergence_target_becomes_the_iterations_the_stored_runs_took(tmp_path):
+    """1.0 epochs to target x 44 steps an epoch = 44 iterations, for a job in any framework (the median
+    over the one framework with runs) and for one in torch, which has none (an estimate, said)."""
+    result = plan(PlanRequest(cluster=write(tmp_path, "c.yaml", DATASHEETS), trace=write(tmp_path, "t.yaml", TARGET_TRACE),
+                              policies=["srtf"], store=convergence_store(tmp_path)))
+    assert [j.work.iterations for j in result.jobs] == [44.0, 44.0]
+    any_job, torch_job = [n for n in result.notes if "convergence task" in n]
+    assert any_job == ("1 job(s) train to convergence task digits_linear's target: 44 iterations, from the median "
+                       "of fake's runs (fake 1 epochs x 44 steps)")
+    assert torch_job.endswith("torch having none: an estimate") and result.summaries[0].finished == 2
+
+
+@pytest.mark.parametrize("change,says", [
+    ("batch: 32, target", "batch: convergence task 'digits_linear' reached its target at a batch of 32; this job's is 2 x 32"),
+    ("network: digits_fcn5, framework: torch", "network: convergence task 'digits_linear' trains digits_fcn5, not fcn5"),
+    ("target: digits_linear\n", "target: no run of convergence task 'digits_cnn' in the store"),
+])
+def test_a_target_the_store_cannot_turn_into_work_is_refused(tmp_path, change, says):
+    trace = {"batch: 32, target": TARGET_TRACE.replace("batch: 16, workers: 2", "batch: 32, workers: 2"),
+             "network: digits_fcn5, framework: torch": TARGET_TRACE.replace("network: digits_fcn5, framework: torch",
+                                                                              "network: fcn5, framework: torch"),
+             "target: digits_linear\n": TARGET_TRACE.replace("target: digits_linear}\n  - ", "target: digits_cnn}\n  - ")}[change]
+    code, out, err = invoke("--cluster", write(tmp_path, "c.yaml", DATASHEETS), "--trace", write(tmp_path, "t.yaml", trace),
+                            "--store", convergence_store(tmp_path))
+    assert code == 2 and says in err, err

@@ -40,6 +40,9 @@ def plan(
     limit: Annotated[Optional[int], typer.Option(min=1, help="Only the first N jobs of the trace.")] = None,
     max_rounds: Annotated[int, typer.Option("--max-rounds", min=1, help=(
         "Stop a simulation after this many rounds; the jobs left unfinished are counted.")) ] = MAX_ROUNDS,
+    measure_jobs: Annotated[Optional[str], typer.Option("--measure-jobs", help=(
+        "FIRST:LAST: report JCT and ρ of these jobs only (their places in the trace, from 0) and stop when "
+        "they are done, the later jobs still arriving: a steady-state window, as Gavel's 4000:5000.")) ] = None,
     sacct_batch: Annotated[int, typer.Option("--sacct-batch", min=1, help=(
         "Batch per GPU of sacct's jobs (sacct does not record it).")) ] = 32,
     sacct_type: Annotated[Optional[str], typer.Option("--sacct-type", help=(
@@ -54,7 +57,8 @@ def plan(
     LPs and the framework-aware policy, from dlbench's measured and predicted throughputs."""
     check_format(format)
     policies = listed_choices("policy", policy, list(POLICIES))
-    request = PlanRequest(cluster=cluster, trace=trace, trace_format=trace_format, throughputs=throughputs,
+    measure = _window(measure_jobs) if measure_jobs is not None else None
+    request = PlanRequest(measure=measure, cluster=cluster, trace=trace, trace_format=trace_format, throughputs=throughputs,
                           policies=policies, framework=framework, seed=seed, what_if=what_if, limit=limit,
                           sacct_batch=sacct_batch, sacct_type=sacct_type, max_rounds=max_rounds, store=store)
     result = refused(run_plan, request)
@@ -69,6 +73,14 @@ def plan(
     _tables(result, matrix)
 
 
+def _window(text: str) -> tuple[int, int]:
+    first, sep, last = text.partition(":")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit() or int(first) > int(last):
+        err.print(safe(f"--measure-jobs {text!r}: expected FIRST:LAST, two job numbers, FIRST <= LAST (e.g. 4000:5000)"))
+        raise typer.Exit(2)
+    return int(first), int(last)
+
+
 def _hours(seconds: float | None) -> str:
     return "" if seconds is None else f"{seconds / 3600:.3g}"
 
@@ -80,7 +92,7 @@ def _money(value: float) -> str:
 def _summary_table(title: str, runs) -> Table:
     table = Table(title=title)
     for name in ("policy", "done", "avg JCT h", "p99 JCT h", "makespan h", "utilisation", "cost used", "cluster cost",
-                 "ρ med", "ρ max", "preempt", "LP s/solve", "sim s"):
+                 "ρ med", "ρ max", "preempt", "spread", "LP s/solve", "sim s"):
         table.add_column(name, justify="left" if name in ("policy", "utilisation") else "right")
     for r in runs:
         s = r.summary
@@ -88,6 +100,7 @@ def _summary_table(title: str, runs) -> Table:
                       " ".join(f"{k} {100 * v:.0f}%" for k, v in s.utilisation.items()), _money(s.cost_used),
                       _money(s.cost_cluster), f"{s.ftf_median:.2f}" if s.ftf_median is not None else "",
                       f"{s.ftf_max:.2f}" if s.ftf_max is not None else "", str(s.preemptions),
+                      f"{s.spread_starts} ({100 * s.spread_share:.0f}%)",
                       f"{s.lp_solve_mean_s:.3f}" if s.lp_solve_mean_s is not None else "", f"{r.seconds:.2f}")
     return table
 
@@ -98,6 +111,8 @@ def _tables(result: PlanResult, with_matrix: bool) -> None:
     for w in result.what_if:
         out.print(_summary_table(safe(f"what if: {w.question}"), w.runs))
     for s in result.summaries:
+        if s.measured:
+            err.print(safe(f"{s.policy}: JCT and ρ of {s.measured}"))
         for note in s.notes:
             err.print(safe(f"{s.policy}: {note}"))
     for note in result.trace.notes + result.notes:

@@ -202,6 +202,7 @@ def schedule(kind: str, t_b: list[float], p: list[float], cost: AllReduceCost) -
 FLOAT32_BYTES = 4
 HALF_BYTES = 2  # float16, bfloat16
 PAIR_BYTES = 8  # a float32 value and its int32 index
+TWO_BIT_VALUES_PER_WORD = 16  # MXNet's 2-bit codes: 16 values in one float32 word
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,14 @@ def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int) -> 
       topk:d          ring all-gather of each rank's K = Σ ceil(d size_i) pairs (8 bytes each):
                       each rank sends (n-1) · 8K;
       gtopk:d         8K-byte messages up a binomial tree (n-1 of them) and back down (n-1):
-                      2(n-1) · 8K in all, over 2 ceil(log2 n) rounds."""
+                      2(n-1) · 8K in all, over 2 ceil(log2 n) rounds;
+      2bit:t          MXNet's parameter servers, one per worker's host, each key's values split
+                      evenly among them (ps-lite's big-array split): a worker pushes its 2-bit
+                      codes, C = 4 Σ ceil(size / 16) bytes, (n-1)/n of them to other hosts'
+                      servers, and each server sends its 1/n of the float32 sum, B = 4 Σ size, to
+                      the n-1 other workers: (n-1)/n · (C + B) leaves each host, in 2 rounds
+                      (push, pull). (Dense push and pull through such servers is (n-1)/n · 2B a
+                      host: the ring all-reduce's count.)"""
     method = compression.method
     sizes = [_product(s) for s in shapes]
     n = workers
@@ -267,6 +275,13 @@ def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int) -> 
         per_rank = 2 * (n - 1) / n * payload if n > 1 else 0.0
         return ExchangeBytes(str(compression), n, payload, per_rank, per_rank * n, 2 * (n - 1),
                              f"ring all-reduce: 2(n-1)/n · B per rank, B = {what}")
+    if method is CompressionMethod.TWO_BIT:
+        codes = FLOAT32_BYTES * sum(-(-size // TWO_BIT_VALUES_PER_WORD) for size in sizes)
+        dense = FLOAT32_BYTES * sum(sizes)
+        per_rank = (n - 1) / n * (codes + dense) if n > 1 else 0.0
+        return ExchangeBytes(str(compression), n, codes, per_rank, per_rank * n, 2 if n > 1 else 0,
+                             f"parameter servers: push of C = 4 Σ ceil(size / 16) = {codes} bytes of 2-bit codes, "
+                             f"pull of the float32 sum B = 4 Σ size = {dense}: (n-1)/n · (C + B) per host")
     k = sum(topk_count(size, compression.density) for size in sizes)
     payload = PAIR_BYTES * k
     if method is CompressionMethod.TOPK:
@@ -298,7 +313,8 @@ def exchange_time(counted: ExchangeBytes) -> ExchangeTime:
     """The longest path of `exchange_bytes`' collective: a ring all-reduce (none, fp16, bf16,
     powersgd) is 2(n-1) steps of B/n (PowerSGD's two all-reduces, of P and of Q, are counted as
     one of their summed size: their start-ups are the few its matrices add), a ring all-gather
-    (topk) n-1 steps of 8K, gTop-k's tree 2 ceil(log2 n) rounds of 8K each."""
+    (topk) n-1 steps of 8K, gTop-k's tree 2 ceil(log2 n) rounds of 8K each, 2-bit's push and pull
+    through the servers (each host's link carries its (n-1)/n · (C + B) one way)."""
     n = counted.workers
     if n < 2:
         return ExchangeTime(0, 0.0)
@@ -307,6 +323,8 @@ def exchange_time(counted: ExchangeBytes) -> ExchangeTime:
         return ExchangeTime(n - 1, float((n - 1) * counted.payload))
     if method == CompressionMethod.GTOPK.value:
         return ExchangeTime(counted.rounds, float(counted.rounds * counted.payload))
+    if method == CompressionMethod.TWO_BIT.value:
+        return ExchangeTime(counted.rounds, counted.per_rank)
     return ExchangeTime(2 * (n - 1), 2 * (n - 1) / n * counted.payload)
 
 

@@ -18,9 +18,11 @@ the first source that has it:
 Multi-worker jobs (synchronous data parallel, the batch per worker) are the one-worker computation
 plus the gradient communication the backward does not hide (performance/communication.py: ring
 all-reduce under the framework's schedule, WFBP or MG-WFBP), over the link of the placement: packed
-in one node (the type's `link`, else its datasheet's node link) when the job fits in one, else spread
-over whole nodes, the ring crossing the cluster's `network` (its bottleneck). The simulator places a
-job on one type only and packs it whenever it fits a node (it counts devices, not their nodes).
+in one node (the type's `link`, else its datasheet's node link), or spread over several nodes, the
+ring crossing the cluster's `network` (its bottleneck). A job larger than a node is always spread; one
+that fits a node has both cells, packed and spread (`spread=True`), and the simulator
+(planning/simulator.py) gives it the spread one when no single node has room for it (fragmentation).
+A throughput table (Gavel's) has one number per job and worker count: both placements take it.
 
 `framework: any` (with `precision: any`) jobs have a cell per framework and precision; a framework
 whose stored equivalence check of the network failed (mismatch or failed) is not one of them.
@@ -110,12 +112,17 @@ class ThroughputMatrix:
         excluded = self.sources.not_equivalent.get(job.network, set())
         return [(fw, p) for fw in self.sources.facts if fw not in excluded for p in precisions]
 
-    def cell(self, job: Job, framework: str, precision: str, kind: DeviceType, workers: int | None = None) -> Cell:
+    def cell(self, job: Job, framework: str, precision: str, kind: DeviceType, workers: int | None = None,
+             spread: bool = False) -> Cell:
+        """The cell of the job's workload in one framework and precision on `kind`: packed in one node
+        where it fits one, else (or with `spread`) spread over nodes."""
         workers = workers or job.workers
-        key = (job.network, job.batch, precision, framework, workers, kind.name)
+        placement = self._placement(workers, kind, spread)
+        key = (job.network, job.batch, precision, framework, workers, kind.name, placement)
         found = self.cells.get(key)
         if found is None:
-            found = self.cells[key] = self._compute(job.network, job.batch, precision, framework, workers, kind)
+            found = self.cells[key] = self._compute(job.network, job.batch, precision, framework, workers, kind,
+                                                    placement)
         return found
 
     def best(self, job: Job, kind: DeviceType, pinned: str | None = None) -> Cell:
@@ -128,14 +135,13 @@ class ThroughputMatrix:
         return max(running, key=lambda c: c.iterations_per_s)
 
     # ---- one cell
-    def _placement(self, workers: int, kind: DeviceType) -> str:
+    def _placement(self, workers: int, kind: DeviceType, spread: bool = False) -> str:
         if workers == 1:
             return "one"
-        return "packed" if workers <= kind.per_node else "spread"
+        return "packed" if workers <= kind.per_node and not spread else "spread"
 
     def _compute(self, network: str, batch: int, precision: str, framework: str, workers: int,
-                 kind: DeviceType) -> Cell:
-        placement = self._placement(workers, kind)
+                 kind: DeviceType, placement: str) -> Cell:
         if workers > kind.count and kind.count > 0:
             return Cell(None, "", framework, precision, placement, note=f"{workers} workers; {kind.name} has {kind.count}")
         if self.sources.table is not None:
@@ -163,7 +169,7 @@ class ThroughputMatrix:
                 uncertainty, basis = None, "unvalidated: no measured run of this machine in the store"
         note = ""
         if workers > 1:
-            cost, why = self._all_reduce(workers, kind, profile, framework)
+            cost, why = self._all_reduce(workers, kind, profile, framework, placement == "spread")
             if cost is None:
                 return Cell(None, "", framework, precision, placement, note=why)
             t_b, p = gradient_layers(one.layers)
@@ -195,11 +201,11 @@ class ThroughputMatrix:
         return found
 
     def _all_reduce(self, workers: int, kind: DeviceType, profile: MachineProfile,
-                    framework: str) -> tuple[AllReduceCost | None, str]:
-        if workers > kind.per_node:
+                    framework: str, spread: bool) -> tuple[AllReduceCost | None, str]:
+        if spread:
             net = self.cluster.network
             if net is None:
-                return None, f"{workers} workers span nodes of {kind.per_node}; the cluster file gives no network"
+                return None, f"{workers} workers spread over nodes; the cluster file gives no network"
             return (AllReduceCost.ring(net.alpha_s, net.beta_s_per_byte, workers),
                     f"ring over the network between nodes ({net.gb_per_s:g} GB/s, α {net.alpha_us:g} µs)")
         if kind.link is not None:
@@ -224,27 +230,34 @@ class ThroughputMatrix:
     def rows(self) -> list[dict]:
         """Every cell computed, as rows (the plan's --format json and the report's matrix table)."""
         out = []
-        for (network, batch, precision, framework, workers, type_name), c in sorted(self.cells.items()):
+        for (network, batch, precision, framework, workers, type_name, _), c in sorted(self.cells.items()):
             out.append({"network": network, "batch": batch, "workers": workers, "type": type_name, **c.to_dict()})
         return out
 
 
 def throughput_vectors(matrix: ThroughputMatrix, jobs: Iterable[Job], pinned: str | None,
-                       aware: bool = True) -> tuple[list[list[float]], list[list[Cell | None]]]:
+                       aware: bool = True) -> tuple[list[list[float]], list[list[Cell | None]], list[list[float]]]:
     """Per job, its iterations per second on each type in the cluster's order (0 where it cannot run),
-    and the cell chosen: the fastest of its choices when `aware` (the framework-aware placement),
-    else its pinned one."""
+    the cell chosen (the fastest of its choices when `aware`, the framework-aware placement, else its
+    pinned one), and its iterations per second there when spread over nodes in that framework and
+    precision (the same where it cannot be packed anyway, or runs on one device)."""
     kinds = matrix.cluster.types
-    speeds, chosen = [], []
+    speeds, chosen, spread = [], [], []
     for job in jobs:
-        row, cells = [], []
+        row, cells, apart = [], [], []
         for kind in kinds:
             c = matrix.best(job, kind, None if aware else pinned)
             row.append(c.iterations_per_s or 0.0)
             cells.append(c)
+            if c.placement == "packed":
+                other = matrix.cell(job, c.framework, c.precision, kind, spread=True)
+                apart.append(other.iterations_per_s or 0.0)
+            else:
+                apart.append(row[-1])
         speeds.append(row)
         chosen.append(cells)
-    return speeds, chosen
+        spread.append(apart)
+    return speeds, chosen, spread
 
 
 def work_iterations(job: Job, speed_on: Callable[[str], float]) -> float | None:

@@ -15,7 +15,11 @@ a runner or `any` (the framework-aware policy picks, the others run the trace's 
 `precision` one of the run precisions or `any` (with `framework: any`). `batch` is per worker.
 The work is `iterations`, or `epochs` of `samples_per_epoch` samples (an iteration takes
 workers x batch of them), or `seconds` of running on one type (`seconds_on`: what a Slurm
-accounting record says, read with the throughput of that type). Gavel's and Slurm's formats are read
+accounting record says, read with the throughput of that type), or `target`: a convergence task's
+name (a `kind: convergence` suite's task, e.g. `digits_cnn`), the job training until that task's
+quality target, its iterations those the store's time-to-accuracy runs of the task took (their
+epochs to target x the steps of an epoch; the workflow reads them, and refuses a task the store has
+no run of that reached its target). Gavel's and Slurm's formats are read
 by planning/readers.py into the same jobs.
 
 A trace is read whole before anything is simulated, and bounded: more than `MAX_JOBS` jobs (or a
@@ -60,16 +64,18 @@ class JobSpec(_Strict):
     samples_per_epoch: Int(1, 10**15) | None = None
     seconds: Real(gt=0, le=1e10) | None = None
     seconds_on: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    target: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")] | None = None
     weight: Real(gt=0, le=1e6) = 1.0
 
     @model_validator(mode="after")
     def _one_work(self):
         forms = [f for f, given in (("iterations", self.iterations is not None),
                                     ("epochs", self.epochs is not None or self.samples_per_epoch is not None),
-                                    ("seconds", self.seconds is not None or self.seconds_on is not None)) if given]
+                                    ("seconds", self.seconds is not None or self.seconds_on is not None),
+                                    ("target", self.target is not None)) if given]
         if len(forms) != 1:
             raise ValueError("give the work as exactly one of: iterations; epochs with samples_per_epoch; "
-                             f"seconds with seconds_on (got {', '.join(forms) or 'none'})")
+                             f"seconds with seconds_on; target (got {', '.join(forms) or 'none'})")
         if forms == ["epochs"] and (self.epochs is None or self.samples_per_epoch is None):
             raise ValueError("epochs needs samples_per_epoch (and the reverse)")
         if forms == ["seconds"] and (self.seconds is None or self.seconds_on is None):
@@ -89,11 +95,13 @@ class TraceFile(_Strict):
 @dataclass(frozen=True)
 class Work:
     """How much a job has to do: `iterations` (an iteration: every worker one batch), or `seconds`
-    on the type `on` (converted with that type's throughput when the matrix is known)."""
+    on the type `on` (converted with that type's throughput when the matrix is known), or a
+    convergence task's `target` (converted with the store's runs of the task, before the matrix)."""
 
     iterations: float | None = None
     seconds: float | None = None
     on: str | None = None
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,8 @@ def job_of(spec: JobSpec, index: int, where: str) -> Job:
         work = Work(iterations=float(spec.iterations))
     elif spec.epochs is not None:
         work = Work(iterations=float(math.ceil(spec.epochs * spec.samples_per_epoch / (spec.batch * spec.workers))))
+    elif spec.target is not None:
+        work = Work(target=spec.target)
     else:
         work = Work(seconds=spec.seconds, on=spec.seconds_on)
     return Job(spec.id or str(index), spec.arrival_s, spec.network, spec.framework, spec.precision, spec.batch,

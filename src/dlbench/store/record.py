@@ -309,7 +309,7 @@ class Workload(_Model):
     # an MLPerf LoadGen scenario (schema 9); None: the harness's back-to-back iterations
     scenario: Literal[SCENARIOS] | None = None
     # how a data-parallel job exchanged its gradients (schema 17, runners/common/contract.py
-    # Compression: none, fp16, powersgd:4, topk:0.01, ...); None: not data-parallel training
+    # Compression: none, fp16, powersgd:4, topk:0.01, 2bit:0.5, ...); None: not data-parallel training
     compression: str | None = None
 
 

@@ -29,7 +29,7 @@ from ..planning.metrics import Summary, summarise
 from ..planning.policies import LP_POLICIES, POLICIES, InfeasibleError, policy
 from ..planning.readers import read_gavel, read_gavel_throughputs, read_sacct
 from ..planning.simulator import MAX_ROUNDS, Simulation, simulate
-from ..planning.trace import ANY, Job, Trace, load_trace
+from ..planning.trace import ANY, Job, Trace, Work, load_trace
 from . import lookup
 from .suite_kinds import RequestError
 
@@ -68,6 +68,7 @@ class PlanRequest:
     sacct_type: str | None = None
     max_rounds: int = MAX_ROUNDS
     store: Path | None = None
+    measure: tuple[int, int] | None = None  # jobs first..last (trace order, both included): a steady-state window
 
 
 @dataclass
@@ -236,6 +237,68 @@ def _from_store(store, cluster: Cluster, profiles: dict) -> tuple[dict, dict, di
     return measured, validation, not_equivalent, notes
 
 
+def _steps_to_target(record) -> tuple[float, float, float] | None:
+    """(iterations, epochs to target, steps per epoch) of a stored convergence record that reached its
+    target: the score's epochs to target (the mean over its scored seeds) times the steps its runs
+    trained per epoch (their steps over their epochs: what the loader made of the dataset and batch)."""
+    c = record.convergence
+    if c is None or record.status != "ok" or c.epochs_to_target is None:
+        return None
+    per_epoch = [run.steps / run.epochs for run in c.runs if run.status == "ok" and run.steps and run.epochs]
+    if not per_epoch:
+        return None
+    steps = statistics.median(per_epoch)
+    return c.epochs_to_target * steps, c.epochs_to_target, steps
+
+
+def iterations_to_target(jobs: list[Job], store) -> tuple[list[Job], list[str]]:
+    """The jobs whose work is a convergence task's target, with that work in iterations: the iterations
+    the store's latest run of the task per framework took to reach it (_steps_to_target). A job in one
+    framework takes that framework's run where the store has one; a `framework: any` job, or one whose
+    framework has none, the median over the frameworks that have one, which the notes say (the same
+    network, data, optimiser and batch in another framework: an estimate, stated). The job must be
+    the task's network at the task's batch (workers x batch): other batches converge otherwise, and are
+    refused. A task with no run that reached its target is one RequestError naming the job."""
+    tasks = {j.work.target for j in jobs if j.work.target is not None}
+    runs: dict[str, dict[str, tuple]] = {}  # task -> framework -> (iterations, epochs, steps/epoch, record)
+    for record in sorted((r for r in store.records([]) if r.convergence is not None and r.convergence.task in tasks),
+                         key=lambda r: r.started_at):
+        counted = _steps_to_target(record)
+        if counted is not None:  # the latest run per framework wins
+            runs.setdefault(record.convergence.task, {})[record.framework.get("name")] = (*counted, record)
+    out, used = [], Counter()
+    for job in jobs:
+        task = job.work.target
+        if task is None:
+            out.append(job)
+            continue
+        per_framework = runs.get(task)
+        if not per_framework:
+            raise RequestError(f"{job.where}: target: no run of convergence task {task!r} in the store {store.root} "
+                               "reached its target, so its iterations are not known: run the task first (dlbench run "
+                               "--suite <its convergence suite>), or give the job's work as iterations or epochs")
+        some = next(iter(per_framework.values()))[3]
+        network, batch = some.network.name, some.convergence.batch_size
+        if job.network != network:
+            raise RequestError(f"{job.where}: network: convergence task {task!r} trains {network}, not {job.network}")
+        if job.batch * job.workers != batch:
+            raise RequestError(f"{job.where}: batch: convergence task {task!r} reached its target at a batch of {batch}; "
+                               f"this job's is {job.workers} x {job.batch} (another batch converges in other iterations)")
+        if job.framework in per_framework:
+            iterations, epochs, steps, record = per_framework[job.framework]
+            basis = f"{job.framework}'s run {record.run_id}: {epochs:g} epochs x {steps:g} steps"
+        else:
+            iterations = statistics.median(v[0] for v in per_framework.values())
+            basis = (f"the median of {', '.join(sorted(per_framework))}'s runs (" +
+                     "; ".join(f"{fw} {v[1]:g} epochs x {v[2]:g} steps" for fw, v in sorted(per_framework.items())) +
+                     ")" + ("" if job.framework == ANY else f", {job.framework} having none: an estimate"))
+        used[(task, math.ceil(iterations), basis)] += 1
+        out.append(replace(job, work=Work(iterations=float(math.ceil(iterations)))))
+    notes = [f"{count} job(s) train to convergence task {task}'s target: {iterations:,} iterations, from {basis}"
+             for (task, iterations, basis), count in sorted(used.items())]
+    return out, notes
+
+
 def _apply_what_if(cluster: Cluster, question: str) -> Cluster:
     words = question.lower().split()
     names = cluster.names
@@ -287,6 +350,9 @@ def plan(request: PlanRequest) -> PlanResult:
     trace = read_trace(r, lambda n: (catalog.networks_dir / f"{n}.yaml").is_file())
     jobs = trace.jobs
     notes: list[str] = []
+    if any(j.work.target is not None for j in jobs):
+        jobs, found = iterations_to_target(jobs, lookup.open_store(r.store))
+        notes += found
     if table is not None:
         known_types = {t for row in table.values() for t in row}
         missing = [t.name for t in cluster.types if t.name not in known_types]
@@ -319,6 +385,11 @@ def plan(request: PlanRequest) -> PlanResult:
     if pinned is not None and any(j.framework == ANY for j in jobs) and table is None:
         notes.append(f"`framework: any` jobs run in {pinned} under every policy but framework_aware"
                      + ("" if r.framework else " (the single framework fastest over them)"))
+    if r.measure is not None:
+        first, last = r.measure
+        if not 0 <= first <= last < len(jobs):
+            raise RequestError(f"--measure-jobs {first}:{last}: the trace has jobs 0 to {len(jobs) - 1}"
+                               + (" (after the jobs left out: see its notes)" if trace.notes else ""))
     runs = _simulate_all(cluster, matrix, jobs, names, pinned, r)
     result = PlanResult(cluster, trace, jobs, [], runs, pinned, notes=notes)
     for question, changed in questions:
@@ -356,8 +427,10 @@ def _simulate_all(cluster: Cluster, matrix: ThroughputMatrix, jobs: list[Job], n
     weight = [j.weight for j in jobs]
     type_index = {t.name: i for i, t in enumerate(cluster.types)}
     runs = []
-    vectors = {aware: throughput_vectors(matrix, jobs, pinned, aware=aware)[0]
-               for aware in {policy(name).framework_aware for name in names} | {True}}
+    both = {aware: throughput_vectors(matrix, jobs, pinned, aware=aware)
+            for aware in {policy(name).framework_aware for name in names} | {True}}
+    vectors = {aware: found[0] for aware, found in both.items()}
+    spread = {aware: found[2] for aware, found in both.items()}  # the same jobs spread over nodes
     # a job's work given as seconds on a type (Slurm's) becomes iterations at its fastest throughput there
     # (a `framework: any` job's best framework and precision; another's own): the same work under every
     # policy and whatever --framework pins
@@ -376,7 +449,9 @@ def _simulate_all(cluster: Cluster, matrix: ThroughputMatrix, jobs: list[Job], n
         speed = vectors[chosen.framework_aware]
         started, cpu = time.perf_counter(), time.process_time()
         try:
-            sim = simulate(cluster, ids, arrival, workers, weight, iterations, speed, chosen, r.seed, r.max_rounds)
+            sim = simulate(cluster, ids, arrival, workers, weight, iterations, speed, chosen, r.seed, r.max_rounds,
+                           None if r.measure is None else list(range(r.measure[0], r.measure[1] + 1)),
+                           spread[chosen.framework_aware])
         except InfeasibleError as e:
             raise RequestError(f"{chosen.title}: {e}") from None
         seconds = time.perf_counter() - started
