@@ -25,7 +25,10 @@ from typer.testing import CliRunner
 from dlbench.cli import app
 from dlbench.execution.containers import (
     STOP_GRACE_S,
+    NICE_WEIGHTS,
+    CpuPlacement,
     DockerBackend,
+    cpu_placement,
     gpu_request,
     image_key,
     image_tag,
@@ -84,7 +87,8 @@ def engine(tmp_path, monkeypatch) -> Engine:
     monkeypatch.setenv("FAKE_DOCKER_BASES", BASE)
     for knob in ("FAKE_DOCKER_DAEMON_DOWN", "FAKE_DOCKER_BUILD_FAIL", "FAKE_DOCKER_NO_GPU_RUNTIME", "FAKE_DOCKER_OOM",
                  "FAKE_DOCKER_KIND", "FAKE_DOCKER_BUILDX", "DLBENCH_FAKE_BEHAVIOUR", "CUDA_VISIBLE_DEVICES",
-                 "DLBENCH_BASE_IMAGE", "DLBENCH_CONTAINER_MEMORY", "DOCKER_HOST"):
+                 "DLBENCH_BASE_IMAGE", "DLBENCH_CONTAINER_MEMORY", "DOCKER_HOST", "FAKE_DOCKER_CGROUPS",
+                 "FAKE_DOCKER_ENDPOINT"):
         monkeypatch.delenv(knob, raising=False)
     yield Engine(state)
     # a test that failed may have left a fake container running: end its process group
@@ -310,6 +314,86 @@ def test_the_run_command(runner, docker, docker_project, tmp_path):
     assert option_values(argv, "--workdir") == [str(worker.parent)]
     assert option_values(argv, "--entrypoint") == [str(env.python)]
     assert argv[-4:] == [env.container.image, str(worker), "req.json", "res.json"]
+
+
+# ---- CPU placement: the container weighs what its worker would weigh on the host -------------------
+
+V1_AT_ROOT = "12:memory:/process_api/x\n3:cpu,cpuacct:/\n1:name=systemd:/\n0::/\n"
+V1_IN_A_GROUP = "3:cpu,cpuacct:/ci/job-7\n0::/\n"
+
+
+def proc_files(tmp_path, cgroup: str, autogroup: str | None, enabled: str | None):
+    proc = tmp_path / "proc-self"
+    proc.mkdir(exist_ok=True)
+    (proc / "cgroup").write_text(cgroup)
+    if autogroup is not None:
+        (proc / "autogroup").write_text(autogroup)
+    switch = tmp_path / "sched_autogroup_enabled"
+    if enabled is not None:
+        switch.write_text(enabled)
+    return proc, switch
+
+
+@pytest.mark.parametrize("cgroups, cgroup, autogroup, enabled, expected", [
+    # the caller at the root with autogroup: its session is one entity of its autogroup's weight
+    ("cgroupfs,1", V1_AT_ROOT, "/autogroup-12 nice 0\n", "1", {(2, 0): "1024", (8, 10): "1024"}),
+    ("cgroupfs,1", V1_AT_ROOT, "/autogroup-12 nice 5\n", "1", {(2, 0): "335"}),
+    # no autogroup, or the caller in a cgroup of its own: the worker's threads at its niceness
+    ("cgroupfs,1", V1_AT_ROOT, None, "0", {(2, 0): "2048", (2, 10): "220", (1, 19): "15"}),
+    ("cgroupfs,1", V1_IN_A_GROUP, "/autogroup-3 nice 0\n", "1", {(4, 0): "4096", (1000, -20): "262144"}),
+])
+def test_the_container_goes_where_its_worker_would_compete(engine, tmp_path, monkeypatch, cgroups, cgroup,
+                                                           autogroup, enabled, expected):
+    from dlbench.execution.container_engine import ContainerEngine
+
+    monkeypatch.setenv("FAKE_DOCKER_CGROUPS", cgroups)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/private/docker.sock")
+    proc, switch = proc_files(tmp_path, cgroup, autogroup, enabled)
+    placed = cpu_placement(ContainerEngine(), proc, switch)
+    parent = "/ci/job-7" if cgroup == V1_IN_A_GROUP else "/"
+    for (threads, nice), shares in expected.items():
+        assert placed.options(threads, nice) == ["--cgroup-parent", parent, "--cpu-shares", shares]
+    assert placed.describe()["placement"] == "caller" and placed.describe()["cgroup_parent"] == parent
+
+
+@pytest.mark.parametrize("cgroups, host, kind, said", [
+    ("systemd,1", "unix:///run/docker.sock", "docker", "cgroup driver is systemd"),
+    ("cgroupfs,2", "unix:///run/docker.sock", "docker", "cgroup v2"),
+    ("cgroupfs,1", "tcp://build-host:2376", "docker", "not on this host"),
+])
+def test_where_the_container_cannot_be_placed_the_record_says_why(engine, tmp_path, monkeypatch, cgroups, host,
+                                                                  kind, said):
+    from dlbench.execution.container_engine import ContainerEngine
+
+    monkeypatch.setenv("FAKE_DOCKER_CGROUPS", cgroups)
+    monkeypatch.setenv("DOCKER_HOST", host)
+    proc, switch = proc_files(tmp_path, V1_AT_ROOT, "/autogroup-1 nice 0\n", "1")
+    placed = cpu_placement(ContainerEngine(), proc, switch)
+    assert placed.options(2, 0) == []
+    assert placed.describe()["placement"] == "engine" and said in placed.describe()["reason"]
+
+
+def test_podman_s_cli_names_its_cgroups_its_own_way(engine, tmp_path, monkeypatch):
+    from dlbench.execution.container_engine import ContainerEngine
+
+    monkeypatch.setenv("FAKE_DOCKER_KIND", "podman")
+    monkeypatch.setenv("FAKE_DOCKER_CGROUPS", "cgroupfs,1")
+    assert ContainerEngine().cgroups() == ("cgroupfs", "1")
+    assert any("{{json .Host.CgroupsVersion}}" in c for c in engine.calls("info"))
+
+
+def test_the_run_command_carries_the_placement_and_the_record_says_it(runner, docker, tmp_path):
+    env = docker.ensure(runner, "cpu")
+    spec = dataclasses.replace(env.container, cpu=CpuPlacement("/", session_nice=None))
+    argv = spec.run_command("dlbench-fake-2", env.python, runner.worker.resolve(), ["req.json", "res.json"],
+                            tmp_path / "exchange", {"OMP_NUM_THREADS": "3"})
+    shares = 3 * NICE_WEIGHTS[os.nice(0) + 20]  # this process's niceness (pinned values: the test above)
+    assert option_values(argv, "--cgroup-parent") == ["/"] and option_values(argv, "--cpu-shares") == [str(shares)]
+    assert spec.describe()["container"]["cpu"]["placement"] == "caller"
+    # the fake engine says systemd: the engine's placement stands, and the record says why
+    assert env.container.describe()["container"]["cpu"] == {
+        "placement": "engine", "reason": env.container.cpu.reason}
+    assert "systemd" in env.container.cpu.reason
 
 
 @pytest.mark.parametrize("visible, expected", [

@@ -360,6 +360,22 @@ class ContainerEngine:
         path = Path(value) if isinstance(value, str) and value else None
         return path if path is not None and path.is_dir() else None
 
+    def cgroups(self) -> tuple[str, str]:
+        """(driver, version) of the engine's cgroups: `cgroupfs` or `systemd`, `1` or `2`, from its `info`
+        (podman's own CLI names them Host.CgroupManager and Host.CgroupsVersion, `v1`/`v2`)."""
+        fields = (("{{json .Host.CgroupManager}}", "{{json .Host.CgroupsVersion}}") if self.info().api == "podman-cli"
+                  else ("{{json .CgroupDriver}}", "{{json .CgroupVersion}}"))
+        found = []
+        for template in fields:
+            done = self.call("info", "--format", template, timeout=60)
+            value = _first_json(done.stdout) if done.returncode == 0 else None
+            if value is None and done.returncode == 0:
+                value = done.stdout.strip().strip('"') or None
+            if not isinstance(value, str) or not value:
+                raise self._failed(f"info --format {template}", done)
+            found.append(value)
+        return found[0], found[1].removeprefix("v")
+
     def container_state(self, name: str) -> ContainerState | None:
         """The named container's state, None when the engine has no such container."""
         done = self.call("container", "inspect", "--format", "{{json .State}}", name, timeout=30)

@@ -210,6 +210,108 @@ def lock_differences(image: list[str], requirements: str, venv: list[str] | None
     return problems
 
 
+# The kernel's CFS weight of a task at each niceness, -20 to 19 (sched_prio_to_weight in
+# kernel/sched/core.c): a cgroup of cpu.shares W competes with its sibling tasks as one task of weight W.
+NICE_WEIGHTS = (88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916,
+                9548, 7620, 6100, 4904, 3906, 3121, 2501, 1991, 1586, 1277,
+                1024, 820, 655, 526, 423, 335, 272, 215, 172, 137,
+                110, 87, 70, 56, 45, 36, 29, 23, 18, 15)
+CPU_SHARES_RANGE = (2, 262144)  # what cgroup v1 accepts for cpu.shares
+
+
+def caller_cpu_cgroup(proc_self_cgroup: str) -> str | None:
+    """The cgroup v1 path of this process under the `cpu` controller, from /proc/self/cgroup."""
+    for line in proc_self_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return None
+
+
+def thread_weight(nice: int) -> int:
+    return NICE_WEIGHTS[max(-20, min(19, nice)) + 20]
+
+
+def autogroup_nice(autogroup_text: str | None) -> int | None:
+    """The niceness of this process's autogroup from /proc/self/autogroup (`/autogroup-N nice K`),
+    None where the kernel groups no tasks by session."""
+    match = re.search(r"\bnice\s+(-?\d+)", autogroup_text or "")
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class CpuPlacement:
+    """Where a worker's container sits among the host's runnable tasks, so that it gets the CPU the
+    same worker would get on the host.
+
+    On the host a worker competes from its caller's cgroup: where that is the root and the kernel
+    groups tasks by session (autogroup, /proc/sys/kernel/sched_autogroup_enabled), as part of the
+    caller's session, one entity of the weight of the autogroup's niceness (1024 at nice 0, whatever
+    the threads and whatever the tasks' own niceness); elsewhere as its T threads, tasks of the
+    weight of their niceness. An engine puts a container in a cgroup of its own under its parent
+    (`/docker`, `libpod_parent`), and on cgroup v1 that whole parent, every container of the engine
+    together, competes with the host as one entity of weight 1024. Where the engine makes cgroups
+    itself (`cgroupfs`, cgroup v1) and runs on this host, the container goes into the caller's cgroup
+    (`--cgroup-parent`) with `--cpu-shares` of what the worker would weigh there. Elsewhere (systemd's
+    driver puts containers in a scope of the engine's slice; cgroup v2 allows no cgroup under one
+    that holds processes; a remote engine's cgroups are not this host's) the engine's placement
+    stands, and `reason` says why.
+    """
+
+    cgroup_parent: str | None  # None: the engine's own placement
+    reason: str | None = None  # why the engine's placement stands
+    session_nice: int | None = None  # the caller's autogroup niceness, where its session is one entity
+
+    def options(self, threads: int, nice: int) -> list[str]:
+        if self.cgroup_parent is None:
+            return []
+        low, high = CPU_SHARES_RANGE
+        weight = (thread_weight(self.session_nice) if self.session_nice is not None
+                  else threads * thread_weight(nice))
+        return ["--cgroup-parent", self.cgroup_parent, "--cpu-shares", str(max(low, min(high, weight)))]
+
+    def describe(self) -> dict:
+        if self.cgroup_parent is None:
+            return {"placement": "engine", "reason": self.reason}
+        if self.session_nice is not None:
+            rule = f"the weight of the caller's session (autogroup, nice {self.session_nice})"
+        else:
+            rule = "the worker's threads x the kernel's weight of the caller's niceness (1024 at nice 0)"
+        return {"placement": "caller", "cgroup_parent": self.cgroup_parent, "cpu_shares": rule}
+
+
+def cpu_placement(engine: ContainerEngine, proc_self: Path = Path("/proc/self"),
+                  autogroup_switch: Path = Path("/proc/sys/kernel/sched_autogroup_enabled")) -> CpuPlacement:
+    """How this engine's containers are placed for the CPU (CpuPlacement)."""
+    info = engine.info()
+    if info.api != "podman-cli" and not (info.endpoint or "").startswith("unix://"):
+        return CpuPlacement(None, f"the engine at {info.endpoint} is not on this host: its cgroups are not the caller's")
+    if info.api == "podman-cli" and os.geteuid() != 0:
+        return CpuPlacement(None, "rootless podman: the container's cgroup is podman's to choose")
+    driver, version = engine.cgroups()
+    if driver != "cgroupfs":
+        return CpuPlacement(None, f"the engine's cgroup driver is {driver}: the container's cgroup is a scope in the "
+                            "engine's slice, weighed as one entity against the caller's")
+    if version != "1":
+        return CpuPlacement(None, f"cgroup v{version}: no cgroup can be made under the caller's, which holds "
+                            "processes; the container is weighed as one entity against them")
+    parent = caller_cpu_cgroup((proc_self / "cgroup").read_text())
+    if parent is None:
+        return CpuPlacement(None, "this process is in no cgroup of the cpu controller")
+    session = None
+    if parent == "/" and autogroup_switch.is_file() and autogroup_switch.read_text().strip() == "1":
+        autogroup = proc_self / "autogroup"
+        session = autogroup_nice(autogroup.read_text() if autogroup.is_file() else None)
+    return CpuPlacement(parent, session_nice=session)
+
+
+def worker_threads(env: dict[str, str]) -> int:
+    """The threads a worker runs with: the runner's thread variable, else every CPU this process may
+    use (what a framework takes by default, inside a container as on the host: no cpuset is set)."""
+    value = env.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else len(os.sched_getaffinity(0))
+
+
 @dataclass(frozen=True)
 class ExitReading:
     """What a finished container says of itself: the worker's status and, where the engine (not the
@@ -232,6 +334,7 @@ class ContainerSpec:
     dockerfile: str
     facts: dict = field(default_factory=dict)  # engine, digest, base image, lock check: for the record
     memory: str | None = None  # --memory (and --memory-swap: no swap beyond it), None for no limit
+    cpu: CpuPlacement = field(default_factory=lambda: CpuPlacement(None, "not asked"))
 
     def run_options(self) -> list[str]:
         """The options every worker's container is run with (those that do not name the worker)."""
@@ -245,7 +348,7 @@ class ContainerSpec:
 
     def describe(self) -> dict:
         return {"image": self.image, "image_id": self.image_id, "dockerfile": self.dockerfile, "gpus": self.gpus,
-                "container": {**self.facts, "run_options": self.run_options(),
+                "container": {**self.facts, "run_options": self.run_options(), "cpu": self.cpu.describe(),
                               "stop": f"SIGTERM to the worker (--init), SIGKILL after {STOP_GRACE_S} s"}}
 
     def new_name(self) -> str:
@@ -259,6 +362,7 @@ class ContainerSpec:
         the worker reads or writes (read-write); both mounted at their host paths.
         """
         cmd = ["run", "--name", name, "--label", f"{LABEL}.framework={self.framework}", *self.run_options(),
+               *self.cpu.options(worker_threads(env), os.nice(0)),
                # no passwd entry for an arbitrary uid: give caches (~/.cache, ~/.keras) a writable home
                "--env", "HOME=/tmp", "--env", "PYTHONDONTWRITEBYTECODE=1"]
         for key, value in sorted(env.items()):
@@ -546,7 +650,8 @@ class DockerBackend:
         except ValueError:
             shown = str(dockerfile)
         spec = ContainerSpec(self.engine, tag, image_id, runner.name, gpus, tuple(mounts), shown,
-                             self._facts(image_id, self.engine.info()), os.environ.get(MEMORY_VARIABLE) or None)
+                             self._facts(image_id, self.engine.info()), os.environ.get(MEMORY_VARIABLE) or None,
+                             cpu_placement(self.engine))
         return Environment(runner.name, self.name, flavour, Path(probe["python"]), tag, None,
                            probe.get("packages", []), probe.get("python_version"), container=spec)
 

@@ -103,7 +103,9 @@ def _refusal(run: PlannedConvergenceRun, precision: str) -> str | None:
     if runner.distributed.convergence_not_offered:
         return (f"{runner.name} runner: {runner.distributed.convergence_not_offered} (runner.toml [distributed] "
                 "convergence_not_offered)")
-    return data_parallel_refusal(runner, {"precision": precision, "compression": run.compression})
+    # a convergence task trains the whole network on every rank: data parallelism
+    return data_parallel_refusal(runner, {"precision": precision, "compression": run.compression,
+                                          "parallelism": "data"})
 
 
 def execute_convergence_run(orchestrator, run: PlannedConvergenceRun, data_dir: Path, precision: str | None = None,

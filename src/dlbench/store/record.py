@@ -125,7 +125,11 @@ records step by step and refuse newer ones):
     engine options every worker container ran with: --init, --pull never, --network none, shm,
     user, memory limit, GPUs) and `stop` (how it is stopped). Older records have none (a docker
     record before 15 has only image, image_id, dockerfile and gpus) (a free-form dict: the model's
-    defaults: no migration).
+    defaults: no migration). Added the same day without a version of its own (the dict is
+    free-form, so every reader of 15 reads it): `cpu`, where the container competed for the CPU
+    (`placement` "caller": in the caller's cgroup `cgroup_parent`, with the `cpu_shares` rule that
+    gives it its worker's weight on the host; "engine": the engine's own cgroup, `reason` saying why);
+    a 15 record without it ran in the engine's cgroup.
   16 (2026-12-07) shaped links (`dlbench run --link RATE[,DELAY]`, issue 44): `link` (LinkInfo) on
     the records of a job whose workers ran in network namespaces joined by a shaped link: the link
     as asked (`asked`, `rate_bps`, `delay_s`), how it was shaped (`shaping`: the qdiscs), its
