@@ -446,7 +446,7 @@ def axis_options():
 
 def test_the_axis_options_are_found():
     assert {(c, o) for c, o, _ in axis_options()} == {
-        ("run", "--mode"), ("run", "--precision"), ("run", "--compile"), ("run", "--scenario"),
+        ("run", "--mode"), ("run", "--precision"), ("run", "--compile"), ("run", "--scenario"), ("run", "--parallelism"),
         ("check", "--precision"), ("check", "--mode"), ("predict", "--precision"), ("predict", "--mode"),
         ("calibrate", "--precision")}
 
