@@ -62,7 +62,8 @@ def test_shipped_suite_resolves_in_every_profile_and_smoke_stays_small():
     assert {s.kind for s in default["cnn-layers-reduced"].specs} == {"conv2d_fwd", "conv2d_bwd", "matmul", "dense_bwd"} | pools | norms
     # the distributed suite's per-worker batches at 1 and 2 workers (strong scaling: half of each global batch)
     assert default["distributed-layers"].source == ("layers of fcn5 b=128, fcn5 b=64, resnet56 b=32, resnet56 b=16, "
-                                                    "lstm32 b=32, lstm32 b=16, resnet50 b=8, resnet50 b=4")
+                                                    "lstm32 b=32, lstm32 b=16, resnet50 b=8, resnet50 b=4, "
+                                                    "moe_tiny b=32, moe_tiny b=16")
     assert "matmul m=64 n=2048 k=784 float32" in {s.key for s in default["distributed-layers"].specs}
     assert "distributed-layers" not in smoke
     # the transformer suite's networks at its CPU sequence lengths and batches: gpt2_small at 2 x 128
