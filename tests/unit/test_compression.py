@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from dlbench.axes import Compression, CompressionMethod, gtopk_tree, topk_count
-from dlbench.cli import app
 from dlbench.definitions.loader import DefinitionError
 from dlbench.execution.registry import parse_runner_toml
 from dlbench.performance.communication import exchange_bytes, powersgd_compressed
@@ -23,7 +20,6 @@ from dlbench.store import migrations
 from dlbench.store.record import SCHEMA_VERSION, Record
 from runners.common.contract import EVERY_COMPRESSION
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
 
@@ -257,20 +253,8 @@ def test_runs_pair_on_their_compression():
 # ------------------------------------------------------------------ dlbench run --compression
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
-
-
-@pytest.fixture
-def cli_env(monkeypatch, tmp_path, project):
-    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
-    monkeypatch.chdir(tmp_path)
-    return project
-
-
-def test_each_compression_is_a_run_a_method_the_runner_leaves_out_is_skipped(cli_env, tmp_path):
+def test_each_compression_is_a_run_a_method_the_runner_leaves_out_is_skipped(
+        cli_env, fast_fake_runner, invoke, tmp_path):
     store = tmp_path / "s"
     code, out, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
                             "smoke", "--benchmark", "fcn5", "--store", str(store), "--compression", "none,topk:0.01",
@@ -295,13 +279,14 @@ def test_each_compression_is_a_run_a_method_the_runner_leaves_out_is_skipped(cli
     ("topk:2", "--compression: compression 'topk:2' needs a density in (0, 1]"),
     ("lz4", "--compression: compression 'lz4' is not one it accepts"),
 ])
-def test_a_bad_compression_ends_the_command_before_anything_runs(cli_env, tmp_path, value, message):
+def test_a_bad_compression_ends_the_command_before_anything_runs(
+        cli_env, fast_fake_runner, invoke, tmp_path, value, message):
     code, _, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
                           "smoke", "--store", str(tmp_path / "s"), "--compression", value)
     assert code == 2 and message in err and not (tmp_path / "s").exists()
 
 
-def test_a_single_process_suite_refuses_compression(cli_env, tmp_path):
+def test_a_single_process_suite_refuses_compression(cli_env, fast_fake_runner, invoke, tmp_path):
     code, _, err = invoke("run", "--suite", "fcn", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), "--compression", "fp16")
     assert code == 2 and "--compression is not taken by suite 'fcn'" in err

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from dlbench import paths
 from dlbench.axes import Parallelism
-from dlbench.cli import app
 from dlbench.definitions.catalog import SuiteCatalog
 from dlbench.definitions.distributed import moe_experts
 from dlbench.definitions.loader import DefinitionError
@@ -30,7 +27,6 @@ from dlbench.workflows.requests import RequestError
 from runners.common.contract import DataParallel
 from runners.common.distributed_harness import measure_data_parallel
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
 
@@ -179,20 +175,7 @@ def test_runs_pair_on_their_parallelism():
 # ------------------------------------------------------------------ dlbench run --parallelism
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
-    return result.exit_code, ANSI.sub("", result.stdout), " ".join(ANSI.sub("", result.stderr).split())
-
-
-@pytest.fixture
-def cli_env(monkeypatch, tmp_path, project):
-    monkeypatch.setenv("DLBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("DLBENCH_FAKE_STEP_S", "0.0005")
-    monkeypatch.chdir(tmp_path)
-    return project
-
-
-def test_a_runner_without_expert_parallelism_records_it_skipped(cli_env, tmp_path):
+def test_a_runner_without_expert_parallelism_records_it_skipped(cli_env, fast_fake_runner, invoke, tmp_path):
     store = tmp_path / "s"
     code, _, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
                           "smoke", "--benchmark", "moe_tiny", "--store", str(store), "--parallelism", "data,expert",
@@ -206,14 +189,14 @@ def test_a_runner_without_expert_parallelism_records_it_skipped(cli_env, tmp_pat
                                 "(runner.toml [distributed] parallelisms: data)")
 
 
-def test_expert_parallelism_of_a_network_without_experts_ends_the_command(cli_env, tmp_path):
+def test_expert_parallelism_of_a_network_without_experts_ends_the_command(cli_env, fast_fake_runner, invoke, tmp_path):
     code, _, err = invoke("run", "--suite", "distributed", "--framework", "fake", "--env", "current", "--profile",
                           "smoke", "--benchmark", "fcn5", "--store", str(tmp_path / "s"), "--parallelism", "expert")
     assert code == 2 and "fcn5 has none (choose moe_tiny with --benchmark)" in err
     assert not (tmp_path / "s").exists()
 
 
-def test_a_single_process_suite_refuses_parallelism(cli_env, tmp_path):
+def test_a_single_process_suite_refuses_parallelism(cli_env, fast_fake_runner, invoke, tmp_path):
     code, _, err = invoke("run", "--suite", "fcn", "--framework", "fake", "--env", "current", "--profile", "smoke",
                           "--store", str(tmp_path / "s"), "--parallelism", "expert")
     assert code == 2 and "--parallelism is not taken by suite 'fcn'" in err
