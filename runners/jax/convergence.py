@@ -153,7 +153,6 @@ def prepare_distributed_convergence(request: dict, mesh, cluster, exchange, axis
     compression as distributed.py's GradientExchange."""
     import numpy as np
     import optax
-    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     from runners.common.contract import Trainer
@@ -172,16 +171,11 @@ def prepare_distributed_convergence(request: dict, mesh, cluster, exchange, axis
     network = request["network"]
     shape = network["input"]["shape"]
     sample = (shape[1], shape[2], shape[0]) if tm.images else tuple(shape)  # NHWC for images
-    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
+    from runners.jax.distributed import MeshArrays
 
-    def global_array(sharding, local):
-        return jax.make_array_from_process_local_data(sharding, local)
-
-    def replicate(tree):
-        return jax.tree.map(lambda a: global_array(replicated, a), tree)
-
-    def per_rank(tree):  # a leading axis of one entry per rank
-        return jax.tree.map(lambda a: global_array(sharded, np.expand_dims(a, 0)), tree)
+    arrays = MeshArrays(mesh, axis)
+    replicated, sharded = arrays.replicated, arrays.sharded
+    global_array, replicate, per_rank = arrays.global_array, arrays.replicate, arrays.per_rank
 
     host = tm.host_variables(sample, np.float32, np.random.default_rng(seed))  # every rank the same
     tx = optax.chain(optax.add_decayed_weights(opt["weight_decay"]), optax.trace(decay=opt["momentum"]))

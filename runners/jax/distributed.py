@@ -140,6 +140,30 @@ class Collective:
         return np.asarray(self._out.addressable_data(0))
 
 
+class MeshArrays:
+    """This rank's host (numpy) values as global arrays over a 1-D mesh of every rank's device:
+    replicated (every rank holds the same) or sharded along `axis` (each rank its slice)."""
+
+    def __init__(self, mesh, axis: str):
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        self.replicated, self.sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
+
+    @staticmethod
+    def global_array(sharding, local):
+        return load_jax().make_array_from_process_local_data(sharding, local)
+
+    def replicate(self, tree):
+        return load_jax().tree.map(lambda a: self.global_array(self.replicated, a), tree)
+
+    def per_rank(self, tree):
+        """Each leaf with a leading axis of one entry per rank (this rank's value its entry)."""
+        import numpy as np
+
+        return load_jax().tree.map(lambda a: self.global_array(self.sharded, np.expand_dims(a, 0)), tree)
+
+
 class JaxDistributedRunner(JaxRunner):
     def __init__(self):
         super().__init__()
@@ -243,11 +267,9 @@ class JaxDistributedRunner(JaxRunner):
         import numpy as np
 
         jax = load_jax()
-        from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
         mesh = self._mesh
-        replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
         precision = request_precision(request)
         if precision == "float64":  # the equivalence check's precision, single-process only
             raise ValueError("the jax distributed runner does not train in float64 (fp32, tf32 and amp_bf16 only)")
@@ -262,15 +284,8 @@ class JaxDistributedRunner(JaxRunner):
         x_np, y_np = tm.host_batch(request["batch_size"], np.random.default_rng(seed * 1000 + cluster.rank + 1))
         host = tm.host_variables(x_np.shape[1:], x_np.dtype, np.random.default_rng(seed))
 
-        def global_array(sharding, local):
-            return jax.make_array_from_process_local_data(sharding, local)
-
-        def replicate(tree):
-            return jax.tree.map(lambda a: global_array(replicated, a), tree)
-
-        def per_rank(tree):  # a leading axis of one entry per rank
-            return jax.tree.map(lambda a: global_array(sharded, np.expand_dims(a, 0)), tree)
-
+        arrays = MeshArrays(mesh, AXIS)
+        global_array, replicate, per_rank = arrays.global_array, arrays.replicate, arrays.per_rank
         params = replicate(host["params"])
         exchange = GradientExchange(request.get("compression") or Compression(CompressionMethod.NONE),
                                     cluster.world_size)
@@ -281,7 +296,8 @@ class JaxDistributedRunner(JaxRunner):
         device_state = DeviceState({"params": params, "batch_stats": stats,
                                        "opt_state": replicate(tm.host_opt_state(host["params"])),
                                        "key": replicate(tm.host_key(seed + 1)),
-                                       "x": global_array(sharded, x_np), "y": global_array(sharded, y_np)})
+                                       "x": global_array(arrays.sharded, x_np),
+                                       "y": global_array(arrays.sharded, y_np)})
         state = device_state.state
 
         def make_step(exchange_gradients: bool):
