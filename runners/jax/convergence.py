@@ -23,7 +23,7 @@ from runners.common.datasets import crop_flip, normalise
 from runners.common.protocol import Skip
 from runners.jax.framework import load_jax
 from runners.jax.precision import COMPUTE_DTYPE
-from runners.jax.step import TrainingModel, logits_of
+from runners.jax.step import MeshArrays, TrainingModel, logits_of
 
 EVAL_BATCH = 500
 
@@ -171,8 +171,6 @@ def prepare_distributed_convergence(request: dict, mesh, cluster, exchange, axis
     network = request["network"]
     shape = network["input"]["shape"]
     sample = (shape[1], shape[2], shape[0]) if tm.images else tuple(shape)  # NHWC for images
-    from runners.jax.distributed import MeshArrays
-
     arrays = MeshArrays(mesh, axis)
     replicated, sharded = arrays.replicated, arrays.sharded
     global_array, replicate, per_rank = arrays.global_array, arrays.replicate, arrays.per_rank

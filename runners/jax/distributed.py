@@ -61,7 +61,7 @@ from runners.common.protocol import Skip
 from runners.jax.framework import load_jax
 from runners.jax.precision import request_precision
 from runners.jax.runner import JaxRunner, check_compile
-from runners.jax.step import DeviceState, TrainingModel
+from runners.jax.step import DeviceState, MeshArrays, TrainingModel
 
 AXIS = "data"
 # jax.distributed's defaults are 300 s to connect and 100 s without a heartbeat; stated here so
@@ -138,30 +138,6 @@ class Collective:
         import numpy as np
 
         return np.asarray(self._out.addressable_data(0))
-
-
-class MeshArrays:
-    """This rank's host (numpy) values as global arrays over a 1-D mesh of every rank's device:
-    replicated (every rank holds the same) or sharded along `axis` (each rank its slice)."""
-
-    def __init__(self, mesh, axis: str):
-        from jax.sharding import NamedSharding
-        from jax.sharding import PartitionSpec as P
-
-        self.replicated, self.sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
-
-    @staticmethod
-    def global_array(sharding, local):
-        return load_jax().make_array_from_process_local_data(sharding, local)
-
-    def replicate(self, tree):
-        return load_jax().tree.map(lambda a: self.global_array(self.replicated, a), tree)
-
-    def per_rank(self, tree):
-        """Each leaf with a leading axis of one entry per rank (this rank's value its entry)."""
-        import numpy as np
-
-        return load_jax().tree.map(lambda a: self.global_array(self.sharded, np.expand_dims(a, 0)), tree)
 
 
 class JaxDistributedRunner(JaxRunner):

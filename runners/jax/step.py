@@ -421,3 +421,27 @@ class DeviceState:
     def synchronize(self) -> None:
         if self.last:
             self._block(self.last)
+
+
+class MeshArrays:
+    """This rank's host (numpy) values as global arrays over a 1-D mesh of every rank's device:
+    replicated (every rank holds the same) or sharded along `axis` (each rank its slice)."""
+
+    def __init__(self, mesh, axis: str):
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        self.replicated, self.sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P(axis))
+
+    @staticmethod
+    def global_array(sharding, local):
+        return load_jax().make_array_from_process_local_data(sharding, local)
+
+    def replicate(self, tree):
+        return load_jax().tree.map(lambda a: self.global_array(self.replicated, a), tree)
+
+    def per_rank(self, tree):
+        """Each leaf with a leading axis of one entry per rank (this rank's value its entry)."""
+        import numpy as np
+
+        return load_jax().tree.map(lambda a: self.global_array(self.sharded, np.expand_dims(a, 0)), tree)
