@@ -189,20 +189,13 @@ def _execute_data_parallel(plan: ConvergencePlan, events, records: list[Record])
     compared with the dense run of its (task, framework)."""
     from ..execution.convergence import execute_convergence_run
     from ..execution.distributed import DistributedOrchestrator
-    from ..execution.links import shaped_link
-    from ..execution.placement import namespace_placement
-    from ..execution.wire import measure
+    from .distributed import on_shaped_link
 
     dense: dict[tuple[str, str], Record] = {}
     with contextlib.ExitStack() as stack:
         options = plan.jobs
-        if plan.link is not None:  # removed when the block ends, however it ends
-            link = stack.enter_context(shaped_link(plan.link, options.placement.workers))
-            measured = measure(link)
-            events.link_ready(link, measured)
-            options = replace(options, link=link, link_measured=measured, placement=namespace_placement(
-                [link.address(i) for i in range(link.workers)], [link.namespace(i) for i in range(link.workers)],
-                options.placement.hosts[0].cpus))
+        if plan.link is not None:
+            options = on_shaped_link(stack, options, plan.link, events)
         orch = DistributedOrchestrator(plan.store, options, events)
         for run in plan.runs:
             key = (run.runner.name, run.task.name)

@@ -188,6 +188,22 @@ def _link_spec(r: RunRequest, device: str) -> LinkSpec:
     return spec
 
 
+def on_shaped_link(stack: contextlib.ExitStack, options: DistributedOptions, asked, events) -> DistributedOptions:
+    """`options` with its workers on a shaped link of the kind `asked` (execution.links): the link
+    made for them and removed when `stack` closes, however it closes; measured, announced
+    (events.link_ready), and recorded in the options with each worker's address and namespace."""
+    from ..execution.links import shaped_link
+    from ..execution.placement import namespace_placement
+    from ..execution.wire import measure
+
+    link = stack.enter_context(shaped_link(asked, options.placement.workers))
+    measured = measure(link)
+    events.link_ready(link, measured)
+    return dataclasses.replace(options, link=link, link_measured=measured, placement=namespace_placement(
+        [link.address(i) for i in range(link.workers)], [link.namespace(i) for i in range(link.workers)],
+        options.placement.hosts[0].cpus))
+
+
 def execute_distributed(plan: DistributedPlan, events=None, records: list[Record] | None = None) -> list[Record]:
     """Every job of the plan, framework by framework, each record written to the store as it ends;
     the store's row index brought up to date after the last. `events`: environment(framework,
@@ -195,21 +211,13 @@ def execute_distributed(plan: DistributedPlan, events=None, records: list[Record
     record); None: none. `records`: the list the records are appended to as they are written (a
     caller interrupted midway keeps what completed)."""
     from ..execution.distributed import DistributedOrchestrator
-    from ..execution.links import shaped_link
-    from ..execution.placement import namespace_placement
-    from ..execution.wire import measure
 
     records = [] if records is None else records
     events = events or Silent()
     with contextlib.ExitStack() as stack:
         options = plan.options
-        if plan.link is not None:  # removed when the block ends, however it ends
-            link = stack.enter_context(shaped_link(plan.link, options.placement.workers))
-            measured = measure(link)
-            events.link_ready(link, measured)
-            options = dataclasses.replace(options, link=link, link_measured=measured, placement=namespace_placement(
-                [link.address(i) for i in range(link.workers)], [link.namespace(i) for i in range(link.workers)],
-                options.placement.hosts[0].cpus))
+        if plan.link is not None:
+            options = on_shaped_link(stack, options, plan.link, events)
         orch = DistributedOrchestrator(plan.store, options, events)
         for runner in plan.runners:
             if plan.kind == "distributed":
