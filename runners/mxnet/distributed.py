@@ -29,15 +29,17 @@ all-gathered through the servers, see KVStoreExchange). They run before trainer.
 of their own. The other methods are skipped (COMPRESSION_UNAVAILABLE).
 
 What MXNet 1.9.1's dist_sync servers do with row_sparse pushes (src/kvstore/kvstore_dist_server.h,
-checked on 2 workers): a key initialised with a row_sparse array is stored row_sparse, every row
-present; without an optimizer on the servers (update_on_kvstore=False) each step's sum of the
-pushes replaces it (CopyFromTo of the merged row_sparse array), which keeps only the union of the
-rows pushed, packed; a row_sparse_pull then answers row r with the r-th stored row (the server
-indexes the data by row id, assuming every row present): wrong sums wherever the workers' rows do
-not cover the whole array. A key initialised with a dense array is stored dense; the servers still
-sum the pushes row_sparse (only the rows sent), copy the sum into the dense array (zeros in the
-rows nobody pushed) and answer a row_sparse_pull of any rows correctly. The runner's row-sparse
-keys are therefore initialised dense.
+checked on 2 workers by benchmarks/compression_topk_mxnet.py): a key initialised with a row_sparse
+array is stored row_sparse, every row present. The servers sum each step's pushes row_sparse
+(only the rows sent, ps-lite carrying an 8-byte key and a 4-byte length beside each row) and,
+with no optimizer of their own (update_on_kvstore=False), the sum replaces the stored array: it
+then holds only the union of the rows pushed, packed, and a row_sparse_pull of row r answers with
+the r-th stored row (the server indexes the data by row id, as if every row were present): wrong
+values wherever a step's pushes do not cover every row. A key initialised dense is stored flat
+(one dimension); a row_sparse push to it is summed as rows of that flat array, so it works for an
+(n, 1) array only (larger rows fail the server's copy). The top-k exchange therefore has every
+worker push one whole row of a key of `workers` rows each step: the pushes cover every row, and
+the stored sum stays whole.
 
 Exposed communication: MXNet's dependency engine issues each gradient's push as soon as backward
 has written it, so the exchange overlaps backward. `step_without_sync` is the same step with
@@ -186,8 +188,9 @@ class KVStoreExchange:
             of the other workers' rows: an all-gather of the pairs through the servers, each
             worker sending its 8k bytes and receiving the others' (n-1) 8k, as torch's and
             TensorFlow's all_gather; every worker scatters the pairs into zeros in rank order (the
-            same sum on every worker); the residual keeps what this worker did not send. The keys
-            are initialised dense (the module's docstring says why).
+            same sum on every worker); the residual keeps what this worker did not send. Each
+            step's pushes cover every row of the key, which keeps the servers' stored sum whole
+            (the module's docstring says why that matters).
             Why not the servers' sum of the sparse gradients themselves (each worker's k entries
             pushed as k rows of the gradient seen as (size, 1), the union of the rows pulled): a
             worker cannot name the union without the others' indices, which would need this
@@ -231,7 +234,8 @@ class KVStoreExchange:
             every_row = mx.nd.array(np.arange(world), dtype="int64")
             for key, k in zip(self.keys, self.ks):
                 shape = (world, 2 * k)
-                # row_sparse, every row present; each step's pushes cover every row again (module docstring)
+                # row_sparse, every row present (ps-lite refuses an empty init); each step's pushes
+                # cover every row again, which keeps the stored sum whole (module docstring)
                 kv.init(key, mx.nd.sparse.row_sparse_array((mx.nd.zeros(shape), every_row), shape=shape))
                 self.received.append(mx.nd.sparse.zeros("row_sparse", shape))
             return
@@ -462,12 +466,11 @@ class MXNetDistributedRunner(MXNetRunner):
                     density=compression.density, error_feedback=True, selection="per gradient tensor",
                     selection_op="mx.nd.topk", pairs=pairs, index_dtype="float32",
                     pushed_bytes_per_step=8 * pairs, pulled_bytes_per_step=8 * pairs * (world - 1),
-                    server_storage="each key initialised dense, (workers, 2k) float32: MXNet 1.9.1's servers, with "
-                                   "no optimizer of their own, replace a key's stored array by each step's sum of "
-                                   "the row_sparse pushes; a key initialised row_sparse then holds only the rows "
-                                   "pushed, packed, and a row_sparse_pull of row r returns the r-th of them (wrong "
-                                   "sums where the pushes do not cover every row); a dense one is filled with the "
-                                   "sum, zeros elsewhere, and answers any row")
+                    server_storage="a (workers, 2k) float32 key per gradient, initialised row_sparse with every "
+                                   "row present; every worker pushes its whole row each step, so the servers' "
+                                   "row_sparse sum, which replaces the stored array, keeps every row. (MXNet 1.9.1's "
+                                   "servers keep only the rows a step pushed, packed, and answer a row_sparse_pull "
+                                   "of row r with the r-th of them: pushes of scattered rows would come back wrong.)")
             elif compression.method is CompressionMethod.POWERSGD:
                 settings["compression"].update(
                     rank=compression.rank, error_feedback=True, warm_start=True,
