@@ -422,10 +422,13 @@ class MXNetDistributedRunner(MXNetRunner):
                                                       "momentum": request["momentum"], "wd": 0.0},
                                    kvstore=self.kv, update_on_kvstore=False if self.kv is not None else None)
 
+        seen = {}
+
         def forward_backward():
             with mx.autograd.record(train_mode=True):
                 _, loss = model(x, y)
             loss.backward()
+            seen["loss"] = loss  # read by loss() between steps (the harness's losses), never inside one
 
         # one worker: nothing is exchanged (no kvstore), its baseline is dense
         exchange = KVStoreExchange(self.kv, trainable, compression, world, seed + 2) \
@@ -478,7 +481,7 @@ class MXNetDistributedRunner(MXNetRunner):
                     compressed_when="n m > (n + m) rank, the weight viewed as (shape[0], the rest)",
                     orthogonalisation="mx.nd.linalg.gelqf of P^T")
         return DataParallel(step, step_without_sync, mx.nd.waitall, params, output_shape(net, x), settings,
-                            grad_bytes)
+                            grad_bytes, loss=lambda: float(seen["loss"].mean().asscalar()))
 
     # ------------------------------------------------------------------ collectives
 
