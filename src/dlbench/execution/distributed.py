@@ -560,7 +560,7 @@ def _all_to_all(outcomes: list[JobOutcome], workers: int, b: DistributedBenchmar
         share=seconds / step_s if seconds is not None and step_s else None, timing=said.get("all_to_all_timing"))
 
 
-def _exchange(b: DistributedBenchmark, workers: int, servers: bool) -> ExchangeInfo:
+def _exchange(b: DistributedBenchmark, workers: int, servers: bool = False) -> ExchangeInfo:
     """The analytical bytes of one iteration's exchange of the network's trainable tensors; with expert
     parallelism, of every tensor but the experts' (sharded, never all-reduced)."""
     return exchange_info(b.network.resolved, b.compression, workers,
