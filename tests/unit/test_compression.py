@@ -247,6 +247,22 @@ def test_every_shipped_runner_says_why_for_each_method_it_leaves_out():
         CompressionMethod.TOPK}
 
 
+def test_mxnet_topk_skips_a_tensor_its_float32_indices_cannot_address_and_no_distributed_network_has_one():
+    from dlbench import paths
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.definitions.weights import is_state, weight_shapes
+    from runners.mxnet.distributed import topk_unavailable
+
+    assert topk_unavailable([10, 2 ** 24]) is None  # index 2^24 - 1: a float32 integer
+    why = topk_unavailable([10, 2 ** 24 + 1])
+    assert "16777217 elements" in why and "float32" in why
+    suite = SuiteCatalog(paths.suites_dir()).load_distributed_suite(paths.suites_dir() / "distributed.yaml",
+                                                                    "default", "cpu")
+    for b in suite.benchmarks:
+        sizes = [math.prod(s) for name, s in weight_shapes(b.network.resolved).items() if not is_state(name)]
+        assert topk_unavailable(sizes) is None, b.network.name
+
+
 # ------------------------------------------------------------------ the record
 
 
