@@ -1,20 +1,34 @@
 """Mode `generate` for the mxnet runner: greedy decoding with a key/value cache built from MXNet's
-operators.
+operators, of the GPT-style decoders (embedding, position table, transformer blocks) and of the
+Llama-style ones (embedding, llama blocks, RMSNorm; their ffn a SwiGLU or a Mixture-of-Experts).
 
-The Gluon blocks are the ones step.build_model builds for train and infer (the same
-Parameters, the same canonical weights in and out, the same interleaved q/k/v projection). Each
-transformer block's cache is one NDArray (prompt + new tokens, batch, heads x 2 x head size) in
-the layout of MXNet's fused encoder-decoder attention operators (per head its key, then its
-value), which is the layout the block's own interleaved projection already produces for k and v.
-A step (a HybridBlock: the prompt for prefill, one token for decode) projects q, k and v with the
-block's own Dense, attends over the cache rows and the step's own rows (concatenated, with an
-additive mask of what each query may see) through contrib.interleaved_matmul_encdec_qk and
+The Gluon blocks are the ones step.build_model builds for train and infer (the same Parameters,
+the same canonical weights in and out); a step (a HybridBlock: the prompt for prefill, one token
+for decode) calls them in the order a cached decoder needs, attends over the cache rows and the
+step's own rows (concatenated, with an additive mask of what each query may see), and returns the
+greedy token, the last position's logits and each block's new rows, which are then written into
+the cache in place (NDArray slice assignment).
+
+GPT-style: each transformer block's cache is one NDArray (prompt + new tokens, batch, heads x 2 x
+head size) in the layout of MXNet's fused encoder-decoder attention operators (per head its key,
+then its value), which is the layout the block's own interleaved q/k/v projection already produces
+for k and v; the scores and values by contrib.interleaved_matmul_encdec_qk and
 contrib.interleaved_matmul_encdec_valatt (their documented batch_dot equivalent in float64 on the
-CPU, where their kernels take float32 only), and returns the last position's logits, the greedy
-token and each block's new rows, which are then written into the cache in place (NDArray slice
-assignment). Under `compile: compiled` (the runner's default) both steps are hybridised
-(static_alloc, static_shape: one graph each, the shapes never change); `eager` calls them
-imperatively.
+CPU, where their kernels take float32 only).
+
+Llama-style: each llama block's cache is two NDArrays, its keys and its values (batch, key/value
+heads, prompt + new tokens, head size): grouped-query attention keeps the key/value heads' rows,
+which the query heads share (repeated per group only to attend, as transformers' StaticCache of a
+Llama). The attention is the block's own GroupedAttention's pieces (split_heads, rotate, attend: one
+definition for training and decoding) applied to the step's rows, q and k rotated by the angles of
+their absolute positions (runners/common/rotary.py's tables for every position a request reaches,
+the step's rows passed in); the RMSNorms and the SwiGLU or MixtureOfExperts are the block's own,
+called as they are (the same routing rule and tie-break), except that the decoding graphs add no
+load-balancing loss (MixtureOfExperts.auxiliary_loss off: they are never differentiated, and
+torch and jax add it in training only).
+
+Under `compile: compiled` (the runner's default) both steps are hybridised (static_alloc,
+static_shape: one graph each, the shapes never change); `eager` calls them imperatively.
 """
 
 from __future__ import annotations
@@ -243,7 +257,8 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
                  "assignment)")
         attention = ("transformer.py's GroupedAttention composed (split_heads, rotate, attend: the key/value heads "
                      "repeated per group, batch_dot, softmax, batch_dot) over the cache and the step's rows "
-                     "with an additive mask of the rows written")
+                     "with an additive mask of the rows written; q and k rotated by the rows of the step's "
+                     "positions in cos and sin tables of every position a request reaches (inputs of the step)")
     else:
         cache = ("per block one NDArray (prompt + new tokens, batch, heads x 2 x head size) in the fused "
                  "encoder-decoder operators' layout, the step's new rows written in place")
