@@ -155,7 +155,7 @@ def prepare_generation(request: dict, ctx, compiled: bool, compile_settings: dic
 
     mx = load_mxnet()
     network = request["network"]
-    layout = DecoderLayout(network, llama=True)
+    layout = DecoderLayout(network)
     prompt_length, new_tokens = layout.request_lengths(request)
     float64 = request.get("precision") == "float64"
     storage = "float64" if float64 else "float32"
