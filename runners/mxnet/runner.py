@@ -118,7 +118,7 @@ from runners.mxnet.weights import export_weights, load_weights
 # What MXNet 1.9 has no operator for, and what each is composed of (transformer.py)
 LLAMA_COMPOSITION = ("composed from MXNet's operators, which have no RMSNorm, rotary, SiLU or grouped attention: "
                      "RMSNorm as square, mean, rsqrt and two broadcast products; rotary as slices, a concat and "
-                     "broadcast products with (1, 1, T, S) cos and sin constants; SiLU as x * sigmoid(x); grouped "
+                     "broadcast products with (1, 1, T, S) cos and sin tables; SiLU as x * sigmoid(x); grouped "
                      "attention as separate Dense q, k, v, the key/value heads repeated per group, batch_dot, "
                      "softmax and batch_dot (its fused interleaved operators take equal q, k and v heads)")
 MOE_DISPATCH = ("dense dispatch: the router in float32 (float64 in a check) by dot and softmax, the top-k by each "
