@@ -22,6 +22,11 @@ optimizer's `_all_reduce_sum_gradients` runs the runner's GradientExchange inste
 all-reduce (fp16/bf16 casts all-reduced, PowerSGD's two all-reduces, an all-gather of top-k pairs,
 each with its error feedback in this worker's own variables); gTop-k is skipped (GTOPK_UNAVAILABLE).
 
+Expert parallelism (the request's `parallelism` expert, `prepare_expert_parallel`): the experts of
+every Mixture-of-Experts block sharded over the workers as plain variables of each rank's, the
+tokens dispatched and combined by CollectiveAllToAllV2 in tf.custom_gradient (backward: the inverse
+all-to-all), every other weight mirrored as here; its section below says how.
+
 Exposed communication: `step_without_sync` is the same compiled step with the exchange left out
 (Keras' `_all_reduce_sum_gradients`, the one place its TF optimizer all-reduces, returns the local
 gradients; the traced graphs are checked to hold one gradient collective per step and none
