@@ -759,24 +759,21 @@ class LayerTable(dict):
 class DecoderLayout:
     """Where the parts of a decoder network are in its resolved layers (mode `generate`): the token
     `embedding` (index 0), the `position` embedding, the transformer `blocks`, the optional final
-    `norm` and the `head` (the last layer). The controller allows mode generate only on networks of
-    this shape (src/dlbench/definitions/generation.py says the same); a runner handed another
-    network skips, saying why."""
+    `norm` and the `head` (the last layer); or of a Llama-style one (LLAMA_PATTERN: rotary positions
+    in the blocks, `position` None, no table to overrun), which every runner generates too. The
+    controller allows mode generate only on networks of these shapes
+    (src/dlbench/definitions/generation.py says the same); a runner handed another network skips,
+    saying why."""
 
     PATTERN = "embedding position_embedding [dropout] transformer_block... [layer_norm] lm_head"
     LLAMA_PATTERN = "embedding llama_block... rms_norm lm_head"
 
-    def __init__(self, network: dict, llama: bool = False):
-        """`llama`: the runner generates Llama-style decoders too (LLAMA_PATTERN: rotary positions in
-        the blocks, `position` None, no table to overrun); one that does not skips them, saying so."""
+    def __init__(self, network: dict):
         kinds = [layer["type"] for layer in network["layers"]]
         why = None
         self.llama = (len(kinds) >= 4 and kinds[0] == "embedding" and kinds[-2:] == ["rms_norm", "lm_head"]
                       and all(k == "llama_block" for k in kinds[1:-2]))
         if self.llama:
-            if not llama:
-                raise Skip(f"mode generate of a Llama-style decoder ({self.LLAMA_PATTERN}): this runner's "
-                           f"generate.py builds only {self.PATTERN}")
             self.embedding, self.position, self.blocks = 0, None, list(range(1, len(kinds) - 2))
             self.norm, self.head, self.max_length = len(kinds) - 2, len(kinds) - 1, None
             return

@@ -205,7 +205,7 @@ def prepare_generation(request: dict, device) -> Generator:
     jax = load_jax()
     jnp = jax.numpy
     network = request["network"]
-    layout = DecoderLayout(network, llama=True)
+    layout = DecoderLayout(network)
     precision = request_precision(request)
     if precision not in ("fp32", "tf32", "float64"):
         raise Skip(f"generate: the jax runner generates in fp32, tf32 and the check's float64, not {precision}")

@@ -104,19 +104,6 @@ import os
 from runners.common.contract import CHECK_PRECISION, COMPILE_MODES, Kernel, Prepared
 from runners.common.protocol import Skip
 from runners.mxnet.attention import attention_record
-
-# What MXNet 1.9 has no operator for, and what each is composed of (transformer.py)
-LLAMA_COMPOSITION = ("composed from MXNet's operators, which have no RMSNorm, rotary, SiLU or grouped attention: "
-                     "RMSNorm as square, mean, rsqrt and two broadcast products; rotary as slices, a concat and "
-                     "broadcast products with (1, 1, T, S) cos and sin constants; SiLU as x * sigmoid(x); grouped "
-                     "attention as separate Dense q, k, v, the key/value heads repeated per group, batch_dot, "
-                     "softmax and batch_dot (its fused interleaved operators take equal q, k and v heads)")
-MOE_COMPOSITION = ("dense dispatch: the router in float32 (float64 in a check) by dot and softmax, the top-k by each "
-                   "expert's rank among the token's (comparisons: ties to the lower expert), then every expert on "
-                   "every token (E/k times the chosen experts' products: a hybridised graph has no data-dependent "
-                   "shapes and MXNet no grouped product) summed with the renormalised weights, 0 for the experts not "
-                   "chosen; the load-balancing loss's gradient through the custom operator "
-                   "dlbench_add_auxiliary_loss; capacity factors refused")
 from runners.mxnet.framework import has_attention, load_mxnet, mxnet_loaded
 from runners.mxnet.precision import (AMP_TARGET, FLOAT64_CPU, FLOAT64_CUDA, ReducedPrecisionUnsupported, amp_fp32_ops,
                                      amp_init, amp_settings, dtype_name, float32_math, float32_math_env,
@@ -127,6 +114,35 @@ from runners.mxnet.step import (HYBRIDIZE, build_model, count_params, hybridize_
 from runners.mxnet.transformer import fused_attention_unavailable
 from runners.mxnet.weights import export_weights, load_weights
 
+
+# What MXNet 1.9 has no operator for, and what each is composed of (transformer.py)
+LLAMA_COMPOSITION = ("composed from MXNet's operators, which have no RMSNorm, rotary, SiLU or grouped attention: "
+                     "RMSNorm as square, mean, rsqrt and two broadcast products; rotary as slices, a concat and "
+                     "broadcast products with (1, 1, T, S) cos and sin tables; SiLU as x * sigmoid(x); grouped "
+                     "attention as separate Dense q, k, v, the key/value heads repeated per group, batch_dot, "
+                     "softmax and batch_dot (its fused interleaved operators take equal q, k and v heads)")
+MOE_DISPATCH = ("dense dispatch: the router in float32 (float64 in a check) by dot and softmax, the top-k by each "
+                "expert's rank among the token's (comparisons: ties to the lower expert), then every expert on "
+                "every token (E/k times the chosen experts' products: a hybridised graph has no data-dependent "
+                "shapes and MXNet no grouped product) summed with the renormalised weights, 0 for the experts not "
+                "chosen")
+MOE_COMPOSITION = (MOE_DISPATCH + "; the load-balancing loss's gradient through the custom operator "
+                   "dlbench_add_auxiliary_loss; capacity factors refused")
+MOE_GENERATION = (MOE_DISPATCH + "; no load-balancing loss in the decoding steps (never differentiated); capacity "
+                  "factors refused")
+
+
+def layer_compositions(network: dict, moe: str) -> dict:
+    """settings["llama_layers"] (and settings["moe"], `moe`) where the network has the layers MXNet 1.9 has
+    no operator for."""
+    llama_types = {"rms_norm", "grouped_attention", "swiglu", "moe", "llama_block"}
+    layers = network["layers"]
+    if not any(l["type"] in llama_types for l in layers):
+        return {}
+    out = {"llama_layers": LLAMA_COMPOSITION}
+    if any(l["type"] == "moe" or (l["type"] == "llama_block" and l["moe"]) for l in layers):
+        out["moe"] = moe
+    return out
 
 
 def _omp_max_threads() -> int | None:
@@ -272,7 +288,8 @@ class MXNetRunner:
             raise Skip(f"generate: the mxnet runner generates in fp32 and the check's float64, not {precision}")
         cuda = request["device"] == "cuda"
         ctx = mx.gpu(0) if cuda else mx.cpu()
-        settings = {"precision_effective": float32_math(precision, ctx)}
+        settings = {"precision_effective": float32_math(precision, ctx),
+                    **layer_compositions(request["network"], MOE_GENERATION)}
         compiled, compile_settings = compile_choice(request)
         used_at_prepare = _gpu_used_bytes(mx) if cuda else None
         generator = prepare_generation(request, ctx, compiled, compile_settings, settings)
@@ -336,11 +353,7 @@ class MXNetRunner:
                     "fused RNN operator, cuDNN in float64"
         if cuda:
             settings["cudnn_autotune"] = os.environ.get("MXNET_CUDNN_AUTOTUNE_DEFAULT", "1")
-        llama_types = {"rms_norm", "grouped_attention", "swiglu", "moe", "llama_block"}
-        if any(l["type"] in llama_types for l in network["layers"]):
-            settings["llama_layers"] = LLAMA_COMPOSITION
-            if any(l["type"] == "moe" or (l["type"] == "llama_block" and l["moe"]) for l in network["layers"]):
-                settings["moe"] = MOE_COMPOSITION
+        settings.update(layer_compositions(network, MOE_COMPOSITION))
 
         inp = network["input"]
         if request.get("inputs"):

@@ -271,30 +271,39 @@ def transformer_classes() -> dict:
                 mask = np.triu(np.full((steps, steps), -np.inf, dtype=np.float32), k=1)[None]
                 self.causal_mask = self.params.get_constant("causal_mask", mx.nd.array(mask))
 
-        def _heads(self, F, proj, heads):
+        # split_heads, rotate and attend are the pieces generate.py's cached step calls too (on the
+        # step's rows and the cache): one definition of the grouped attention for both
+        def split_heads(self, F, proj, heads):
             """(B, T, heads*S) -> (B, heads, T, S)."""
             return F.transpose(F.reshape(proj, shape=(0, 0, heads, -1)), axes=(0, 2, 1, 3))
 
-        def _rotate(self, F, t, cos, sin):
+        def rotate(self, F, t, cos, sin):
+            """t (B, heads, T, S) rotated (rotate_half) by the angles of its positions, cos and sin
+            (1, 1, T, S)."""
             half = self.size // 2
             rotated = F.concat(-F.slice_axis(t, axis=-1, begin=half, end=None),
                                F.slice_axis(t, axis=-1, begin=0, end=half), dim=-1)
             return F.broadcast_add(F.broadcast_mul(t, cos), F.broadcast_mul(rotated, sin))
 
-        def hybrid_forward(self, F, x, cos, sin, causal_mask):
-            q = self._rotate(F, self._heads(F, self.q(x), self.heads), cos, sin)
-            k = self._rotate(F, self._heads(F, self.k(x), self.kv_heads), cos, sin)
-            v = self._heads(F, self.v(x), self.kv_heads)
+        def attend(self, F, q, k, v, mask=None):
+            """The queries (B, H, T, S) over the keys and values (B, KV, L, S), an additive mask
+            broadcast to (B*H, T, L) (None: none), through the out Dense: (B, T, D)."""
             groups = self.heads // self.kv_heads
             if groups > 1:
                 k, v = F.repeat(k, repeats=groups, axis=1), F.repeat(v, repeats=groups, axis=1)
             fold = lambda t: F.reshape(t, shape=(-3, 0, 0))  # noqa: E731 - (B, H, T, S) -> (B*H, T, S)
             scores = F.batch_dot(F.contrib.div_sqrt_dim(fold(q)), fold(k), transpose_b=True)
-            if self.causal:
-                scores = F.broadcast_add(scores, causal_mask)
+            if mask is not None:
+                scores = F.broadcast_add(scores, mask)
             a = F.batch_dot(F.softmax(scores, axis=-1), fold(v))  # (B*H, T, S)
             a = F.reshape(a, shape=(-4, -1, self.heads, 0, 0))  # (B, H, T, S)
             return self.out(F.reshape(F.transpose(a, axes=(0, 2, 1, 3)), shape=(0, 0, -1)))
+
+        def hybrid_forward(self, F, x, cos, sin, causal_mask):
+            q = self.rotate(F, self.split_heads(F, self.q(x), self.heads), cos, sin)
+            k = self.rotate(F, self.split_heads(F, self.k(x), self.kv_heads), cos, sin)
+            v = self.split_heads(F, self.v(x), self.kv_heads)
+            return self.attend(F, q, k, v, causal_mask if self.causal else None)
 
     class SwiGLU(mx.gluon.HybridBlock):
         """down(silu(gate(x)) * up(x)), Dense without bias; silu as x * sigmoid(x) (MXNet 1.9 has no
@@ -327,6 +336,10 @@ def transformer_classes() -> dict:
             experts = routing["experts"]
             self.experts, self.top_k, self.hidden = experts, routing["top_k"], hidden
             self.aux_weight = routing["aux_loss_weight"]
+            # whether the graph adds the load-balancing loss: a graph that is never differentiated
+            # (generate.py's decoding steps) sets it False before it is traced, as torch and jax add
+            # the loss in training only
+            self.auxiliary_loss = bool(self.aux_weight)
             self.router_dtype = "float64" if float64 else "float32"
             with self.name_scope():
                 init = mx.init.Xavier(rnd_type="gaussian", factor_type="in", magnitude=1)
@@ -356,9 +369,9 @@ def transformer_classes() -> dict:
             y = F.batch_dot(h, down, transpose_b=True)  # (E, N, D)
             out = F.sum(F.broadcast_mul(y, F.expand_dims(F.transpose(weights), axis=2)), axis=0)  # (N, D)
             out = F.reshape_like(out, x)
-            # in the graph whatever the mode (a hybridised graph is traced once): forward the identity,
-            # its gradient is training's only
-            if self.aux_weight:
+            # in the train and infer graphs whatever the mode (a hybridised graph is traced once): forward
+            # the identity, its gradient is training's only
+            if self.auxiliary_loss:
                 fraction = F.mean(chosen, axis=0)  # f_e: each token counted once per chosen expert
                 aux = self.experts * F.sum(fraction * F.mean(p, axis=0)) * self.aux_weight
                 out = F.Custom(out, aux, op_type=ADD_AUXILIARY_LOSS)

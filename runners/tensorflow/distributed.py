@@ -22,6 +22,11 @@ optimizer's `_all_reduce_sum_gradients` runs the runner's GradientExchange inste
 all-reduce (fp16/bf16 casts all-reduced, PowerSGD's two all-reduces, an all-gather of top-k pairs,
 each with its error feedback in this worker's own variables); gTop-k is skipped (GTOPK_UNAVAILABLE).
 
+Expert parallelism (the request's `parallelism` expert, `prepare_expert_parallel`): the experts of
+every Mixture-of-Experts block sharded over the workers as plain variables of each rank's, the
+tokens dispatched and combined by CollectiveAllToAllV2 in tf.custom_gradient (backward: the inverse
+all-to-all), every other weight mirrored as here; its section below says how.
+
 Exposed communication: `step_without_sync` is the same compiled step with the exchange left out
 (Keras' `_all_reduce_sum_gradients`, the one place its TF optimizer all-reduces, returns the local
 gradients; the traced graphs are checked to hold one gradient collective per step and none
@@ -62,8 +67,9 @@ GRADIENT_COLLECTIVES = ("CollectiveReduceV2", "CollectiveGatherV2")
 
 class DataParallel(contract.DataParallel):
     def __init__(self, step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes,
-                 trainable=()):
-        super().__init__(step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes)
+                 trainable=(), loss=None, all_to_all=None):
+        super().__init__(step, step_without_sync, synchronize, params, output_shape, settings, grad_bytes,
+                         loss=loss, all_to_all=all_to_all)
         self._trainable = list(trainable)
 
     def weights(self) -> list:
@@ -124,6 +130,24 @@ def _optimizer_class():
             return list(zip(summed, [v for _, v in grads_and_vars]))
 
     return SGDWithOptionalExchange
+
+
+LOSS_SETTING = {
+    "masked": "masked_lm_and_next_sentence (the masked-LM and next-sentence means of the worker's batch) / workers",
+    "tokens_or_classes": "sparse_softmax_cross_entropy_with_logits, the worker's mean / workers (the global batch's "
+                         "mean once the gradients are summed)",
+}
+
+
+def _worker_loss(masked_loss, y, outputs):
+    """The network's loss on this worker's batch: its mean (the masked-LM and next-sentence means
+    summed for a masked_tokens network)."""
+    tf = load_tf()
+    if masked_loss is not None:
+        return masked_loss(y, outputs)
+    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.reshape(y, [-1]), logits=tf.reshape(outputs, [-1, outputs.shape[-1]]))
+    return tf.reduce_sum(per_example) / tf.cast(tf.size(per_example), tf.float32)
 
 
 def tf_config(cluster) -> dict:
@@ -240,6 +264,8 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     # ------------------------------------------------------------------ data-parallel training
 
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
+        if request.get("parallelism") == contract.Parallelism.EXPERT:  # its own step: "expert parallelism" below
+            return prepare_expert_parallel(self, request, cluster)
         import numpy as np
 
         tf, keras = load_tf(), load_keras()
@@ -258,8 +284,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         strategy = self.strategy
         workers = strategy.num_replicas_in_sync
         keras.utils.set_random_seed(request.get("seed", 0))  # the strategy broadcasts worker 0's initial values anyway
-        inp = network["input"]
-        tokens, images, has_lstm = input_kind(network)
+        _, images, has_lstm = input_kind(network)
         bn_floor = set_batch_norm_floor(cuda)
         optimizer_class = _optimizer_class()
         compression = request.get("compression") or contract.Compression(contract.CompressionMethod.NONE)
@@ -285,45 +310,28 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
         params = count_params(trainable)
         grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in trainable))
 
-        # each worker trains on its own synthetic batch (as a sharded data set would give it)
-        batch = request["batch_size"]
-        rng = np.random.default_rng(request.get("seed", 0) * 1000 + cluster.rank + 1)
         masked = masked_count(network)
-        if masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
-            x_np = rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]), dtype=np.int64)
-            y_np = rng.integers(0, inp["vocabulary"], (batch, masked + 1), dtype=np.int64)
-            y_np[:, masked] = rng.integers(0, 2, batch)
-        elif tokens:
-            shape = (batch, inp["sequence_length"])
-            x_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
-            y_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
-        else:
-            x_np = rng.standard_normal(sample_shape(network, batch), dtype=np.float32)
-            y_np = rng.integers(0, inp["classes"], (batch,), dtype=np.int64)
-        with tf.device(self.device):
-            x, y = tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
+        x, y = self._worker_batch(request, cluster)
         masked_loss, _ = loss_function(network) if masked is not None else (None, None)
 
         def replica_step():
             with tf.GradientTape() as tape:
                 outputs = model(x, training=True)
-                if masked_loss is not None:  # each worker's batch is the same size: its mean / workers
-                    loss = masked_loss(y, outputs) / workers
-                else:
-                    per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                        labels=tf.reshape(y, [-1]), logits=tf.reshape(outputs, [-1, outputs.shape[-1]]))
-                    # the mean over the global batch: the summed all-reduce then gives its gradient
-                    loss = tf.reduce_sum(per_example) / (tf.cast(tf.size(per_example), tf.float32) * workers)
+                # the worker's loss, its mean over its batch (masked: the masked-LM and next-sentence
+                # means); divided by the workers, its gradient summed by the all-reduce is the global mean's
+                worker_loss = _worker_loss(masked_loss, y, outputs)
+                loss = worker_loss / workers
             grads = tape.gradient(loss, trainable)
             optimizer.apply_gradients(zip(grads, trainable))
-            return loss
+            return worker_loss
 
         def traced(exchange: bool):
             """The step as one concrete function, traced with or without the gradient exchange
-            (called as such, it is never traced again with the other choice)."""
+            (called as such, it is never traced again with the other choice); it returns this
+            worker's loss."""
             @tf.function
             def step():
-                return strategy.run(replica_step)
+                return strategy.experimental_local_results(strategy.run(replica_step))[0]
 
             if optimizer_class is not None:
                 optimizer.exchange = exchange
@@ -368,9 +376,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
                                   + (" (one worker: the strategy reduces nothing)" if workers == 1 else "")),
             "compression": exchange.settings() if exchange is not None else {"method": str(compression)},
             "exposed_communication": exposed,
-            "loss": ("masked_lm_and_next_sentence (the masked-LM and next-sentence means of the worker's batch) "
-                     "/ workers"
-                     if masked is not None else "sparse_softmax_cross_entropy_with_logits, summed / global batch"),
+            "loss": LOSS_SETTING["masked" if masked is not None else "tokens_or_classes"],
             "optimizer": "keras.optimizers.SGD(momentum)",
             "step": "tf.function around strategy.run",
             "input_transpose": "synthetic inputs made in NHWC" if images else None,
@@ -381,10 +387,54 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             **thread_settings(),
         }
         logits_shape = output_shape(model)
-        return DataParallel(lambda: synced(), step_without_sync, self._synchronize, params, logits_shape, settings,
-                            grad_bytes, trainable)
+        seen: dict = {}
+
+        def step():
+            seen["loss"] = synced()
+
+        return DataParallel(step, step_without_sync, self._synchronize, params, logits_shape, settings,
+                            grad_bytes, trainable, loss=lambda: float(seen["loss"]))
+
+    def _worker_batch(self, request: dict, cluster):
+        """This worker's own synthetic batch (as a sharded data set would give it), on its device:
+        the same draws for data and expert parallelism."""
+        import numpy as np
+
+        tf = load_tf()
+        network, batch = request["network"], request["batch_size"]
+        inp = network["input"]
+        tokens, _, _ = input_kind(network)
+        rng = np.random.default_rng(request.get("seed", 0) * 1000 + cluster.rank + 1)
+        masked = masked_count(network)
+        if masked is not None:  # y: the M masked positions' tokens, then the next-sentence label
+            x_np = rng.integers(0, inp["vocabulary"], (batch, inp["sequence_length"]), dtype=np.int64)
+            y_np = rng.integers(0, inp["vocabulary"], (batch, masked + 1), dtype=np.int64)
+            y_np[:, masked] = rng.integers(0, 2, batch)
+        elif tokens:
+            shape = (batch, inp["sequence_length"])
+            x_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
+            y_np = rng.integers(0, inp["vocabulary"], shape, dtype=np.int64)
+        else:
+            x_np = rng.standard_normal(sample_shape(network, batch), dtype=np.float32)
+            y_np = rng.integers(0, inp["classes"], (batch,), dtype=np.int64)
+        with tf.device(self.device):
+            return tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
 
     # ------------------------------------------------------------------ collectives
+
+    def _collective_options(self) -> dict:
+        """The attributes every collective op of the strategy's group takes."""
+        return {"group_size": self.cluster.world_size, "group_key": self._group_key,
+                "communication_hint": self.implementation.value, "timeout_seconds": float(COLLECTIVE_TIMEOUT_S)}
+
+    def all_to_all(self, rows, instance_key, ordering_token=()):
+        """TF's collective all-to-all (CollectiveAllToAllV2) in the strategy's group, on this
+        worker's device: rows[j] (the first axis: one entry per worker) goes to rank j, and row j of
+        the result came from rank j."""
+        tf = load_tf()
+        with tf.device(self.device):
+            return tf.raw_ops.CollectiveAllToAllV2(input=rows, instance_key=instance_key,
+                                                   ordering_token=list(ordering_token), **self._collective_options())
 
     def collective_unavailable(self, op: str) -> str | None:
         if op == "reduce_scatter" and self.implementation.name != "NCCL":
@@ -401,9 +451,8 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     def _collective_function(self, op: str, recv_count: int):
         tf = load_tf()
         raw = tf.raw_ops
-        n, group, device = self.cluster.world_size, self._group_key, self.device
-        common = {"group_size": n, "group_key": group, "communication_hint": self.implementation.value,
-                  "timeout_seconds": float(COLLECTIVE_TIMEOUT_S)}
+        n, device = self.cluster.world_size, self.device
+        common = self._collective_options()
         root = self.cluster.rank == 0
 
         @tf.function
@@ -418,9 +467,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
                     return raw.CollectiveReduceScatterV2(input=send, instance_key=instance_key, ordering_token=[],
                                                          merge_op="Add", final_op="Id", **common)
                 if op == "all_to_all":  # t[j] to rank j: the buffer as n rows of count/n
-                    rows = tf.reshape(send, [n, -1])
-                    return tf.reshape(raw.CollectiveAllToAllV2(input=rows, instance_key=instance_key,
-                                                               ordering_token=[], **common), [-1])
+                    return tf.reshape(self.all_to_all(tf.reshape(send, [n, -1]), instance_key), [-1])
                 if op == "broadcast":
                     if root:
                         return raw.CollectiveBcastSendV2(input=send, instance_key=instance_key, **common)
@@ -621,3 +668,272 @@ class GradientExchange:
                    for r, o, s, sh in zip(self.residuals, self.offsets, self.sizes, self.shapes)]
         with tf.control_dependencies(updates):
             return [tf.reshape(summed[o:o + s], sh) for o, s, sh in zip(self.offsets, self.sizes, self.shapes)]
+
+
+# ------------------------------------------------------------------ expert parallelism
+# TensorFlow expert parallelism (runners/common/contract.py Parallelism.EXPERT): a custom training
+# loop around MultiWorkerMirroredStrategy in which the experts of every Mixture-of-Experts block are
+# sharded over the workers and every other weight is mirrored, its gradients all-reduced as data
+# parallelism's are.
+#
+# Every rank builds the whole network in the strategy's scope from the same seed, as data parallelism
+# does (so the two start from the same weights), then keeps experts rank*E/W ... (rank+1)*E/W - 1 of
+# each block as plain tf.Variables of its own, made outside the scope (not mirrored: the strategy
+# neither copies nor reduces them), and drops the block's mirrored (E, ...) expert variables from the
+# model. A block's forward on a rank's own tokens (transformer.py's MixtureOfExperts routes them, as
+# in one process, then calls ExpertShard):
+#
+# 1. the (token, choice) pairs, each written into the slot of a send buffer of W blocks, block j
+#    for rank j (the rank holding the chosen expert), each block C = N x min(k, E/W) rows: the most
+#    one rank's N tokens can send another (a token's k choices are distinct experts, at most E/W of
+#    them on one rank), so the dispatch is dropless with static shapes, padded to that worst case;
+# 2. dispatch: CollectiveAllToAllV2 sends block j to rank j, and an int32 one beside it the local
+#    expert id of every row (-1 marking padding);
+# 3. every local expert runs on the rows sent to it from every rank (tf.where, tf.gather_nd), its
+#    outputs written back to their rows;
+# 4. combine: the reverse all-to-all (the same op: block j goes back to rank j), each pair's output
+#    weighted and added to its token (tf.tensor_scatter_nd_add), as the single-process block adds it.
+#
+# The all-to-all of the rows has no gradient registered in TensorFlow, so it is wrapped in
+# tf.custom_gradient whose backward is the inverse all-to-all (again block j to rank j): an
+# expert's gradient so sums every rank's tokens. Each rank's loss is its batch's mean divided by the
+# workers (data parallelism's), so that sum is already data parallelism's average: the experts'
+# gradients are applied as the backward gives them, by a Keras SGD of the rank's own (built outside
+# the scope, applied after strategy.run on the rank's local results), while the mirrored weights'
+# go through the strategy's Keras SGD and its all-reduce. The auxiliary load-balancing loss is each
+# rank's own, as under data parallelism.
+#
+# Every all-to-all takes the strategy's own collective launcher's instance key (a fresh one per
+# call, fed when the function runs) and ordering token, so the step's all-to-alls and its gradient
+# all-reduce are issued in one order on every worker. What the record can say: the all-to-alls run
+# inside one tf.function graph, so the host clock cannot time them apart; the rank reports the bytes
+# it sends the others per step from the buffers' static shapes (counted as the step is traced) and
+# the all-to-alls the traced step holds. `step_without_sync` leaves out the all-reduce of the
+# mirrored weights' gradients only (as torch's): the all-to-alls are part of the computation.
+
+EXPERT_DISPATCH = ("dropless, padded: each rank sends every other rank a block of N x min(k, E/W) rows (its worst "
+                   "case) by CollectiveAllToAllV2, the unused rows zero, with each row's local expert id beside "
+                   "them (an int32 all-to-all)")
+ALL_TO_ALL_OP = "CollectiveAllToAllV2"
+
+
+class AllToAllTrace:
+    """The all-to-alls a step is traced with: each call's bytes sent to the other ranks."""
+
+    def __init__(self):
+        self.sent: list[int] = []
+
+    def count(self, buffer, world: int) -> None:
+        # a buffer of W equal blocks keeps its own block on the rank
+        size = 1
+        for d in buffer.shape:
+            size *= int(d)
+        self.sent.append(size * buffer.dtype.size * (world - 1) // world)
+
+
+class ExpertShard:
+    """One MixtureOfExperts block's experts [first, first + local) on this rank, and the dispatch
+    and combine of its routed tokens (the section's comment says how)."""
+
+    def __init__(self, runner: "TensorFlowDistributedRunner", moe, trace: AllToAllTrace):
+        tf = load_tf()
+        world, rank = runner.cluster.world_size, runner.cluster.rank
+        self.experts = moe.routing["experts"]
+        self.local = self.experts // world
+        self.first = rank * self.local
+        self.world, self.runner, self.trace = world, runner, trace
+        self.launcher = runner.strategy.extended._cross_device_ops._launchers[0]
+        held = slice(self.first, self.first + self.local)
+        with tf.device(runner.device):  # outside the strategy's scope: this rank's own variables
+            self.gate, self.up, self.down = (
+                tf.Variable(v.numpy()[held], name=f"{moe.name}_{what}_shard")
+                for v, what in ((moe.gate, "gate"), (moe.up, "up"), (moe.down, "down")))
+        self.variables = [self.gate, self.up, self.down]
+
+        @tf.custom_gradient
+        def exchange(buffer):
+            """The all-to-all of float rows; backward, the inverse all-to-all of their gradients."""
+            def grad(g):
+                return self._all_to_all(g)
+
+            return self._all_to_all(buffer), grad
+
+        self.exchange = exchange
+
+    def _all_to_all(self, buffer):
+        self.trace.count(buffer, self.world)
+        return self.runner.all_to_all(buffer, self.launcher._next_instance_key(),
+                                      [self.launcher._get_ordering_token()])
+
+    def __call__(self, tokens, chosen, weights):
+        tf = load_tf()
+        n, d = tokens.shape
+        k = chosen.shape[1]
+        world, local = self.world, self.local
+        slots = n * min(k, local)  # C: rows per block
+        expert = tf.reshape(chosen, [-1])  # pair i: token i // k, its choice i % k
+        token = tf.range(n * k, dtype=expert.dtype) // k
+        rank = expert // local
+        onehot = tf.one_hot(rank, world, dtype=tf.int32)
+        slot = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=-1) - 1  # the pair's place in its block
+        row = (rank * slots + slot)[:, None]  # (N k, 1) in the send buffer of W C rows
+        send = tf.scatter_nd(row, tf.gather(tokens, token), [world * slots, d])
+        send_ids = tf.scatter_nd(row, tf.cast(expert % local + 1, tf.int32), [world * slots])  # 0: padding
+        ids = tf.reshape(self._all_to_all(tf.reshape(send_ids, [world, slots])), [-1]) - 1
+        rows = tf.reshape(self.exchange(tf.reshape(send, [world, slots, d])), [world * slots, d])
+        gate, up, down = (tf.convert_to_tensor(v) for v in self.variables)
+        out = tf.zeros_like(rows)
+        for j in range(local):
+            at = tf.where(tf.equal(ids, j))  # (n_j, 1): the rows for expert first + j
+            h = tf.gather_nd(rows, at)
+            y = tf.matmul(tf.nn.silu(tf.matmul(h, gate[j], transpose_b=True)) * tf.matmul(h, up[j], transpose_b=True),
+                          down[j], transpose_b=True)
+            out = tf.tensor_scatter_nd_add(out, at, y)
+        back = tf.reshape(self.exchange(tf.reshape(out, [world, slots, d])), [world * slots, d])
+        pair = tf.gather_nd(back, row)
+        pair = pair * tf.cast(tf.reshape(weights, [-1]), pair.dtype)[:, None]
+        return tf.tensor_scatter_nd_add(tf.zeros_like(tokens), token[:, None], pair)
+
+
+def shard_experts(runner: "TensorFlowDistributedRunner", model, trace: AllToAllTrace) -> list[ExpertShard]:
+    """Every MixtureOfExperts block of the model given its shard on this rank, its mirrored expert
+    variables dropped from the model; the shards."""
+    from runners.tensorflow.transformer import transformer_classes
+
+    moe_type = transformer_classes().MixtureOfExperts
+    shards = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if type(layer) is not moe_type:
+            continue
+        shard = ExpertShard(runner, layer, trace)
+        whole = {id(v) for v in (layer.gate, layer.up, layer.down)}
+        layer._trainable_variables[:] = [v for v in layer._trainable_variables if id(v) not in whole]
+        layer.gate = layer.up = layer.down = None
+        layer.expert_parallel = shard
+        shards.append(shard)
+    return shards
+
+
+def prepare_expert_parallel(runner: "TensorFlowDistributedRunner", request: dict, cluster) -> DataParallel:
+    """The rank's expert-parallel training step (the section's comment says how)."""
+    import numpy as np
+
+    tf, keras = load_tf(), load_keras()
+    network = request["network"]
+    strategy, world, rank = runner.strategy, cluster.world_size, cluster.rank
+    asked = request.get("precision", "fp32")
+    if asked in contract.PRECISIONS and asked != "fp32":
+        raise Skip(f"precision {asked}: the tensorflow expert-parallel step trains in fp32 only (its all-to-alls "
+                   "move float32 rows; mixed precision is not written for it)")
+    precision = request_precision(request, ("fp32",))  # float64 (the check's) or any other: a ValueError
+    compile_mode, _ = compile_choice(request)
+    if compile_mode != "eager":
+        raise Skip(f"compile {compile_mode!r}: the tensorflow expert-parallel step is a tf.function graph without XLA "
+                   "(eager only)")
+    compression = request.get("compression")
+    if compression is not None and str(compression) != "none":
+        raise Skip(f"compression {compression}: the tensorflow expert-parallel step all-reduces dense float32 "
+                   "gradients")
+    optimizer_class = _optimizer_class()
+    if optimizer_class is None:
+        raise Skip("this Keras SGD has no _all_reduce_sum_gradients: the expert-parallel step cannot leave the "
+                   "mirrored weights' all-reduce out of its step without it")
+    math_flags = float32_math(precision)
+    keras.utils.set_random_seed(request.get("seed", 0))  # the weights data parallelism starts from
+    set_batch_norm_floor(cluster.device == "cuda")
+    with strategy.scope():
+        model, _, _, _ = build_network(network)
+    params = count_params(model.trainable_variables)  # the whole network's, before the experts are sharded
+    trace = AllToAllTrace()
+    shards = shard_experts(runner, model, trace)
+    if not shards:
+        raise ValueError(f"{network['name']} has no Mixture-of-Experts block to shard over the workers")
+    dense = model.trainable_variables
+    experts = [v for s in shards for v in s.variables]
+    with strategy.scope():
+        optimizer = optimizer_class(learning_rate=request["learning_rate"], momentum=request["momentum"])
+        optimizer.build(dense)
+    # outside the scope: the experts' own optimizer, its momenta this rank's variables
+    expert_optimizer = keras.optimizers.SGD(learning_rate=request["learning_rate"], momentum=request["momentum"])
+    expert_optimizer.build(experts)
+    grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in dense))
+    x, y = runner._worker_batch(request, cluster)
+    masked_loss, _ = loss_function(network) if masked_count(network) is not None else (None, None)
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            worker_loss = _worker_loss(masked_loss, y, model(x, training=True))
+            loss = worker_loss / world
+        grads = tape.gradient(loss, dense + experts)
+        optimizer.apply_gradients(zip(grads[:len(dense)], dense))
+        return worker_loss, grads[len(dense):]
+
+    def traced(exchange: bool):
+        @tf.function
+        def step():
+            worker_loss, expert_grads = strategy.run(replica_step)
+            local = strategy.experimental_local_results
+            expert_optimizer.apply_gradients(zip([local(g)[0] for g in expert_grads], experts))
+            return local(worker_loss)[0]
+
+        optimizer.exchange = exchange
+        trace.sent.clear()
+        try:
+            return step.get_concrete_function(), list(trace.sent)
+        finally:
+            optimizer.exchange = True
+
+    synced, sent = traced(exchange=True)
+    unsynced, _ = traced(exchange=False)
+    in_step = _count_ops(synced, ALL_TO_ALL_OP)
+    if in_step != len(sent) or not in_step or not _count_collectives(synced) or _count_collectives(unsynced):
+        raise RuntimeError(f"the traced expert-parallel step holds {in_step} {ALL_TO_ALL_OP} ({len(sent)} traced) and "
+                           f"{_describe_ops(_count_collectives(synced)) or 'no gradient collective'}, without the "
+                           f"exchange {_describe_ops(_count_collectives(unsynced)) or 'none'}: expected all-to-alls "
+                           "and an all-reduce, then no all-reduce")
+    held = [s.local for s in shards]
+    options = strategy.extended._communication_options
+    settings = {
+        "precision": precision, "precision_effective": math_flags,
+        "compile": {"mode": "eager", "requested": request.get("compile"),
+                    "framework": "tf.function(jit_compile=False) around strategy.run (no XLA)"},
+        "strategy": "tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG from DLBENCH_WORKER_ADDRESSES)",
+        "communication": {"implementation": runner.implementation.name, "bytes_per_pack": options.bytes_per_pack,
+                          "timeout_seconds": options.timeout_seconds,
+                          "cross_device_ops": type(strategy.extended._cross_device_ops).__name__},
+        "parallelism": "expert",
+        "expert_parallel": {
+            "dispatch": EXPERT_DISPATCH, "experts_per_worker": held,
+            "experts_held": [[rank * h, (rank + 1) * h - 1] for h in held],
+            "expert_variables": "tf.Variable made outside the strategy's scope (not mirrored), trained by a Keras SGD "
+                                "of the rank's own after strategy.run",
+            "backward": "tf.custom_gradient around each float all-to-all: the inverse all-to-all of the gradients",
+            "all_to_alls_in_step": in_step,
+            "gradients": "the experts' as the backward gives them (each rank's loss is its mean / workers, so their "
+                         "sum over every rank's tokens is data parallelism's average); every other weight's "
+                         "all-reduced (sum) by the strategy's Keras SGD: data parallelism's",
+            "all_to_all_timing": "not timed apart (inside one tf.function graph): the exposed communication is the "
+                                 "mirrored weights' all-reduce only"},
+        "gradient_exchange": ("Keras SGD apply_gradients in the replica context: replica_context.all_reduce(SUM) of "
+                              f"the mirrored weights' gradients; the traced step holds "
+                              f"{_describe_ops(_count_collectives(synced))} and {in_step} {ALL_TO_ALL_OP}"),
+        "exposed_communication": "median step time minus median step time of the same tf.function step traced with "
+                                 "Keras' gradient all-reduce left out (the all-to-alls kept)",
+        "loss": LOSS_SETTING["masked" if masked_loss is not None else "tokens_or_classes"],
+        "optimizer": "keras.optimizers.SGD(momentum): one in the strategy's scope for the mirrored weights, one of "
+                     "the rank's own for its experts",
+        "step": "tf.function around strategy.run, then the experts' update",
+        **thread_settings(),
+    }
+    per_step = {"bytes": sum(sent), "calls": len(sent)}
+    totals = {"steps": 0}
+    seen: dict = {}
+
+    def step():
+        seen["loss"] = synced()
+        totals["steps"] += 1
+
+    return DataParallel(step, lambda: unsynced(), runner._synchronize, params, output_shape(model), settings,
+                        grad_bytes, dense + experts, loss=lambda: float(seen["loss"]),
+                        all_to_all=lambda: {"seconds": None, "bytes": per_step["bytes"] * totals["steps"],
+                                            "calls": per_step["calls"] * totals["steps"]})

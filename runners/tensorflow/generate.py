@@ -27,7 +27,7 @@ def prepare_generation(request: dict, jit: bool, precision: str, device: str, se
     tf, keras = load_tf(), load_keras()
     ops = keras.ops
     network = request["network"]
-    layout = DecoderLayout(network, llama=True)
+    layout = DecoderLayout(network)
     prompt_length, new_tokens = layout.request_lengths(request)
     length = prompt_length + new_tokens
     keras.utils.set_random_seed(request.get("seed", 0))

@@ -373,11 +373,16 @@ def transformer_classes():
         experts, each computing the tokens routed to it (tf.where, tf.gather) and adding its weighted
         output back (tf.tensor_scatter_nd_add). A capacity factor drops the choices past each
         expert's slots (every token's first choice before any second). In training the
-        load-balancing loss enters the gradient through add_auxiliary_loss, times its weight."""
+        load-balancing loss enters the gradient through add_auxiliary_loss, times its weight.
+
+        `expert_parallel`: None, or what computes the routed tokens' expert outputs in place of the
+        loop over the experts (distributed.py's ExpertShard: this rank's experts, the tokens
+        dispatched and combined by all-to-all); the routing and the auxiliary loss stay here."""
 
         def __init__(self, dim: int, hidden: int, routing: dict, **kwargs):
             super().__init__(**kwargs)
             self.dim, self.hidden, self.routing = dim, hidden, routing
+            self.expert_parallel = None
 
         def build(self, input_shape):
             e, h, d = self.routing["experts"], self.hidden, self.dim
@@ -387,9 +392,10 @@ def transformer_classes():
             self.up = self.add_weight(name="expert_up", shape=(e, h, d), initializer=init)
             self.down = self.add_weight(name="expert_down", shape=(e, d, h), initializer=init)
 
-        def call(self, x, training=None):
+        def route(self, tokens):
+            """(router probabilities (N, E), chosen experts (N, k), their weights (N, k)) of the
+            tokens (N, D): a dropped choice (past its expert's slots) weighs 0."""
             experts, top_k = self.routing["experts"], self.routing["top_k"]
-            tokens = tf.reshape(x, [-1, self.dim])
             wide = tf.float64 if tokens.dtype == tf.float64 else tf.float32
             router = tf.cast(tf.convert_to_tensor(self.router), wide)
             p = tf.nn.softmax(tf.matmul(tf.cast(tokens, wide), router, transpose_b=True), axis=-1)
@@ -401,11 +407,30 @@ def transformer_classes():
                 position = tf.reduce_sum(tf.cumsum(onehot, axis=0) * onehot, axis=-1) - 1
                 kept = tf.transpose(tf.reshape(position < slots, [top_k, -1]))
                 weights = weights * tf.cast(kept, weights.dtype)
+            return p, chosen, weights
+
+        def call(self, x, training=None):
+            experts = self.routing["experts"]
+            tokens = tf.reshape(x, [-1, self.dim])
+            p, chosen, weights = self.route(tokens)
+            if self.expert_parallel is not None:
+                out = self.expert_parallel(tokens, chosen, weights)
+            else:
+                out = self.experts_here(tokens, chosen, weights)
+            out = tf.reshape(out, tf.shape(x))
+            if training and self.routing["aux_loss_weight"]:
+                fraction = tf.reduce_mean(tf.reduce_sum(tf.one_hot(chosen, experts, dtype=p.dtype), axis=1), axis=0)
+                aux = experts * tf.reduce_sum(fraction * tf.reduce_mean(p, axis=0))
+                out = add_auxiliary_loss(out, aux * self.routing["aux_loss_weight"])
+            return out
+
+        def experts_here(self, tokens, chosen, weights):
+            """Every expert on the tokens that chose it, their weighted outputs added per token."""
             gate = tf.convert_to_tensor(self.gate)
             up = tf.convert_to_tensor(self.up)
             down = tf.convert_to_tensor(self.down)
             out = tf.zeros_like(tokens)
-            for e in range(experts):
+            for e in range(self.routing["experts"]):
                 where = tf.where(tf.equal(chosen, e))  # (n_e, 2): token, rank
                 token = where[:, 0]
                 h = tf.gather(tokens, token)
@@ -413,11 +438,6 @@ def transformer_classes():
                               down[e], transpose_b=True)
                 y = y * tf.cast(tf.gather_nd(weights, where), y.dtype)[:, None]
                 out = tf.tensor_scatter_nd_add(out, token[:, None], y)
-            out = tf.reshape(out, tf.shape(x))
-            if training and self.routing["aux_loss_weight"]:
-                fraction = tf.reduce_mean(tf.reduce_sum(tf.one_hot(chosen, experts, dtype=p.dtype), axis=1), axis=0)
-                aux = experts * tf.reduce_sum(fraction * tf.reduce_mean(p, axis=0))
-                out = add_auxiliary_loss(out, aux * self.routing["aux_loss_weight"])
             return out
 
         def compute_output_shape(self, s):

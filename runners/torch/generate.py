@@ -142,7 +142,7 @@ def prepare_generation(request: dict, device, compiled: bool, compile_settings: 
     """(Generator parts) for runner.py: the built network, its cache and the two callables."""
     torch = load_torch()
     network = request["network"]
-    layout = DecoderLayout(network, llama=True)
+    layout = DecoderLayout(network)
     layout.block_specs = [network["layers"][i] for i in layout.blocks]
     batch = request["batch_size"]
     prompt_length, new_tokens = layout.request_lengths(request)

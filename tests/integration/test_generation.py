@@ -71,8 +71,7 @@ def test_every_framework_generates_the_same_ids(tmp_path):
 
 def test_llama_decoders_generate_the_same_ids_with_grouped_caches(tmp_path):
     """llama_tiny and moe_tiny (rotary positions, key/value-head caches, the MoE's routing per new
-    token): torch, jax and tensorflow generate the same ids; mxnet's generate.py builds only the
-    GPT-style decoder and skips them, saying so."""
+    token): jax, tensorflow and mxnet generate the same ids as torch."""
     check = subprocess.run(DLBENCH + ["check", "--mode", "generate", "--framework", "all", "--device", "cpu",
                                       "--network", "llama_tiny", "--network", "moe_tiny", "--store", str(tmp_path)],
                            capture_output=True, text=True, timeout=1800)
@@ -82,8 +81,6 @@ def test_llama_decoders_generate_the_same_ids_with_grouped_caches(tmp_path):
     for r in results:
         if r["framework"] == "torch":
             assert r["status"] == "reference"
-        elif r["framework"] == "mxnet":
-            assert r["status"] == "skipped" and "Llama-style decoder" in r["reason"]
         else:
             assert r["status"] == "equivalent", (r["network"], r["framework"], r["reason"])
             assert r["errors"]["token_mismatches"] == 0 and r["errors"]["first_logits"] <= 1e-4

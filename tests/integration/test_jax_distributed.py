@@ -22,6 +22,7 @@ from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
 
 from .compressed_runs import gtopk_run
+from .expert_parallel_runs import data_and_expert_runs
 
 pytestmark = pytest.mark.integration
 
@@ -136,24 +137,11 @@ def test_two_hosts_on_loopback_addresses(tmp_path, jax_runner, suites):
 
 def test_expert_parallel_training_equals_data_parallel(tmp_path, jax_runner):
     """moe_tiny at 2 workers, its experts sharded along the mesh (2 each), beside data parallelism
-    of the same network from the same weights and data: the same loss after the first step and
-    after each update, and the step's all-to-alls counted in its compiled program."""
-    catalog = SuiteCatalog(paths.suites_dir())
-    dist = catalog.load_distributed_suite(paths.suites_dir() / "distributed.yaml", "smoke", "cpu")
-    moe = next(b for b in dist.benchmarks if b.network.name == "moe_tiny")
-    moe = dataclasses.replace(moe, policy=moe.policy.model_copy(update={"warmup_iters": 2, "measure_iters": 3}))
-    orch = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path, repeats=1))
-    base, data = orch.run_distributed(jax_runner, moe)
-    (expert,) = orch.run_distributed(jax_runner, dataclasses.replace(moe, parallelism="expert"))  # same baseline
-    assert base.status == data.status == expert.status == "ok", (base.reason, data.reason, expert.reason)
-    first, *updated = expert.distributed.step_losses
-    assert first == pytest.approx(data.distributed.step_losses[0], rel=1e-6)
-    assert updated == pytest.approx(data.distributed.step_losses[1:], rel=1e-5) and len(updated) == 2
-    experts = 2 * 3 * 4 * 128 * 64  # two blocks of 4 experts' gate, up and down
-    assert expert.params == data.params == moe.network.params
-    assert expert.distributed.grad_bytes == 4 * (moe.network.params - experts)
+    of the same network from the same weights and data: expert_parallel_runs' checks (the same
+    losses), and the step's all-to-alls counted in its compiled program."""
+    _, expert = data_and_expert_runs(Store(tmp_path / "s"), options(tmp_path, repeats=1), jax_runner)
     a2a = expert.distributed.all_to_all
-    assert a2a.experts_per_worker == [2, 2] and a2a.dispatch.startswith("dropless, padded")
+    assert a2a.dispatch.startswith("dropless, padded")
     assert expert.settings.runner["expert_parallel"]["all_to_alls_in_step"] > 0
     # per block: rows and expert ids dispatched, outputs combined, and the two float ones backward,
     # each a block of 256 tokens x min(k, E/W) = 512 rows to the other rank (64 float32 or one int32 each)

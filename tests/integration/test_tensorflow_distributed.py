@@ -22,6 +22,8 @@ from dlbench.execution.placement import hosts_placement, local_placement
 from dlbench.execution.registry import RunnerRegistry
 from dlbench.store.store import Store
 
+from .expert_parallel_runs import data_and_expert_runs
+
 pytestmark = pytest.mark.integration
 
 
@@ -135,6 +137,25 @@ def test_powersgd_compressed_training_keeps_the_replicas_equal(tmp_path, tf_runn
     synced = [weights(r, "synced") for r in (0, 1)]
     assert all(np.array_equal(a, b) for a, b in zip(*synced, strict=True))
     assert not all(np.array_equal(a, b) for a, b in zip(synced[0], weights(0, "initial"), strict=True))
+    assert not job_processes(tmp_path)
+
+
+def test_expert_parallel_training_equals_data_parallel(tmp_path, tf_runner):
+    """moe_tiny at 2 workers, its experts sharded (2 each: plain variables of each rank's, outside
+    the strategy's scope), beside data parallelism of the same network from the same weights and
+    data: expert_parallel_runs' checks (the same losses, so the custom gradient of the all-to-all,
+    the inverse all-to-all, is right), and the step's all-to-alls counted in its traced graph."""
+    _, expert = data_and_expert_runs(Store(tmp_path / "s"), options(tmp_path, repeats=1), tf_runner)
+    a2a = expert.distributed.all_to_all
+    assert a2a.dispatch.startswith("dropless, padded")
+    # per block: the expert ids and rows dispatched, the outputs combined, and the two float ones
+    # backward, each a block of 256 tokens x min(k, E/W) = 512 rows to the other rank (64 float32
+    # or one int32 each): JAX's buffers
+    assert expert.settings.runner["expert_parallel"]["all_to_alls_in_step"] == 10
+    assert a2a.calls_per_step == 10 and a2a.bytes_per_step == 2 * (4 * 512 * 64 * 4 + 512 * 4)
+    assert a2a.seconds_per_step is None and a2a.timing.startswith("not timed apart")
+    assert "holds 1 CollectiveReduceV2" in expert.settings.runner["gradient_exchange"]  # the mirrored weights'
+    assert expert.distributed.exposed_comm_s is not None
     assert not job_processes(tmp_path)
 
 

@@ -53,7 +53,7 @@ def test_the_controller_and_the_runners_agree_on_which_networks_generate(path):
     resolved = load_network(path).resolved
     why = decoder_problem(resolved)
     try:
-        contract.DecoderLayout(resolved, llama=True)  # a runner that generates Llama-style decoders too
+        contract.DecoderLayout(resolved)
         runners_refuse = False
     except Skip:
         runners_refuse = True

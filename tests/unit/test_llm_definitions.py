@@ -139,7 +139,7 @@ def test_routing_breaks_ties_towards_the_lower_expert_and_drops_past_capacity():
     assert routing.load_balancing_loss(tied, routing.route(tied, 2)[0]) == pytest.approx(4 * (1.0 * 0.25 + 1.0 * 0.25))  # f = (1, 1, 0, 0), P = 1/4 each
 
 
-def test_a_llama_decoder_generates_and_a_runner_without_it_skips_saying_so():
+def test_a_llama_decoder_generates_and_a_broken_one_is_refused():
     from dlbench.definitions.generation import context_problem, decoder_problem
     from runners.common.contract import DecoderLayout
     from runners.common.protocol import Skip
@@ -148,10 +148,10 @@ def test_a_llama_decoder_generates_and_a_runner_without_it_skips_saying_so():
     assert decoder_problem(resolved) is None
     assert context_problem(resolved, 60, 40) is None  # rotary: no position table to overrun
     assert "at least 2" in context_problem(resolved, 8, 1)
-    layout = DecoderLayout(resolved, llama=True)
+    layout = DecoderLayout(resolved)
     assert (layout.llama, layout.position, layout.blocks, layout.norm, layout.head) == (True, None, [1, 2], 3, 4)
     assert layout.request_lengths({"generation": {"prompt_length": 60, "new_tokens": 40}}) == (60, 40)
-    with pytest.raises(Skip, match="Llama-style decoder"):
-        DecoderLayout(resolved)
     broken = {**resolved, "layers": [resolved["layers"][0], resolved["layers"][1], resolved["layers"][-1]]}
     assert "is not a decoder" in decoder_problem(broken)
+    with pytest.raises(Skip, match="needs a decoder network"):  # the runners refuse it too (no final rms_norm)
+        DecoderLayout(broken)
