@@ -24,8 +24,22 @@ Gradient compression (the request's `compression`): MXNet's own 2-bit quantisati
 (kv.set_gradient_compression: the worker pushes 2-bit codes and keeps the residual, the servers
 decode and sum, the worker pulls the float32 sum; the dist kvstore refuses it with pushpull, so
 KVStoreExchange pushes and then pulls), fp16 (float16 casts push-pulled) and PowerSGD (its P and
-Q factors push-pulled, with error feedback). They run before trainer.update, under keys of their
-own. The other methods are skipped (COMPRESSION_UNAVAILABLE).
+Q factors push-pulled, with error feedback) and top-k (each worker's (value, index) pairs
+all-gathered through the servers, see KVStoreExchange). They run before trainer.update, under keys
+of their own. The other methods are skipped (COMPRESSION_UNAVAILABLE).
+
+What MXNet 1.9.1's dist_sync servers do with row_sparse pushes (src/kvstore/kvstore_dist_server.h,
+checked on 2 workers by benchmarks/compression_topk_mxnet.py): a key initialised with a row_sparse
+array is stored row_sparse, every row present. The servers sum each step's pushes row_sparse
+(only the rows sent, ps-lite carrying an 8-byte key and a 4-byte length beside each row) and,
+with no optimizer of their own (update_on_kvstore=False), the sum replaces the stored array: it
+then holds only the union of the rows pushed, packed, and a row_sparse_pull of row r answers with
+the r-th stored row (the server indexes the data by row id, as if every row were present): wrong
+values wherever a step's pushes do not cover every row. A key initialised dense is stored flat
+(one dimension); a row_sparse push to it is summed as rows of that flat array, so it works for an
+(n, 1) array only (larger rows fail the server's copy). The top-k exchange therefore has every
+worker push one whole row of a key of `workers` rows each step: the pushes cover every row, and
+the stored sum stays whole.
 
 Exposed communication: MXNet's dependency engine issues each gradient's push as soon as backward
 has written it, so the exchange overlaps backward. `step_without_sync` is the same step with
@@ -51,7 +65,7 @@ from __future__ import annotations
 import gc
 import os
 
-from runners.common.contract import Compression, CompressionMethod, DataParallel
+from runners.common.contract import Compression, CompressionMethod, DataParallel, topk_count
 from runners.common.protocol import Skip
 from runners.mxnet.framework import load_mxnet
 from runners.mxnet.precision import float32_math, request_precision
@@ -128,8 +142,6 @@ class Collective:
 COMPRESSION_UNAVAILABLE = {
     CompressionMethod.BF16: "MXNet 1.9's NDArray has no bfloat16 dtype ('bfloat16' is not understood), so the "
                             "kvstore cannot carry bfloat16 gradients",
-    CompressionMethod.TOPK: "the runner has no top-k exchange through the kvstore yet (the kvstore has no "
-                            "all-gather; only its row-sparse push and pull could carry the pairs)",
     CompressionMethod.GTOPK: "gTop-k merges pairs between workers up a tree, and ps-lite workers send only to the "
                              "servers, which sum what they receive: no worker-to-worker message, no merge",
 }
@@ -138,6 +150,20 @@ COMPRESSION_UNAVAILABLE = {
 # takes int or str keys, not both; PowerSGD's Q factors have keys of their own above
 EXCHANGE_KEY_BASE = 1 << 20
 Q_KEY_BASE = 1 << 21
+
+# top-k's indices travel as float32 words the servers add zeros to (the sum of rows no two workers
+# share): exact integers up to 2^24 (float32's 24-bit significand), so a tensor may have at most
+# this many elements
+TOPK_MAX_TENSOR_ELEMENTS = 1 << 24
+
+
+def topk_unavailable(sizes: list[int]) -> str | None:
+    """Why the top-k exchange cannot carry gradients of these sizes exactly, or None."""
+    largest = max(sizes, default=0)
+    if largest > TOPK_MAX_TENSOR_ELEMENTS:
+        return (f"a gradient tensor of {largest} elements: top-k's indices travel through the kvstore as "
+                f"float32 (its servers sum float types only), exact up to {TOPK_MAX_TENSOR_ELEMENTS} elements")
+    return None
 
 
 class KVStoreExchange:
@@ -154,15 +180,33 @@ class KVStoreExchange:
             M = gradient + error, P = M Q push-pulled (summed), orthonormalised (an LQ
             factorisation of P^T, mx.nd.linalg.gelqf), Q = M^T P push-pulled, the gradient P Q^T,
             error M - P Q^T / workers, Q / workers kept (warm start); other gradients push-pulled
-            whole. Every worker starts from the same Q (the request's seed)."""
+            whole. Every worker starts from the same Q (the request's seed);
+      topk  per gradient, k = ceil(density size) largest |gradient + residual| (mx.nd.topk) as k
+            values and their k indices (float32, exact: topk_unavailable), one row of 2k words of a
+            (workers, 2k) key: kv.push of a row_sparse array holding only this worker's row (the
+            servers' sum of rows no two workers share is every worker's row), kv.row_sparse_pull
+            of the other workers' rows: an all-gather of the pairs through the servers, each
+            worker sending its 8k bytes and receiving the others' (n-1) 8k, as torch's and
+            TensorFlow's all_gather; every worker scatters the pairs into zeros in rank order (the
+            same sum on every worker); the residual keeps what this worker did not send. Each
+            step's pushes cover every row of the key, which keeps the servers' stored sum whole
+            (the module's docstring says why that matters).
+            Why not the servers' sum of the sparse gradients themselves (each worker's k entries
+            pushed as k rows of the gradient seen as (size, 1), the union of the rows pulled): a
+            worker cannot name the union without the others' indices, which would need this
+            all-gather first, and ps-lite sends an 8-byte key and a 4-byte length beside every
+            row's 4-byte value (16 bytes a pushed entry, 24 a pulled one, against 8 here)."""
 
-    def __init__(self, kv, trainable, compression: Compression, world: int = 1, seed: int = 0):
+    def __init__(self, kv, trainable, compression: Compression, world: int = 1, seed: int = 0,
+                 key_base: int = EXCHANGE_KEY_BASE):
+        """`key_base`: the first of the exchange's kvstore keys (a second exchange in one job, as a
+        check makes, takes keys of its own: a key is initialised once)."""
         mx = load_mxnet()
         import numpy as np
 
         self.kv, self.method, self.compression, self.world = kv, compression.method, compression, world
         self.grads = [p.list_grad()[0] for p in trainable]
-        self.keys = [EXCHANGE_KEY_BASE + i for i in range(len(self.grads))]
+        self.keys = [key_base + i for i in range(len(self.grads))]
         if self.method is CompressionMethod.POWERSGD:
             r = compression.rank
             rng = np.random.default_rng(seed)
@@ -178,6 +222,22 @@ class KVStoreExchange:
                 kv.init(self.keys[i], mx.nd.zeros((n, r)) if factored else mx.nd.zeros(g.shape))
                 if factored:
                     kv.init(Q_KEY_BASE + i, mx.nd.zeros((m, r)))
+            return
+        if self.method is CompressionMethod.TOPK:
+            self.rank = kv.rank
+            self.sizes = [g.size for g in self.grads]
+            self.ks = [topk_count(size, compression.density) for size in self.sizes]
+            self.residuals = [mx.nd.zeros(size) for size in self.sizes]
+            self.own_row = mx.nd.array([self.rank], dtype="int64")
+            self.other_rows = mx.nd.array([r for r in range(world) if r != self.rank], dtype="int64")
+            self.received = []
+            every_row = mx.nd.array(np.arange(world), dtype="int64")
+            for key, k in zip(self.keys, self.ks):
+                shape = (world, 2 * k)
+                # row_sparse, every row present (ps-lite refuses an empty init); each step's pushes
+                # cover every row again, which keeps the stored sum whole (module docstring)
+                kv.init(key, mx.nd.sparse.row_sparse_array((mx.nd.zeros(shape), every_row), shape=shape))
+                self.received.append(mx.nd.sparse.zeros("row_sparse", shape))
             return
         if self.method is CompressionMethod.FP16:
             self.buffers = [mx.nd.zeros(g.shape, dtype="float16") for g in self.grads]
@@ -209,9 +269,36 @@ class KVStoreExchange:
             self.qs[i][:] = q / self.world
             self.grads[i][:] = approx.reshape(self.grads[i].shape)
 
+    def _topk(self) -> None:
+        nd = load_mxnet().nd
+        sent = []
+        for i, (key, g, k) in enumerate(zip(self.keys, self.grads, self.ks)):
+            accumulated = g.reshape(-1) + self.residuals[i]
+            indices = nd.topk(nd.abs(accumulated), k=k, ret_typ="indices")  # float32
+            values = nd.take(accumulated, indices)
+            mine = nd.scatter_nd(values, indices.reshape((1, k)), shape=(self.sizes[i],))
+            self.residuals[i][:] = accumulated - mine  # exactly 0 where sent, the rest kept
+            row = nd.concat(values, indices, dim=0).reshape((1, 2 * k))
+            send = nd.sparse.row_sparse_array((row, self.own_row), shape=(self.world, 2 * k))
+            self.kv.push(key, send, priority=-i)
+            if self.world > 1:
+                self.kv.row_sparse_pull(key, out=self.received[i], row_ids=self.other_rows, priority=-i)
+            sent.append(mine)
+        for i, (g, k) in enumerate(zip(self.grads, self.ks)):
+            rows = self.received[i].tostype("default")  # (workers, 2k), this worker's row zeros
+            summed = None
+            for r in range(self.world):  # in rank order: every worker adds the same terms alike
+                part = sent[i] if r == self.rank else nd.scatter_nd(rows[r][:k], rows[r][k:].reshape((1, k)),
+                                                                   shape=(self.sizes[i],))
+                summed = part if summed is None else summed + part
+            g[:] = summed.reshape(g.shape)
+
     def push_pull(self) -> None:
         if self.method is CompressionMethod.POWERSGD:
             self._powersgd()
+            return
+        if self.method is CompressionMethod.TOPK:
+            self._topk()
             return
         nd = load_mxnet().nd
         for i, (key, g, buffer) in enumerate(zip(self.keys, self.grads, self.buffers)):
@@ -224,6 +311,11 @@ class KVStoreExchange:
                 self.kv.pull(key, out=g, priority=-i)
 
     def describe(self) -> str:
+        if self.method is CompressionMethod.TOPK:
+            return ("top-k per gradient (mx.nd.topk), each worker's (value, index) pairs as its row of a (workers, 2k) "
+                    "float32 key: kv.push of a row_sparse array of that row (the servers sum rows no two workers "
+                    "share), kv.row_sparse_pull of the other workers' rows (an all-gather through the servers), "
+                    "scattered into zeros and summed in rank order, then trainer.update")
         if self.method is CompressionMethod.POWERSGD:
             return ("PowerSGD: kv.pushpull of each compressed weight's P factor (and of every other gradient whole), "
                     "then of its Q factor; orthonormalised by mx.nd.linalg.gelqf; then trainer.update")
@@ -322,14 +414,21 @@ class MXNetDistributedRunner(MXNetRunner):
         params = count_params(trainable)
         grad_bytes = params * 4
         world = cluster.world_size
+        if compression.method is CompressionMethod.TOPK:
+            why = topk_unavailable([int(np.prod(p.shape)) for p in trainable])
+            if why:  # every rank builds the same network: all skip alike
+                raise Skip(f"mxnet data-parallel runner: compression {compression}: {why}")
         trainer = mx.gluon.Trainer(trainable, "sgd", {"learning_rate": request["learning_rate"],
                                                       "momentum": request["momentum"], "wd": 0.0},
                                    kvstore=self.kv, update_on_kvstore=False if self.kv is not None else None)
+
+        seen = {}
 
         def forward_backward():
             with mx.autograd.record(train_mode=True):
                 _, loss = model(x, y)
             loss.backward()
+            seen["loss"] = loss  # read by loss() between steps (the harness's losses), never inside one
 
         # one worker: nothing is exchanged (no kvstore), its baseline is dense
         exchange = KVStoreExchange(self.kv, trainable, compression, world, seed + 2) \
@@ -364,6 +463,17 @@ class MXNetDistributedRunner(MXNetRunner):
             if compression.method is CompressionMethod.TWO_BIT:
                 settings["compression"].update(threshold=compression.threshold, error_feedback=True,
                                                residual="kept by the kvstore on each worker (MXNet's own)")
+            elif compression.method is CompressionMethod.TOPK:
+                pairs = sum(exchange.ks)
+                settings["compression"].update(
+                    density=compression.density, error_feedback=True, selection="per gradient tensor",
+                    selection_op="mx.nd.topk", pairs=pairs, index_dtype="float32",
+                    pushed_bytes_per_step=8 * pairs, pulled_bytes_per_step=8 * pairs * (world - 1),
+                    server_storage="a (workers, 2k) float32 key per gradient, initialised row_sparse with every "
+                                   "row present; every worker pushes its whole row each step, so the servers' "
+                                   "row_sparse sum, which replaces the stored array, keeps every row. (MXNet 1.9.1's "
+                                   "servers keep only the rows a step pushed, packed, and answer a row_sparse_pull "
+                                   "of row r with the r-th of them: pushes of scattered rows would come back wrong.)")
             elif compression.method is CompressionMethod.POWERSGD:
                 settings["compression"].update(
                     rank=compression.rank, error_feedback=True, warm_start=True,
@@ -371,7 +481,7 @@ class MXNetDistributedRunner(MXNetRunner):
                     compressed_when="n m > (n + m) rank, the weight viewed as (shape[0], the rest)",
                     orthogonalisation="mx.nd.linalg.gelqf of P^T")
         return DataParallel(step, step_without_sync, mx.nd.waitall, params, output_shape(net, x), settings,
-                            grad_bytes)
+                            grad_bytes, loss=lambda: float(seen["loss"].mean().asscalar()))
 
     # ------------------------------------------------------------------ collectives
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import threading
@@ -90,6 +91,31 @@ def test_compressed_training(tmp_path, mxnet_runner, suites, method, exchange, p
     shapes = [s for name, s in weight_shapes(bench.network.resolved).items() if not is_state(name)]
     expected = exchange_bytes(Compression.parse(method, who="test"), shapes, 2)
     assert record.distributed.exchange.payload_bytes == expected.payload < record.distributed.grad_bytes * payload_share
+    assert not job_processes(tmp_path)
+
+
+def test_topk_all_gathers_each_workers_pairs_through_the_servers(tmp_path, mxnet_runner, suites):
+    """Top-k through the kvstore (each worker's pairs pushed as its row of a row_sparse key, the other
+    worker's row pulled): the run records the method, its loss after each step, and bytes that are
+    the analytical count through parameter servers, 2% of the float32 gradients'. (Its arithmetic,
+    exact against numpy on a real dist_sync job: benchmarks/compression_topk_mxnet.py.)"""
+    bench, _ = suites
+    brief = dataclasses.replace(bench, compression="topk:0.01",
+                                policy=bench.policy.model_copy(update={"warmup_iters": 2, "measure_iters": 2}))
+    record = DistributedOrchestrator(Store(tmp_path / "s"), options(tmp_path))._train_run(
+        mxnet_runner, brief, local_placement(2, 2), 16, 32, None)
+    assert record.status == "ok", (record.reason, record.output_tail)
+    settings = record.settings.runner["compression"]
+    assert settings["method"] == "topk:0.01" and settings["density"] == 0.01 and settings["error_feedback"]
+    assert "row_sparse_pull of the other workers' rows" in settings["exchange"]
+    exchange = record.distributed.exchange
+    assert "through the parameter servers" in exchange.formula and exchange.rounds == 2
+    # the runner's own account of what it pushes and pulls is the analytical payload, per rank
+    assert settings["pushed_bytes_per_step"] == settings["pulled_bytes_per_step"] == exchange.payload_bytes
+    assert exchange.bytes_per_rank == exchange.payload_bytes == 8 * settings["pairs"]
+    assert exchange.payload_bytes < record.distributed.grad_bytes / 40  # 1% of the values, with their indices
+    losses = record.distributed.step_losses
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses) and len(set(losses)) == 3  # it trains
     assert not job_processes(tmp_path)
 
 

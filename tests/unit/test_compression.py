@@ -138,6 +138,23 @@ def test_topk_all_gathers_every_ranks_pairs():
     assert (b.payload, b.per_rank, b.total, b.rounds) == (72, 3 * 72, 4 * 3 * 72, 3)
 
 
+def test_topk_through_parameter_servers_moves_the_all_gathers_bytes_in_a_push_and_a_pull():
+    # MXNet's kvstore: each rank pushes its 72 bytes of pairs, pulls the other ranks' 3 x 72;
+    # wherever the servers sit, 4 x 3 x 72 bytes cross between hosts in all, in 2 rounds
+    b = exchange_bytes(Compression.parse("topk:0.1", who="test"), SHAPES, 4, servers=True)
+    ring = bytes_of("topk:0.1", 4)
+    assert (b.payload, b.per_rank, b.total, b.rounds) == (72, 3 * 72, 4 * 3 * 72, 2)
+    assert (b.payload, b.per_rank, b.total) == (ring.payload, ring.per_rank, ring.total)
+    assert "parameter servers" in b.formula and "ring" in ring.formula
+    from dlbench.performance.communication import exchange_time
+    assert (exchange_time(b).messages, exchange_time(b).bytes) == (2, 3 * 72)
+    assert (exchange_time(ring).messages, exchange_time(ring).bytes) == (3, 3 * 72)
+    assert exchange_bytes(Compression.parse("topk:0.1", who="test"), SHAPES, 1, servers=True).total == 0
+    # only top-k's count depends on the transport
+    for text in ("none", "fp16", "powersgd:2", "gtopk:0.1", "2bit:0.5"):
+        assert exchange_bytes(Compression.parse(text, who="test"), SHAPES, 4, servers=True) == bytes_of(text, 4)
+
+
 def test_gtopk_sends_the_pairs_up_and_down_a_tree():
     b = bytes_of("gtopk:0.1", 4)
     assert (b.payload, b.total, b.per_rank, b.rounds) == (72, 2 * 3 * 72, 2 * 3 * 72 / 4, 4)
@@ -170,6 +187,9 @@ def test_fcn5_at_two_workers():
     assert bytes_of("powersgd:4", 2, shapes).payload == 4 * (
         (2048 + 784) * 4 + 2048 + (4096 + 2048) * 4 + 4096 + (1024 + 4096) * 4 + 1024 + (10 + 1024) * 4 + 10)
     assert bytes_of("topk:0.01", 2, shapes).payload == 8 * sum(topk_count(math.prod(s), 0.01) for s in shapes)
+    # through MXNet's servers at 2 workers: each pushes its pairs and pulls the other's, 1.14 MB a host
+    through_servers = exchange_bytes(Compression.parse("topk:0.01", who="test"), shapes, 2, servers=True)
+    assert through_servers.per_rank == through_servers.payload == 1_136_520
     # 2-bit: 1/16 of the words pushed, the float32 sum pulled: 30.2 MB a host instead of 56.8
     two_bit = bytes_of("2bit:0.5", 2, shapes)
     assert two_bit.payload == 4 * sum(-(-math.prod(s) // 16) for s in shapes) == 3_551_492
@@ -223,7 +243,24 @@ def test_every_shipped_runner_says_why_for_each_method_it_leaves_out():
     assert registry.get("tensorflow").distributed.capabilities.listed(CompressionMethod) == every_collective - {
         CompressionMethod.GTOPK}
     assert registry.get("mxnet").distributed.capabilities.listed(CompressionMethod) == {
-        CompressionMethod.NONE, CompressionMethod.FP16, CompressionMethod.POWERSGD, CompressionMethod.TWO_BIT}
+        CompressionMethod.NONE, CompressionMethod.FP16, CompressionMethod.POWERSGD, CompressionMethod.TWO_BIT,
+        CompressionMethod.TOPK}
+
+
+def test_mxnet_topk_skips_a_tensor_its_float32_indices_cannot_address_and_no_distributed_network_has_one():
+    from dlbench import paths
+    from dlbench.definitions.catalog import SuiteCatalog
+    from dlbench.definitions.weights import is_state, weight_shapes
+    from runners.mxnet.distributed import topk_unavailable
+
+    assert topk_unavailable([10, 2 ** 24]) is None  # index 2^24 - 1: a float32 integer
+    why = topk_unavailable([10, 2 ** 24 + 1])
+    assert "16777217 elements" in why and "float32" in why
+    suite = SuiteCatalog(paths.suites_dir()).load_distributed_suite(paths.suites_dir() / "distributed.yaml",
+                                                                    "default", "cpu")
+    for b in suite.benchmarks:
+        sizes = [math.prod(s) for name, s in weight_shapes(b.network.resolved).items() if not is_state(name)]
+        assert topk_unavailable(sizes) is None, b.network.name
 
 
 # ------------------------------------------------------------------ the record

@@ -240,12 +240,13 @@ def _data_parallel_parts(record: Record, orchestrator, run: PlannedConvergenceRu
     placement = opts.placement
     n = placement.workers
     batch = run.task.spec.batch_size
+    launch = run.runner.distributed.launch if run.runner.distributed else "none"
     record.distributed = DistributedInfo(
         workers=n, hosts=[h.address for h in placement.hosts], placement=placement.variant,
-        launch=run.runner.distributed.launch if run.runner.distributed else "none",
+        launch=launch,
         backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=opts.threads,
         per_worker_batch=batch // n, global_batch=batch,
-        exchange=exchange_info(run.task.network.resolved, run.compression, n),
+        exchange=exchange_info(run.task.network.resolved, run.compression, n, servers=launch == "ps-lite"),
         oversubscribed=oversubscribed(placement, opts.threads))
     if opts.link is not None:
         record.link = orchestrator.link_info(

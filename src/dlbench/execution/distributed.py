@@ -258,13 +258,15 @@ class DistributedOrchestrator:
                     status, reason, tail = outcome.status, outcome.reason, outcome.output_tail
                     break
         summary = summarise(repeats, global_batch) if status == "ok" else None
+        launch = runner.distributed.launch if runner.distributed else "none"
         info = DistributedInfo(
             workers=n, hosts=[h.address for h in placement.hosts], placement=placement.variant,
-            launch=runner.distributed.launch if runner.distributed else "none",
+            launch=launch,
             backend=(rank0.get("process_group") or {}).get("backend"), threads_per_worker=o.threads,
             per_worker_batch=per_worker, global_batch=global_batch, grad_bytes=rank0.get("grad_bytes"),
             scaling=_scaling(o.scaling, n, summary, baseline),
-            exchange=_exchange(b, n) if n > 1 else None, oversubscribed=oversubscribed(placement, o.threads),
+            exchange=_exchange(b, n, servers=launch == "ps-lite") if n > 1 else None,
+            oversubscribed=oversubscribed(placement, o.threads),
         )
         if summary is not None:
             _training_figures(info, repeats)
@@ -558,19 +560,22 @@ def _all_to_all(outcomes: list[JobOutcome], workers: int, b: DistributedBenchmar
         share=seconds / step_s if seconds is not None and step_s else None, timing=said.get("all_to_all_timing"))
 
 
-def _exchange(b: DistributedBenchmark, workers: int) -> ExchangeInfo:
+def _exchange(b: DistributedBenchmark, workers: int, servers: bool = False) -> ExchangeInfo:
     """The analytical bytes of one iteration's exchange of the network's trainable tensors; with expert
     parallelism, of every tensor but the experts' (sharded, never all-reduced)."""
     return exchange_info(b.network.resolved, b.compression, workers,
-                         leave_out_experts=b.parallelism == Parallelism.EXPERT.value)
+                         leave_out_experts=b.parallelism == Parallelism.EXPERT.value, servers=servers)
 
 
-def exchange_info(network: dict, compression: str, workers: int, leave_out_experts: bool = False) -> ExchangeInfo:
+def exchange_info(network: dict, compression: str, workers: int, leave_out_experts: bool = False,
+                  servers: bool = False) -> ExchangeInfo:
     """The analytical bytes of one iteration's exchange of the (resolved) network's trainable
     tensors (their canonical shapes, definitions/weights.py) by `compression`; `leave_out_experts`:
-    every tensor but the experts' (expert parallelism shards them, never all-reduced)."""
+    every tensor but the experts' (expert parallelism shards them, never all-reduced); `servers`:
+    through parameter servers (the runner's launch style is ps-lite)."""
     shapes = [shape for name, shape in weight_shapes(network).items()
               if not is_state(name) and not (leave_out_experts and is_expert_tensor(name))]
-    counted = exchange_bytes(Compression.parse(compression, who="the data-parallel run"), shapes, workers)
+    counted = exchange_bytes(Compression.parse(compression, who="the data-parallel run"), shapes, workers,
+                             servers=servers)
     return ExchangeInfo(method=counted.method, payload_bytes=counted.payload, bytes_per_rank=counted.per_rank,
                         total_bytes=counted.total, rounds=counted.rounds, formula=counted.formula)

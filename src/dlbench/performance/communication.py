@@ -240,15 +240,20 @@ def _product(shape) -> int:
     return out
 
 
-def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int) -> ExchangeBytes:
+def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int, servers: bool = False) -> ExchangeBytes:
     """The analytical bytes of one iteration's exchange of gradients of these `shapes` (float32,
-    one per trainable tensor) among `workers` ranks by `compression` (axes.Compression):
+    one per trainable tensor) among `workers` ranks by `compression` (axes.Compression);
+    `servers`: the runner exchanges through parameter servers, one per worker's host (MXNet's
+    kvstore, launch style ps-lite), which changes how top-k's all-gather is made (below):
       none            ring all-reduce of B = 4 Σ size: each rank sends 2(n-1)/n · B;
       fp16, bf16      the same of B = 2 Σ size;
       powersgd:r      ring all-reduce of P (n_i x r) and then Q (m_i x r) of each compressed matrix
                       and of every other gradient as it is: B = 4 (Σ (n_i + m_i) r + Σ size_j);
       topk:d          ring all-gather of each rank's K = Σ ceil(d size_i) pairs (8 bytes each):
-                      each rank sends (n-1) · 8K;
+                      each rank sends (n-1) · 8K; through servers, each rank pushes its 8K to the
+                      server holding the key (its row of it) and pulls the other n-1 ranks' 8K:
+                      wherever the servers are, n(n-1) · 8K cross between hosts in all, (n-1) · 8K
+                      a host on average, in 2 rounds (push, pull);
       gtopk:d         8K-byte messages up a binomial tree (n-1 of them) and back down (n-1):
                       2(n-1) · 8K in all, over 2 ceil(log2 n) rounds;
       2bit:t          MXNet's parameter servers, one per worker's host, each key's values split
@@ -286,6 +291,12 @@ def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int) -> 
     payload = PAIR_BYTES * k
     if method is CompressionMethod.TOPK:
         per_rank = (n - 1) * payload
+        if servers:
+            return ExchangeBytes(str(compression), n, payload, float(per_rank), float(per_rank * n),
+                                 2 if n > 1 else 0,
+                                 f"all-gather through the parameter servers of K = Σ ceil({compression.density:g} "
+                                 f"size) = {k} pairs: each rank pushes its 8K, pulls the other ranks' (n-1) · 8K; "
+                                 "(n-1) · 8K per host on average")
         return ExchangeBytes(str(compression), n, payload, float(per_rank), float(per_rank * n), n - 1,
                              f"ring all-gather of K = Σ ceil({compression.density:g} size) = {k} pairs: "
                              "(n-1) · 8K per rank")
@@ -313,14 +324,15 @@ def exchange_time(counted: ExchangeBytes) -> ExchangeTime:
     """The longest path of `exchange_bytes`' collective: a ring all-reduce (none, fp16, bf16,
     powersgd) is 2(n-1) steps of B/n (PowerSGD's two all-reduces, of P and of Q, are counted as
     one of their summed size: their start-ups are the few its matrices add), a ring all-gather
-    (topk) n-1 steps of 8K, gTop-k's tree 2 ceil(log2 n) rounds of 8K each, 2-bit's push and pull
-    through the servers (each host's link carries its (n-1)/n · (C + B) one way)."""
+    (topk) n-1 steps of 8K (through servers: the push and the pull, (n-1) · 8K a host), gTop-k's
+    tree 2 ceil(log2 n) rounds of 8K each, 2-bit's push and pull through the servers (each host's
+    link carries its (n-1)/n · (C + B) one way)."""
     n = counted.workers
     if n < 2:
         return ExchangeTime(0, 0.0)
     method = counted.method.partition(":")[0]
-    if method == CompressionMethod.TOPK.value:
-        return ExchangeTime(n - 1, float((n - 1) * counted.payload))
+    if method == CompressionMethod.TOPK.value:  # rounds: the ring's n-1 steps, or the servers' push and pull
+        return ExchangeTime(counted.rounds, float((n - 1) * counted.payload))
     if method == CompressionMethod.GTOPK.value:
         return ExchangeTime(counted.rounds, float(counted.rounds * counted.payload))
     if method == CompressionMethod.TWO_BIT.value:
