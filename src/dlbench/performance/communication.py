@@ -289,17 +289,16 @@ def exchange_bytes(compression, shapes: list[tuple[int, ...]], workers: int, ser
                              f"pull of the float32 sum B = 4 Σ size = {dense}: (n-1)/n · (C + B) per host")
     k = sum(topk_count(size, compression.density) for size in sizes)
     payload = PAIR_BYTES * k
-    if method is CompressionMethod.TOPK:
+    if method is CompressionMethod.TOPK:  # the same bytes either way; the rounds and the route differ
         per_rank = (n - 1) * payload
-        if servers:
-            return ExchangeBytes(str(compression), n, payload, float(per_rank), float(per_rank * n),
-                                 2 if n > 1 else 0,
-                                 f"all-gather through the parameter servers of K = Σ ceil({compression.density:g} "
-                                 f"size) = {k} pairs: each rank pushes its 8K, pulls the other ranks' (n-1) · 8K; "
-                                 "(n-1) · 8K per host on average")
-        return ExchangeBytes(str(compression), n, payload, float(per_rank), float(per_rank * n), n - 1,
-                             f"ring all-gather of K = Σ ceil({compression.density:g} size) = {k} pairs: "
-                             "(n-1) · 8K per rank")
+        pairs = f"K = Σ ceil({compression.density:g} size) = {k} pairs"
+        if servers:  # one push, then one pull of the others' pairs
+            rounds = 2 if n > 1 else 0
+            formula = (f"all-gather through the parameter servers of {pairs}: each rank pushes its 8K, pulls the "
+                       "other ranks' (n-1) · 8K; (n-1) · 8K per host on average")
+        else:
+            rounds, formula = n - 1, f"ring all-gather of {pairs}: (n-1) · 8K per rank"
+        return ExchangeBytes(str(compression), n, payload, float(per_rank), float(per_rank * n), rounds, formula)
     if method is CompressionMethod.GTOPK:
         total = 2 * (n - 1) * payload
         depth = (n - 1).bit_length()  # ceil(log2 n)
