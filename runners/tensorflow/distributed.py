@@ -139,6 +139,17 @@ LOSS_SETTING = {
 }
 
 
+# the `compile` setting's framework of both training steps (data and expert parallelism)
+STEP_FRAMEWORK = "tf.function(jit_compile=False) around strategy.run (no XLA)"
+
+
+def gradient_bytes(variables) -> int:
+    """The bytes of these variables' gradients (one gradient per variable, of its dtype)."""
+    import numpy as np
+
+    return int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables))
+
+
 def _worker_loss(masked_loss, y, outputs):
     """The network's loss on this worker's batch: its mean (the masked-LM and next-sentence means
     summed for a masked_tokens network)."""
@@ -266,7 +277,6 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
     def prepare_data_parallel(self, request: dict, cluster) -> DataParallel:
         if request.get("parallelism") == contract.Parallelism.EXPERT:  # its own step: "expert parallelism" below
             return prepare_expert_parallel(self, request, cluster)
-        import numpy as np
 
         tf, keras = load_tf(), load_keras()
         network = request["network"]
@@ -308,7 +318,7 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             exchange = GradientExchange(compression, self, trainable, request.get("seed", 0) + 2)
             optimizer.compressed = exchange
         params = count_params(trainable)
-        grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in trainable))
+        grad_bytes = gradient_bytes(trainable)
 
         masked = masked_count(network)
         x, y = self._worker_batch(request, cluster)
@@ -357,18 +367,12 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
             exposed = ("median step time minus median step time of the same tf.function step traced with Keras' "
                        "gradient all-reduce left out")
 
-        options = self.strategy.extended._communication_options
         settings = {
             "precision": precision,
             "precision_effective": math_flags,
-            "compile": {"mode": "eager", "requested": request.get("compile"),
-                        "framework": "tf.function(jit_compile=False) around strategy.run (no XLA)"},
+            "compile": {"mode": "eager", "requested": request.get("compile"), "framework": STEP_FRAMEWORK},
             "data_format": "channels_last" if images else None,
-            "strategy": "tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG from DLBENCH_WORKER_ADDRESSES)",
-            "communication": {"implementation": self.implementation.name,
-                              "bytes_per_pack": options.bytes_per_pack,
-                              "timeout_seconds": options.timeout_seconds,
-                              "cross_device_ops": type(self.strategy.extended._cross_device_ops).__name__},
+            **self._strategy_settings(),
             "gradient_exchange": ((exchange.describe() if exchange is not None else
                                    "Keras SGD apply_gradients in the replica context: replica_context.all_reduce(SUM) "
                                    "of every gradient")
@@ -394,6 +398,15 @@ class TensorFlowDistributedRunner(TensorFlowRunner):
 
         return DataParallel(step, step_without_sync, self._synchronize, params, logits_shape, settings,
                             grad_bytes, trainable, loss=lambda: float(seen["loss"]))
+
+    def _strategy_settings(self) -> dict:
+        """The strategy and its communication options, as both training steps' settings record them."""
+        options = self.strategy.extended._communication_options
+        return {"strategy": "tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG from DLBENCH_WORKER_ADDRESSES)",
+                "communication": {"implementation": self.implementation.name,
+                                  "bytes_per_pack": options.bytes_per_pack,
+                                  "timeout_seconds": options.timeout_seconds,
+                                  "cross_device_ops": type(self.strategy.extended._cross_device_ops).__name__}}
 
     def _worker_batch(self, request: dict, cluster):
         """This worker's own synthetic batch (as a sharded data set would give it), on its device:
@@ -816,8 +829,6 @@ def shard_experts(runner: "TensorFlowDistributedRunner", model, trace: AllToAllT
 
 def prepare_expert_parallel(runner: "TensorFlowDistributedRunner", request: dict, cluster) -> DataParallel:
     """The rank's expert-parallel training step (the section's comment says how)."""
-    import numpy as np
-
     tf, keras = load_tf(), load_keras()
     network = request["network"]
     strategy, world, rank = runner.strategy, cluster.world_size, cluster.rank
@@ -856,7 +867,7 @@ def prepare_expert_parallel(runner: "TensorFlowDistributedRunner", request: dict
     # outside the scope: the experts' own optimizer, its momenta this rank's variables
     expert_optimizer = keras.optimizers.SGD(learning_rate=request["learning_rate"], momentum=request["momentum"])
     expert_optimizer.build(experts)
-    grad_bytes = int(sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in dense))
+    grad_bytes = gradient_bytes(dense)
     x, y = runner._worker_batch(request, cluster)
     masked_loss, _ = loss_function(network) if masked_count(network) is not None else (None, None)
 
@@ -892,15 +903,10 @@ def prepare_expert_parallel(runner: "TensorFlowDistributedRunner", request: dict
                            f"exchange {_describe_ops(_count_collectives(unsynced)) or 'none'}: expected all-to-alls "
                            "and an all-reduce, then no all-reduce")
     held = [s.local for s in shards]
-    options = strategy.extended._communication_options
     settings = {
         "precision": precision, "precision_effective": math_flags,
-        "compile": {"mode": "eager", "requested": request.get("compile"),
-                    "framework": "tf.function(jit_compile=False) around strategy.run (no XLA)"},
-        "strategy": "tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG from DLBENCH_WORKER_ADDRESSES)",
-        "communication": {"implementation": runner.implementation.name, "bytes_per_pack": options.bytes_per_pack,
-                          "timeout_seconds": options.timeout_seconds,
-                          "cross_device_ops": type(strategy.extended._cross_device_ops).__name__},
+        "compile": {"mode": "eager", "requested": request.get("compile"), "framework": STEP_FRAMEWORK},
+        **runner._strategy_settings(),
         "parallelism": "expert",
         "expert_parallel": {
             "dispatch": EXPERT_DISPATCH, "experts_per_worker": held,
