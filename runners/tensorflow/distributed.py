@@ -57,6 +57,7 @@ from runners.tensorflow.layers import set_batch_norm_floor
 from runners.tensorflow.step import (build_network, count_params, describe_flatten, input_kind, loss_function,
                                      lstm_setting, masked_count, output_shape, sample_shape)
 from runners.tensorflow.runner import TensorFlowRunner, compile_choice
+from runners.tensorflow.transformer import expert_output, transformer_classes
 
 COLLECTIVE_TIMEOUT_S = 300  # as torch's process-group timeout: the rank's own error, not the job's timeout
 LEAVE_BARRIER_TIMEOUT_S = 20  # within the 30 s the controller gives a job's processes to exit after their results
@@ -799,9 +800,7 @@ class ExpertShard:
         for j in range(local):
             at = tf.where(tf.equal(ids, j))  # (n_j, 1): the rows for expert first + j
             h = tf.gather_nd(rows, at)
-            y = tf.matmul(tf.nn.silu(tf.matmul(h, gate[j], transpose_b=True)) * tf.matmul(h, up[j], transpose_b=True),
-                          down[j], transpose_b=True)
-            out = tf.tensor_scatter_nd_add(out, at, y)
+            out = tf.tensor_scatter_nd_add(out, at, expert_output(h, gate[j], up[j], down[j]))
         back = tf.reshape(self.exchange(tf.reshape(out, [world, slots, d])), [world * slots, d])
         pair = tf.gather_nd(back, row)
         pair = pair * tf.cast(tf.reshape(weights, [-1]), pair.dtype)[:, None]
@@ -811,8 +810,6 @@ class ExpertShard:
 def shard_experts(runner: "TensorFlowDistributedRunner", model, trace: AllToAllTrace) -> list[ExpertShard]:
     """Every MixtureOfExperts block of the model given its shard on this rank, its mirrored expert
     variables dropped from the model; the shards."""
-    from runners.tensorflow.transformer import transformer_classes
-
     moe_type = transformer_classes().MixtureOfExperts
     shards = []
     for layer in model._flatten_layers(include_self=False, recursive=True):

@@ -38,6 +38,14 @@ from runners.common import routing as routing_rule
 from runners.tensorflow.framework import load_keras, load_tf
 
 
+def expert_output(h, gate, up, down):
+    """One expert's SwiGLU on its rows h (n, D): down(silu(h gate^T) * (h up^T)), its weights (H, D),
+    (H, D) and (D, H); the single-process MoE block and distributed.py's expert shard both call it."""
+    tf = load_tf()
+    return tf.matmul(tf.nn.silu(tf.matmul(h, gate, transpose_b=True)) * tf.matmul(h, up, transpose_b=True),
+                     down, transpose_b=True)
+
+
 @functools.lru_cache(maxsize=None)
 def transformer_classes():
     """The transformer layers that Keras 3 has no layer for as such (a position table added, patches
@@ -434,8 +442,7 @@ def transformer_classes():
                 where = tf.where(tf.equal(chosen, e))  # (n_e, 2): token, rank
                 token = where[:, 0]
                 h = tf.gather(tokens, token)
-                y = tf.matmul(tf.nn.silu(tf.matmul(h, gate[e], transpose_b=True)) * tf.matmul(h, up[e], transpose_b=True),
-                              down[e], transpose_b=True)
+                y = expert_output(h, gate[e], up[e], down[e])
                 y = y * tf.cast(tf.gather_nd(weights, where), y.dtype)[:, None]
                 out = tf.tensor_scatter_nd_add(out, token[:, None], y)
             return out
